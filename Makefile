@@ -1,0 +1,43 @@
+# linkwise: the two commands are `make demo` (the main job end to end on the embedded
+# default workload) and `make test` (lint, types and the whole test suite). Both install
+# everything they need into .venv first.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+DEMO_OUT ?= linkwise-out
+
+.PHONY: install demo test lint format typecheck pytest bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: install
+	$(BIN)/linkwise compare --workers 2 --plot $(DEMO_OUT)/jct_cdf.png
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: install
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+typecheck: install
+	$(BIN)/mypy -p linkwise
+
+pytest: install
+	$(BIN)/pytest
+
+test: lint typecheck pytest
+
+bench: install
+	$(BIN)/python benchmarks/simulator_speed.py
+
+clean:
+	rm -rf $(VENV) $(DEMO_OUT) .mypy_cache .pytest_cache .ruff_cache

@@ -1,0 +1,313 @@
+"""The scheduling domain: jobs, nodes, links, topology, placements, cluster state, decisions.
+
+Everything here is a frozen, typed value. Nodes, leaf switches and aggregation
+switches are referred to by their index in the ``Topology``; names are kept for
+display and for talking to Slurm.
+
+Units: times in seconds, bandwidths in GB/s (bytes, not bits), gradient sizes in GB.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from functools import cached_property
+from typing import Protocol, runtime_checkable
+
+
+class LinkKind(StrEnum):
+    """The classes of links a ring all-reduce can cross."""
+
+    NIC = "nic"  # a node's network interface (both directions)
+    LEAF_UPLINK = "leaf_uplink"  # a leaf (ToR) switch to its aggregation/spine layer
+    AGG_UPLINK = "agg_uplink"  # an aggregation switch to the core
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """A GPU server: its GPUs, the leaf switch it hangs off, and its two bandwidths."""
+
+    name: str
+    gpus: int
+    leaf: int  # index into Topology.leaf_names
+    intra_gbps: float = 150.0  # GPU-to-GPU inside the node (NVLink or PCIe), GB/s
+    nic_gbps: float = 25.0  # the node's network interface, GB/s
+    intra_kind: str = "nvlink"  # "nvlink" or "pcie"
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """A shared network link: a NIC, a leaf uplink or an aggregation uplink."""
+
+    link_id: int
+    kind: LinkKind
+    name: str
+    gbps: float
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Nodes under a tree of switches: node -> leaf (ToR) -> aggregation -> core.
+
+    Link ids are dense: ``0..N-1`` the node NICs, then one uplink per leaf, then
+    one uplink per aggregation switch. A two-layer (leaf/spine) fabric has a single
+    aggregation switch, whose uplink no ring ever needs.
+    """
+
+    name: str
+    nodes: tuple[Node, ...]
+    leaf_names: tuple[str, ...]
+    leaf_agg: tuple[int, ...]  # aggregation index of each leaf
+    leaf_uplink_gbps: tuple[float, ...]
+    agg_names: tuple[str, ...] = ("spine",)
+    agg_uplink_gbps: tuple[float, ...] = (float("inf"),)
+
+    def __post_init__(self) -> None:
+        n_leaves = len(self.leaf_names)
+        if not self.nodes:
+            raise ValueError("a topology needs at least one node")
+        if len(self.leaf_agg) != n_leaves or len(self.leaf_uplink_gbps) != n_leaves:
+            raise ValueError("leaf_agg and leaf_uplink_gbps need one entry per leaf")
+        if len(self.agg_uplink_gbps) != len(self.agg_names):
+            raise ValueError("agg_uplink_gbps needs one entry per aggregation switch")
+        for node in self.nodes:
+            if not 0 <= node.leaf < n_leaves:
+                raise ValueError(f"node {node.name} refers to unknown leaf {node.leaf}")
+            if node.gpus < 0:
+                raise ValueError(f"node {node.name} has a negative GPU count")
+        if any(not 0 <= a < len(self.agg_names) for a in self.leaf_agg):
+            raise ValueError("a leaf refers to an unknown aggregation switch")
+        if len({n.name for n in self.nodes}) != len(self.nodes):
+            raise ValueError("node names must be unique")
+
+    @cached_property
+    def total_gpus(self) -> int:
+        return sum(n.gpus for n in self.nodes)
+
+    @cached_property
+    def max_gpus_per_node(self) -> int:
+        return max(n.gpus for n in self.nodes)
+
+    @cached_property
+    def node_index(self) -> dict[str, int]:
+        return {n.name: i for i, n in enumerate(self.nodes)}
+
+    @cached_property
+    def node_agg(self) -> tuple[int, ...]:
+        return tuple(self.leaf_agg[n.leaf] for n in self.nodes)
+
+    @cached_property
+    def leaf_nodes(self) -> tuple[tuple[int, ...], ...]:
+        """Node indices under each leaf."""
+        members: list[list[int]] = [[] for _ in self.leaf_names]
+        for i, n in enumerate(self.nodes):
+            members[n.leaf].append(i)
+        return tuple(tuple(m) for m in members)
+
+    @cached_property
+    def links(self) -> tuple[Link, ...]:
+        n, n_leaves = len(self.nodes), len(self.leaf_names)
+        nic = [
+            Link(i, LinkKind.NIC, f"{node.name}:nic", node.nic_gbps)
+            for i, node in enumerate(self.nodes)
+        ]
+        leaf = [
+            Link(n + i, LinkKind.LEAF_UPLINK, f"{name}:up", self.leaf_uplink_gbps[i])
+            for i, name in enumerate(self.leaf_names)
+        ]
+        agg = [
+            Link(n + n_leaves + i, LinkKind.AGG_UPLINK, f"{name}:up", self.agg_uplink_gbps[i])
+            for i, name in enumerate(self.agg_names)
+        ]
+        return tuple(nic + leaf + agg)
+
+    @cached_property
+    def link_gbps(self) -> tuple[float, ...]:
+        return tuple(link.gbps for link in self.links)
+
+    @cached_property
+    def _ring_memo(self) -> dict[tuple[int, ...], tuple[int, ...]]:
+        return {}
+
+    def ring_links(self, nodes: Sequence[int]) -> tuple[int, ...]:
+        """Ids of the network links a ring over these nodes crosses (none for one node)."""
+        if len(nodes) <= 1:
+            return ()
+        key = tuple(nodes)
+        hit = self._ring_memo.get(key)
+        if hit is None:
+            hit = self._ring_memo[key] = self._compute_ring_links(key)
+        return hit
+
+    def _compute_ring_links(self, nodes: tuple[int, ...]) -> tuple[int, ...]:
+        n, n_leaves = len(self.nodes), len(self.leaf_names)
+        leaves = sorted({self.nodes[i].leaf for i in nodes})
+        out = list(nodes)
+        if len(leaves) > 1:
+            out.extend(n + leaf for leaf in leaves)
+            aggs = sorted({self.leaf_agg[leaf] for leaf in leaves})
+            if len(aggs) > 1:
+                out.extend(n + n_leaves + a for a in aggs)
+        return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A training job as submitted. ``duration`` is its isolated run time at its best placement."""
+
+    job_id: int
+    submit_time: float
+    num_gpus: int
+    duration: float
+    profile: str = ""  # communication profile name (see cluster/profiles); "" means the default mix
+    user: str = ""
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if self.num_gpus <= 0:
+            raise ValueError(f"job {self.job_id}: num_gpus must be positive, got {self.num_gpus}")
+        if not self.duration > 0:
+            raise ValueError(f"job {self.job_id}: duration must be positive, got {self.duration}")
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """GPUs taken on each node: sorted ``(node_index, gpus)`` pairs, gpus > 0."""
+
+    alloc: tuple[tuple[int, int], ...]
+
+    @staticmethod
+    def of(pairs: Sequence[tuple[int, int]]) -> Placement:
+        """Normalise (merge, drop zeros, sort) a list of (node, gpus) pairs."""
+        merged: dict[int, int] = {}
+        for node, gpus in pairs:
+            if gpus < 0:
+                raise ValueError(f"negative GPU count {gpus} on node {node}")
+            if gpus:
+                merged[node] = merged.get(node, 0) + gpus
+        return Placement(tuple(sorted(merged.items())))
+
+    @property
+    def num_gpus(self) -> int:
+        return sum(g for _, g in self.alloc)
+
+    @property
+    def nodes(self) -> tuple[int, ...]:
+        return tuple(n for n, _ in self.alloc)
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.alloc)
+
+
+@dataclass(frozen=True, slots=True)
+class PendingJob:
+    """A job in the queue; a preempted job comes back with its attained service and work left."""
+
+    job: Job
+    remaining_s: float  # isolated seconds of work left
+    attained_gpu_s: float = 0.0  # GPU-seconds of service received so far (Tiresias' LAS)
+    preemptions: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RunningJob:
+    """A job holding GPUs: where it runs, how fast it progresses, how much it has had.
+
+    Progress is stored as of ``since`` (the last time its rate changed), so a running
+    job's record stays valid while time passes; use ``remaining_at``/``attained_at`` for
+    the values at another time, and ``expected_end`` for when it finishes at this rate.
+    """
+
+    job: Job
+    placement: Placement
+    start_time: float  # start of the current run (after a preemption, the restart)
+    remaining_s: float  # isolated seconds of work left at ``since``
+    rate: float  # progress per second (1.0 = isolated at the best placement)
+    attained_gpu_s: float = 0.0  # GPU-seconds of service at ``since``
+    preemptions: int = 0
+    since: float = 0.0
+
+    def remaining_at(self, t: float) -> float:
+        return max(0.0, self.remaining_s - self.rate * (t - self.since))
+
+    def attained_at(self, t: float) -> float:
+        return self.attained_gpu_s + self.job.num_gpus * (t - self.since)
+
+    @property
+    def expected_end(self) -> float:
+        return self.since + self.remaining_s / self.rate if self.rate > 0 else float("inf")
+
+
+@dataclass(frozen=True)
+class ClusterState:
+    """What a policy sees at a decision point.
+
+    ``pending`` is in canonical order (submit time, then job id). ``link_flows`` counts
+    the rings crossing each link of ``topology.links``.
+    """
+
+    time: float
+    topology: Topology
+    free_gpus: tuple[int, ...]
+    running: tuple[RunningJob, ...]
+    pending: tuple[PendingJob, ...]
+    link_flows: tuple[int, ...] = ()
+
+    @property
+    def total_free_gpus(self) -> int:
+        return sum(self.free_gpus)
+
+    @cached_property
+    def jobs_per_node(self) -> tuple[int, ...]:
+        """Number of running jobs on each node (SJF-BCO's busy-ness)."""
+        counts = [0] * len(self.topology.nodes)
+        for r in self.running:
+            for node, _ in r.placement.alloc:
+                counts[node] += 1
+        return tuple(counts)
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    """Start one pending job on a placement."""
+
+    job_id: int
+    placement: Placement
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What a policy does at a decision point: preempt some running jobs, then start some."""
+
+    starts: tuple[Start, ...] = ()
+    preempt: tuple[int, ...] = field(default=())
+
+    @property
+    def is_wait(self) -> bool:
+        return not self.starts and not self.preempt
+
+
+WAIT = Decision()
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """A scheduler: given the cluster state, which pending jobs start where."""
+
+    @property
+    def name(self) -> str: ...
+
+    def decide(self, state: ClusterState) -> Decision: ...
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """Something a policy can drive: the simulator, a real Slurm, or a shadow of it."""
+
+    def observe(self) -> ClusterState: ...
+
+    def apply(self, decision: Decision) -> None: ...
+
+    def advance(self) -> bool: ...

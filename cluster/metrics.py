@@ -1,0 +1,69 @@
+"""Metrics of a simulated (or replayed) run, from its per-job records."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from linkwise.cluster.simulator import JobRecord
+
+BOUNDED_SLOWDOWN_FLOOR_S = 10.0  # the usual bound (Feitelson): short jobs count as 10 s
+
+
+@dataclass(frozen=True, slots=True)
+class RunMetrics:
+    """Summary of one run. Times in seconds; ``gpu_utilization`` in [0, 1]."""
+
+    policy: str
+    jobs: int
+    avg_jct_s: float
+    p50_jct_s: float
+    p95_jct_s: float
+    p99_jct_s: float
+    makespan_s: float
+    avg_queue_s: float
+    avg_contention_slowdown: float
+    avg_bounded_slowdown: float
+    gpu_utilization: float
+    preemptions: int
+    events: int
+    wall_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def summarize(
+    records: Sequence[JobRecord], *, total_gpus: int, events: int, wall_s: float, policy: str = ""
+) -> RunMetrics:
+    """Aggregate per-job records into run metrics."""
+    if not records:
+        raise ValueError("no finished jobs to summarise")
+    submit = np.fromiter((r.job.submit_time for r in records), float, len(records))
+    end = np.fromiter((r.end for r in records), float, len(records))
+    run = np.fromiter((r.run_s for r in records), float, len(records))
+    iso = np.fromiter((r.job.duration for r in records), float, len(records))
+    gpu_s = float(sum(r.gpu_s for r in records))
+    jct = end - submit
+    makespan = float(end.max() - submit.min())
+    p50, p95, p99 = np.percentile(jct, [50, 95, 99])
+    bounded = np.maximum(1.0, jct / np.maximum(iso, BOUNDED_SLOWDOWN_FLOOR_S))
+    return RunMetrics(
+        policy=policy,
+        jobs=len(records),
+        avg_jct_s=float(jct.mean()),
+        p50_jct_s=float(p50),
+        p95_jct_s=float(p95),
+        p99_jct_s=float(p99),
+        makespan_s=makespan,
+        avg_queue_s=float((jct - run).mean()),
+        avg_contention_slowdown=float((run / iso).mean()),
+        avg_bounded_slowdown=float(bounded.mean()),
+        gpu_utilization=gpu_s / (total_gpus * makespan) if makespan > 0 else 0.0,
+        preemptions=sum(r.preemptions for r in records),
+        events=events,
+        wall_s=wall_s,
+    )

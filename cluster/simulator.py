@@ -1,0 +1,452 @@
+"""A discrete-event cluster simulator: one of the Backends a policy drives.
+
+Events are arrivals, completions and optional periodic ticks. Between events every
+running job progresses at the rate the contention model gives for the current
+placement of everything (a fluid model). Rates are recomputed at every event that
+changes the set of jobs split across nodes (single-node jobs never contend, so their
+rate is fixed at start). Completions are kept in a heap with lazy invalidation.
+
+The simulator is deterministic: it has no randomness of its own; the same jobs,
+topology, model and policy give the same result.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time as wallclock
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from linkwise.cluster.contention import ContentionModel, link_flows
+from linkwise.cluster.domain import (
+    ClusterState,
+    Decision,
+    Job,
+    PendingJob,
+    Placement,
+    Policy,
+    RunningJob,
+    Topology,
+)
+from linkwise.cluster.loop import drive
+
+_EPS = 1e-9
+
+
+class InvalidDecision(ValueError):
+    """A policy asked for something impossible (unknown job, GPUs not free, wrong size)."""
+
+
+class SimulationStalled(RuntimeError):
+    """Jobs are pending, nothing runs, nothing will arrive, and the policy keeps waiting."""
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """Simulator options.
+
+    ``tick_s``: a periodic decision point every so many seconds while jobs are pending
+    (None: decide only at arrivals and completions). ``restart_cost_s``: isolated
+    seconds of work added to a preempted job when it restarts (checkpoint reload).
+    """
+
+    tick_s: float | None = None
+    restart_cost_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.tick_s is not None and not self.tick_s > 0:
+            raise ValueError("tick_s must be positive")
+        if self.restart_cost_s < 0:
+            raise ValueError("restart_cost_s must be non-negative")
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """What happened to one job."""
+
+    job: Job
+    first_start: float
+    end: float
+    run_s: float  # wall seconds spent holding GPUs (all runs)
+    gpu_s: float  # GPU-seconds held
+    preemptions: int
+    nodes: int  # nodes spanned by its last placement
+
+    @property
+    def jct(self) -> float:
+        return self.end - self.job.submit_time
+
+    @property
+    def queue_s(self) -> float:
+        return self.jct - self.run_s
+
+    @property
+    def contention_slowdown(self) -> float:
+        """Actual run time over isolated run time at the best placement (>= 1)."""
+        return self.run_s / self.job.duration
+
+
+@dataclass(slots=True)
+class _Run:
+    """Mutable bookkeeping of a running job (internal to the simulator)."""
+
+    job: Job
+    placement: Placement
+    start: float
+    since: float
+    remaining: float
+    rate: float
+    attained: float
+    preemptions: int
+    version: int = 0
+    split: bool = False
+    view: RunningJob | None = None
+
+    def snapshot(self) -> RunningJob:
+        if self.view is None:
+            self.view = RunningJob(
+                job=self.job,
+                placement=self.placement,
+                start_time=self.start,
+                remaining_s=self.remaining,
+                rate=self.rate,
+                attained_gpu_s=self.attained,
+                preemptions=self.preemptions,
+                since=self.since,
+            )
+        return self.view
+
+    def rebase(self, t: float) -> None:
+        """Bring remaining work and attained service up to time ``t``."""
+        dt = t - self.since
+        if dt > 0:
+            self.remaining = max(0.0, self.remaining - self.rate * dt)
+            self.attained += self.job.num_gpus * dt
+            self.since = t
+            self.view = None
+
+
+@dataclass
+class _Acc:
+    first_start: float = math.nan
+    run_s: float = 0.0
+    gpu_s: float = 0.0
+
+
+class Simulator:
+    """Backend over a simulated cluster: ``observe``, ``apply``, ``advance``."""
+
+    def __init__(
+        self,
+        topology: Topology,
+        jobs: Sequence[Job],
+        model: ContentionModel,
+        config: SimConfig | None = None,
+    ) -> None:
+        self.topology = topology
+        self.model = model
+        self.config = config or SimConfig()
+        too_big = [j.job_id for j in jobs if j.num_gpus > topology.total_gpus]
+        if too_big:
+            raise ValueError(
+                f"{len(too_big)} jobs ask for more than the cluster's {topology.total_gpus} GPUs "
+                f"(first: {too_big[:5]}); filter them before simulating"
+            )
+        ids = [j.job_id for j in jobs]
+        if len(set(ids)) != len(ids):
+            raise ValueError("job ids must be unique")
+        self._arrivals = sorted(jobs, key=lambda j: (j.submit_time, j.job_id))
+        self._next_arrival = 0
+        self.time = self._arrivals[0].submit_time if self._arrivals else 0.0
+        self._free = [n.gpus for n in topology.nodes]
+        self._pending: dict[int, PendingJob] = {}
+        self._running: dict[int, _Run] = {}
+        self._heap: list[tuple[float, int, int]] = []  # (end, version, job_id)
+        self._seq = 0
+        self._acc: dict[int, _Acc] = {}
+        self._records: list[JobRecord] = []
+        self._next_tick = math.inf
+        self._events = 0
+        self._state: ClusterState | None = None
+        self._pending_view: tuple[PendingJob, ...] = ()
+        self._pending_dirty = False
+        self._running_view: tuple[RunningJob, ...] = ()
+        self._running_dirty = False
+        self._flows: tuple[int, ...] = tuple([0] * len(topology.links))
+        self._wall_start = wallclock.perf_counter()
+        self._admit_arrivals()
+
+    # -- Backend ---------------------------------------------------------------------
+
+    def observe(self) -> ClusterState:
+        """The cluster as a policy sees it now."""
+        if self._state is None:
+            if self._pending_dirty:
+                self._pending_view = tuple(self._pending.values())
+                self._pending_dirty = False
+            if self._running_dirty:
+                self._running_view = tuple([r.view or r.snapshot() for r in self._running.values()])
+                self._running_dirty = False
+            self._state = ClusterState(
+                time=self.time,
+                topology=self.topology,
+                free_gpus=tuple(self._free),
+                running=self._running_view,
+                pending=self._pending_view,
+                link_flows=self._flows,
+            )
+        return self._state
+
+    def apply(self, decision: Decision) -> None:
+        """Preempt, then start, as the decision says; raise InvalidDecision if impossible."""
+        if decision.is_wait:
+            return
+        split_changed = False
+        for job_id in decision.preempt:
+            split_changed |= self._preempt(job_id)
+        for start in decision.starts:
+            split_changed |= self._start(start.job_id, start.placement)
+        if split_changed:
+            self._update_split_rates()
+        self._state = None
+
+    def advance(self) -> bool:
+        """Move to the next event time and process everything due then; False when done."""
+        next_end = self._peek_completion()
+        next_arrival = (
+            self._arrivals[self._next_arrival].submit_time
+            if self._next_arrival < len(self._arrivals)
+            else math.inf
+        )
+        t = min(next_end, next_arrival, self._next_tick if self._pending else math.inf)
+        if t == math.inf:
+            if self._pending:
+                stuck = list(self._pending)[:5]
+                raise SimulationStalled(
+                    f"{len(self._pending)} jobs pending (first: {stuck}) on an idle cluster with "
+                    "nothing left to arrive: the policy never starts them"
+                )
+            return False
+        self.time = max(self.time, t)
+        self._events += 1
+        split_changed = self._complete_due()
+        self._admit_arrivals()
+        if self._next_tick <= self.time + _EPS:
+            self._schedule_tick()
+        if split_changed:
+            self._update_split_rates()
+        self._state = None
+        return True
+
+    # -- results ---------------------------------------------------------------------
+
+    @property
+    def done(self) -> bool:
+        return not self._pending and not self._running and self._next_arrival >= len(self._arrivals)
+
+    @property
+    def events(self) -> int:
+        return self._events
+
+    @property
+    def records(self) -> tuple[JobRecord, ...]:
+        return tuple(self._records)
+
+    @property
+    def wall_s(self) -> float:
+        return wallclock.perf_counter() - self._wall_start
+
+    # -- internals -------------------------------------------------------------------
+
+    def _admit_arrivals(self) -> None:
+        arrivals = self._arrivals
+        i = self._next_arrival
+        while i < len(arrivals) and arrivals[i].submit_time <= self.time:
+            job = arrivals[i]
+            self._pending[job.job_id] = PendingJob(job=job, remaining_s=job.duration)
+            self._acc[job.job_id] = _Acc()
+            self._pending_dirty = True
+            i += 1
+        if i != self._next_arrival:
+            self._next_arrival = i
+            if self._next_tick == math.inf:
+                self._schedule_tick()
+
+    def _schedule_tick(self) -> None:
+        tick = self.config.tick_s
+        self._next_tick = self.time + tick if tick is not None else math.inf
+
+    def _start(self, job_id: int, placement: Placement) -> bool:
+        pending = self._pending.get(job_id)
+        if pending is None:
+            raise InvalidDecision(f"t={self.time:.1f}: job {job_id} is not pending")
+        job = pending.job
+        if placement.num_gpus != job.num_gpus:
+            raise InvalidDecision(
+                f"t={self.time:.1f}: job {job_id} asks {job.num_gpus} GPUs, "
+                f"placement gives {placement.num_gpus}"
+            )
+        free = self._free
+        for node, gpus in placement.alloc:
+            if not 0 <= node < len(free) or free[node] < gpus:
+                have = free[node] if 0 <= node < len(free) else "no such node"
+                raise InvalidDecision(
+                    f"t={self.time:.1f}: job {job_id} wants {gpus} GPUs on node {node}, "
+                    f"free: {have}"
+                )
+        for node, gpus in placement.alloc:
+            free[node] -= gpus
+        del self._pending[job_id]
+        self._pending_dirty = True
+        remaining = pending.remaining_s
+        if pending.preemptions:
+            remaining += self.config.restart_cost_s
+        run = _Run(
+            job=job,
+            placement=placement,
+            start=self.time,
+            since=self.time,
+            remaining=remaining,
+            rate=0.0,  # set below (single node) or by _update_split_rates (split)
+            attained=pending.attained_gpu_s,
+            preemptions=pending.preemptions,
+            split=placement.num_nodes > 1,
+        )
+        self._running[job_id] = run
+        self._running_dirty = True
+        acc = self._acc[job_id]
+        if math.isnan(acc.first_start):
+            acc.first_start = self.time
+        if not run.split:
+            run.rate = self.model.rates(self.topology, [(job, placement)])[0]
+            self._push_completion(run)
+        return run.split
+
+    def _preempt(self, job_id: int) -> bool:
+        run = self._running.pop(job_id, None)
+        if run is None:
+            raise InvalidDecision(f"t={self.time:.1f}: cannot preempt job {job_id}: not running")
+        run.rebase(self.time)
+        self._release(run)
+        self._pending[job_id] = PendingJob(
+            job=run.job,
+            remaining_s=run.remaining,
+            attained_gpu_s=run.attained,
+            preemptions=run.preemptions + 1,
+        )
+        # a preempted job goes back to its canonical place in the queue
+        self._pending = dict(
+            sorted(self._pending.items(), key=lambda kv: (kv[1].job.submit_time, kv[0]))
+        )
+        self._pending_dirty = True
+        self._running_dirty = True
+        return run.split
+
+    def _release(self, run: _Run) -> None:
+        for node, gpus in run.placement.alloc:
+            self._free[node] += gpus
+        acc = self._acc[run.job.job_id]
+        held = self.time - run.start
+        acc.run_s += held
+        acc.gpu_s += held * run.job.num_gpus
+        run.version = -1  # invalidates its completion events
+
+    def _push_completion(self, run: _Run) -> None:
+        end = run.since + run.remaining / run.rate if run.rate > 0 else math.inf
+        self._seq += 1
+        run.version = self._seq  # unique across runs, so a restarted job never revives old events
+        heapq.heappush(self._heap, (end, run.version, run.job.job_id))
+
+    def _peek_completion(self) -> float:
+        heap = self._heap
+        while heap:
+            end, version, job_id = heap[0]
+            run = self._running.get(job_id)
+            if run is not None and run.version == version:
+                return end
+            heapq.heappop(heap)
+        return math.inf
+
+    def _complete_due(self) -> bool:
+        split_changed = False
+        heap = self._heap
+        while heap and heap[0][0] <= self.time + _EPS:
+            _, version, job_id = heapq.heappop(heap)
+            run = self._running.get(job_id)
+            if run is None or run.version != version:
+                continue
+            del self._running[job_id]
+            self._running_dirty = True
+            self._release(run)
+            acc = self._acc.pop(job_id)
+            self._records.append(
+                JobRecord(
+                    job=run.job,
+                    first_start=acc.first_start,
+                    end=self.time,
+                    run_s=acc.run_s,
+                    gpu_s=acc.gpu_s,
+                    preemptions=run.preemptions,
+                    nodes=run.placement.num_nodes,
+                )
+            )
+            split_changed |= run.split
+        return split_changed
+
+    def _update_split_rates(self) -> None:
+        split = [r for r in self._running.values() if r.split]
+        self._flows = tuple(link_flows(self.topology, (r.placement for r in split)))
+        if not split:
+            return
+        rates = self.model.rates(self.topology, [(r.job, r.placement) for r in split])
+        for run, rate in zip(split, rates, strict=True):
+            if rate != run.rate:
+                run.rebase(self.time)
+                run.rate = rate
+                run.view = None
+                self._running_dirty = True
+                self._push_completion(run)
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """The outcome of one simulated run."""
+
+    records: tuple[JobRecord, ...]
+    topology: Topology
+    events: int
+    wall_s: float
+    policy: str = ""
+
+
+def simulate(
+    topology: Topology,
+    jobs: Sequence[Job],
+    model: ContentionModel,
+    policy: Policy,
+    config: SimConfig | None = None,
+    *,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> SimResult:
+    """Run ``policy`` over ``jobs`` on a simulated cluster to the end.
+
+    ``on_progress(finished, total)`` is called every few hundred decision points.
+    """
+    sim = Simulator(topology, jobs, model, config)
+    total = len(jobs)
+
+    def tick(state: ClusterState, decision: Decision) -> None:
+        if on_progress is not None and sim.events % 500 == 0:
+            on_progress(len(sim.records), total)
+
+    drive(sim, policy, on_decision=tick if on_progress else None)
+    if on_progress is not None:
+        on_progress(len(sim.records), total)
+    return SimResult(
+        records=sim.records,
+        topology=topology,
+        events=sim.events,
+        wall_s=sim.wall_s,
+        policy=policy.name,
+    )

@@ -1,0 +1,141 @@
+"""Run several policies on the same scenario (cluster, workload, contention model) and compare.
+
+A ``Scenario`` is everything but the policy; it is picklable so policies can run in
+parallel worker processes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from linkwise.cluster.contention import AnalyticModel, ContentionModel, EmpiricalModel
+from linkwise.cluster.domain import Job, Topology
+from linkwise.cluster.metrics import RunMetrics, summarize
+from linkwise.cluster.profiles import Calibration
+from linkwise.cluster.simulator import SimConfig, simulate
+from linkwise.models.heuristics import make_policy
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A cluster, a workload and a contention model: what a policy is run on."""
+
+    topology: Topology
+    jobs: tuple[Job, ...]
+    calibration: Calibration
+    contention: str = "analytic"  # "analytic" or "empirical"
+    config: SimConfig = SimConfig()
+    data_dir: str | None = None  # ../shared/data, for the empirical model's table
+
+    def model(self) -> ContentionModel:
+        if self.contention == "analytic":
+            return AnalyticModel(self.calibration)
+        if self.contention == "empirical":
+            from linkwise.cluster.calibration import load_deepshare
+
+            if self.data_dir is None:
+                raise ValueError("the empirical contention model needs --data pointing at shared/data")
+            return EmpiricalModel(load_deepshare(Path(self.data_dir)))
+        raise ValueError(f"unknown contention model {self.contention!r} (analytic, empirical)")
+
+
+@dataclass(frozen=True)
+class PolicyRun:
+    """One policy's result on a scenario: the summary and every job's JCT."""
+
+    metrics: RunMetrics
+    jct_s: tuple[float, ...]
+
+
+def parse_policy(spec: str) -> tuple[str, dict[str, float | int | str]]:
+    """``"sjf_bco:kappa=4,lam=1.5"`` -> ``("sjf_bco", {"kappa": 4, "lam": 1.5})``."""
+    name, _, rest = spec.strip().partition(":")
+    params: dict[str, float | int | str] = {}
+    for item in filter(None, (p.strip() for p in rest.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"bad policy parameter {item!r} in {spec!r}: expected key=value")
+        params[key.strip()] = _number(value.strip())
+    return name.strip(), params
+
+
+def _number(text: str) -> float | int | str:
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def run_policy(scenario: Scenario, spec: str) -> PolicyRun:
+    """Simulate one policy (``name[:key=value,...]``) on the scenario."""
+    name, params = parse_policy(spec)
+    policy = make_policy(name, **params)
+    result = simulate(scenario.topology, scenario.jobs, scenario.model(), policy, scenario.config)
+    metrics = summarize(
+        result.records,
+        total_gpus=scenario.topology.total_gpus,
+        events=result.events,
+        wall_s=result.wall_s,
+        policy=spec,
+    )
+    return PolicyRun(metrics=metrics, jct_s=tuple(r.jct for r in result.records))
+
+
+def compare(
+    scenario: Scenario,
+    specs: Sequence[str],
+    *,
+    workers: int = 1,
+    on_done: Callable[[str], None] | None = None,
+) -> list[PolicyRun]:
+    """Run every policy on the same scenario; results in the order of ``specs``."""
+    for spec in specs:  # fail fast on unknown names, before any work
+        name, params = parse_policy(spec)
+        make_policy(name, **params)
+    if workers <= 1 or len(specs) == 1:
+        runs = []
+        for spec in specs:
+            runs.append(run_policy(scenario, spec))
+            if on_done:
+                on_done(spec)
+        return runs
+    results: dict[str, PolicyRun] = {}
+    with ProcessPoolExecutor(max_workers=min(workers, len(specs), os.cpu_count() or 1)) as pool:
+        futures = {pool.submit(run_policy, scenario, spec): spec for spec in specs}
+        for fut in as_completed(futures):
+            results[futures[fut]] = fut.result()
+            if on_done:
+                on_done(futures[fut])
+    return [results[s] for s in specs]
+
+
+def plot_jct_cdf(runs: Sequence[PolicyRun], path: Path, *, title: str = "") -> Path:
+    """Save the JCT CDF of each policy (log time axis) as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for run in runs:
+        jct = np.sort(np.asarray(run.jct_s)) / 3600.0
+        ax.plot(jct, np.arange(1, len(jct) + 1) / len(jct), label=run.metrics.policy)
+    ax.set_xscale("log")
+    ax.set_xlabel("job completion time (hours)")
+    ax.set_ylabel("fraction of jobs")
+    ax.set_title(title or "JCT CDF")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

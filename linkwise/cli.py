@@ -1,0 +1,261 @@
+"""The ``linkwise`` command line.
+
+Exit codes: 0 success, 1 unexpected failure, 2 bad usage or bad input (a clear message
+on stderr, nothing half-written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+EXIT_OK, EXIT_FAIL, EXIT_INPUT = 0, 1, 2
+DEFAULT_CLUSTER = "64x8"
+DEFAULT_SYNTHETIC_JOBS = 2000
+
+
+def default_data_dir() -> Path | None:
+    """``$LINKWISE_DATA``, else ``../shared/data`` from the working directory, if it exists."""
+    env = os.environ.get("LINKWISE_DATA")
+    candidates = [Path(env)] if env else [Path.cwd().parent / "shared" / "data"]
+    return next((c for c in candidates if c.is_dir()), None)
+
+
+def _add_workload_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("workload")
+    g.add_argument("--trace", type=Path, help="a real trace file (default: the embedded synthetic workload)")
+    g.add_argument(
+        "--trace-format",
+        default="auto",
+        choices=["auto", "native", "philly", "helios", "alibaba", "swf"],
+        help="format of --trace (default: detect)",
+    )
+    g.add_argument(
+        "--jobs",
+        type=int,
+        default=DEFAULT_SYNTHETIC_JOBS,
+        help=f"jobs in the synthetic workload (default {DEFAULT_SYNTHETIC_JOBS})",
+    )
+    g.add_argument("--load-scale", type=float, default=1.0, help="synthetic arrival-rate multiplier")
+    g.add_argument("--max-jobs", type=int, help="use only the first N jobs of the trace")
+    g.add_argument("--seed", type=int, default=0, help="seed for the workload and profile draws")
+    c = p.add_argument_group("cluster and contention")
+    c.add_argument(
+        "--cluster",
+        default=DEFAULT_CLUSTER,
+        help="NODESxGPUS[,leaf=..,nic=..,oversub=..], a slurm.conf/topology.conf folder, "
+        f"or the Alibaba topology CSV (default {DEFAULT_CLUSTER})",
+    )
+    c.add_argument("--contention", default="analytic", choices=["analytic", "empirical"])
+    c.add_argument("--calibration", type=Path, help="calibration JSON (default: the shipped fit)")
+    c.add_argument("--data", type=Path, help="../shared/data (for the empirical model); or $LINKWISE_DATA")
+    c.add_argument("--tick", type=float, help="periodic decision points every S seconds")
+    c.add_argument("--restart-cost", type=float, default=0.0, help="seconds added to a preempted job's work")
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON only")
+
+
+def _scenario(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
+    """Build the Scenario the arguments describe, and a description of it."""
+    from linkwise.cluster.profiles import assign_profiles, load_calibration
+    from linkwise.cluster.simulator import SimConfig
+    from linkwise.cluster.topology import load_topology
+    from linkwise.datasets import synthetic
+    from linkwise.datasets.traces import load_trace
+    from linkwise.evaluation.compare import Scenario
+
+    topo = load_topology(args.cluster)
+    calibration = load_calibration(args.calibration)
+    info: dict[str, Any] = {"cluster": args.cluster, "gpus": topo.total_gpus, "nodes": len(topo.nodes)}
+    if args.trace is not None:
+        trace = load_trace(args.trace, args.trace_format, max_jobs=args.max_jobs)
+        jobs = trace.jobs
+        info.update(trace=str(args.trace), format=trace.format, rejected_rows=len(trace.rejected))
+        if trace.rejected:
+            info["rejected_by_reason"] = trace.summary().get("rejected_by_reason", {})
+    else:
+        jobs = synthetic.generate(
+            args.max_jobs or args.jobs,
+            seed=args.seed,
+            load_scale=args.load_scale,
+            max_gpus=topo.total_gpus,
+        )
+        info.update(trace="synthetic (Philly statistics)", seed=args.seed)
+    too_big = [j for j in jobs if j.num_gpus > topo.total_gpus]
+    if too_big:
+        info["left_out_too_big"] = len(too_big)
+        jobs = tuple(j for j in jobs if j.num_gpus <= topo.total_gpus)
+    if not jobs:
+        raise ValueError("no jobs left to simulate")
+    data_dir = args.data or default_data_dir()
+    mix = None
+    if args.contention == "empirical":
+        from linkwise.cluster.calibration import load_deepshare
+
+        if data_dir is None:
+            raise ValueError("--contention empirical needs --data (the shared/data folder)")
+        measured = set(load_deepshare(data_dir).models)
+        mix = {k: v for k, v in calibration.mix.items() if k in measured} or dict.fromkeys(measured, 1.0)
+    jobs = assign_profiles(jobs, calibration, seed=args.seed, mix=mix)
+    info["jobs"] = len(jobs)
+    scenario = Scenario(
+        topology=topo,
+        jobs=tuple(jobs),
+        calibration=calibration,
+        contention=args.contention,
+        config=SimConfig(tick_s=args.tick, restart_cost_s=args.restart_cost),
+        data_dir=str(data_dir) if data_dir else None,
+    )
+    return scenario, info
+
+
+def _metrics_table(rows: Sequence[dict[str, Any]], title: str) -> Any:
+    from rich.table import Table
+
+    table = Table(title=title)
+    cols = [
+        ("policy", "policy", "{}"),
+        ("avg JCT h", "avg_jct_s", "h"),
+        ("p50 h", "p50_jct_s", "h"),
+        ("p95 h", "p95_jct_s", "h"),
+        ("p99 h", "p99_jct_s", "h"),
+        ("makespan d", "makespan_s", "d"),
+        ("avg queue h", "avg_queue_s", "h"),
+        ("contention x", "avg_contention_slowdown", "{:.3f}"),
+        ("GPU util", "gpu_utilization", "{:.1%}"),
+        ("preempt", "preemptions", "{}"),
+        ("wall s", "wall_s", "{:.1f}"),
+    ]
+    for head, _, _ in cols:
+        table.add_column(head, justify="left" if head == "policy" else "right")
+    for row in rows:
+        cells = []
+        for _, key, fmt in cols:
+            v = row[key]
+            cells.append(f"{v / 3600:.2f}" if fmt == "h" else f"{v / 86400:.2f}" if fmt == "d" else fmt.format(v))
+        table.add_row(*cells)
+    return table
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from linkwise.evaluation.compare import run_policy
+
+    scenario, info = _scenario(args)
+    run = run_policy(scenario, args.policy)
+    out = run.metrics.to_dict()
+    if args.json:
+        print(json.dumps(out))
+        return EXIT_OK
+    from rich.console import Console
+
+    console = Console()
+    console.print(_describe_scenario(info))
+    console.print(_metrics_table([out], "linkwise simulate"))
+    return EXIT_OK
+
+
+def _describe_scenario(info: dict[str, Any]) -> str:
+    return "  ".join(f"[bold]{k}[/]={v}" for k, v in info.items())
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from linkwise.evaluation.compare import compare, plot_jct_cdf
+    from linkwise.models.heuristics import policy_names
+
+    specs = [s.strip() for s in args.policies.split(",") if s.strip()] if args.policies else policy_names()
+    scenario, info = _scenario(args)
+    console = Console(stderr=True, quiet=args.json)
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(), console=console, disable=args.json,
+    ) as progress:  # fmt: skip
+        task = progress.add_task(f"simulating {len(scenario.jobs)} jobs", total=len(specs))
+        runs = compare(scenario, specs, workers=args.workers, on_done=lambda _: progress.advance(task))
+    rows = [r.metrics.to_dict() for r in runs]
+    plot = plot_jct_cdf(runs, args.plot, title=f"{info['trace']} on {info['cluster']}")
+    if args.json:
+        print(json.dumps(rows))
+        return EXIT_OK
+    out = Console()
+    out.print(_describe_scenario(info))
+    out.print(_metrics_table(rows, "linkwise compare"))
+    out.print(f"JCT CDF plot: {plot}")
+    return EXIT_OK
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from linkwise.cluster.calibration import fit_calibration, write_calibration
+
+    data_dir = args.data or default_data_dir()
+    if data_dir is None:
+        raise ValueError("no data folder: pass --data PATH/TO/shared/data")
+    cal = fit_calibration(data_dir)
+    write_calibration(cal, args.out)
+    summary = {"out": str(args.out), "profiles": sorted(cal.profiles), "alpha": cal.alpha, "fit": cal.fit}
+    print(json.dumps(summary, indent=None if args.json else 2, default=str))
+    return EXIT_OK
+
+
+def cmd_topology(args: argparse.Namespace) -> int:
+    from linkwise.cluster.topology import describe, load_topology
+
+    info = describe(load_topology(args.cluster))
+    print(json.dumps(info, indent=None if args.json else 2, default=str))
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from linkwise import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="linkwise",
+        description="Contention-aware scheduling for Slurm GPU clusters: simulate and compare policies.",
+    )
+    parser.add_argument("--version", action="version", version=f"linkwise {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("simulate", help="run one policy on a workload in the simulator")
+    p.add_argument("--policy", default="backfill", help="policy name[:key=value,...] (default backfill)")
+    _add_workload_args(p)
+    p.set_defaults(func=cmd_simulate)
+
+    p = sub.add_parser("compare", help="run several policies on the same workload and compare")
+    p.add_argument("--policies", help="comma-separated policies (default: every heuristic)")
+    p.add_argument("--plot", type=Path, default=Path("linkwise-out/jct_cdf.png"), help="JCT CDF PNG path")
+    p.add_argument("--workers", type=int, default=1, help="policies simulated in parallel")
+    _add_workload_args(p)
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("calibrate", help="fit the contention model to the measurements in shared/data")
+    p.add_argument("--data", type=Path, help="the shared/data folder (default: ../shared/data)")
+    p.add_argument("--out", type=Path, required=True, help="calibration JSON to write")
+    p.add_argument("--json", action="store_true", help="compact JSON")
+    p.set_defaults(func=cmd_calibrate)
+
+    p = sub.add_parser("topology", help="describe a cluster topology")
+    p.add_argument("cluster", help="a spec (64x8,leaf=16), a slurm.conf folder, or the Alibaba CSV")
+    p.add_argument("--json", action="store_true", help="compact JSON")
+    p.set_defaults(func=cmd_topology)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except (ValueError, FileNotFoundError, IsADirectoryError) as exc:
+        print(f"linkwise {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_INPUT
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
