@@ -1,0 +1,80 @@
+"""Simulator speed: the real Philly slice on a 64x8 cluster, every heuristic.
+
+Each policy runs in a fresh child process (one core), so wall time and peak memory
+(max RSS) are its own. Prints a Markdown table; ``--json`` prints the rows.
+
+    .venv/bin/python benchmarks/simulator_speed.py [--trace PATH] [--cluster 64x8] [--policies a,b]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_TRACE = REPO.parent / "shared" / "data" / "traces" / "philly_2017-09-04_2017-10-15.csv"
+
+
+def run_one(trace: Path, cluster: str, spec: str, seed: int) -> dict[str, object]:
+    """Load, simulate and summarise one policy in this process."""
+    from linkwise.cluster.profiles import assign_profiles, load_calibration
+    from linkwise.cluster.topology import load_topology
+    from linkwise.datasets.traces import load_trace
+    from linkwise.evaluation.compare import Scenario, run_policy
+
+    t0 = time.perf_counter()
+    topo = load_topology(cluster)
+    cal = load_calibration()
+    jobs = assign_profiles(load_trace(trace, "philly").jobs, cal, seed=seed)
+    jobs = tuple(j for j in jobs if j.num_gpus <= topo.total_gpus)
+    load_s = time.perf_counter() - t0
+    run = run_policy(Scenario(topology=topo, jobs=jobs, calibration=cal), spec)
+    m = run.metrics.to_dict()
+    m["load_s"] = load_s
+    m["events_per_s"] = m["events"] / m["wall_s"]
+    m["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return m
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
+    p.add_argument("--cluster", default="64x8")
+    p.add_argument("--policies", default="fifo,backfill,best_fit,sjf_bco,tiresias_las,random")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--one", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.one:
+        print(json.dumps(run_one(args.trace, args.cluster, args.one, args.seed)))
+        return 0
+    rows = []
+    for spec in args.policies.split(","):
+        cmd = [sys.executable, __file__, "--one", spec, "--trace", str(args.trace), "--cluster", args.cluster]
+        out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if out.returncode != 0:
+            print(out.stderr, file=sys.stderr)
+            return 1
+        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    print(f"trace: {args.trace.name}, cluster: {args.cluster}, jobs: {rows[0]['jobs']}\n")
+    print("| policy | wall s | events | events/s | peak RSS MB | avg JCT h | p99 JCT h | avg queue h | contention x | GPU util |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(
+            f"| {r['policy']} | {r['wall_s']:.1f} | {r['events']} | {r['events_per_s']:.0f} | "
+            f"{r['peak_rss_mb']:.0f} | {r['avg_jct_s'] / 3600:.1f} | {r['p99_jct_s'] / 3600:.1f} | "
+            f"{r['avg_queue_s'] / 3600:.1f} | {r['avg_contention_slowdown']:.3f} | {r['gpu_utilization']:.1%} |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""A seeded random scheduler: random jobs on random generator placements (a baseline and a
+behaviour policy for offline data)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from linkwise.cluster.domain import ClusterState, Decision, Start
+from linkwise.cluster.placement import apply_placement, distinct_placements
+from linkwise.models.heuristics._common import add_jobs, can_ever_run
+
+
+@dataclass(frozen=True, slots=True)
+class RandomPolicy:
+    """Start a random subset of the pending jobs that fit, each on a random candidate placement.
+
+    Stateless and deterministic: the generator is seeded from ``(seed, state.time,
+    len(state.pending))``, so the same state always gives the same decision. Pending
+    jobs are visited in a random order; each one that fits is started with probability
+    ``start_prob`` on one of the distinct placements the generators of
+    ``linkwise.cluster.placement`` propose, drawn uniformly. So that a run cannot stall,
+    when nothing is running and nothing was drawn, the first visited job that fits is
+    started anyway.
+    """
+
+    name: str = "random"
+    seed: int = 0
+    start_prob: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.start_prob <= 1.0:
+            raise ValueError(f"start_prob must be in [0, 1], got {self.start_prob}")
+
+    def rng(self, state: ClusterState) -> random.Random:
+        """The generator for this state (string seeds hash the same in every process)."""
+        return random.Random(f"{self.seed}:{state.time!r}:{len(state.pending)}")
+
+    def decide(self, state: ClusterState) -> Decision:
+        """A random feasible set of starts."""
+        rng = self.rng(state)
+        topo = state.topology
+        free = list(state.free_gpus)
+        total = sum(free)
+        busy = list(state.jobs_per_node)
+        order = [p for p in state.pending if can_ever_run(state, p)]
+        rng.shuffle(order)
+        starts: list[Start] = []
+        first_fitting: Start | None = None
+        for p in order:
+            if total == 0:
+                break
+            gpus = p.job.num_gpus
+            if gpus > total:
+                continue
+            draw = rng.random() < self.start_prob
+            if not draw and (starts or first_fitting is not None):
+                continue
+            candidates = distinct_placements(topo, free, gpus, busy)
+            if not candidates:  # pragma: no cover - first fit fails only on the total
+                continue
+            placement = rng.choice(candidates)
+            if not draw:
+                first_fitting = Start(p.job.job_id, placement)
+                continue
+            apply_placement(free, placement)
+            add_jobs(busy, placement)
+            total -= gpus
+            starts.append(Start(p.job.job_id, placement))
+        if not starts and not state.running and first_fitting is not None:
+            starts.append(first_fitting)
+        return Decision(starts=tuple(starts))

@@ -1,0 +1,421 @@
+"""Heuristic schedulers: valid, deterministic decisions on random states, and each rule."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from linkwise.cluster.domain import (
+    ClusterState,
+    Decision,
+    Job,
+    PendingJob,
+    Placement,
+    Policy,
+    RunningJob,
+    Start,
+)
+from linkwise.cluster.placement import apply_placement, best_fit, first_fit, least_busy
+from linkwise.cluster.topology import from_spec
+from linkwise.models.heuristics import (
+    POLICIES,
+    Backfill,
+    BestFit,
+    Fifo,
+    RandomPolicy,
+    SjfBco,
+    TiresiasLas,
+    make_policy,
+    policy_names,
+)
+
+# every registered policy with its defaults, plus variants that exercise other branches
+VARIANTS: list[Policy] = [make_policy(name) for name in policy_names()] + [
+    Backfill(max_job_test=1),
+    SjfBco(kappa=1, lam=math.inf),
+    SjfBco(kappa=2, lam=1.5),
+    TiresiasLas(thresholds=(50.0, 500.0, 5000.0), starve_factor=0.0),
+    TiresiasLas(thresholds=(10.0,), starve_factor=2.0, running_first=False),
+    RandomPolicy(seed=1, start_prob=1.0),
+    RandomPolicy(seed=2, start_prob=0.0),
+]
+
+GENERATORS = (first_fit, best_fit)
+
+
+@st.composite
+def states(draw: st.DrawFn) -> ClusterState:
+    """A consistent cluster state: running jobs hold exactly the GPUs not free."""
+    nodes = draw(st.integers(1, 10))
+    gpus = draw(st.integers(1, 8))
+    leaf = draw(st.integers(1, 4))
+    topo = from_spec(f"{nodes}x{gpus},leaf={leaf}")
+    now = draw(st.floats(0.0, 50_000.0))
+    free = [n.gpus for n in topo.nodes]
+    running: list[RunningJob] = []
+    job_id = 0
+    for _ in range(draw(st.integers(0, 8))):
+        if sum(free) == 0:
+            break
+        size = draw(st.integers(1, sum(free)))
+        if draw(st.booleans()):
+            placement = least_busy(topo, free, size, [0] * nodes)
+        else:
+            placement = draw(st.sampled_from(GENERATORS))(topo, free, size)
+        assert placement is not None
+        apply_placement(free, placement)
+        submit = draw(st.floats(0.0, now))
+        since = draw(st.floats(submit, now))
+        running.append(
+            RunningJob(
+                job=Job(job_id, submit, size, draw(st.floats(1.0, 1e5))),
+                placement=placement,
+                start_time=since,
+                remaining_s=draw(st.floats(0.0, 1e5)),
+                rate=draw(st.sampled_from([0.0, 0.3, 0.7, 1.0])),
+                attained_gpu_s=draw(st.floats(0.0, 1e5)),
+                since=since,
+            )
+        )
+        job_id += 1
+    pending: list[PendingJob] = []
+    for _ in range(draw(st.integers(0, 12))):
+        size = draw(st.integers(1, topo.total_gpus + 2))  # some never fit
+        duration = draw(st.floats(1.0, 1e5))
+        pending.append(
+            PendingJob(
+                job=Job(job_id, draw(st.floats(0.0, now)), size, duration),
+                remaining_s=draw(st.floats(1.0, duration)),
+                attained_gpu_s=draw(st.sampled_from([0.0, 30.0, 3000.0, 60_000.0])),
+            )
+        )
+        job_id += 1
+    pending.sort(key=lambda p: (p.job.submit_time, p.job.job_id))
+    return ClusterState(
+        time=now,
+        topology=topo,
+        free_gpus=tuple(free),
+        running=tuple(running),
+        pending=tuple(pending),
+    )
+
+
+def check_valid(state: ClusterState, decision: Decision) -> None:
+    """Starts are distinct pending jobs of the right size on GPUs free after the preemptions."""
+    pending = {p.job.job_id: p for p in state.pending}
+    running = {r.job.job_id: r for r in state.running}
+    assert len(set(decision.preempt)) == len(decision.preempt)
+    assert set(decision.preempt) <= set(running)
+    ids = [s.job_id for s in decision.starts]
+    assert len(set(ids)) == len(ids)
+    assert set(ids) <= set(pending)
+    free = list(state.free_gpus)
+    for job_id in decision.preempt:
+        for node, g in running[job_id].placement.alloc:
+            free[node] += g
+    for s in decision.starts:
+        assert s.placement.num_gpus == pending[s.job_id].job.num_gpus
+        apply_placement(free, s.placement)  # raises if the GPUs are not free
+    assert all(0 <= f <= n.gpus for f, n in zip(free, state.topology.nodes, strict=True))
+
+
+def fresh_copy(state: ClusterState) -> ClusterState:
+    return replace(state)
+
+
+@settings(max_examples=120, deadline=None)
+@given(states())
+def test_every_policy_makes_valid_deterministic_decisions(state: ClusterState) -> None:
+    for policy in VARIANTS:
+        decision = policy.decide(state)
+        check_valid(state, decision)
+        assert policy.decide(fresh_copy(state)) == decision, policy.name
+        if not isinstance(policy, TiresiasLas):
+            assert not decision.preempt
+
+
+def _earliest_fit(state: ClusterState, need: int, started: list[tuple[float, int]]) -> float:
+    """When ``need`` GPUs are free, under expected ends and the started jobs' estimates."""
+    free_now = state.total_free_gpus - sum(g for _, g in started)
+    if free_now >= need:
+        return state.time
+    releases = sorted([(r.expected_end, r.job.num_gpus) for r in state.running] + started)
+    for end, g in releases:
+        free_now += g
+        if free_now >= need:
+            return end
+    return math.inf
+
+
+@settings(max_examples=200, deadline=None)
+@given(states())
+def test_backfill_never_delays_the_head_job(state: ClusterState) -> None:
+    decision = Backfill().decide(state)
+    started = {s.job_id for s in decision.starts}
+    total = state.topology.total_gpus
+    queue = [p for p in state.pending if p.job.num_gpus <= total]
+    heads = [i for i, p in enumerate(queue) if p.job.job_id not in started]
+    if not heads:
+        return
+    h = heads[0]
+    head = queue[h]
+    prefix = [(state.time + p.remaining_s, p.job.num_gpus) for p in queue[:h]]
+    backfilled = [
+        (state.time + p.remaining_s, p.job.num_gpus)
+        for p in queue[h + 1 :]
+        if p.job.job_id in started
+    ]
+    # the prefix before the head was started in order, the head itself did not fit
+    assert all(p.job.job_id in started for p in queue[:h])
+    without = _earliest_fit(state, head.job.num_gpus, prefix)
+    with_bf = _earliest_fit(state, head.job.num_gpus, prefix + backfilled)
+    assert with_bf <= without
+
+
+@settings(max_examples=100, deadline=None)
+@given(states())
+def test_fifo_starts_a_prefix_of_the_queue(state: ClusterState) -> None:
+    decision = Fifo().decide(state)
+    queue = [p.job.job_id for p in state.pending if p.job.num_gpus <= state.topology.total_gpus]
+    ids = [s.job_id for s in decision.starts]
+    assert ids == queue[: len(ids)]
+    if len(ids) < len(queue):
+        blocked = state.pending[[p.job.job_id for p in state.pending].index(queue[len(ids)])]
+        used = sum(s.placement.num_gpus for s in decision.starts)
+        assert blocked.job.num_gpus > state.total_free_gpus - used
+
+
+# -- targeted scenarios ---------------------------------------------------------------------
+
+
+def _running(
+    job_id: int, alloc: tuple[tuple[int, int], ...], remaining: float, **kw: float
+) -> RunningJob:
+    placement = Placement(alloc)
+    return RunningJob(
+        job=Job(job_id, kw.get("submit", 0.0), placement.num_gpus, max(remaining, 1.0)),
+        placement=placement,
+        start_time=kw.get("since", 0.0),
+        remaining_s=remaining,
+        rate=1.0,
+        attained_gpu_s=kw.get("attained", 0.0),
+        since=kw.get("since", 0.0),
+    )
+
+
+def _pending(
+    job_id: int, gpus: int, remaining: float, submit: float = 0.0, attained: float = 0.0
+) -> PendingJob:
+    return PendingJob(Job(job_id, submit, gpus, remaining), remaining, attained_gpu_s=attained)
+
+
+def _state(
+    spec: str, running: list[RunningJob], pending: list[PendingJob], now: float = 0.0
+) -> ClusterState:
+    topo = from_spec(spec)
+    free = [n.gpus for n in topo.nodes]
+    for r in running:
+        apply_placement(free, r.placement)
+    return ClusterState(now, topo, tuple(free), tuple(running), tuple(pending))
+
+
+def test_fifo_blocks_behind_the_head_while_backfill_fills_around_it() -> None:
+    # 12 of 16 GPUs busy until t=100; the head wants all 16 (reservation at t=100, no spare)
+    running = [_running(0, ((0, 8), (1, 4)), remaining=100.0)]
+    pending = [
+        _pending(1, 16, 1000.0, submit=1.0),
+        _pending(2, 2, 500.0, submit=2.0),  # would run past t=100: delays the head
+        _pending(3, 2, 50.0, submit=3.0),  # ends at t=50: harmless
+    ]
+    state = _state("2x8", running, pending)
+    assert Fifo().decide(state).starts == ()
+    decision = Backfill().decide(state)
+    assert [s.job_id for s in decision.starts] == [3]
+    check_valid(state, decision)
+
+
+def test_backfill_uses_the_spare_gpus_at_the_reservation() -> None:
+    # the head needs 14 of the 16 GPUs free at t=100: 2 GPUs may run past it
+    running = [_running(0, ((0, 8), (1, 4)), remaining=100.0)]
+    pending = [
+        _pending(1, 14, 1000.0, submit=1.0),
+        _pending(2, 2, 500.0, submit=2.0),
+        _pending(3, 2, 500.0, submit=3.0),
+    ]
+    decision = Backfill().decide(_state("2x8", running, pending))
+    assert [s.job_id for s in decision.starts] == [2]
+
+
+def test_backfill_counts_the_head_prefix_started_in_the_same_decision() -> None:
+    # job 1 starts now on 4 GPUs for 300 s; the head (16) can only start when it ends
+    pending = [
+        _pending(1, 4, 300.0, submit=1.0),
+        _pending(2, 16, 100.0, submit=2.0),
+        _pending(3, 4, 200.0, submit=3.0),  # ends before t=300: fine
+        _pending(4, 8, 400.0, submit=4.0),  # would hold GPUs past t=300
+    ]
+    decision = Backfill().decide(_state("2x8", [], pending))
+    assert [s.job_id for s in decision.starts] == [1, 3]
+
+
+def test_backfill_scans_at_most_max_job_test_jobs() -> None:
+    running = [_running(0, ((0, 8), (1, 4)), remaining=100.0)]
+    pending = [_pending(1, 16, 1000.0, submit=1.0), _pending(2, 8, 10.0, submit=2.0)]
+    pending += [_pending(3, 1, 10.0, submit=3.0)]
+    state = _state("2x8", running, pending)
+    assert [s.job_id for s in Backfill().decide(state).starts] == [3]
+    assert Backfill(max_job_test=1).decide(state).starts == ()
+
+
+def test_sjf_bco_starts_the_smallest_jobs_first() -> None:
+    pending = [_pending(1, 6, 100.0, 0.0), _pending(2, 2, 100.0, 1.0), _pending(3, 3, 100.0, 2.0)]
+    state = _state("1x8", [], pending)
+    assert [s.job_id for s in SjfBco().decide(state).starts] == [2, 3]
+    assert [s.job_id for s in Fifo().decide(state).starts] == [1, 2]
+
+
+def test_sjf_bco_packs_small_jobs_and_spreads_large_ones() -> None:
+    # node 0 runs one job (4 GPUs free); nodes 1-3 are idle
+    running = [_running(0, ((0, 4),), remaining=100.0)]
+    pending = [_pending(1, 2, 100.0, 0.0), _pending(2, 16, 100.0, 1.0)]
+    decision = SjfBco().decide(_state("4x8", running, pending))
+    placements = {s.job_id: s.placement for s in decision.starts}
+    assert placements[1] == Placement(((0, 2),))  # onto the busy server
+    assert placements[2] == Placement(((1, 8), (2, 8)))  # two idle servers
+
+
+def test_sjf_bco_lambda_bounds_how_spread_a_large_job_is() -> None:
+    # every node has 4 GPUs free: a 16-GPU job would need 4 nodes where 2 could hold it
+    running = [_running(i, ((i, 4),), remaining=100.0) for i in range(4)]
+    state = _state("4x8", running, [_pending(9, 16, 100.0)])
+    assert SjfBco().decide(state).starts == ()
+    assert SjfBco(lam=1.5).decide(state).starts == ()
+    (start,) = SjfBco(lam=2.0).decide(state).starts
+    assert start.placement.num_nodes == 4
+    with pytest.raises(ValueError):
+        SjfBco(lam=0.5)
+
+
+def test_tiresias_preempts_a_long_running_job_for_a_new_one() -> None:
+    # job 0 has had 8 GPUs x 3600 s > threshold: queue 1; job 1 is new: queue 0
+    running = [_running(0, ((0, 8),), remaining=1e4, attained=8 * 3600.0, since=3700.0)]
+    state = _state("1x8", running, [_pending(1, 4, 100.0, submit=3650.0)], now=3700.0)
+    decision = TiresiasLas().decide(state)
+    assert decision.preempt == (0,)
+    assert decision.starts == (Start(1, Placement(((0, 4),))),)
+    check_valid(state, decision)
+
+
+def test_tiresias_keeps_fifo_inside_a_queue_and_never_preempts_for_nothing() -> None:
+    # both in queue 0: the running job keeps its GPUs, the later one waits
+    running = [_running(0, ((0, 8),), remaining=1e4, attained=80.0, since=100.0)]
+    state = _state("1x8", running, [_pending(1, 4, 100.0, submit=50.0)], now=110.0)
+    assert TiresiasLas().decide(state).is_wait
+    # a queue-0 job that cannot be admitted gets nobody preempted, even a queue-1 job
+    running = [
+        _running(0, ((0, 8),), remaining=1e4, attained=80.0, since=100.0),
+        _running(2, ((1, 4),), remaining=1e4, attained=1e5, since=100.0),
+    ]
+    state = _state("2x8", running, [_pending(1, 12, 100.0, submit=50.0)], now=110.0)
+    assert TiresiasLas().decide(state).is_wait
+
+
+def test_tiresias_starvation_guard_promotes_a_long_waiting_job() -> None:
+    # job 1 ran 1000 s on 8 GPUs (queue 1) and has waited 20000 s since: promoted to queue 0,
+    # it takes the GPUs from job 2 (queue 1: 8 x 1000 GPU-s in its 1000 s in the system)
+    running = [
+        _running(2, ((0, 8),), remaining=1e4, attained=8 * 1000.0, submit=20_000.0, since=21_000.0)
+    ]
+    pending = [_pending(1, 8, 100.0, submit=0.0, attained=8 * 1000.0)]
+    state = _state("1x8", running, pending, now=21_000.0)
+    decision = TiresiasLas().decide(state)
+    assert decision.preempt == (2,)
+    assert [s.job_id for s in decision.starts] == [1]
+    # without the guard both are in queue 1, where the running job keeps its GPUs
+    assert TiresiasLas(starve_factor=0.0).decide(state).is_wait
+
+
+def test_tiresias_guard_keeps_a_promoted_job_running_a_while() -> None:
+    # ran 1000 s, waited 6000 s: a pending job would not be promoted (< 10x), a running one
+    # stays in queue 0 (>= 5x) and keeps its GPUs against a queue-1 job waiting behind it
+    tiresias = TiresiasLas()
+    assert tiresias.queue_of(8000.0, 8, 6000.0) == 1
+    assert tiresias.queue_of(8000.0, 8, 6000.0, running=True) == 0
+    assert tiresias.queue_of(8000.0, 8, 4000.0, running=True) == 1
+
+
+def test_tiresias_running_first_avoids_preempting_within_a_queue() -> None:
+    # both in queue 0; the pending job is older: only a pure (queue, submit) order preempts
+    running = [_running(2, ((0, 8),), remaining=1e4, attained=80.0, submit=90.0, since=100.0)]
+    state = _state("1x8", running, [_pending(1, 8, 100.0, submit=10.0)], now=110.0)
+    assert TiresiasLas().decide(state).is_wait
+    decision = TiresiasLas(running_first=False).decide(state)
+    assert decision.preempt == (2,)
+    assert [s.job_id for s in decision.starts] == [1]
+
+
+def test_tiresias_accepts_command_line_thresholds() -> None:
+    assert TiresiasLas(thresholds=100).thresholds == (100.0,)  # type: ignore[arg-type]
+    assert TiresiasLas(thresholds="100;1000").thresholds == (100.0, 1000.0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        TiresiasLas(thresholds=(100.0, 50.0))
+
+
+def test_best_fit_consolidates_and_keeps_scanning() -> None:
+    running = [_running(0, ((1, 5),), remaining=100.0)]
+    pending = [_pending(1, 12, 100.0, 0.0), _pending(2, 3, 100.0, 1.0)]
+    state = _state("2x8", running, pending)
+    assert BestFit().decide(state).starts == (Start(2, Placement(((1, 3),))),)
+    assert Fifo().decide(state).starts == ()
+    fifo_state = _state("2x8", running, pending[1:])
+    assert Fifo().decide(fifo_state).starts == (Start(2, Placement(((0, 3),))),)
+
+
+def test_random_policy_is_seeded_and_never_stalls_an_idle_cluster() -> None:
+    pending = [_pending(i, 1 + i % 4, 100.0, float(i)) for i in range(12)]
+    state = _state("4x8", [], pending, now=5.0)
+    a, b = RandomPolicy(seed=0).decide(state), RandomPolicy(seed=0).decide(state)
+    assert a == b
+    decisions = {RandomPolicy(seed=s).decide(state) for s in range(8)}
+    assert len(decisions) > 1
+    # even when it draws nothing, an idle cluster gets one job started
+    assert len(RandomPolicy(start_prob=0.0).decide(state).starts) == 1
+
+
+def test_registry() -> None:
+    assert policy_names() == ["fifo", "backfill", "best_fit", "sjf_bco", "tiresias_las", "random"]
+    for name in policy_names():
+        policy = make_policy(name)
+        assert isinstance(policy, Policy)
+        assert policy.name == name
+    assert make_policy("sjf_bco", kappa=4, lam=2.0) == SjfBco(kappa=4, lam=2.0)
+    with pytest.raises(ValueError, match="known: fifo, backfill"):
+        make_policy("nope")
+    with pytest.raises(TypeError):
+        make_policy("fifo", bogus=1)
+    with pytest.raises(TypeError):
+        POLICIES["x"] = Fifo  # type: ignore[index]
+
+
+def test_policies_run_a_small_trace_to_completion_in_the_simulator() -> None:
+    from linkwise.cluster.contention import AnalyticModel
+    from linkwise.cluster.profiles import assign_profiles, load_calibration
+    from linkwise.cluster.simulator import SimConfig, simulate
+
+    calibration = load_calibration()
+    topo = from_spec("4x8,leaf=2")
+    sizes = [1, 2, 4, 8, 16, 3, 1, 12, 2, 32, 6, 1]
+    jobs = assign_profiles(
+        [Job(i, 40.0 * i, sizes[i % len(sizes)], 300.0 + 97.0 * (i % 7)) for i in range(40)],
+        calibration,
+        seed=3,
+    )
+    for policy in VARIANTS:
+        result = simulate(
+            topo, jobs, AnalyticModel(calibration), policy, SimConfig(restart_cost_s=5.0)
+        )
+        assert len(result.records) == len(jobs), policy.name
