@@ -9,8 +9,15 @@ Two models share one interface (``ContentionModel``):
 - ``AnalyticModel``: SJF-BCO's ring all-reduce model (MobiHoc'22) generalised to the
   topology. A ring over one node runs at the node's intra-node bandwidth; a ring split
   across nodes is bottlenecked by the slowest network link it crosses (NICs, leaf and
-  aggregation uplinks), each link shared among the k rings crossing it with the penalty
-  f(k) = k + alpha (k - 1). Only split jobs use the network, so only they contend.
+  aggregation uplinks; never faster than its nodes' intra-node links), each link shared
+  among the k rings crossing it with the penalty f(k) = k + alpha (k - 1). Only split
+  jobs use the network, so only they contend.
+  With ``sharing="duty"`` (the default) a neighbouring ring counts on a link by its
+  duty cycle (the share of its isolated iteration spent communicating) rather than
+  as a whole ring: k = 1 + sum of the neighbours' duty cycles. ``sharing="flows"`` is
+  SJF-BCO's original count. Fitted on DeepShare's measured pairs, the flow count
+  predicts worse than a constant; the duty-cycle count does not (see
+  ``benchmarks/contention_validation.md``).
 - ``EmpiricalModel``: DeepShare's measured pairwise shared/isolated throughput ratios
   applied directly to split jobs sharing a node (product over neighbours).
 """
@@ -25,10 +32,22 @@ from typing import Protocol
 from linkwise.cluster.domain import Job, Placement, Topology
 from linkwise.cluster.profiles import Calibration, CommProfile
 
+SHARING_MODES = ("duty", "flows")
 
-def sharing_penalty(k: int, alpha: float) -> float:
-    """SJF-BCO's f(k) = k + alpha (k - 1): effective divisor of a link shared by k rings."""
+
+def sharing_penalty(k: float, alpha: float) -> float:
+    """SJF-BCO's f(k) = k + alpha (k - 1): effective divisor of a link shared by k rings.
+
+    ``k`` may be fractional (rings weighted by their duty cycles); f(k) = 1 for k <= 1.
+    """
     return k + alpha * (k - 1) if k > 1 else 1.0
+
+
+def ring_comm_time(profile: CommProfile, gpus: int, bandwidth_gbps: float) -> float:
+    """Time of one ring all-reduce of the profile's gradient over ``gpus`` workers."""
+    if gpus <= 1:
+        return 0.0
+    return (profile.grad_gb / gpus) * 2.0 * (gpus - 1) / bandwidth_gbps
 
 
 def ring_iteration_time(
@@ -41,9 +60,8 @@ def ring_iteration_time(
     """
     if gpus <= 1:
         return profile.compute_s
-    comm = (profile.grad_gb / gpus) * 2.0 * (gpus - 1) / bandwidth_gbps
     overhead = overhead_s * nodes if nodes > 1 else 0.0
-    return profile.compute_s + comm + overhead
+    return profile.compute_s + ring_comm_time(profile, gpus, bandwidth_gbps) + overhead
 
 
 class ContentionModel(Protocol):
@@ -68,13 +86,29 @@ def min_nodes(topo: Topology, gpus: int) -> int:
 
 @dataclass(frozen=True)
 class AnalyticModel:
-    """SJF-BCO's ring model on the real topology, with calibrated profiles."""
+    """SJF-BCO's ring model on the real topology, with calibrated profiles.
+
+    ``sharing`` says how rings on a link are counted: ``"duty"`` (default) weights each
+    neighbouring ring by its isolated duty cycle, ``"flows"`` counts whole rings
+    (SJF-BCO). The calibration's ``alpha`` is fitted for one of them (its
+    ``fit["sharing"]``); ``fit["alpha_flows"]`` holds the fit for the other.
+    """
 
     calibration: Calibration
     name: str = "analytic"
+    sharing: str = "duty"
     _best: dict[tuple[str, int, int], float] = field(
         default_factory=dict, compare=False, repr=False
     )
+    _duty: dict[tuple[str, int, Placement, int], float] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+    def __post_init__(self) -> None:
+        if self.sharing not in SHARING_MODES:
+            raise ValueError(
+                f"unknown sharing {self.sharing!r} (known: {', '.join(SHARING_MODES)})"
+            )
 
     def profile(self, job: Job) -> CommProfile:
         try:
@@ -92,32 +126,59 @@ class AnalyticModel:
             return cached
         prof = self.profile(job)
         n = min_nodes(topo, job.num_gpus)
-        if n == 1:
-            bw = max(node.intra_gbps for node in topo.nodes)
-        else:
-            bw = max(node.nic_gbps for node in topo.nodes)
+        intra = max(node.intra_gbps for node in topo.nodes)
+        bw = intra if n == 1 else min(intra, max(node.nic_gbps for node in topo.nodes))
         best = ring_iteration_time(prof, job.num_gpus, n, bw, self.calibration.overhead_s)
         self._best[key] = best
         return best
+
+    def _bandwidth_alone(self, topo: Topology, placement: Placement) -> float:
+        """The ring's bottleneck bandwidth with nobody else on the network."""
+        nodes = placement.nodes
+        bw = _intra_cap(topo, placement)
+        if len(nodes) == 1:
+            return bw
+        gbps = topo.link_gbps
+        return min(bw, min(gbps[link] for link in topo.ring_links(nodes)))
+
+    def duty_cycle(self, topo: Topology, job: Job, placement: Placement) -> float:
+        """Share of the job's isolated iteration at this placement spent in the ring all-reduce."""
+        key = (job.profile, job.num_gpus, placement, id(topo))
+        cached = self._duty.get(key)
+        if cached is not None:
+            return cached
+        prof = self.profile(job)
+        bw = self._bandwidth_alone(topo, placement)
+        overhead = self.calibration.overhead_s
+        total = ring_iteration_time(prof, job.num_gpus, placement.num_nodes, bw, overhead)
+        duty = ring_comm_time(prof, job.num_gpus, bw) / total if total > 0 else 0.0
+        self._duty[key] = duty
+        return duty
 
     def iteration_times(
         self, topo: Topology, placed: Sequence[tuple[Job, Placement]]
     ) -> list[float]:
         """Per-iteration time of each placed job next to all the others."""
-        flows = link_flows(topo, (p for _, p in placed))
+        if self.sharing == "flows":
+            weights = [1.0 if p.num_nodes > 1 else 0.0 for _, p in placed]
+        else:
+            weights = [self.duty_cycle(topo, j, p) if p.num_nodes > 1 else 0.0 for j, p in placed]
+        load = [0.0] * len(topo.links)
+        for (_, placement), w in zip(placed, weights, strict=True):
+            if placement.num_nodes > 1:
+                for link in topo.ring_links(placement.nodes):
+                    load[link] += w
         alpha = self.calibration.alpha
         gbps = topo.link_gbps
         out: list[float] = []
-        for job, placement in placed:
+        for (job, placement), own in zip(placed, weights, strict=True):
             prof = self.profile(job)
             nodes = placement.nodes
-            if len(nodes) == 1:
-                bw = topo.nodes[nodes[0]].intra_gbps
-            else:
-                bw = min(
-                    gbps[link] / sharing_penalty(flows[link], alpha)
-                    for link in topo.ring_links(nodes)
-                )
+            bw = _intra_cap(topo, placement)
+            if len(nodes) > 1:
+                for link in topo.ring_links(nodes):
+                    k = 1.0 + max(0.0, load[link] - own)  # this ring plus the others on the link
+                    bw = min(bw, gbps[link] / sharing_penalty(k, alpha))
             out.append(
                 ring_iteration_time(prof, job.num_gpus, len(nodes), bw, self.calibration.overhead_s)
             )
@@ -129,6 +190,15 @@ class AnalyticModel:
             min(1.0, self.best_time(topo, job) / t)
             for (job, _), t in zip(placed, times, strict=True)
         ]
+
+
+def _intra_cap(topo: Topology, placement: Placement) -> float:
+    """The slowest intra-node link of the placement's nodes: no ring runs faster.
+
+    On one node the ring runs over it; across nodes every GPU's traffic to the NIC crosses it
+    (PCIe on PCIe nodes), so a split ring is never faster than a consolidated one.
+    """
+    return min(topo.nodes[n].intra_gbps for n in placement.nodes)
 
 
 def link_flows(topo: Topology, placements: Iterable[Placement]) -> list[int]:

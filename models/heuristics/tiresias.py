@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import bisect
+import heapq
 from dataclasses import dataclass
 
-from linkwise.cluster.domain import ClusterState, Decision, PendingJob, RunningJob, Start
+from linkwise.cluster.domain import ClusterState, Decision, PendingJob, Start
 from linkwise.cluster.placement import apply_placement, best_fit, release_placement
 from linkwise.models.heuristics._common import can_ever_run
 
@@ -84,41 +85,71 @@ class TiresiasLas:
     def decide(self, state: ClusterState) -> Decision:
         """Admit by priority; preempt the running jobs left out, start the admitted pending ones."""
         now = state.time
-        # (queue, rank: running first or not, submit, job id, kind: 0 running / 1 pending, index)
-        keys: list[tuple[int, int, float, int, int, int]] = []
         pending_rank = 1 if self.running_first else 0
         capacity = state.total_free_gpus
+        # (queue, rank: running first or not, submit, job id, kind: 0 running / 1 pending, index)
+        keys: list[tuple[int, int, float, int, int, int]] = []
+        # queue_of, inlined: this loop runs over every running and preempted job per decision
+        thresholds = self.thresholds
+        factor_pending = self.starve_factor
+        factor_running = self.starve_factor / 2
+        bisect_right = bisect.bisect_right
         for idx, r in enumerate(state.running):
             job = r.job
-            capacity += job.num_gpus
-            attained = r.attained_at(now)
-            waited = max(0.0, now - job.submit_time - attained / job.num_gpus)
-            q = self.queue_of(attained, job.num_gpus, waited, running=True)
+            gpus = job.num_gpus
+            capacity += gpus
+            attained = r.attained_gpu_s + gpus * (now - r.since)
+            executed = attained / gpus
+            if attained <= 0 or (
+                factor_running > 0 and now - job.submit_time - executed >= factor_running * executed
+            ):
+                q = 0
+            else:
+                q = bisect_right(thresholds, attained)
             keys.append((q, 0, job.submit_time, job.job_id, 0, idx))
+        max_gpus = state.topology.total_gpus
         for idx, p in enumerate(state.pending):
-            if not can_ever_run(state, p):
-                continue
-            job = p.job
-            waited = max(0.0, now - job.submit_time - p.attained_gpu_s / job.num_gpus)
-            q = self.queue_of(p.attained_gpu_s, job.num_gpus, waited)
-            keys.append((q, pending_rank, job.submit_time, job.job_id, 1, idx))
+            attained = p.attained_gpu_s
+            if attained > 0:
+                job = p.job
+                gpus = job.num_gpus
+                if gpus > max_gpus:
+                    continue
+                executed = attained / gpus
+                if (
+                    factor_pending > 0
+                    and now - job.submit_time - executed >= factor_pending * executed
+                ):
+                    q = 0
+                else:
+                    q = bisect_right(thresholds, attained)
+                keys.append((q, pending_rank, job.submit_time, job.job_id, 1, idx))
         keys.sort()
+        # Jobs that never ran are all in queue 0 and already in canonical (submit, id) order,
+        # so they are merged in lazily: admission stops as soon as the GPUs are used up.
+        fresh = (
+            (0, pending_rank, p.job.submit_time, p.job.job_id, 1, idx)
+            for idx, p in enumerate(state.pending)
+            if p.attained_gpu_s <= 0 and can_ever_run(state, p)
+        )
 
         left = capacity
         admitted_pending: list[PendingJob] = []
-        preempted: list[RunningJob] = []
-        for *_, kind, idx in keys:
+        admitted_running: set[int] = set()
+        for *_, kind, idx in heapq.merge(keys, fresh):
+            if left <= 0:
+                break
             if kind == 0:
-                r = state.running[idx]
-                if r.job.num_gpus <= left:
-                    left -= r.job.num_gpus
-                else:
-                    preempted.append(r)
+                gpus = state.running[idx].job.num_gpus
+                if gpus <= left:
+                    left -= gpus
+                    admitted_running.add(idx)
             else:
                 p = state.pending[idx]
                 if p.job.num_gpus <= left:
                     left -= p.job.num_gpus
                     admitted_pending.append(p)
+        preempted = [r for i, r in enumerate(state.running) if i not in admitted_running]
         if not admitted_pending:
             # preempting to start nothing would only waste the preempted jobs' work
             return Decision()
