@@ -42,7 +42,9 @@ def run_one(trace: Path, cluster: str, spec: str, seed: int) -> dict[str, object
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
     p.add_argument("--cluster", default="64x8")
     p.add_argument("--policies", default="fifo,backfill,best_fit,sjf_bco,tiresias_las,random")
@@ -55,7 +57,16 @@ def main() -> int:
         return 0
     rows = []
     for spec in args.policies.split(","):
-        cmd = [sys.executable, __file__, "--one", spec, "--trace", str(args.trace), "--cluster", args.cluster]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--one",
+            spec,
+            "--trace",
+            str(args.trace),
+            "--cluster",
+            args.cluster,
+        ]
         out = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if out.returncode != 0:
             print(out.stderr, file=sys.stderr)
@@ -65,13 +76,16 @@ def main() -> int:
         print(json.dumps(rows))
         return 0
     print(f"trace: {args.trace.name}, cluster: {args.cluster}, jobs: {rows[0]['jobs']}\n")
-    print("| policy | wall s | events | events/s | peak RSS MB | avg JCT h | p99 JCT h | avg queue h | contention x | GPU util |")
+    heads = ["policy", "wall s", "events", "events/s", "peak RSS MB", "avg JCT h", "p99 JCT h"]
+    heads += ["avg queue h", "contention x", "GPU util"]
+    print("| " + " | ".join(heads) + " |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(
             f"| {r['policy']} | {r['wall_s']:.1f} | {r['events']} | {r['events_per_s']:.0f} | "
             f"{r['peak_rss_mb']:.0f} | {r['avg_jct_s'] / 3600:.1f} | {r['p99_jct_s'] / 3600:.1f} | "
-            f"{r['avg_queue_s'] / 3600:.1f} | {r['avg_contention_slowdown']:.3f} | {r['gpu_utilization']:.1%} |"
+            f"{r['avg_queue_s'] / 3600:.1f} | {r['avg_contention_slowdown']:.3f} | "
+            f"{r['gpu_utilization']:.1%} |"
         )
     return 0
 

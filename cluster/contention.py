@@ -97,10 +97,12 @@ class AnalyticModel:
     calibration: Calibration
     name: str = "analytic"
     sharing: str = "duty"
-    _best: dict[tuple[str, int, int], float] = field(
+    # memo tables keyed by id(topology); each entry keeps its topology alive, so an id is
+    # never reused while its entries exist
+    _best: dict[tuple[str, int, int], tuple[Topology, float]] = field(
         default_factory=dict, compare=False, repr=False
     )
-    _duty: dict[tuple[str, int, Placement, int], float] = field(
+    _duty: dict[tuple[str, int, Placement, int], tuple[Topology, float]] = field(
         default_factory=dict, compare=False, repr=False
     )
 
@@ -123,13 +125,13 @@ class AnalyticModel:
         key = (job.profile, job.num_gpus, id(topo))
         cached = self._best.get(key)
         if cached is not None:
-            return cached
+            return cached[1]
         prof = self.profile(job)
         n = min_nodes(topo, job.num_gpus)
         intra = max(node.intra_gbps for node in topo.nodes)
         bw = intra if n == 1 else min(intra, max(node.nic_gbps for node in topo.nodes))
         best = ring_iteration_time(prof, job.num_gpus, n, bw, self.calibration.overhead_s)
-        self._best[key] = best
+        self._best[key] = (topo, best)
         return best
 
     def _bandwidth_alone(self, topo: Topology, placement: Placement) -> float:
@@ -146,13 +148,13 @@ class AnalyticModel:
         key = (job.profile, job.num_gpus, placement, id(topo))
         cached = self._duty.get(key)
         if cached is not None:
-            return cached
+            return cached[1]
         prof = self.profile(job)
         bw = self._bandwidth_alone(topo, placement)
         overhead = self.calibration.overhead_s
         total = ring_iteration_time(prof, job.num_gpus, placement.num_nodes, bw, overhead)
         duty = ring_comm_time(prof, job.num_gpus, bw) / total if total > 0 else 0.0
-        self._duty[key] = duty
+        self._duty[key] = (topo, duty)
         return duty
 
     def iteration_times(

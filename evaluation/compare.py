@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +30,7 @@ class Scenario:
     jobs: tuple[Job, ...]
     calibration: Calibration
     contention: str = "analytic"  # "analytic" or "empirical"
-    config: SimConfig = SimConfig()
+    config: SimConfig = field(default_factory=SimConfig)
     data_dir: str | None = None  # ../shared/data, for the empirical model's table
 
     def model(self) -> ContentionModel:
@@ -40,7 +40,9 @@ class Scenario:
             from linkwise.cluster.calibration import load_deepshare
 
             if self.data_dir is None:
-                raise ValueError("the empirical contention model needs --data pointing at shared/data")
+                raise ValueError(
+                    "the empirical contention model needs --data pointing at shared/data"
+                )
             return EmpiricalModel(load_deepshare(Path(self.data_dir)))
         raise ValueError(f"unknown contention model {self.contention!r} (analytic, empirical)")
 

@@ -28,7 +28,9 @@ def default_data_dir() -> Path | None:
 
 def _add_workload_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("workload")
-    g.add_argument("--trace", type=Path, help="a real trace file (default: the embedded synthetic workload)")
+    g.add_argument(
+        "--trace", type=Path, help="a real trace file (default: the embedded synthetic workload)"
+    )
     g.add_argument(
         "--trace-format",
         default="auto",
@@ -41,7 +43,9 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_SYNTHETIC_JOBS,
         help=f"jobs in the synthetic workload (default {DEFAULT_SYNTHETIC_JOBS})",
     )
-    g.add_argument("--load-scale", type=float, default=1.0, help="synthetic arrival-rate multiplier")
+    g.add_argument(
+        "--load-scale", type=float, default=1.0, help="synthetic arrival-rate multiplier"
+    )
     g.add_argument("--max-jobs", type=int, help="use only the first N jobs of the trace")
     g.add_argument("--seed", type=int, default=0, help="seed for the workload and profile draws")
     c = p.add_argument_group("cluster and contention")
@@ -53,9 +57,13 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
     )
     c.add_argument("--contention", default="analytic", choices=["analytic", "empirical"])
     c.add_argument("--calibration", type=Path, help="calibration JSON (default: the shipped fit)")
-    c.add_argument("--data", type=Path, help="../shared/data (for the empirical model); or $LINKWISE_DATA")
+    c.add_argument(
+        "--data", type=Path, help="../shared/data (for the empirical model); or $LINKWISE_DATA"
+    )
     c.add_argument("--tick", type=float, help="periodic decision points every S seconds")
-    c.add_argument("--restart-cost", type=float, default=0.0, help="seconds added to a preempted job's work")
+    c.add_argument(
+        "--restart-cost", type=float, default=0.0, help="seconds added to a preempted job's work"
+    )
     p.add_argument("--json", action="store_true", help="print machine-readable JSON only")
 
 
@@ -70,7 +78,11 @@ def _scenario(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
 
     topo = load_topology(args.cluster)
     calibration = load_calibration(args.calibration)
-    info: dict[str, Any] = {"cluster": args.cluster, "gpus": topo.total_gpus, "nodes": len(topo.nodes)}
+    info: dict[str, Any] = {
+        "cluster": args.cluster,
+        "gpus": topo.total_gpus,
+        "nodes": len(topo.nodes),
+    }
     if args.trace is not None:
         trace = load_trace(args.trace, args.trace_format, max_jobs=args.max_jobs)
         jobs = trace.jobs
@@ -99,7 +111,9 @@ def _scenario(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
         if data_dir is None:
             raise ValueError("--contention empirical needs --data (the shared/data folder)")
         measured = set(load_deepshare(data_dir).models)
-        mix = {k: v for k, v in calibration.mix.items() if k in measured} or dict.fromkeys(measured, 1.0)
+        mix = {k: v for k, v in calibration.mix.items() if k in measured} or dict.fromkeys(
+            measured, 1.0
+        )
     jobs = assign_profiles(jobs, calibration, seed=args.seed, mix=mix)
     info["jobs"] = len(jobs)
     scenario = Scenario(
@@ -136,7 +150,13 @@ def _metrics_table(rows: Sequence[dict[str, Any]], title: str) -> Any:
         cells = []
         for _, key, fmt in cols:
             v = row[key]
-            cells.append(f"{v / 3600:.2f}" if fmt == "h" else f"{v / 86400:.2f}" if fmt == "d" else fmt.format(v))
+            cells.append(
+                f"{v / 3600:.2f}"
+                if fmt == "h"
+                else f"{v / 86400:.2f}"
+                if fmt == "d"
+                else fmt.format(v)
+            )
         table.add_row(*cells)
     return table
 
@@ -169,7 +189,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from linkwise.evaluation.compare import compare, plot_jct_cdf
     from linkwise.models.heuristics import policy_names
 
-    specs = [s.strip() for s in args.policies.split(",") if s.strip()] if args.policies else policy_names()
+    specs = (
+        [s.strip() for s in args.policies.split(",") if s.strip()]
+        if args.policies
+        else policy_names()
+    )
     scenario, info = _scenario(args)
     console = Console(stderr=True, quiet=args.json)
     with Progress(
@@ -177,7 +201,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         TimeElapsedColumn(), console=console, disable=args.json,
     ) as progress:  # fmt: skip
         task = progress.add_task(f"simulating {len(scenario.jobs)} jobs", total=len(specs))
-        runs = compare(scenario, specs, workers=args.workers, on_done=lambda _: progress.advance(task))
+        runs = compare(
+            scenario, specs, workers=args.workers, on_done=lambda _: progress.advance(task)
+        )
     rows = [r.metrics.to_dict() for r in runs]
     plot = plot_jct_cdf(runs, args.plot, title=f"{info['trace']} on {info['cluster']}")
     if args.json:
@@ -198,7 +224,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         raise ValueError("no data folder: pass --data PATH/TO/shared/data")
     cal = fit_calibration(data_dir)
     write_calibration(cal, args.out)
-    summary = {"out": str(args.out), "profiles": sorted(cal.profiles), "alpha": cal.alpha, "fit": cal.fit}
+    summary = {
+        "out": str(args.out),
+        "profiles": sorted(cal.profiles),
+        "alpha": cal.alpha,
+        "fit": cal.fit,
+    }
     print(json.dumps(summary, indent=None if args.json else 2, default=str))
     return EXIT_OK
 
@@ -216,24 +247,31 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="linkwise",
-        description="Contention-aware scheduling for Slurm GPU clusters: simulate and compare policies.",
+        description="Contention-aware scheduling for Slurm GPU clusters: "
+        "simulate and compare policies.",
     )
     parser.add_argument("--version", action="version", version=f"linkwise {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("simulate", help="run one policy on a workload in the simulator")
-    p.add_argument("--policy", default="backfill", help="policy name[:key=value,...] (default backfill)")
+    p.add_argument(
+        "--policy", default="backfill", help="policy name[:key=value,...] (default backfill)"
+    )
     _add_workload_args(p)
     p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser("compare", help="run several policies on the same workload and compare")
     p.add_argument("--policies", help="comma-separated policies (default: every heuristic)")
-    p.add_argument("--plot", type=Path, default=Path("linkwise-out/jct_cdf.png"), help="JCT CDF PNG path")
+    p.add_argument(
+        "--plot", type=Path, default=Path("linkwise-out/jct_cdf.png"), help="JCT CDF PNG path"
+    )
     p.add_argument("--workers", type=int, default=1, help="policies simulated in parallel")
     _add_workload_args(p)
     p.set_defaults(func=cmd_compare)
 
-    p = sub.add_parser("calibrate", help="fit the contention model to the measurements in shared/data")
+    p = sub.add_parser(
+        "calibrate", help="fit the contention model to the measurements in shared/data"
+    )
     p.add_argument("--data", type=Path, help="the shared/data folder (default: ../shared/data)")
     p.add_argument("--out", type=Path, required=True, help="calibration JSON to write")
     p.add_argument("--json", action="store_true", help="compact JSON")

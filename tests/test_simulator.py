@@ -226,7 +226,7 @@ def test_preemption_keeps_progress_and_charges_the_restart_cost() -> None:
     assert rec[0].preemptions == 1
     assert rec[0].end == pytest.approx(40.0 + 70.0 + 5.0)
     assert rec[0].run_s == pytest.approx(30.0 + 75.0)
-    requeued = [s for s in policy.seen if s.time == 40.0][0].pending[0]
+    requeued = next(s for s in policy.seen if s.time == 40.0).pending[0]
     assert requeued.attained_gpu_s == pytest.approx(4 * 30.0)
     assert requeued.remaining_s == pytest.approx(70.0)
 

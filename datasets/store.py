@@ -1,0 +1,206 @@
+"""The DuckDB store: one file, a versioned schema, and the connection helper.
+
+``open_store(path)`` opens (or creates) the file and applies the migrations it lacks, each
+in its own transaction together with its ``schema_version`` row, so a crash mid-migration
+leaves the previous version intact. A store written by a newer linkwise is refused.
+
+Times are epoch seconds (DOUBLE), rates bytes per second, like the rest of linkwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    """One schema step: its version, a one-line description and its SQL statements."""
+
+    version: int
+    description: str
+    statements: tuple[str, ...]
+
+
+class StoreVersionError(RuntimeError):
+    """The store's schema is newer than this code knows (or its version table is broken)."""
+
+
+_V1 = (
+    """CREATE TABLE jobs (
+        cluster VARCHAR NOT NULL,
+        job_id BIGINT NOT NULL,
+        run_index INTEGER NOT NULL,
+        name VARCHAR NOT NULL,
+        user_name VARCHAR NOT NULL,
+        account VARCHAR NOT NULL,
+        partition_name VARCHAR NOT NULL,
+        state VARCHAR NOT NULL,
+        exit_code INTEGER,
+        signal INTEGER,
+        submit_time DOUBLE NOT NULL,
+        start_time DOUBLE,
+        end_time DOUBLE,
+        time_limit_s DOUBLE,
+        nodes VARCHAR[] NOT NULL,
+        gpus INTEGER NOT NULL,
+        gpus_per_node INTEGER[] NOT NULL,
+        allocation_nodes INTEGER NOT NULL,
+        settled BOOLEAN NOT NULL,
+        array_job_id BIGINT,
+        array_task_id INTEGER,
+        comment VARCHAR NOT NULL,
+        source VARCHAR NOT NULL,
+        ingested_at DOUBLE NOT NULL,
+        PRIMARY KEY (cluster, job_id, run_index)
+    )""",
+    """CREATE TABLE job_nodes (
+        cluster VARCHAR NOT NULL,
+        job_id BIGINT NOT NULL,
+        run_index INTEGER NOT NULL,
+        node VARCHAR NOT NULL,
+        gpus INTEGER NOT NULL,
+        PRIMARY KEY (cluster, job_id, run_index, node)
+    )""",
+    """CREATE TABLE nodes (
+        cluster VARCHAR NOT NULL,
+        node VARCHAR NOT NULL,
+        state VARCHAR NOT NULL,
+        partitions VARCHAR[] NOT NULL,
+        cpus INTEGER NOT NULL,
+        gpus_total INTEGER NOT NULL,
+        gpus_used INTEGER NOT NULL,
+        updated_at DOUBLE NOT NULL,
+        PRIMARY KEY (cluster, node)
+    )""",
+    """CREATE TABLE telemetry_samples (
+        ts DOUBLE NOT NULL,
+        host VARCHAR,
+        source VARCHAR NOT NULL,
+        metric VARCHAR NOT NULL,
+        labels JSON NOT NULL,
+        value DOUBLE NOT NULL,
+        job VARCHAR
+    )""",
+    """CREATE TABLE link_load (
+        ts DOUBLE NOT NULL,
+        interval_s DOUBLE NOT NULL,
+        cluster VARCHAR NOT NULL DEFAULT '',
+        node VARCHAR NOT NULL,
+        device VARCHAR NOT NULL,
+        link_class VARCHAR NOT NULL CHECK (link_class IN ('nvlink', 'pcie', 'ib', 'eth')),
+        direction VARCHAR NOT NULL CHECK (direction IN ('tx', 'rx', 'total')),
+        bytes_per_s DOUBLE NOT NULL CHECK (bytes_per_s >= 0),
+        source VARCHAR NOT NULL,
+        PRIMARY KEY (cluster, node, device, link_class, direction, ts)
+    )""",
+    """CREATE TABLE rejected_rows (
+        source VARCHAR NOT NULL,
+        raw VARCHAR NOT NULL,
+        reason VARCHAR NOT NULL,
+        rejected_at DOUBLE NOT NULL
+    )""",
+    """CREATE TABLE ingest_state (
+        source VARCHAR PRIMARY KEY,
+        watermark DOUBLE NOT NULL,
+        updated_at DOUBLE NOT NULL
+    )""",
+)
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(1, "jobs, job_nodes, nodes, telemetry, link_load, rejected_rows, ingest_state", _V1),
+)
+SCHEMA_VERSION = MIGRATIONS[-1].version
+
+
+def run_sql(
+    con: duckdb.DuckDBPyConnection, sql: str, params: Sequence[object] | None = None
+) -> None:
+    """Execute a statement and consume its result (DuckDB 2.0 keeps unread results open)."""
+    con.execute(sql, params).fetchall()
+
+
+def scalar(
+    con: duckdb.DuckDBPyConnection, sql: str, params: Sequence[object] | None = None
+) -> object:
+    """The first column of the first row of a query (None when it returns no row)."""
+    rows = con.execute(sql, params).fetchall()
+    return rows[0][0] if rows else None
+
+
+def schema_version(con: duckdb.DuckDBPyConnection) -> int:
+    """The store's schema version: 0 for an empty store."""
+    has_table = scalar(
+        con,
+        "SELECT count(*) FROM information_schema.tables "
+        "WHERE table_name = 'schema_version' AND table_schema = 'main'",
+    )
+    if not has_table:
+        return 0
+    version = scalar(con, "SELECT max(version) FROM schema_version")
+    return int(str(version)) if version is not None else 0
+
+
+def apply_migrations(
+    con: duckdb.DuckDBPyConnection, migrations: Sequence[Migration] = MIGRATIONS
+) -> tuple[int, ...]:
+    """Apply the pending migrations, each in one transaction; return the versions applied.
+
+    Raises StoreVersionError when the store is newer than ``migrations`` know.
+    """
+    versions = [m.version for m in migrations]
+    if versions != sorted(set(versions)) or (versions and versions[0] < 1):
+        raise ValueError(f"migration versions must be increasing from 1: {versions}")
+    known = versions[-1] if versions else 0
+    current = schema_version(con)
+    if current > known:
+        raise StoreVersionError(
+            f"store schema version {current} is newer than this linkwise knows ({known}); "
+            "upgrade linkwise or use a store written by this version"
+        )
+    applied: list[int] = []
+    for m in migrations:
+        if m.version <= current:
+            continue
+        con.begin()
+        try:
+            run_sql(
+                con,
+                "CREATE TABLE IF NOT EXISTS schema_version ("
+                "version INTEGER PRIMARY KEY, description VARCHAR NOT NULL, "
+                "applied_at TIMESTAMP NOT NULL DEFAULT current_timestamp)",
+            )
+            for stmt in m.statements:
+                run_sql(con, stmt)
+            run_sql(
+                con,
+                "INSERT INTO schema_version (version, description) VALUES (?, ?)",
+                [m.version, m.description],
+            )
+            con.commit()
+        except BaseException:
+            con.rollback()
+            raise
+        applied.append(m.version)
+    return tuple(applied)
+
+
+def open_store(path: str | Path) -> duckdb.DuckDBPyConnection:
+    """Open (creating if needed) the DuckDB store at ``path`` and bring its schema up to date.
+
+    ``":memory:"`` gives a private in-memory store. Idempotent: opening an up-to-date store
+    changes nothing. Raises StoreVersionError for a store newer than this code.
+    """
+    target = str(path)
+    if target != ":memory:":
+        Path(target).parent.mkdir(parents=True, exist_ok=True)
+    con = duckdb.connect(target)
+    try:
+        apply_migrations(con)
+    except BaseException:
+        con.close()
+        raise
+    return con

@@ -1,0 +1,750 @@
+"""Interconnect telemetry: parsers, scrapers, counter->rate, and ingest into DuckDB.
+
+Formats (real fixtures in ../shared/data/telemetry/):
+
+- Prometheus text exposition: DCGM exporter (``Hostname`` or ``hostname`` label, ``hpc_job``
+  maps a GPU to a Slurm job, DCGM's blank values such as 9223372036854775794 = "not
+  supported" are dropped and counted) and node_exporter's InfiniBand metrics.
+  ``DCGM_FI_PROF_{PCIE,NVLINK}_{TX,RX}_BYTES`` are rates in B/s and
+  ``DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL`` is a rate despite its counter declaration, so
+  they become ``link_load`` rows directly.
+- ``/sys/class/infiniband`` (``read_sysfs``) and ``perfquery -x`` (``parse_perfquery``):
+  ``port_{xmit,rcv}_data`` / ``Port{Xmit,Rcv}Data`` count 4-byte words; legacy 32-bit
+  counters saturate at 2**32-1.
+
+All three InfiniBand sources land in ``telemetry_samples`` as raw counters; rates come from
+``derive_ib_link_load`` (``counter_rates``: wrap, reset, saturation and gap detection, each
+counted, no negative rate, capped at the link's line rate when known).
+Parsing is vectorised with Polars; storing is DuckDB SQL over the frames.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import polars as pl
+
+from linkwise.datasets.store import run_sql, scalar
+
+SAMPLE_SCHEMA: dict[str, pl.DataType] = {
+    "ts": pl.Float64(),
+    "host": pl.String(),
+    "metric": pl.String(),
+    "labels": pl.String(),
+    "value": pl.Float64(),
+    "job": pl.String(),
+}
+"""Columns of a parsed sample frame (``source`` is added when stored)."""
+
+# DCGM's blank values (dcgm_structs.h): int64, int32 and fp64 families; +2 = not supported.
+_DCGM_SENTINELS: dict[str, str] = {
+    "9223372036854775792": "blank",
+    "9223372036854775793": "not_found",
+    "9223372036854775794": "not_supported",
+    "9223372036854775795": "not_permissioned",
+    "2147483632": "blank",
+    "2147483633": "not_found",
+    "2147483634": "not_supported",
+    "2147483635": "not_permissioned",
+    "140737488355328": "blank",
+    "140737488355329": "not_found",
+    "140737488355330": "not_supported",
+    "140737488355331": "not_permissioned",
+}
+_INT64_BLANK_AS_FLOAT = float(9223372036854775794)  # the whole int64 family rounds to 2**63
+
+NVLINK_TOTAL_BYTES_PER_UNIT = 1e6
+"""Bytes per unit of DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL (taken as MB/s; not verified here)."""
+
+# DCGM rate gauges -> (link_class, direction, bytes per unit)
+DCGM_RATE_FIELDS: dict[str, tuple[str, str, float]] = {
+    "DCGM_FI_PROF_PCIE_TX_BYTES": ("pcie", "tx", 1.0),
+    "DCGM_FI_PROF_PCIE_RX_BYTES": ("pcie", "rx", 1.0),
+    "DCGM_FI_PROF_NVLINK_TX_BYTES": ("nvlink", "tx", 1.0),
+    "DCGM_FI_PROF_NVLINK_RX_BYTES": ("nvlink", "rx", 1.0),
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": ("nvlink", "total", NVLINK_TOTAL_BYTES_PER_UNIT),
+}
+
+_W32 = float(2**32 - 1)
+_M64 = float(2**64)
+
+
+@dataclass(frozen=True, slots=True)
+class CounterSpec:
+    """How a raw byte counter becomes a rate: direction, bytes per unit, the value at which a
+    legacy 32-bit counter saturates (None if it cannot), the wrap modulus, and a priority
+    (lower wins when two sources describe the same port)."""
+
+    direction: str
+    bytes_per_unit: float
+    saturate_at: float | None
+    wrap_modulus: float | None
+    priority: int
+
+
+IB_COUNTERS: dict[str, CounterSpec] = {
+    "ib_sysfs_port_xmit_data_64": CounterSpec("tx", 4.0, None, _M64, 0),
+    "ib_sysfs_port_rcv_data_64": CounterSpec("rx", 4.0, None, _M64, 0),
+    "ib_perfquery_PortXmitData": CounterSpec("tx", 4.0, None, _M64, 0),
+    "ib_perfquery_PortRcvData": CounterSpec("rx", 4.0, None, _M64, 0),
+    "ib_sysfs_port_xmit_data": CounterSpec("tx", 4.0, _W32, _M64, 1),
+    "ib_sysfs_port_rcv_data": CounterSpec("rx", 4.0, _W32, _M64, 1),
+    "node_infiniband_port_data_transmitted_bytes_total": CounterSpec(
+        "tx", 1.0, 4 * _W32, 4 * _M64, 1
+    ),
+    "node_infiniband_port_data_received_bytes_total": CounterSpec("rx", 1.0, 4 * _W32, 4 * _M64, 1),
+}
+_IB_RATE_METRICS = ("node_infiniband_rate_bytes_per_second", "ib_sysfs_rate_bytes_per_second")
+
+
+class ScrapeError(RuntimeError):
+    """A scrape failed (unreachable endpoint, timeout, HTTP error, unreadable file)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PromParse:
+    """A parsed exposition: samples (``SAMPLE_SCHEMA``), ``# TYPE`` declarations, malformed
+    lines (columns ``raw``, ``reason``) and the DCGM sentinels dropped, by kind."""
+
+    samples: pl.DataFrame
+    types: tuple[tuple[str, str], ...]
+    malformed: pl.DataFrame
+    sentinels: tuple[tuple[str, int], ...]
+    lines: int
+
+    @property
+    def sentinel_count(self) -> int:
+        """All DCGM blank values dropped."""
+        return sum(n for _, n in self.sentinels)
+
+
+@dataclass(frozen=True, slots=True)
+class RateReport:
+    """What ``counter_rates`` saw: intervals examined and how each case was handled."""
+
+    intervals: int
+    rates: int
+    first_samples: int
+    gaps: int
+    resets: int
+    wraps: int
+    saturated: int
+    non_increasing_time: int
+    capped: int
+
+
+@dataclass(frozen=True, slots=True)
+class TelemetryReport:
+    """What one telemetry ingest stored and dropped."""
+
+    source: str
+    samples: int
+    malformed: int
+    sentinels: tuple[tuple[str, int], ...]
+    unsupported: int
+    link_load_rows: int
+    negative_rates_dropped: int
+    seconds: float
+
+    @property
+    def samples_per_s(self) -> float:
+        """Samples stored per second of wall time."""
+        return self.samples / self.seconds if self.seconds > 0 else float("inf")
+
+
+# ---------------------------------------------------------------- Prometheus text
+
+
+_NAME_RE = r"^[ \t]*([a-zA-Z_:][a-zA-Z0-9_:]*)"
+_CLOSE_RE = r"\}[ \t]+[^ \t]+(?:[ \t]+[^ \t]+)?[ \t]*$"  # the '}' before value [timestamp]
+_TAIL_RE = r"^[ \t]+([^ \t]+)(?:[ \t]+([^ \t]+))?[ \t]*$"
+_HOST_RE = r'[{,][ \t]*(?:Hostname|hostname)="([^"]*)"'
+_JOB_RE = r'[{,][ \t]*hpc_job="([^"]*)"'
+
+
+def parse_prometheus(text: str, *, ts: float | None = None, host: str | None = None) -> PromParse:
+    """Parse Prometheus text exposition into a sample frame (vectorised with Polars).
+
+    ``ts`` is used for samples without their own timestamp (default: now); ``host`` for
+    samples without a ``Hostname``/``hostname`` label. Labels become a JSON object string.
+    """
+    now = time.time() if ts is None else ts
+    if "\r" in text:
+        text = text.replace("\r\n", "\n")
+    frame = pl.DataFrame({"raw": pl.Series("raw", text.split("\n"), dtype=pl.String())})
+    stripped = pl.col("raw").str.strip_chars_start()
+    is_comment = stripped.str.starts_with("#")
+    types = (
+        frame.filter(stripped.str.starts_with("# TYPE "))
+        .select(pl.col("raw").str.extract_groups(r"^\s*# TYPE\s+(\S+)\s+(\S+)").alias("g"))
+        .unnest("g")
+        .rows()
+    )
+    data = frame.filter(~is_comment & (stripped.str.len_bytes() > 0))
+    # name, then an optional {labels} up to the line's last '}', then value [timestamp]
+    metric = pl.col("raw").str.extract(_NAME_RE, 1)
+    parts = data.with_columns(metric.alias("metric")).with_columns(
+        pl.col("metric").str.len_chars().fill_null(0).alias("_mlen")
+    )
+    has_lbl = pl.col("raw").str.slice(pl.col("_mlen"), 1) == "{"
+    if text.isascii():  # byte offsets (str.find) equal char offsets (str.slice)
+        close = pl.col("raw").str.find(_CLOSE_RE)
+        lbl = pl.col("raw").str.slice(pl.col("_mlen"), close - pl.col("_mlen") + 1)
+    else:
+        lbl = pl.col("raw").str.slice(pl.col("_mlen")).str.extract(r"^(\{.*\})", 1)
+    parts = parts.with_columns(pl.when(has_lbl).then(lbl).alias("lbl")).with_columns(
+        pl.col("raw")
+        .str.slice(pl.col("_mlen") + pl.col("lbl").str.len_chars().fill_null(0))
+        .str.extract_groups(_TAIL_RE)
+        .alias("_f")
+    )
+    parts = parts.unnest("_f").rename({"1": "vtext", "2": "tsms"})
+    parts = parts.with_columns(
+        pl.col("vtext").str.strip_prefix("+").cast(pl.Float64(), strict=False).alias("value"),
+        pl.col("tsms").cast(pl.Int64(), strict=False).alias("_tsi"),
+    )
+    bad_line = (
+        pl.col("metric").is_null()
+        | (has_lbl & pl.col("lbl").is_null())
+        | pl.col("vtext").is_null()
+        | (pl.col("tsms").is_not_null() & pl.col("_tsi").is_null())
+    ).fill_null(True)
+    bad_value = pl.col("value").is_null()
+    malformed = parts.filter(bad_line | bad_value).select(
+        "raw",
+        pl.when(bad_line)
+        .then(pl.lit("not a sample line"))
+        .otherwise(pl.lit("value is not a number"))
+        .alias("reason"),
+    )
+    good = parts.filter(~bad_line & ~bad_value)
+    is_dcgm = pl.col("metric").str.starts_with("DCGM_")
+    kind = pl.col("vtext").replace_strict(_DCGM_SENTINELS, default=None, return_dtype=pl.String())
+    kind = (
+        pl.when(kind.is_null() & (pl.col("value") == _INT64_BLANK_AS_FLOAT))
+        .then(pl.lit("blank"))
+        .otherwise(kind)
+    )
+    good = good.with_columns(pl.when(is_dcgm).then(kind).alias("_sentinel"))
+    sentinels = (
+        good.filter(pl.col("_sentinel").is_not_null()).group_by("_sentinel").len().sort("_sentinel")
+    )
+    good = good.filter(pl.col("_sentinel").is_null()).with_columns(pl.col("lbl").fill_null("{}"))
+    # label sets repeat (one per GPU, many metrics each): convert each distinct set once
+    lbl = pl.col("lbl")
+    labels_json = lbl.str.replace_all(
+        r'([{,])[ \t]*([a-zA-Z_][a-zA-Z0-9_.\-]*)[ \t]*="', r'${1}"${2}":"'
+    ).str.replace(r",[ \t]*\}$", "}")
+    distinct = (
+        good.select("lbl")
+        .unique()
+        .with_columns(
+            labels_json.alias("labels"),
+            lbl.str.extract(_HOST_RE, 1).fill_null(pl.lit(host, dtype=pl.String())).alias("host"),
+            lbl.str.extract(_JOB_RE, 1).alias("job"),
+        )
+    )
+    samples = good.join(distinct, on="lbl", how="left", maintain_order="left").select(
+        (pl.col("_tsi").cast(pl.Float64()) / 1000.0).fill_null(now).alias("ts"),
+        "host",
+        "metric",
+        "labels",
+        "value",
+        "job",
+    )
+    return PromParse(
+        samples=samples,
+        types=tuple((str(n), str(t)) for n, t in types),
+        malformed=malformed,
+        sentinels=tuple((str(k), int(n)) for k, n in sentinels.rows()),
+        lines=frame.height,
+    )
+
+
+# ---------------------------------------------------------------- scrapers
+
+
+@dataclass(frozen=True, slots=True)
+class Scrape:
+    """One HTTP scrape: the body, when it was fetched, and from where."""
+
+    url: str
+    text: str
+    fetched_at: float
+
+
+def scrape_http(url: str, timeout: float = 5.0, *, max_bytes: int = 256 * 2**20) -> Scrape:
+    """GET an exporter endpoint (http/https only) with a timeout; raise ScrapeError clearly."""
+    scheme = urllib.parse.urlsplit(url).scheme
+    if scheme not in ("http", "https"):
+        raise ScrapeError(f"{url}: only http and https endpoints can be scraped")
+    request = urllib.request.Request(url, headers={"Accept": "text/plain"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            body = resp.read(max_bytes + 1)
+            charset = resp.headers.get_content_charset() or "utf-8"
+    except urllib.error.HTTPError as exc:
+        raise ScrapeError(f"{url}: HTTP {exc.code} {exc.reason}") from exc
+    except (urllib.error.URLError, TimeoutError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise ScrapeError(f"{url}: cannot scrape within {timeout} s: {reason}") from exc
+    if len(body) > max_bytes:
+        raise ScrapeError(f"{url}: response larger than {max_bytes} bytes")
+    return Scrape(url=url, text=body.decode(charset, errors="replace"), fetched_at=time.time())
+
+
+@dataclass(frozen=True, slots=True)
+class SysfsReading:
+    """Counters read from /sys/class/infiniband as samples, plus the unsupported ones."""
+
+    samples: pl.DataFrame
+    unsupported: int
+    ports: int
+
+
+_RATE_RE = re.compile(r"^\s*([0-9.]+)\s*Gb/sec")
+
+
+def read_sysfs(root: str | Path, *, host: str, ts: float | None = None) -> SysfsReading:
+    """Read every HCA port's counters under ``root`` (a sysfs mount such as ``/sys``, or the
+    ``class/infiniband`` folder itself). "N/A (no PMA)" values are counted, not stored."""
+    base = Path(root)
+    if (base / "class" / "infiniband").is_dir():
+        base = base / "class" / "infiniband"
+    if not base.is_dir():
+        raise ScrapeError(f"{root}: no InfiniBand sysfs tree")
+    now = time.time() if ts is None else ts
+    metrics: list[str] = []
+    labels: list[str] = []
+    values: list[float] = []
+    unsupported = 0
+    ports = 0
+    for port_dir in sorted(base.glob("*/ports/*")):
+        if not port_dir.is_dir():
+            continue
+        ports += 1
+        device, port = port_dir.parent.parent.name, port_dir.name
+        link_layer = _read_text(port_dir / "link_layer") or "InfiniBand"
+        lbl = json.dumps({"device": device, "port": port, "link_layer": link_layer})
+        rate = _RATE_RE.match(_read_text(port_dir / "rate") or "")
+        if rate:
+            metrics.append("ib_sysfs_rate_bytes_per_second")
+            labels.append(lbl)
+            values.append(float(rate.group(1)) * 1e9 / 8)
+        for group in ("counters", "counters_ext"):
+            for f in sorted((port_dir / group).glob("*")):
+                raw = _read_text(f)
+                try:
+                    value = float(int(raw or ""))
+                except ValueError:
+                    unsupported += 1
+                    continue
+                metrics.append(f"ib_sysfs_{f.name}")
+                labels.append(lbl)
+                values.append(value)
+    n = len(values)
+    samples = pl.DataFrame(
+        {
+            "ts": [now] * n,
+            "host": [host] * n,
+            "metric": metrics,
+            "labels": labels,
+            "value": values,
+            "job": [None] * n,
+        },
+        schema=SAMPLE_SCHEMA,
+    )
+    return SysfsReading(samples=samples, unsupported=unsupported, ports=ports)
+
+
+def _read_text(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except (FileNotFoundError, IsADirectoryError):
+        return None
+    except OSError as exc:
+        raise ScrapeError(f"{path}: {exc}") from exc
+
+
+_PQ_HEADER = re.compile(r"^#\s*(.*?counters):\s*Lid\s+(\d+)\s+port\s+(\d+)", re.IGNORECASE)
+_PQ_FIELD = re.compile(r"^([A-Za-z0-9_]+):\.*\s*(\S+)\s*$")
+_PQ_SKIP = frozenset({"PortSelect", "CounterSelect", "CounterSelect2"})
+
+
+def parse_perfquery(text: str, *, host: str, ts: float | None = None) -> pl.DataFrame:
+    """Parse ``perfquery -x`` (and ``-E``) output into samples named ``ib_perfquery_<Field>``
+    with labels lid, port and block; values are the raw counters (data fields in 4-byte
+    words)."""
+    now = time.time() if ts is None else ts
+    metrics: list[str] = []
+    labels: list[str] = []
+    values: list[float] = []
+    lbl: str | None = None
+    for line in text.splitlines():
+        header = _PQ_HEADER.match(line)
+        if header:
+            block = header.group(1).strip().lower().replace(" ", "_")
+            lbl = json.dumps({"lid": header.group(2), "port": header.group(3), "block": block})
+            continue
+        field = _PQ_FIELD.match(line)
+        if field is None or lbl is None or field.group(1) in _PQ_SKIP:
+            continue
+        try:
+            value = float(int(field.group(2), 0))
+        except ValueError:
+            continue
+        metrics.append(f"ib_perfquery_{field.group(1)}")
+        labels.append(lbl)
+        values.append(value)
+    n = len(values)
+    return pl.DataFrame(
+        {
+            "ts": [now] * n,
+            "host": [host] * n,
+            "metric": metrics,
+            "labels": labels,
+            "value": values,
+            "job": [None] * n,
+        },
+        schema=SAMPLE_SCHEMA,
+    )
+
+
+# ---------------------------------------------------------------- counters -> rates
+
+
+_RATE_KEYS = ["node", "device", "link_class", "direction"]
+
+
+def counter_rates(
+    counters: pl.DataFrame, *, expected_interval_s: float, gap_factor: float = 3.0
+) -> tuple[pl.DataFrame, RateReport]:
+    """Turn cumulative counters into per-interval rates (bytes/s), vectorised.
+
+    Input columns: node, device, link_class, direction, ts, value (raw units),
+    bytes_per_unit, saturate_at, wrap_modulus, max_bytes_per_s (the last three nullable).
+    Per consecutive pair of one series: a time step <= 0 or > ``gap_factor`` x the expected
+    interval is dropped (non_increasing_time / gaps); a value at the saturation point is
+    dropped (saturated); a drop is a wrap when the previous value was in the top half of the
+    modulus and the wrapped rate is plausible, else a reset (dropped); a rate above the line
+    rate is capped. Output: node, device, link_class, direction, ts (interval start),
+    interval_s, bytes_per_s.
+    """
+    df = counters.sort([*_RATE_KEYS, "ts"]).with_columns(
+        pl.col("value").shift(1).over(_RATE_KEYS).alias("_pv"),
+        pl.col("ts").shift(1).over(_RATE_KEYS).alias("_pt"),
+    )
+    dt = pl.col("ts") - pl.col("_pt")
+    delta = pl.col("value") - pl.col("_pv")
+    mod = pl.col("wrap_modulus")
+    wrapped_units = (mod - pl.col("_pv")) + pl.col("value")  # this order keeps precision
+    wrapped_rate = wrapped_units * pl.col("bytes_per_unit") / dt
+    wrap_ok = (
+        (delta < 0)
+        & mod.is_not_null()
+        & (pl.col("_pv") >= mod / 2)
+        & (pl.col("value") < mod / 2)
+        & (pl.col("max_bytes_per_s").is_null() | (wrapped_rate <= pl.col("max_bytes_per_s")))
+    ).fill_null(False)
+    saturated = (
+        pl.col("saturate_at").is_not_null()
+        & ((pl.col("value") >= pl.col("saturate_at")) | (pl.col("_pv") >= pl.col("saturate_at")))
+    ).fill_null(False)
+    case = (
+        pl.when(pl.col("_pt").is_null())
+        .then(pl.lit("first"))
+        .when(dt <= 0)
+        .then(pl.lit("non_increasing_time"))
+        .when(dt > gap_factor * expected_interval_s)
+        .then(pl.lit("gap"))
+        .when(saturated)
+        .then(pl.lit("saturated"))
+        .when(wrap_ok)
+        .then(pl.lit("wrap"))
+        .when(delta < 0)
+        .then(pl.lit("reset"))
+        .otherwise(pl.lit("ok"))
+    )
+    df = df.with_columns(case.alias("_case"))
+    units = pl.when(pl.col("_case") == "wrap").then(wrapped_units).otherwise(delta)
+    out = df.filter(pl.col("_case").is_in(["ok", "wrap"])).with_columns(
+        (units * pl.col("bytes_per_unit") / dt).alias("_raw_rate"), dt.alias("interval_s")
+    )
+    over = (pl.col("max_bytes_per_s").is_not_null()) & (
+        pl.col("_raw_rate") > pl.col("max_bytes_per_s")
+    )
+    out = out.with_columns(
+        over.fill_null(False).alias("_capped"),
+        pl.when(over)
+        .then(pl.col("max_bytes_per_s"))
+        .otherwise(pl.col("_raw_rate"))
+        .alias("bytes_per_s"),
+    )
+    counts = dict(df.group_by("_case").len().rows())
+    report = RateReport(
+        intervals=df.height - int(counts.get("first", 0)),
+        rates=out.height,
+        first_samples=int(counts.get("first", 0)),
+        gaps=int(counts.get("gap", 0)),
+        resets=int(counts.get("reset", 0)),
+        wraps=int(counts.get("wrap", 0)),
+        saturated=int(counts.get("saturated", 0)),
+        non_increasing_time=int(counts.get("non_increasing_time", 0)),
+        capped=int(out["_capped"].sum()),
+    )
+    rates = out.select(
+        "node",
+        "device",
+        "link_class",
+        "direction",
+        pl.col("_pt").alias("ts"),
+        "interval_s",
+        "bytes_per_s",
+    )
+    return rates, report
+
+
+# ---------------------------------------------------------------- storing
+
+
+def store_samples(con: duckdb.DuckDBPyConnection, samples: pl.DataFrame, *, source: str) -> int:
+    """Append a sample frame (``SAMPLE_SCHEMA``) to ``telemetry_samples``; return the rows."""
+    con.register("sample_batch", samples)
+    try:
+        run_sql(
+            con,
+            "INSERT INTO telemetry_samples (ts, host, source, metric, labels, value, job) "
+            "SELECT ts, host, ?, metric, labels, value, job FROM sample_batch",
+            [source],
+        )
+    finally:
+        con.unregister("sample_batch")
+    return samples.height
+
+
+def _store_link_load(
+    con: duckdb.DuckDBPyConnection, rows: pl.DataFrame, *, cluster: str, source: str
+) -> int:
+    """Insert link_load rows, keeping existing ones for the same key (idempotent)."""
+    if rows.is_empty():
+        return 0
+    before = _count(con, "link_load")
+    con.register("load_batch", rows)
+    try:
+        run_sql(
+            con,
+            "INSERT INTO link_load (ts, interval_s, cluster, node, device, link_class, "
+            "direction, bytes_per_s, source) SELECT ts, interval_s, ?, node, device, "
+            "link_class, direction, bytes_per_s, ? FROM load_batch ON CONFLICT DO NOTHING",
+            [cluster, source],
+        )
+    finally:
+        con.unregister("load_batch")
+    return _count(con, "link_load") - before
+
+
+def _count(con: duckdb.DuckDBPyConnection, table: str) -> int:
+    return int(str(scalar(con, f"SELECT count(*) FROM {table}")))
+
+
+def dcgm_link_load(samples: pl.DataFrame, *, interval_s: float) -> tuple[pl.DataFrame, int]:
+    """link_load rows from DCGM's rate gauges (one per GPU, link class, direction and ts);
+    also the number of negative or NaN rates dropped."""
+    spec = pl.DataFrame(
+        {
+            "metric": list(DCGM_RATE_FIELDS),
+            "link_class": [v[0] for v in DCGM_RATE_FIELDS.values()],
+            "direction": [v[1] for v in DCGM_RATE_FIELDS.values()],
+            "factor": [v[2] for v in DCGM_RATE_FIELDS.values()],
+        }
+    )
+    lbl = pl.col("labels")
+    gpu = lbl.str.extract(r'"gpu":"([^"]*)"', 1)
+    mig = lbl.str.extract(r'"GPU_I_ID":"([^"]*)"', 1)
+    link = lbl.str.extract(r'"nvlink":"([^"]*)"', 1)
+    device = pl.concat_str(
+        pl.lit("gpu"),
+        gpu.fill_null("?"),
+        pl.when(mig.is_not_null()).then(pl.lit(":mig") + mig).otherwise(pl.lit("")),
+        pl.when(link.is_not_null()).then(pl.lit(":link") + link).otherwise(pl.lit("")),
+    )
+    rows = samples.join(spec, on="metric", how="inner").with_columns(
+        (pl.col("value") * pl.col("factor")).alias("bytes_per_s"),
+        device.alias("device"),
+        pl.col("host").fill_null("").alias("node"),
+        pl.lit(interval_s).alias("interval_s"),
+    )
+    valid = pl.col("bytes_per_s").is_finite() & (pl.col("bytes_per_s") >= 0)
+    dropped = rows.filter(~valid).height
+    out = rows.filter(valid).select(
+        "ts", "interval_s", "node", "device", "link_class", "direction", "bytes_per_s"
+    )
+    return out.unique(subset=["node", "device", "link_class", "direction", "ts"]), dropped
+
+
+def ingest_prometheus(
+    con: duckdb.DuckDBPyConnection,
+    text: str,
+    *,
+    source: str,
+    ts: float | None = None,
+    host: str | None = None,
+    cluster: str = "",
+    interval_s: float = 30.0,
+) -> TelemetryReport:
+    """Parse an exposition and store it in one transaction: samples, malformed lines (to
+    ``rejected_rows``) and the DCGM rate gauges as ``link_load``."""
+    t0 = time.perf_counter()
+    parsed = parse_prometheus(text, ts=ts, host=host)
+    load, negative = dcgm_link_load(parsed.samples, interval_s=interval_s)
+    con.begin()
+    try:
+        stored = store_samples(con, parsed.samples, source=source)
+        load_rows = _store_link_load(con, load, cluster=cluster, source=source)
+        _store_malformed(con, parsed.malformed, source=source)
+        con.commit()
+    except BaseException:
+        con.rollback()
+        raise
+    return TelemetryReport(
+        source=source,
+        samples=stored,
+        malformed=parsed.malformed.height,
+        sentinels=parsed.sentinels,
+        unsupported=0,
+        link_load_rows=load_rows,
+        negative_rates_dropped=negative,
+        seconds=time.perf_counter() - t0,
+    )
+
+
+def ingest_samples(
+    con: duckdb.DuckDBPyConnection, samples: pl.DataFrame, *, source: str, unsupported: int = 0
+) -> TelemetryReport:
+    """Store samples read by ``read_sysfs``/``parse_perfquery`` (one transaction)."""
+    t0 = time.perf_counter()
+    con.begin()
+    try:
+        stored = store_samples(con, samples, source=source)
+        con.commit()
+    except BaseException:
+        con.rollback()
+        raise
+    return TelemetryReport(
+        source=source,
+        samples=stored,
+        malformed=0,
+        sentinels=(),
+        unsupported=unsupported,
+        link_load_rows=0,
+        negative_rates_dropped=0,
+        seconds=time.perf_counter() - t0,
+    )
+
+
+def _store_malformed(
+    con: duckdb.DuckDBPyConnection, malformed: pl.DataFrame, *, source: str
+) -> None:
+    if malformed.is_empty():
+        return
+    con.register("bad_lines", malformed)
+    try:
+        run_sql(
+            con,
+            "INSERT INTO rejected_rows (source, raw, reason, rejected_at) "
+            "SELECT ?, raw, reason, ? FROM bad_lines",
+            [source, time.time()],
+        )
+    finally:
+        con.unregister("bad_lines")
+
+
+def _counter_spec_frame() -> pl.DataFrame:
+    return pl.DataFrame(
+        {
+            "metric": list(IB_COUNTERS),
+            "direction": [s.direction for s in IB_COUNTERS.values()],
+            "bytes_per_unit": [s.bytes_per_unit for s in IB_COUNTERS.values()],
+            "saturate_at": [s.saturate_at for s in IB_COUNTERS.values()],
+            "wrap_modulus": [s.wrap_modulus for s in IB_COUNTERS.values()],
+            "priority": [s.priority for s in IB_COUNTERS.values()],
+        },
+        schema={
+            "metric": pl.String(),
+            "direction": pl.String(),
+            "bytes_per_unit": pl.Float64(),
+            "saturate_at": pl.Float64(),
+            "wrap_modulus": pl.Float64(),
+            "priority": pl.Int32(),
+        },
+    )
+
+
+def derive_ib_link_load(
+    con: duckdb.DuckDBPyConnection,
+    *,
+    since: float,
+    until: float,
+    expected_interval_s: float,
+    gap_factor: float = 3.0,
+    cluster: str = "",
+    source: str = "derived:ib",
+) -> tuple[int, RateReport]:
+    """Derive InfiniBand ``link_load`` rows for intervals starting in [since, until) from the
+    raw counters in ``telemetry_samples`` (any of the three sources; one per port, the
+    preferred counter wins). Returns the rows added and the counter report."""
+    lookback = since - gap_factor * expected_interval_s
+    raw = con.sql(
+        """
+        SELECT ts, coalesce(host, '') AS node, metric, value,
+               coalesce(labels->>'device', 'lid' || (labels->>'lid')) AS dev,
+               labels->>'port' AS port,
+               CASE WHEN labels->>'link_layer' = 'Ethernet' THEN 'eth' ELSE 'ib' END AS link_class
+        FROM telemetry_samples
+        WHERE ts >= $lookback AND ts < $until AND (metric IN $counters OR metric IN $rates)
+        """,
+        params={
+            "lookback": lookback,
+            "until": until,
+            "counters": list(IB_COUNTERS),
+            "rates": list(_IB_RATE_METRICS),
+        },
+    ).pl()
+    raw = raw.with_columns(
+        pl.concat_str(pl.col("dev"), pl.lit("/"), pl.col("port").fill_null("?")).alias("device")
+    )
+    line = (
+        raw.filter(pl.col("metric").is_in(list(_IB_RATE_METRICS)))
+        .group_by("node", "device")
+        .agg(pl.col("value").sort_by("ts").last().alias("max_bytes_per_s"))
+    )
+    counters = raw.join(_counter_spec_frame(), on="metric", how="inner")
+    best = counters.group_by("node", "device", "direction").agg(
+        pl.col("priority").min().alias("best")
+    )
+    counters = (
+        counters.join(best, on=["node", "device", "direction"])
+        .filter(pl.col("priority") == pl.col("best"))
+        .join(line, on=["node", "device"], how="left")
+        .unique(subset=["node", "device", "direction", "ts"], keep="first")
+    )
+    rates, report = counter_rates(
+        counters, expected_interval_s=expected_interval_s, gap_factor=gap_factor
+    )
+    rates = rates.filter((pl.col("ts") >= since) & (pl.col("ts") < until))
+    con.begin()
+    try:
+        added = _store_link_load(con, rates, cluster=cluster, source=source)
+        con.commit()
+    except BaseException:
+        con.rollback()
+        raise
+    return added, report
