@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: install
-	$(BIN)/linkwise compare --workers 2 --plot $(DEMO_OUT)/jct_cdf.png
+	$(BIN)/linkwise compare --cluster 16x8,leaf=4 --jobs 3000 --workers 2 --plot $(DEMO_OUT)/jct_cdf.png
 
 lint: install
 	$(BIN)/ruff check .

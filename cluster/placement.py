@@ -7,7 +7,8 @@ the job. Ties are always broken by node (or leaf) index, so the same inputs give
 same placement. They are pure and cheap (plain loops and one sort over the nodes):
 they run at every decision point.
 
-- ``first_fit``: Slurm select/cons_tres-like, nodes in index order.
+- ``first_fit``: Slurm select/cons_tres-like, nodes in index order (even per-node shares
+  first, then spreading).
 - ``best_fit``: consolidated: the tightest single node, else the fewest nodes.
 - ``same_leaf``: best fit inside the fullest leaf switch that can hold the job.
 - ``least_busy``: SJF-BCO's LBSGF, least-busy servers first (large jobs).
@@ -60,6 +61,29 @@ def release_placement(free: list[int], placement: Placement) -> None:
 
 
 def first_fit(topo: Topology, free: Sequence[int], gpus: int) -> Placement | None:
+    """Slurm select/cons_tres-like first fit, for a job asking ``k = ceil(gpus / node size)``
+    nodes with an even share of GPUs each (``-N k --gpus-per-node``): the first ``k`` nodes in
+    index order with room for their share. When no such ``k`` nodes exist, it spreads
+    like ``--gpus=N``: nodes in index order, all free GPUs of each until ``gpus`` are taken.
+
+    None iff fewer than ``gpus`` GPUs are free in total.
+    """
+    _check_gpus(gpus)
+    k = -(-gpus // max(1, topo.max_gpus_per_node))
+    share = -(-gpus // k)
+    need = gpus
+    pairs: list[tuple[int, int]] = []
+    for node, f in enumerate(free):
+        if f >= share:
+            take = share if share < need else need
+            pairs.append((node, take))
+            need -= take
+            if need == 0:
+                return Placement(tuple(pairs))
+    return spread_first_fit(free, gpus)
+
+
+def spread_first_fit(free: Sequence[int], gpus: int) -> Placement | None:
     """Nodes in index order, taking all free GPUs of each until ``gpus`` are taken.
 
     None iff fewer than ``gpus`` GPUs are free in total.

@@ -171,6 +171,7 @@ class Simulator:
         self._state: ClusterState | None = None
         self._pending_view: tuple[PendingJob, ...] = ()
         self._pending_dirty = False
+        self._pending_unsorted = False
         self._running_view: tuple[RunningJob, ...] = ()
         self._running_dirty = False
         self._flows: tuple[int, ...] = tuple([0] * len(topology.links))
@@ -182,6 +183,11 @@ class Simulator:
     def observe(self) -> ClusterState:
         """The cluster as a policy sees it now."""
         if self._state is None:
+            if self._pending_unsorted:
+                self._pending = dict(
+                    sorted(self._pending.items(), key=lambda kv: (kv[1].job.submit_time, kv[0]))
+                )
+                self._pending_unsorted = False
             if self._pending_dirty:
                 self._pending_view = tuple(self._pending.values())
                 self._pending_dirty = False
@@ -335,10 +341,8 @@ class Simulator:
             attained_gpu_s=run.attained,
             preemptions=run.preemptions + 1,
         )
-        # a preempted job goes back to its canonical place in the queue
-        self._pending = dict(
-            sorted(self._pending.items(), key=lambda kv: (kv[1].job.submit_time, kv[0]))
-        )
+        # a preempted job goes back to its canonical place in the queue (sorted at observe)
+        self._pending_unsorted = True
         self._pending_dirty = True
         self._running_dirty = True
         return run.split

@@ -170,12 +170,17 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(out))
         return EXIT_OK
-    from rich.console import Console
-
-    console = Console()
+    console = _stdout_console()
     console.print(_describe_scenario(info))
     console.print(_metrics_table([out], "linkwise simulate"))
     return EXIT_OK
+
+
+def _stdout_console() -> Any:
+    """A rich console; wide when piped, so tables are not cut to 80 columns."""
+    from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() else 200)
 
 
 def _describe_scenario(info: dict[str, Any]) -> str:
@@ -209,7 +214,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows))
         return EXIT_OK
-    out = Console()
+    out = _stdout_console()
     out.print(_describe_scenario(info))
     out.print(_metrics_table(rows, "linkwise compare"))
     out.print(f"JCT CDF plot: {plot}")

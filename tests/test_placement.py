@@ -125,15 +125,22 @@ def test_best_fit_is_tightest_node_or_fewest_nodes(case: Case) -> None:
 
 @settings(max_examples=300, deadline=None)
 @given(cases())
-def test_first_fit_takes_a_prefix_in_index_order(case: Case) -> None:
+def test_first_fit_takes_even_shares_in_index_order_else_spreads(case: Case) -> None:
     topo, free, gpus, _ = case
     if sum(free) < gpus:
+        assert first_fit(topo, free, gpus) is None
         return
     p = _check(first_fit(topo, free, gpus), free, gpus)
-    last = p.nodes[-1]
-    for node in range(last):
-        taken = dict(p.alloc).get(node, 0)
-        assert taken == free[node]
+    k = -(-gpus // topo.max_gpus_per_node)
+    share = -(-gpus // k)
+    roomy = [n for n, f in enumerate(free) if f >= share]
+    if len(roomy) * share >= gpus:  # -N k --gpus-per-node=share fits: the first roomy nodes
+        assert p.nodes == tuple(roomy[: len(p.nodes)])
+        assert all(g <= share for _, g in p.alloc)
+    else:  # --gpus=N: a prefix of the nodes, each taken whole but the last
+        last = p.nodes[-1]
+        for node in range(last):
+            assert dict(p.alloc).get(node, 0) == free[node]
 
 
 @settings(max_examples=300, deadline=None)
@@ -183,6 +190,8 @@ def test_best_fit_consolidates_on_the_tightest_node() -> None:
     topo = from_spec("4x8")
     assert best_fit(topo, [8, 3, 5, 4], 4) == Placement(((3, 4),))
     assert first_fit(topo, [8, 3, 5, 4], 4) == Placement(((0, 4),))
+    assert first_fit(topo, [3, 2, 5, 4], 4) == Placement(((2, 4),))  # one node, not 3 + 1
+    assert first_fit(topo, [3, 2, 1, 0], 4) == Placement(((0, 3), (1, 1)))  # spreads
     # 12 GPUs: two nodes (8 + the tightest holding 4), not three
     assert best_fit(topo, [3, 8, 5, 4], 12) == Placement(((1, 8), (3, 4)))
 

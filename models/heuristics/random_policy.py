@@ -4,11 +4,15 @@ behaviour policy for offline data)."""
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from linkwise.cluster.domain import ClusterState, Decision, Start
 from linkwise.cluster.placement import apply_placement, distinct_placements
 from linkwise.models.heuristics._common import add_jobs, can_ever_run
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,18 +42,20 @@ class RandomPolicy:
 
     def decide(self, state: ClusterState) -> Decision:
         """A random feasible set of starts."""
-        rng = self.rng(state)
-        topo = state.topology
         free = list(state.free_gpus)
         total = sum(free)
+        if total == 0 or not state.pending:
+            return Decision()
+        rng = self.rng(state)
+        topo = state.topology
         busy = list(state.jobs_per_node)
-        order = [p for p in state.pending if can_ever_run(state, p)]
-        rng.shuffle(order)
         starts: list[Start] = []
         first_fitting: Start | None = None
-        for p in order:
+        for p in _lazy_shuffle(state.pending, rng):
             if total == 0:
                 break
+            if not can_ever_run(state, p):
+                continue
             gpus = p.job.num_gpus
             if gpus > total:
                 continue
@@ -70,3 +76,13 @@ class RandomPolicy:
         if not starts and not state.running and first_fitting is not None:
             starts.append(first_fitting)
         return Decision(starts=tuple(starts))
+
+
+def _lazy_shuffle(items: Sequence[T], rng: random.Random) -> Iterator[T]:
+    """Yield ``items`` in a uniformly random order, paying only for the ones consumed."""
+    pool = list(items)
+    n = len(pool)
+    for i in range(n):
+        j = i + int(rng.random() * (n - i))
+        pool[i], pool[j] = pool[j], pool[i]
+        yield pool[i]
