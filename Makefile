@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_OUT ?= linkwise-out
 
-.PHONY: install demo test lint format typecheck pytest bench clean
+.PHONY: install demo test lint format typecheck pytest bench clean slurm-up slurm-down
 
 install: $(STAMP)
 
@@ -31,8 +31,17 @@ format: install
 typecheck: install
 	$(BIN)/mypy -p linkwise
 
+# Tests marked `services` need a real Slurm: the project's own script installs and starts
+# one (scripts/local-slurm), and it is stopped again whatever the outcome.
 pytest: install
-	$(BIN)/pytest
+	scripts/local-slurm start
+	$(BIN)/pytest; rc=$$?; scripts/local-slurm stop; exit $$rc
+
+slurm-up:
+	scripts/local-slurm start
+
+slurm-down:
+	scripts/local-slurm stop
 
 test: lint typecheck pytest
 

@@ -1,0 +1,368 @@
+"""Slurm 22.05 output (JSON of sacct/squeue/sinfo/slurmrestd v0.0.38, ``-P`` text) -> records.
+
+Pure functions, shared by both transports so that they produce identical records. The
+22.05 defects handled here:
+
+- the accounting JSON's ``exit_code`` is ``SUCCESS/0`` for every normal exit, even a job
+  that exited 3 (state FAILED): a FAILED record takes its exit code from a second source
+  (``sacct -P -o ExitCode`` or the controller's raw wait status), else it is ``None``;
+- a multi-node job shows only its batch host for a few seconds around start/end: a record
+  is ``settled`` only when ``allocation_nodes > 0`` or it never ran (``None assigned``);
+- a requeued job has one record per run under the same id: ``run_index`` counts the runs
+  before it that ended in a requeue (see ``run_indexes``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from linkwise.cluster.hostlist import expand
+from linkwise.cluster.slurm.errors import SlurmError
+from linkwise.cluster.slurm.records import JobRun, NodeInfo, PartitionInfo, QueuedJob
+
+ExitStatus = tuple[int | None, int | None]  # (exit code, signal)
+RunKey = tuple[int, int]  # (job id, submit time in epoch seconds): one run of a job
+
+NO_NODES = "None assigned"
+_NO_VAL = 0xFFFFFFFE  # 32-bit NO_VAL/INFINITE and above mean "no limit"
+# states of a run that ended with the job going back to the queue
+REQUEUE_STATES = frozenset({"REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "NODE_FAIL", "PREEMPTED"})
+# queue states of jobs that are no longer pending or running
+FINISHED_STATES = frozenset(
+    {
+        "BOOT_FAIL",
+        "CANCELLED",
+        "COMPLETED",
+        "DEADLINE",
+        "FAILED",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "PREEMPTED",
+        "TIMEOUT",
+    }
+)
+_GPU_TRES = re.compile(r"(?:^|,)gres/gpu=(\d+)(?=,|$)")
+
+
+@dataclass(frozen=True, slots=True)
+class AcctLine:
+    """One line of ``sacct -D -X -P -n -o JobIDRaw,Submit,State,ExitCode`` (epoch times)."""
+
+    job_id: int
+    submit_time: int
+    state: str
+    exit_code: int | None
+    signal: int | None
+
+
+ACCT_LINE_FIELDS = "JobIDRaw,Submit,State,ExitCode"
+
+
+def parse_acct_lines(text: str) -> list[AcctLine]:
+    """Parse ``sacct -P`` lines of ``ACCT_LINE_FIELDS`` run with ``SLURM_TIME_FORMAT=%s``."""
+    lines: list[AcctLine] = []
+    for raw in text.splitlines():
+        if not raw.strip():
+            continue
+        parts = raw.split("|")
+        if len(parts) != 4:
+            raise SlurmError(f"sacct: unexpected line {raw!r}")
+        job, submit, state, exit_pair = parts
+        if not job.isdigit():  # a step (123.batch) if -X was not honoured
+            continue
+        code, signal = parse_exit_pair(exit_pair)
+        lines.append(AcctLine(int(job), _int(submit), state.split(" ")[0], code, signal))
+    return lines
+
+
+def parse_exit_pair(text: str) -> ExitStatus:
+    """``"3:0"`` -> ``(3, None)``; ``"0:9"`` -> ``(0, 9)``; empty -> ``(None, None)``."""
+    if not text.strip():
+        return None, None
+    code, _, signal = text.strip().partition(":")
+    sig = int(signal) if signal.strip() else 0
+    return int(code), (sig or None)
+
+
+def decode_wait_status(status: int) -> ExitStatus:
+    """A raw controller wait status: ``768`` -> ``(3, None)``, ``9`` -> ``(0, 9)``."""
+    signal = status & 0x7F
+    return (status >> 8) & 0xFF, (signal or None)
+
+
+def run_indexes(lines: Iterable[tuple[int, int, str]]) -> dict[RunKey, int]:
+    """Run index of each ``(job_id, submit_time, state)`` record of a job's history.
+
+    Records of one id are ordered by submit time; a record's index is the number of records
+    directly before it that ended in a requeue, so an id reused by an unrelated later job
+    starts again at 0.
+    """
+    by_job: dict[int, list[tuple[int, str]]] = {}
+    for job_id, submit, state in lines:
+        by_job.setdefault(job_id, []).append((submit, state))
+    out: dict[RunKey, int] = {}
+    for job_id, records in by_job.items():
+        index = 0
+        for submit, state in sorted(records):
+            out[(job_id, submit)] = index
+            index = index + 1 if state in REQUEUE_STATES else 0
+    return out
+
+
+def ctld_exit_codes(doc: Mapping[str, Any]) -> dict[RunKey, ExitStatus]:
+    """Exit status of the finished jobs the controller still holds (squeue/REST jobs JSON)."""
+    out: dict[RunKey, ExitStatus] = {}
+    for job in _list(doc, "jobs"):
+        if str(job.get("job_state", "")) in FINISHED_STATES and job.get("exit_code") is not None:
+            key = (int(job["job_id"]), _int(job.get("submit_time")))
+            out[key] = decode_wait_status(int(job["exit_code"]))
+    return out
+
+
+def parse_accounting(
+    doc: Mapping[str, Any],
+    exit_codes: Mapping[RunKey, ExitStatus] | None = None,
+    run_index: Mapping[RunKey, int] | None = None,
+) -> list[JobRun]:
+    """Job runs of a ``sacct --json`` / ``/slurmdb/v0.0.38/jobs`` document.
+
+    ``exit_codes`` corrects the exit code of FAILED runs (the 22.05 defect); ``run_index``
+    gives each run's index (default 0).
+    """
+    _raise_errors(doc, "accounting")
+    codes = exit_codes or {}
+    indexes = run_index or {}
+    return [_job_run(rec, codes, indexes) for rec in _list(doc, "jobs")]
+
+
+def _job_run(
+    rec: Mapping[str, Any], codes: Mapping[RunKey, ExitStatus], indexes: Mapping[RunKey, int]
+) -> JobRun:
+    t = rec.get("time") or {}
+    job_id = int(rec["job_id"])
+    submit = _int(t.get("submission"))
+    key = (job_id, submit)
+    state = str((rec.get("state") or {}).get("current", "UNKNOWN")).split(" ")[0]
+    node_expr = str(rec.get("nodes") or "")
+    nodes = tuple(expand(node_expr)) if node_expr and node_expr != NO_NODES else ()
+    gpus = tres_gpus(((rec.get("tres") or {}).get("allocated")) or [])
+    allocation_nodes = int(rec.get("allocation_nodes") or 0)
+    array = rec.get("array") or {}
+    array_job = int(array.get("job_id") or 0)
+    task = array.get("task_id")
+    code, signal = _accounting_exit(state, rec.get("exit_code"), codes.get(key))
+    return JobRun(
+        cluster=str(rec.get("cluster") or ""),
+        job_id=job_id,
+        run_index=indexes.get(key, 0),
+        name=str(rec.get("name") or ""),
+        user=str(rec.get("user") or ""),
+        account=str(rec.get("account") or ""),
+        partition=str(rec.get("partition") or ""),
+        state=state,
+        exit_code=code,
+        signal=signal,
+        submit_time=float(submit),
+        start_time=_epoch(t.get("start")),
+        end_time=_epoch(t.get("end")),
+        time_limit_s=_limit_s(t.get("limit")),
+        nodes=nodes,
+        gpus=gpus,
+        gpus_per_node=even_split(gpus, len(nodes)),
+        allocation_nodes=allocation_nodes,
+        settled=allocation_nodes > 0 or node_expr in (NO_NODES, ""),
+        array_job_id=array_job or None,
+        array_task_id=int(task) if array_job and task is not None else None,
+        comment=str((rec.get("comment") or {}).get("job") or ""),
+    )
+
+
+_NOT_ENDED = frozenset({"PENDING", "RUNNING", "SUSPENDED", "CONFIGURING", "COMPLETING"})
+
+
+def _accounting_exit(state: str, raw: Any, better: ExitStatus | None) -> ExitStatus:
+    if state in _NOT_ENDED:
+        return None, None
+    code: int | None = None
+    signal: int | None = None
+    if isinstance(raw, Mapping):
+        if raw.get("status") == "SIGNALED":
+            sig = (raw.get("signal") or {}).get("signal_id")
+            code, signal = 0, (int(sig) if sig else None)
+        elif raw.get("return_code") is not None:
+            code = int(raw["return_code"])
+    if state == "FAILED" and code == 0 and signal is None:
+        # the 22.05 defect: a failed run reported as exit 0
+        return better if better is not None and better != (0, None) else (None, None)
+    return code, signal
+
+
+def tres_gpus(tres: Sequence[Mapping[str, Any]]) -> int:
+    """GPUs in an accounting TRES list (entries with type ``gres`` and name ``gpu``)."""
+    return sum(
+        int(item.get("count") or 0)
+        for item in tres
+        if item.get("type") == "gres" and item.get("name") == "gpu"
+    )
+
+
+def even_split(total: int, parts: int) -> tuple[int, ...]:
+    """``total`` split over ``parts`` as evenly as possible, the remainder on the first."""
+    if parts <= 0:
+        return ()
+    base, rest = divmod(total, parts)
+    return tuple(base + (1 if i < rest else 0) for i in range(parts))
+
+
+def tres_str_gpus(text: str) -> int:
+    """GPUs in a TRES string such as ``cpu=2,node=2,gres/gpu=4`` (0 if absent)."""
+    m = _GPU_TRES.search(text or "")
+    return int(m.group(1)) if m else 0
+
+
+def gres_gpus(text: str) -> int:
+    """GPUs in a node's gres string: ``gpu:4``, ``gpu:a100:4(S:0-1)``, ``gpu:2(IDX:0-1)``."""
+    total = 0
+    for item in _split_gres(text or ""):
+        fields = item.split("(")[0].split(":")
+        if fields[0] == "gpu" and len(fields) >= 2 and fields[-1].isdigit():
+            total += int(fields[-1])
+    return total
+
+
+def _split_gres(text: str) -> list[str]:
+    items: list[str] = []
+    depth = 0
+    current = ""
+    for ch in text:
+        depth += (ch == "(") - (ch == ")")
+        if ch == "," and depth == 0:
+            items.append(current)
+            current = ""
+        else:
+            current += ch
+    items.append(current)
+    return [i.strip() for i in items if i.strip() and i.strip() != "(null)"]
+
+
+def parse_queue(doc: Mapping[str, Any]) -> list[QueuedJob]:
+    """Pending and running jobs of a ``squeue --json`` / ``/slurm/v0.0.38/jobs`` document."""
+    _raise_errors(doc, "queue")
+    out: list[QueuedJob] = []
+    for job in _list(doc, "jobs"):
+        state = str(job.get("job_state") or "")
+        if state in FINISHED_STATES:
+            continue
+        reason = str(job.get("state_reason") or "")
+        alloc = str(job.get("tres_alloc_str") or "")
+        node_expr = str(job.get("nodes") or "")
+        req = str(job.get("required_nodes") or "")
+        out.append(
+            QueuedJob(
+                job_id=int(job["job_id"]),
+                name=str(job.get("name") or ""),
+                user=str(job.get("user_name") or ""),
+                partition=str(job.get("partition") or ""),
+                state=state,
+                reason=reason,
+                submit_time=float(_int(job.get("submit_time"))),
+                start_time=_epoch(job.get("start_time")),
+                time_limit_s=_limit_s(job.get("time_limit")),
+                num_nodes=int(job.get("node_count") or 0),
+                gpus=tres_str_gpus(alloc or str(job.get("tres_req_str") or "")),
+                nodes=tuple(expand(node_expr)) if node_expr else (),
+                held=state == "PENDING"
+                and (job.get("priority") == 0 or reason.startswith("JobHeld")),
+                req_nodes=tuple(expand(req)) if req else (),
+            )
+        )
+    return out
+
+
+def parse_nodes(doc: Mapping[str, Any]) -> list[NodeInfo]:
+    """Nodes of a ``sinfo --json`` / ``/slurm/v0.0.38/nodes`` document."""
+    _raise_errors(doc, "nodes")
+    out: list[NodeInfo] = []
+    for node in _list(doc, "nodes"):
+        flags = [str(f).upper() for f in node.get("state_flags") or []]
+        state = "+".join([str(node.get("state") or "UNKNOWN").upper(), *flags])
+        out.append(
+            NodeInfo(
+                name=str(node["name"]),
+                state=state,
+                partitions=tuple(str(p) for p in node.get("partitions") or []),
+                cpus=int(node.get("cpus") or 0),
+                gpus_total=gres_gpus(str(node.get("gres") or "")),
+                gpus_used=gres_gpus(str(node.get("gres_used") or "")),
+            )
+        )
+    return out
+
+
+def parse_partitions(doc: Mapping[str, Any]) -> list[PartitionInfo]:
+    """Partitions of a ``/slurm/v0.0.38/partitions`` document."""
+    _raise_errors(doc, "partitions")
+    return [
+        PartitionInfo(
+            name=str(p["name"]),
+            nodes=tuple(expand(str(p.get("nodes") or ""))) if p.get("nodes") else (),
+            state=str(p.get("state") or "UNKNOWN").upper(),
+        )
+        for p in _list(doc, "partitions")
+    ]
+
+
+def parse_scontrol_partitions(text: str) -> list[PartitionInfo]:
+    """Partitions of ``scontrol -o show partition`` (one ``Key=Value ...`` record a line)."""
+    out: list[PartitionInfo] = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        if "PartitionName" not in fields:
+            raise SlurmError(f"scontrol show partition: unexpected line {line[:80]!r}")
+        nodes = fields.get("Nodes", "")
+        out.append(
+            PartitionInfo(
+                name=fields["PartitionName"],
+                nodes=tuple(expand(nodes)) if nodes and nodes != "(null)" else (),
+                state=fields.get("State", "UNKNOWN").upper(),
+            )
+        )
+    return out
+
+
+def _raise_errors(doc: Mapping[str, Any], what: str) -> None:
+    errors = doc.get("errors") or []
+    if errors:
+        texts = [str(e.get("error") or e.get("description") or e) for e in errors]
+        raise SlurmError(f"{what}: Slurm reported errors: {'; '.join(texts)[:500]}")
+
+
+def _list(doc: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
+    value = doc.get(key)
+    if not isinstance(value, list):
+        raise SlurmError(f"Slurm JSON has no {key!r} list")
+    return value
+
+
+def _int(value: Any) -> int:
+    if value is None or value == "":
+        return 0
+    return int(value)
+
+
+def _epoch(value: Any) -> float | None:
+    v = _int(value)
+    return float(v) if v > 0 else None
+
+
+def _limit_s(value: Any) -> float | None:
+    """A time limit in minutes -> seconds; None, NO_VAL or INFINITE -> None."""
+    if value is None or isinstance(value, bool):
+        return None
+    v = int(value)
+    return None if v < 0 or v >= _NO_VAL else float(v * 60)

@@ -1,0 +1,82 @@
+"""Typed records of what Slurm reports: job runs, nodes, partitions.
+
+Both transports (command-line JSON and slurmrestd) produce exactly these values, so
+everything downstream (ingest, the live loop) is transport-agnostic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class JobRun:
+    """One accounting record of a job run (a requeued job has one per run).
+
+    ``settled`` is False while Slurm 22.05 still shows a transient record (a multi-node
+    job in its first/last seconds with ``allocation_nodes == 0``); ingest keeps the
+    latest settled version. ``exit_code`` is derived from the state where the 22.05 JSON
+    defect reports 0 for failures (or taken from ``sacct -P -o ExitCode``).
+    """
+
+    cluster: str
+    job_id: int
+    run_index: int  # 0 for the first run, 1.. for requeued runs (ordered by submit/start)
+    name: str
+    user: str
+    account: str
+    partition: str
+    state: str  # e.g. COMPLETED, FAILED, CANCELLED, RUNNING, PENDING, REQUEUED, TIMEOUT
+    exit_code: int | None
+    signal: int | None
+    submit_time: float  # epoch seconds
+    start_time: float | None
+    end_time: float | None
+    time_limit_s: float | None
+    nodes: tuple[str, ...]  # expanded host names, in Slurm's order
+    gpus: int  # GPUs allocated in total (0 if none or not yet allocated)
+    gpus_per_node: tuple[int, ...]  # aligned with ``nodes``; an even split if only a total is known
+    allocation_nodes: int
+    settled: bool
+    array_job_id: int | None = None
+    array_task_id: int | None = None
+    comment: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """A node as sinfo/scontrol/slurmrestd describe it."""
+
+    name: str
+    state: str  # e.g. IDLE, MIXED, ALLOCATED, DOWN, DRAIN
+    partitions: tuple[str, ...]
+    cpus: int
+    gpus_total: int
+    gpus_used: int
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionInfo:
+    name: str
+    nodes: tuple[str, ...]
+    state: str
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedJob:
+    """A job as squeue shows it now (pending or running)."""
+
+    job_id: int
+    name: str
+    user: str
+    partition: str
+    state: str
+    reason: str
+    submit_time: float
+    start_time: float | None
+    time_limit_s: float | None
+    num_nodes: int
+    gpus: int
+    nodes: tuple[str, ...]
+    held: bool
+    req_nodes: tuple[str, ...] = ()

@@ -1,0 +1,177 @@
+"""Slurm through slurmrestd (API v0.0.38 as served by Slurm 22.05), JWT auth, stdlib only.
+
+The token is held privately: it never appears in a repr, a log line or an error message.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from linkwise.cluster.slurm.cli_transport import CommandRunner, slurm_time
+from linkwise.cluster.slurm.errors import SlurmError, SlurmTimeout, SlurmUnavailable
+from linkwise.cluster.slurm.parse import (
+    ctld_exit_codes,
+    parse_accounting,
+    parse_nodes,
+    parse_partitions,
+    parse_queue,
+    run_indexes,
+)
+from linkwise.cluster.slurm.records import JobRun, NodeInfo, PartitionInfo, QueuedJob
+
+API = "v0.0.38"
+DEFAULT_TIMEOUT_S = 30.0
+TOKEN_LIFESPAN_S = 3600
+
+
+def scontrol_token_source(
+    runner: CommandRunner, user: str, lifespan_s: int = TOKEN_LIFESPAN_S
+) -> Callable[[], str]:
+    """A token source that asks ``scontrol token`` (needs root or SlurmUser for others)."""
+
+    def fetch() -> str:
+        out = runner.run(
+            ["scontrol", "token", f"username={user}", f"lifespan={lifespan_s}"], secret_output=True
+        )
+        for line in out.splitlines():
+            key, _, value = line.strip().partition("=")
+            if key == "SLURM_JWT" and value:
+                return value
+        raise SlurmError("scontrol token: no SLURM_JWT in its output")
+
+    return fetch
+
+
+class RestTransport:
+    """Reads accounting, queue, nodes and partitions from slurmrestd."""
+
+    name = "rest"
+
+    def __init__(
+        self,
+        base_url: str,
+        user: str,
+        token_source: Callable[[], str],
+        *,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        token_ttl_s: float = TOKEN_LIFESPAN_S / 2,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.user = user
+        self.timeout = timeout
+        self._token_source = token_source
+        self._token_ttl_s = token_ttl_s
+        self._token: str | None = None
+        self._token_at = 0.0
+
+    def __repr__(self) -> str:
+        return f"RestTransport(base_url={self.base_url!r}, user={self.user!r}, token=<hidden>)"
+
+    def _current_token(self) -> str:
+        now = time.monotonic()
+        if self._token is None or now - self._token_at > self._token_ttl_s:
+            self._token = self._token_source()
+            self._token_at = now
+        return self._token
+
+    def get(self, path: str, params: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """GET ``path`` (relative to the base URL) and decode the JSON answer."""
+        query = ("?" + urllib.parse.urlencode(dict(params))) if params else ""
+        url = f"{self.base_url}{path}{query}"
+        what = f"GET {self.base_url}{path}"
+        request = urllib.request.Request(
+            url,
+            headers={
+                "X-SLURM-USER-NAME": self.user,
+                "X-SLURM-USER-TOKEN": self._current_token(),
+                "Accept": "application/json",
+            },
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as resp:
+                body = resp.read()
+        except urllib.error.HTTPError as exc:
+            raise SlurmError(f"{what}: HTTP {exc.code}: {_error_text(exc.read())}") from None
+        except urllib.error.URLError as exc:
+            reason = exc.reason
+            if isinstance(reason, TimeoutError):
+                raise SlurmTimeout(f"{what}: no answer within {self.timeout:g} s") from None
+            raise SlurmUnavailable(f"{what}: {reason}") from None
+        except TimeoutError:
+            raise SlurmTimeout(f"{what}: no answer within {self.timeout:g} s") from None
+        except (ConnectionError, OSError) as exc:
+            raise SlurmUnavailable(f"{what}: {exc}") from None
+        try:
+            doc = json.loads(body)
+        except json.JSONDecodeError as exc:
+            raise SlurmError(f"{what}: answer is not JSON: {exc}") from None
+        if not isinstance(doc, dict):
+            raise SlurmError(f"{what}: JSON answer is not an object")
+        return doc
+
+    def job_ids(self, since: float, until: float | None) -> list[int]:
+        """Ids of the jobs with an accounting record in the window, ascending."""
+        params = {"start_time": slurm_time(since), "end_time": slurm_time(until or time.time())}
+        doc = self.get(f"/slurmdb/{API}/jobs", params)
+        _check(doc, "accounting")
+        return sorted({int(j["job_id"]) for j in doc.get("jobs") or []})
+
+    def jobs(self, since: float, until: float | None = None) -> list[JobRun]:
+        """Every run of every job that has an accounting record in ``[since, until]``.
+
+        The v0.0.38 job list omits earlier runs of requeued jobs, so each job's full record
+        set is read from ``/slurmdb/v0.0.38/job/{id}`` (one request per job). Exit codes of
+        FAILED runs come from the controller's job list, which holds jobs for MinJobAge
+        after they end; older FAILED runs keep ``exit_code=None``.
+        """
+        records: list[Mapping[str, Any]] = []
+        for job_id in self.job_ids(since, until):
+            doc = self.get(f"/slurmdb/{API}/job/{job_id}")
+            _check(doc, f"accounting job {job_id}")
+            records.extend(doc.get("jobs") or [])
+        codes = ctld_exit_codes(self.get(f"/slurm/{API}/jobs"))
+        indexes = run_indexes(
+            (
+                int(r["job_id"]),
+                int((r.get("time") or {}).get("submission") or 0),
+                str((r.get("state") or {}).get("current", "")).split(" ")[0],
+            )
+            for r in records
+        )
+        return parse_accounting({"jobs": records, "errors": []}, codes, indexes)
+
+    def queue(self) -> list[QueuedJob]:
+        """Pending and running jobs."""
+        return parse_queue(self.get(f"/slurm/{API}/jobs"))
+
+    def nodes(self) -> list[NodeInfo]:
+        """Nodes."""
+        return parse_nodes(self.get(f"/slurm/{API}/nodes"))
+
+    def partitions(self) -> list[PartitionInfo]:
+        """Partitions."""
+        return parse_partitions(self.get(f"/slurm/{API}/partitions"))
+
+
+def _check(doc: Mapping[str, Any], what: str) -> None:
+    errors = doc.get("errors") or []
+    if errors:
+        texts = [str(e.get("error") or e.get("description") or e) for e in errors]
+        raise SlurmError(f"{what}: slurmrestd reported errors: {'; '.join(texts)[:500]}")
+
+
+def _error_text(body: bytes) -> str:
+    try:
+        doc = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return body[:200].decode("utf-8", "replace").strip() or "no message"
+    errors = doc.get("errors") if isinstance(doc, dict) else None
+    if errors:
+        return "; ".join(str(e.get("error") or e.get("description") or e) for e in errors)[:500]
+    return "no message"
