@@ -247,6 +247,137 @@ def cmd_topology(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _parse_time(text: str | None, flag: str) -> float | None:
+    """An ISO date/time (local time unless it has an offset) or epoch seconds."""
+    if text is None:
+        return None
+    from datetime import datetime
+
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        raise ValueError(f"{flag}: {text!r} is neither ISO 8601 nor epoch seconds") from None
+
+
+def cmd_collect_accounting(args: argparse.Namespace) -> int:
+    from linkwise.cluster.slurm.client import SlurmClient, read_env_file
+    from linkwise.cluster.slurm.errors import SlurmError
+    from linkwise.pipelines.collect import CollectError, collect_accounting
+
+    since = _parse_time(args.since, "--since")
+    until = _parse_time(args.until, "--until")
+    env_file = args.slurm_env or os.environ.get("LINKWISE_SLURM_ENV")
+    env = read_env_file(env_file) if env_file else dict(os.environ)
+    cluster = args.cluster or env.get("LINKWISE_SLURM_CLUSTER")
+    if not cluster:
+        raise ValueError("no cluster name: pass --cluster (or LINKWISE_SLURM_CLUSTER)")
+    try:
+        client = SlurmClient.from_env(env, args.transport, timeout=args.timeout)
+        report = collect_accounting(
+            client,
+            args.db,
+            cluster=cluster,
+            since=since,
+            until=until,
+            window_s=args.window,
+            overlap_s=args.overlap,
+        )
+    except CollectError as exc:
+        done = exc.report.to_dict()
+        if args.json:
+            print(json.dumps({"error": str(exc), **done}, default=str))
+        print(f"linkwise collect accounting: error: {exc}", file=sys.stderr)
+        return EXIT_FAIL
+    except SlurmError as exc:
+        print(f"linkwise collect accounting: error: {exc}", file=sys.stderr)
+        return EXIT_FAIL
+    out = report.to_dict()
+    if args.json:
+        print(json.dumps(out, default=str))
+        return EXIT_OK
+    print(
+        f"{args.db}: cluster {cluster}, {out['nodes']} nodes, {len(out['windows'])} window(s); "
+        f"{out['received']} records: {out['inserted']} new, {out['updated']} updated, "
+        f"{out['unchanged']} unchanged, {out['kept_settled']} kept settled, "
+        f"{out['unsettled']} unsettled, {out['rejected']} rejected; "
+        f"watermark {out['watermark']}"
+    )
+    for reason, n in out["rejected_reasons"].items():
+        print(f"  rejected {n}: {reason}")
+    return EXIT_OK
+
+
+def cmd_collect_telemetry(args: argparse.Namespace) -> int:
+    from linkwise.pipelines.collect import collect_telemetry
+
+    report = collect_telemetry(
+        args.db,
+        endpoints=args.endpoint or [],
+        sysfs_roots=args.sysfs or [],
+        host=args.host,
+        cluster=args.cluster,
+        timeout=args.timeout,
+        interval_s=args.interval,
+    )
+    out = report.to_dict()
+    if args.json:
+        print(json.dumps(out, default=str))
+    else:
+        for s in out["sources"]:
+            if s["error"]:
+                print(f"{s['source']}: FAILED: {s['error']}")
+                continue
+            print(
+                f"{s['source']}: {s['samples']} samples, {s['link_load_rows']} link_load rows, "
+                f"{s['malformed']} malformed lines, DCGM blanks {s['sentinels'] or 0}, "
+                f"{s['unsupported']} unsupported counters"
+            )
+            for reason, n in s["rejected_reasons"].items():
+                print(f"  rejected {n}: {reason}")
+        print(f"InfiniBand link_load rows derived: {out['ib_link_load_rows']}")
+    for source, error in out["errors"].items():
+        print(f"linkwise collect telemetry: error: {source}: {error}", file=sys.stderr)
+    return EXIT_FAIL if out["errors"] else EXIT_OK
+
+
+def _add_collect_parser(sub: Any) -> None:
+    p = sub.add_parser("collect", help="collect Slurm accounting or telemetry into DuckDB")
+    csub = p.add_subparsers(dest="collect_what", required=True, metavar="WHAT")
+
+    a = csub.add_parser("accounting", help="Slurm accounting records and nodes, incrementally")
+    a.add_argument("--db", type=Path, required=True, help="the DuckDB store (created if missing)")
+    a.add_argument("--since", help="ISO time or epoch seconds (default: from the watermark)")
+    a.add_argument("--until", help="ISO time or epoch seconds (default: now)")
+    a.add_argument("--transport", choices=["cli", "rest"], default="cli")
+    a.add_argument(
+        "--slurm-env",
+        type=Path,
+        help="env file with SLURM_CONF, LINKWISE_SLURM_REST_URL, LINKWISE_SLURM_CLUSTER "
+        "(default: $LINKWISE_SLURM_ENV, else the environment)",
+    )
+    a.add_argument("--cluster", help="cluster name (default: LINKWISE_SLURM_CLUSTER)")
+    a.add_argument("--window", type=float, default=6 * 3600.0, help="window length, seconds")
+    a.add_argument("--overlap", type=float, default=600.0, help="window overlap, seconds")
+    a.add_argument("--timeout", type=float, default=30.0, help="per Slurm call, seconds")
+    a.add_argument("--json", action="store_true", help="print machine-readable JSON only")
+    a.set_defaults(func=cmd_collect_accounting)
+
+    t = csub.add_parser("telemetry", help="scrape exporter endpoints and sysfs counters")
+    t.add_argument("--db", type=Path, required=True, help="the DuckDB store (created if missing)")
+    t.add_argument("--endpoint", action="append", metavar="URL", help="exporter URL (repeatable)")
+    t.add_argument("--sysfs", action="append", metavar="PATH", help="sysfs root (repeatable)")
+    t.add_argument("--host", help="node name for samples without a host label")
+    t.add_argument("--cluster", default="", help="cluster name stored with link_load rows")
+    t.add_argument("--timeout", type=float, default=5.0, help="per scrape, seconds")
+    t.add_argument("--interval", type=float, default=30.0, help="scrape interval, seconds")
+    t.add_argument("--json", action="store_true", help="print machine-readable JSON only")
+    t.set_defaults(func=cmd_collect_telemetry)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from linkwise import __version__
 
@@ -286,6 +417,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("cluster", help="a spec (64x8,leaf=16), a slurm.conf folder, or the Alibaba CSV")
     p.add_argument("--json", action="store_true", help="compact JSON")
     p.set_defaults(func=cmd_topology)
+
+    _add_collect_parser(sub)
     return parser
 
 
