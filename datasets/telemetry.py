@@ -164,38 +164,75 @@ class TelemetryReport:
 
 
 _NAME_RE = r"^[ \t]*([a-zA-Z_:][a-zA-Z0-9_:]*)"
+_FULL_NAME_RE = r"^[a-zA-Z_:][a-zA-Z0-9_:]*$"
 _CLOSE_RE = r"\}[ \t]+[^ \t]+(?:[ \t]+[^ \t]+)?[ \t]*$"  # the '}' before value [timestamp]
 _TAIL_RE = r"^[ \t]+([^ \t]+)(?:[ \t]+([^ \t]+))?[ \t]*$"
 _HOST_RE = r'[{,][ \t]*(?:Hostname|hostname)="([^"]*)"'
 _JOB_RE = r'[{,][ \t]*hpc_job="([^"]*)"'
+_SENTINEL_FLOATS = sorted({float(k) for k in _DCGM_SENTINELS} | {_INT64_BLANK_AS_FLOAT})
+_PART_COLUMNS = ["_row", "raw", "metric", "lbl", "vtext", "tsms", "_tsi", "value", "_bad"]
 
 
-def parse_prometheus(text: str, *, ts: float | None = None, host: str | None = None) -> PromParse:
-    """Parse Prometheus text exposition into a sample frame (vectorised with Polars).
+def _fast_parts(data: pl.DataFrame, *, ascii_text: bool) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Split data lines into the common shape, parsed with literal searches, and the rest.
 
-    ``ts`` is used for samples without their own timestamp (default: now); ``host`` for
-    samples without a ``Hostname``/``hostname`` label. Labels become a JSON object string.
+    The common shape is ``name{labels} value``: a valid name at the start of an ASCII line,
+    one '{' right after it, exactly one '}', one space and a number. Every such line parses
+    the same under the general regexes (``_general_parts``), which handle all other lines.
     """
-    now = time.time() if ts is None else ts
-    if "\r" in text:
-        text = text.replace("\r\n", "\n")
-    frame = pl.DataFrame({"raw": pl.Series("raw", text.split("\n"), dtype=pl.String())})
-    stripped = pl.col("raw").str.strip_chars_start()
-    is_comment = stripped.str.starts_with("#")
-    types = (
-        frame.filter(stripped.str.starts_with("# TYPE "))
-        .select(pl.col("raw").str.extract_groups(r"^\s*# TYPE\s+(\S+)\s+(\S+)").alias("g"))
-        .unnest("g")
-        .rows()
+    r = pl.col("raw")
+    brace = r.str.find("{", literal=True)
+    close = r.str.find("}", literal=True)
+    metric = r.str.slice(0, brace)
+    vtext = r.str.slice(close + 2)
+    value = vtext.str.strip_prefix("+").cast(pl.Float64(), strict=False)
+    shape = brace.is_not_null() & (close > brace) & (r.str.slice(close + 1, 1) == " ")
+    if not ascii_text:  # str.find gives byte offsets, str.slice takes characters
+        shape = shape & (r.str.len_bytes() == r.str.len_chars())
+    cols = (
+        data.lazy()
+        .with_columns(
+            metric.alias("metric"),
+            r.str.slice(brace, close - brace + 1).alias("lbl"),
+            vtext.alias("vtext"),
+            value.alias("value"),
+            shape.fill_null(False).alias("_shape"),
+        )
+        .collect()
     )
-    data = frame.filter(~is_comment & (stripped.str.len_bytes() > 0))
-    # name, then an optional {labels} up to the line's last '}', then value [timestamp]
+    # names repeat: check each distinct one against the grammar once
+    names = cols.select(pl.col("metric").unique()).filter(
+        pl.col("metric").str.contains(_FULL_NAME_RE)
+    )
+    fast = (
+        pl.col("_shape")
+        & pl.col("value").is_not_null()  # a number: no '}' and no blank after the '}'
+        & pl.col("metric").is_in(names.to_series().implode())
+    )
+    cols = cols.with_columns(fast.alias("_fast"))
+    fast_rows = cols.filter(pl.col("_fast")).select(
+        "_row",
+        "raw",
+        "metric",
+        "lbl",
+        "vtext",
+        pl.lit(None, dtype=pl.String()).alias("tsms"),
+        pl.lit(None, dtype=pl.Int64()).alias("_tsi"),
+        "value",
+        pl.lit(False).alias("_bad"),
+    )
+    return fast_rows, cols.filter(~pl.col("_fast")).select("_row", "raw")
+
+
+def _general_parts(data: pl.DataFrame, *, ascii_text: bool) -> pl.DataFrame:
+    """Parse any data lines with the general regexes (name, labels up to the '}' before the
+    value, value, optional timestamp); ``_bad`` marks lines that are not sample lines."""
     metric = pl.col("raw").str.extract(_NAME_RE, 1)
     parts = data.with_columns(metric.alias("metric")).with_columns(
         pl.col("metric").str.len_chars().fill_null(0).alias("_mlen")
     )
     has_lbl = pl.col("raw").str.slice(pl.col("_mlen"), 1) == "{"
-    if text.isascii():  # byte offsets (str.find) equal char offsets (str.slice)
+    if ascii_text:  # byte offsets (str.find) equal char offsets (str.slice)
         close = pl.col("raw").str.find(_CLOSE_RE)
         lbl = pl.col("raw").str.slice(pl.col("_mlen"), close - pl.col("_mlen") + 1)
     else:
@@ -217,42 +254,87 @@ def parse_prometheus(text: str, *, ts: float | None = None, host: str | None = N
         | pl.col("vtext").is_null()
         | (pl.col("tsms").is_not_null() & pl.col("_tsi").is_null())
     ).fill_null(True)
-    bad_value = pl.col("value").is_null()
-    malformed = parts.filter(bad_line | bad_value).select(
-        "raw",
-        pl.when(bad_line)
-        .then(pl.lit("not a sample line"))
-        .otherwise(pl.lit("value is not a number"))
-        .alias("reason"),
-    )
-    good = parts.filter(~bad_line & ~bad_value)
-    is_dcgm = pl.col("metric").str.starts_with("DCGM_")
-    kind = pl.col("vtext").replace_strict(_DCGM_SENTINELS, default=None, return_dtype=pl.String())
-    kind = (
-        pl.when(kind.is_null() & (pl.col("value") == _INT64_BLANK_AS_FLOAT))
-        .then(pl.lit("blank"))
-        .otherwise(kind)
-    )
-    good = good.with_columns(pl.when(is_dcgm).then(kind).alias("_sentinel"))
-    sentinels = (
-        good.filter(pl.col("_sentinel").is_not_null()).group_by("_sentinel").len().sort("_sentinel")
-    )
-    good = good.filter(pl.col("_sentinel").is_null()).with_columns(pl.col("lbl").fill_null("{}"))
-    # label sets repeat (one per GPU, many metrics each): convert each distinct set once
+    return parts.with_columns(bad_line.alias("_bad")).select(_PART_COLUMNS)
+
+
+def _label_table(sets: pl.DataFrame, host: str | None) -> pl.DataFrame:
+    """Add labels (a JSON object string), host and job to a frame of label sets (``lbl``)."""
     lbl = pl.col("lbl")
     labels_json = lbl.str.replace_all(
         r'([{,])[ \t]*([a-zA-Z_][a-zA-Z0-9_.\-]*)[ \t]*="', r'${1}"${2}":"'
     ).str.replace(r",[ \t]*\}$", "}")
-    distinct = (
-        good.select("lbl")
-        .unique()
-        .with_columns(
-            labels_json.alias("labels"),
-            lbl.str.extract(_HOST_RE, 1).fill_null(pl.lit(host, dtype=pl.String())).alias("host"),
-            lbl.str.extract(_JOB_RE, 1).alias("job"),
-        )
+    return sets.with_columns(
+        labels_json.alias("labels"),
+        lbl.str.extract(_HOST_RE, 1).fill_null(pl.lit(host, dtype=pl.String())).alias("host"),
+        lbl.str.extract(_JOB_RE, 1).alias("job"),
     )
-    samples = good.join(distinct, on="lbl", how="left", maintain_order="left").select(
+
+
+def _label_columns(
+    good: pl.DataFrame, host: str | None, *, key: pl.Expr | None = None
+) -> pl.DataFrame:
+    """labels, host and job per sample, converting each distinct label set once (sets
+    repeat: one per GPU, many metrics each). Sets are matched by ``key`` (default: a 64-bit
+    hash of the set), checked against the text; on a collision, by their text."""
+    keyed = good.with_columns((pl.col("lbl").hash() if key is None else key).alias("_key"))
+    sets = _label_table(keyed.select("_key", "lbl").unique(subset="_key", keep="any"), host)
+    joined = keyed.join(sets.rename({"lbl": "_klbl"}), on="_key", how="left", maintain_order="left")
+    if bool(joined.select((pl.col("_klbl") == pl.col("lbl")).all()).item()):
+        return joined.drop("_key", "_klbl")
+    sets = _label_table(good.select("lbl").unique(), host)
+    return good.join(sets, on="lbl", how="left", maintain_order="left")
+
+
+def parse_prometheus(text: str, *, ts: float | None = None, host: str | None = None) -> PromParse:
+    """Parse Prometheus text exposition into a sample frame (vectorised with Polars).
+
+    ``ts`` is used for samples without their own timestamp (default: now); ``host`` for
+    samples without a ``Hostname``/``hostname`` label. Labels become a JSON object string.
+    """
+    now = time.time() if ts is None else ts
+    if "\r" in text:
+        text = text.replace("\r\n", "\n")
+    ascii_text = text.isascii()
+    frame = pl.DataFrame({"raw": pl.Series("raw", text.split("\n"), dtype=pl.String())})
+    # sample lines of the common shape are never comments or blank: only the rest are checked
+    parts, rest = _fast_parts(frame.with_row_index("_row"), ascii_text=ascii_text)
+    stripped = pl.col("raw").str.strip_chars_start()
+    types = (
+        rest.filter(stripped.str.starts_with("# TYPE "))
+        .select(pl.col("raw").str.extract_groups(r"^\s*# TYPE\s+(\S+)\s+(\S+)").alias("g"))
+        .unnest("g")
+        .rows()
+    )
+    data = rest.filter(~stripped.str.starts_with("#") & (stripped.str.len_bytes() > 0))
+    if not data.is_empty():
+        slow = _general_parts(data, ascii_text=ascii_text)
+        parts = pl.concat([parts, slow]).sort("_row") if not parts.is_empty() else slow
+    bad_value = pl.col("value").is_null()
+    malformed = parts.filter(pl.col("_bad") | bad_value).select(
+        "raw",
+        pl.when(pl.col("_bad"))
+        .then(pl.lit("not a sample line"))
+        .otherwise(pl.lit("value is not a number"))
+        .alias("reason"),
+    )
+    good = parts.filter(~pl.col("_bad") & ~bad_value).drop("raw")
+    # DCGM blanks: only rows whose value is one of the sentinels' floats can be one
+    maybe = good.filter(
+        pl.col("metric").str.starts_with("DCGM_") & pl.col("value").is_in(_SENTINEL_FLOATS)
+    )
+    kind = pl.col("vtext").replace_strict(_DCGM_SENTINELS, default=None, return_dtype=pl.String())
+    blanks = maybe.select(
+        "_row",
+        pl.when(kind.is_null() & (pl.col("value") == _INT64_BLANK_AS_FLOAT))
+        .then(pl.lit("blank"))
+        .otherwise(kind)
+        .alias("_sentinel"),
+    ).filter(pl.col("_sentinel").is_not_null())
+    sentinels = blanks.group_by("_sentinel").len().sort("_sentinel")
+    if not blanks.is_empty():
+        good = good.join(blanks, on="_row", how="anti", maintain_order="left")
+    good = good.with_columns(pl.col("lbl").fill_null("{}"))
+    samples = _label_columns(good, host).select(
         (pl.col("_tsi").cast(pl.Float64()) / 1000.0).fill_null(now).alias("ts"),
         "host",
         "metric",
@@ -537,14 +619,20 @@ def _store_link_load(
     if rows.is_empty():
         return 0
     before = _count(con, "link_load")
+    lo, hi = rows.select(pl.col("ts").min().alias("lo"), pl.col("ts").max().alias("hi")).row(0)
     con.register("load_batch", rows)
     try:
         run_sql(
             con,
+            # the anti-join drops the rows already stored (their ts range only) cheaply;
+            # ON CONFLICT still guards the key against duplicates within the batch
             "INSERT INTO link_load (ts, interval_s, cluster, node, device, link_class, "
-            "direction, bytes_per_s, source) SELECT ts, interval_s, ?, node, device, "
-            "link_class, direction, bytes_per_s, ? FROM load_batch ON CONFLICT DO NOTHING",
-            [cluster, source],
+            "direction, bytes_per_s, source) SELECT b.ts, b.interval_s, ?, b.node, "
+            "b.device, b.link_class, b.direction, b.bytes_per_s, ? FROM load_batch b "
+            "ANTI JOIN (SELECT node, device, link_class, direction, ts FROM link_load "
+            "WHERE cluster = ? AND ts BETWEEN ? AND ?) l "
+            "USING (node, device, link_class, direction, ts) ON CONFLICT DO NOTHING",
+            [cluster, source, cluster, lo, hi],
         )
     finally:
         con.unregister("load_batch")

@@ -261,3 +261,73 @@ def test_sysfs_counters_become_link_load(sysfs: Path) -> None:
     again, _ = derive_ib_link_load(con, since=1000.0, until=1020.0, expected_interval_s=10.0)
     assert again == 0  # idempotent
     assert scalar(con, "SELECT count(*) FROM link_load WHERE bytes_per_s < 0") == 0
+
+
+def test_non_ascii_labels_and_unusual_lines_parse_like_the_general_grammar() -> None:
+    text = "\n".join(
+        [
+            'DCGM_FI_DEV_GPU_TEMP{gpu="0",modelName="Tésla ü",Hostname="nœud1",hpc_job="7"} 61',
+            'node_x{path="/a}b",host="ü"} 2',  # '}' inside a value: the general path
+            'DCGM_FI_DEV_GPU_TEMP{gpu="1",hostname="h2"} 62 1700000000000',  # with a timestamp
+            'DCGM_FI_DEV_GPU_TEMP{gpu="2",hostname="h2"} 2147483634',  # int32 not supported
+            "node_up 1",
+            'bad{x="é"} NaNx',
+        ]
+    )
+    p = parse_prometheus(text, ts=3.0, host="fb")
+    rows = p.samples.rows(named=True)
+    assert [r["host"] for r in rows] == ["nœud1", "fb", "h2", "fb"]
+    assert _labels(p.samples)[0] == {
+        "gpu": "0",
+        "modelName": "Tésla ü",
+        "Hostname": "nœud1",
+        "hpc_job": "7",
+    }
+    assert rows[0]["job"] == "7" and rows[0]["value"] == 61.0
+    assert _labels(p.samples)[1] == {"path": "/a}b", "host": "ü"}
+    assert rows[2]["ts"] == 1_700_000_000.0 and rows[3]["metric"] == "node_up"
+    assert dict(p.sentinels) == {"not_supported": 1}
+    assert p.malformed.rows() == [('bad{x="é"} NaNx', "value is not a number")]
+    con = open_store(":memory:")
+    rep = ingest_prometheus(con, text, source="u", ts=3.0)
+    assert rep.samples == 4
+    assert scalar(con, "SELECT labels->>'modelName' FROM telemetry_samples WHERE job = '7'") == (
+        "Tésla ü"
+    )
+
+
+def test_label_sets_sharing_a_key_are_matched_by_their_text() -> None:
+    from linkwise.datasets.telemetry import _label_columns
+
+    good = pl.DataFrame({"lbl": ['{a="1",hostname="x"}', '{a="2"}', '{a="1",hostname="x"}']})
+    forced = _label_columns(good, "fb", key=pl.lit(0, dtype=pl.UInt64()))  # all collide
+    normal = _label_columns(good, "fb")
+    assert forced.equals(normal)
+    one = '{"a":"1","hostname":"x"}'
+    assert forced["labels"].to_list() == [one, '{"a":"2"}', one]
+    assert forced["host"].to_list() == ["x", "fb", "x"]
+
+
+def test_link_load_reingest_adds_nothing_and_v1_stores_migrate(tmp_path: Path) -> None:
+    import duckdb
+
+    from linkwise.datasets.store import MIGRATIONS, apply_migrations
+
+    con = open_store(tmp_path / "s.duckdb")
+    text = A100.read_text()
+    assert ingest_prometheus(con, text, source="a", ts=100.0).link_load_rows == 3
+    assert ingest_prometheus(con, text, source="a", ts=100.0).link_load_rows == 0
+    assert ingest_prometheus(con, text, source="a", ts=130.0).link_load_rows == 3
+    assert ingest_prometheus(con, text, source="a", ts=100.0, cluster="c2").link_load_rows == 3
+    assert scalar(con, "SELECT count(*) FROM link_load") == 9
+    v1 = tmp_path / "v1.duckdb"
+    raw = duckdb.connect(str(v1))
+    apply_migrations(raw, MIGRATIONS[:1])
+    raw.execute(
+        "INSERT INTO telemetry_samples VALUES (1, 'h', 's', 'm', ?, 2, NULL)",
+        ['{"device":"mlx5_0"}'],
+    ).fetchall()
+    raw.close()
+    con2 = open_store(v1)
+    assert scalar(con2, "SELECT labels->>'device' FROM telemetry_samples") == "mlx5_0"
+    assert scalar(con2, "SELECT typeof(labels) FROM telemetry_samples") == "VARCHAR"
