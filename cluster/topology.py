@@ -17,7 +17,7 @@ import csv
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -31,6 +31,20 @@ PCIE_GBPS = 12.0  # PCIe Gen3 x16, effective
 DEFAULT_NODES_PER_LEAF = 16
 
 _SPEC_KEYS = {"leaf", "nic", "intra", "oversub", "pcie", "nvlink", "agg", "agg_oversub"}
+
+
+def _options(opts: Iterable[str], known: Collection[str], what: str) -> dict[str, str]:
+    """``["nic=25", "pcie", ...]`` -> ``{"nic": "25", "pcie": ""}``; unknown keys are an error."""
+    values: dict[str, str] = {}
+    for opt in (o.strip() for o in opts):
+        if not opt:
+            continue
+        key, _, value = opt.partition("=")
+        key = key.strip().lower()
+        if key not in known:
+            raise ValueError(f"{what}: unknown option {key!r} (known: {sorted(known)})")
+        values[key] = value.strip()
+    return values
 
 
 def from_spec(spec: str) -> Topology:
@@ -49,15 +63,7 @@ def from_spec(spec: str) -> Topology:
         raise ValueError(f"bad cluster spec {spec!r}: expected NODESxGPUS, e.g. 64x8") from None
     if n_nodes <= 0 or gpus <= 0:
         raise ValueError(f"bad cluster spec {spec!r}: node and GPU counts must be positive")
-    kv: dict[str, str] = {}
-    for opt in opts:
-        key, _, value = opt.partition("=")
-        key = key.strip().lower()
-        if key not in _SPEC_KEYS:
-            raise ValueError(
-                f"bad cluster spec {spec!r}: unknown key {key!r} (known: {sorted(_SPEC_KEYS)})"
-            )
-        kv[key] = value.strip()
+    kv = _options(opts, _SPEC_KEYS, f"bad cluster spec {spec!r}")
     try:
         per_leaf = int(kv.get("leaf", DEFAULT_NODES_PER_LEAF))
         nic = float(kv.get("nic", DEFAULT_NIC_GBPS))
@@ -621,17 +627,7 @@ class _FileOptions:
 
 def _file_options(opts: str, arg: str) -> _FileOptions:
     """Builder options from ``nic=25,oversub=2,pcie,...``."""
-    values: dict[str, str] = {}
-    for opt in (o.strip() for o in opts.split(",")):
-        if not opt:
-            continue
-        key, _, value = opt.partition("=")
-        key = key.strip().lower()
-        if key not in _FILE_KEYS:
-            raise ValueError(
-                f"cluster {arg!r}: unknown option {key!r} (known: {sorted(_FILE_KEYS)})"
-            )
-        values[key] = value.strip()
+    values = _options(opts.split(","), _FILE_KEYS, f"cluster {arg!r}")
     try:
         return _FileOptions(
             nic_gbps=float(values.get("nic", DEFAULT_NIC_GBPS)),
