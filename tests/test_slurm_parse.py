@@ -3,20 +3,32 @@
 from __future__ import annotations
 
 import copy
+import gc
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from linkwise.cluster.hostlist import expand
 from linkwise.cluster.slurm.client import PyslurmTransport, SlurmUnavailable
 from linkwise.cluster.slurm.errors import SlurmError
 from linkwise.cluster.slurm.parse import (
+    NO_NODES,
+    ExitStatus,
+    RunKey,
+    _accounting_exit,
+    _epoch,
+    _int,
+    _limit_s,
     ctld_exit_codes,
     decode_wait_status,
     even_split,
+    gc_paused,
     gres_gpus,
     parse_accounting,
+    parse_accounting_json,
     parse_acct_lines,
     parse_exit_pair,
     parse_nodes,
@@ -24,7 +36,9 @@ from linkwise.cluster.slurm.parse import (
     parse_queue,
     parse_scontrol_partitions,
     run_indexes,
+    tres_gpus,
 )
+from linkwise.cluster.slurm.records import JobRun
 from linkwise.cluster.slurm.rest_transport import RestTransport
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "slurm"
@@ -146,3 +160,114 @@ def test_rest_repr_hides_token() -> None:
 def test_pyslurm_transport_says_why_it_is_unavailable() -> None:
     with pytest.raises(SlurmUnavailable, match="pyslurm"):
         PyslurmTransport()
+
+
+def reference_job_run(
+    rec: Mapping[str, Any], codes: Mapping[RunKey, ExitStatus], indexes: Mapping[RunKey, int]
+) -> JobRun:
+    """The straightforward per-record parse (before the fast path), kept as the oracle."""
+    t = rec.get("time") or {}
+    job_id = int(rec["job_id"])
+    submit = _int(t.get("submission"))
+    key = (job_id, submit)
+    state = str((rec.get("state") or {}).get("current", "UNKNOWN")).split(" ")[0]
+    node_expr = str(rec.get("nodes") or "")
+    nodes = tuple(expand(node_expr)) if node_expr and node_expr != NO_NODES else ()
+    gpus = tres_gpus(((rec.get("tres") or {}).get("allocated")) or [])
+    allocation_nodes = int(rec.get("allocation_nodes") or 0)
+    array = rec.get("array") or {}
+    array_job = int(array.get("job_id") or 0)
+    task = array.get("task_id")
+    code, signal = _accounting_exit(state, rec.get("exit_code"), codes.get(key))
+    return JobRun(
+        cluster=str(rec.get("cluster") or ""),
+        job_id=job_id,
+        run_index=indexes.get(key, 0),
+        name=str(rec.get("name") or ""),
+        user=str(rec.get("user") or ""),
+        account=str(rec.get("account") or ""),
+        partition=str(rec.get("partition") or ""),
+        state=state,
+        exit_code=code,
+        signal=signal,
+        submit_time=float(submit),
+        start_time=_epoch(t.get("start")),
+        end_time=_epoch(t.get("end")),
+        time_limit_s=_limit_s(t.get("limit")),
+        nodes=nodes,
+        gpus=gpus,
+        gpus_per_node=even_split(gpus, len(nodes)),
+        allocation_nodes=allocation_nodes,
+        settled=allocation_nodes > 0 or node_expr in (NO_NODES, ""),
+        array_job_id=array_job or None,
+        array_task_id=int(task) if array_job and task is not None else None,
+        comment=str((rec.get("comment") or {}).get("job") or ""),
+    )
+
+
+def odd_records_doc() -> dict[str, Any]:
+    """sacct.json with the shapes the captures lack: arrays, comments, nulls, odd states."""
+    doc = copy.deepcopy(load("sacct.json"))
+    jobs = doc["jobs"]
+    extra = copy.deepcopy(jobs)
+    for i, rec in enumerate(extra):
+        rec["job_id"] = 1000 + i
+    extra[0]["array"] = {"job_id": 999, "task_id": 3}
+    extra[1]["array"] = {"job_id": 999, "task_id": None}
+    extra[2]["comment"] = {"job": "note ü", "administrator": None, "system": None}
+    extra[3]["time"]["limit"] = None
+    extra[4]["nodes"], extra[4]["allocation_nodes"] = "gpu[01-03],cpu7", 0
+    extra[5]["state"] = {"current": "CANCELLED by 0"}
+    extra[6]["exit_code"] = None
+    extra[7]["tres"] = {"allocated": [{"type": "gres", "name": "gpu", "count": 3}]}
+    extra[7]["nodes"], extra[7]["allocation_nodes"] = "gpu[02-03]", 2
+    extra[8]["time"] = None
+    del extra[8]["state"], extra[8]["tres"], extra[8]["array"], extra[8]["comment"]
+    doc["jobs"] = jobs + extra
+    return doc
+
+
+def test_fast_path_equals_reference_on_all_fixtures() -> None:
+    lines = parse_acct_lines((FIX / "sacct_lines.txt").read_text())
+    codes = {(x.job_id, x.submit_time): (x.exit_code, x.signal) for x in lines}
+    idx = run_indexes((x.job_id, x.submit_time, x.state) for x in lines)
+    ctld = ctld_exit_codes(load("ctld_jobs.json"))
+    texts = [(FIX / n).read_text(encoding="utf-8") for n in ("sacct.json", "sacct_running.json")]
+    texts.append(json.dumps(odd_records_doc()))
+    for text in texts:
+        for c, i in [({}, {}), (codes, idx), (ctld, {})]:
+            ref = [reference_job_run(r, c, i) for r in json.loads(text)["jobs"]]
+            assert parse_accounting_json(text, c, i) == ref
+            assert parse_accounting_json(text.encode(), c, i) == ref
+            assert parse_accounting(json.loads(text), c, i) == ref
+    odd = {r.job_id: r for r in parse_accounting_json(texts[-1])}
+    assert (odd[1000].array_job_id, odd[1000].array_task_id) == (999, 3)
+    assert odd[1004].nodes == ("gpu01", "gpu02", "gpu03", "cpu7") and not odd[1004].settled
+    assert odd[1007].gpus_per_node == (2, 1) and odd[1008].state == "UNKNOWN"
+
+
+def test_fast_path_errors_and_check() -> None:
+    with pytest.raises(SlurmError, match="not JSON"):
+        parse_accounting_json('{"jobs": [')
+    with pytest.raises(SlurmError, match="not an object"):
+        parse_accounting_json("[]")
+    with pytest.raises(SlurmError, match="boom"):
+        parse_accounting_json('{"jobs": [], "errors": [{"error": "boom"}]}')
+    seen: list[dict[str, Any]] = []
+    assert parse_accounting_json('{"jobs": [], "errors": []}', check=seen.append) == []
+    assert seen == [{"jobs": [], "errors": []}]
+
+
+def test_gc_paused_restores_the_collector_state() -> None:
+    assert gc.isenabled()
+    with pytest.raises(ZeroDivisionError), gc_paused():
+        assert not gc.isenabled()
+        _ = 1 / 0
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with gc_paused():
+            pass
+        assert not gc.isenabled()  # left off as it was found
+    finally:
+        gc.enable()

@@ -11,12 +11,13 @@ import os
 import subprocess
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from linkwise.cluster.slurm.errors import SlurmError, SlurmTimeout, SlurmUnavailable
 from linkwise.cluster.slurm.parse import (
     ACCT_LINE_FIELDS,
-    parse_accounting,
+    parse_accounting_json,
     parse_acct_lines,
     parse_nodes,
     parse_queue,
@@ -108,6 +109,10 @@ class CommandRunner:
             raise SlurmError(f"{_describe(list(args))}: output is not JSON: {exc}") from exc
         if not isinstance(doc, dict):
             raise SlurmError(f"{_describe(list(args))}: JSON output is not an object")
+        return self.check_json(args, doc)
+
+    def check_json(self, args: Sequence[str], doc: dict[str, Any]) -> dict[str, Any]:
+        """``doc`` (a command's decoded JSON) unless it reports errors: then raise."""
         errors = doc.get("errors") or []
         if errors:
             texts = "; ".join(str(e.get("error") or e.get("description") or e) for e in errors)
@@ -165,7 +170,8 @@ class CliTransport:
         runs: list[JobRun] = []
         for ids in chunks(self.job_ids(since, until), ID_CHUNK):
             id_arg = ",".join(str(i) for i in ids)
-            doc = self.runner.run_json(["sacct", "-a", "-D", "--json", "-j", id_arg])
+            json_args = ["sacct", "-a", "-D", "--json", "-j", id_arg]
+            doc_text = self.runner.run(json_args)
             text = self.runner.run(
                 ["sacct", "-a", "-D", "-X", "-P", "-n", "-o", ACCT_LINE_FIELDS, "-j", id_arg],
                 extra_env={"SLURM_TIME_FORMAT": "%s"},
@@ -173,7 +179,8 @@ class CliTransport:
             lines = parse_acct_lines(text)
             codes = {(x.job_id, x.submit_time): (x.exit_code, x.signal) for x in lines}
             indexes = run_indexes((x.job_id, x.submit_time, x.state) for x in lines)
-            runs.extend(parse_accounting(doc, codes, indexes))
+            check = partial(self.runner.check_json, json_args)
+            runs.extend(parse_accounting_json(doc_text, codes, indexes, check=check))
         return runs
 
     def queue(self) -> list[QueuedJob]:

@@ -10,14 +10,24 @@ Pure functions, shared by both transports so that they produce identical records
   is ``settled`` only when ``allocation_nodes > 0`` or it never ran (``None assigned``);
 - a requeued job has one record per run under the same id: ``run_index`` counts the runs
   before it that ended in a requeue (see ``run_indexes``).
+
+``parse_accounting_json`` is the fast path from ``sacct --json`` text (orjson, with Python's
+cyclic garbage collector paused while the ~150 objects a record decodes to are alive: the
+collector's passes over them, not the decoding, were most of the time).
 """
 
 from __future__ import annotations
 
+import gc
+import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
+
+import orjson
 
 from linkwise.cluster.hostlist import expand
 from linkwise.cluster.slurm.errors import SlurmError
@@ -135,33 +145,95 @@ def parse_accounting(
     _raise_errors(doc, "accounting")
     codes = exit_codes or {}
     indexes = run_index or {}
-    return [_job_run(rec, codes, indexes) for rec in _list(doc, "jobs")]
+    placements: dict[tuple[str, int], tuple[tuple[str, ...], tuple[int, ...]]] = {}
+    with gc_paused():
+        return [_job_run(rec, codes, indexes, placements) for rec in _list(doc, "jobs")]
+
+
+def parse_accounting_json(
+    text: str | bytes,
+    exit_codes: Mapping[RunKey, ExitStatus] | None = None,
+    run_index: Mapping[RunKey, int] | None = None,
+    check: Callable[[dict[str, Any]], object] | None = None,
+) -> list[JobRun]:
+    """Job runs of ``sacct --json`` output text: decode and ``parse_accounting`` in one pass.
+
+    The decoded document lives only inside this call, with the garbage collector paused.
+    ``check`` sees the decoded document first (to raise on Slurm's ``errors``). Raises
+    ``SlurmError`` if the text is not a JSON object.
+    """
+    with gc_paused():
+        doc = decode_json(text, "accounting")
+        if not isinstance(doc, dict):
+            raise SlurmError("accounting: JSON output is not an object")
+        if check is not None:
+            check(doc)
+        runs = parse_accounting(doc, exit_codes, run_index)
+        del doc
+    return runs
+
+
+def decode_json(text: str | bytes, what: str = "Slurm") -> Any:
+    """Decode JSON text with orjson (the same values as ``json.loads`` for Slurm's output).
+
+    Raises ``SlurmError`` (chained to the decode error) on malformed text.
+    """
+    try:
+        return orjson.loads(text)
+    except json.JSONDecodeError as exc:  # orjson.JSONDecodeError subclasses it
+        raise SlurmError(f"{what}: output is not JSON: {exc}") from exc
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector for the block (restored after; nestable).
+
+    Decoded JSON is acyclic trees of fresh containers, which the collector would scan over
+    and over while they are built.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 
 def _job_run(
-    rec: Mapping[str, Any], codes: Mapping[RunKey, ExitStatus], indexes: Mapping[RunKey, int]
+    rec: Mapping[str, Any],
+    codes: Mapping[RunKey, ExitStatus],
+    indexes: Mapping[RunKey, int],
+    placements: dict[tuple[str, int], tuple[tuple[str, ...], tuple[int, ...]]],
 ) -> JobRun:
-    t = rec.get("time") or {}
+    get = rec.get
+    t = get("time") or _EMPTY
     job_id = int(rec["job_id"])
     submit = _int(t.get("submission"))
     key = (job_id, submit)
-    state = str((rec.get("state") or {}).get("current", "UNKNOWN")).split(" ")[0]
-    node_expr = str(rec.get("nodes") or "")
-    nodes = tuple(expand(node_expr)) if node_expr and node_expr != NO_NODES else ()
-    gpus = tres_gpus(((rec.get("tres") or {}).get("allocated")) or [])
-    allocation_nodes = int(rec.get("allocation_nodes") or 0)
-    array = rec.get("array") or {}
+    state = str((get("state") or _EMPTY).get("current", "UNKNOWN")).split(" ")[0]
+    node_expr = str(get("nodes") or "")
+    gpus = tres_gpus((get("tres") or _EMPTY).get("allocated") or ())
+    placement = placements.get((node_expr, gpus))
+    if placement is None:  # node lists repeat: expand each (list, gpus) once per batch
+        nodes = tuple(expand(node_expr)) if node_expr and node_expr != NO_NODES else ()
+        placement = placements[(node_expr, gpus)] = (nodes, even_split(gpus, len(nodes)))
+    allocation_nodes = int(get("allocation_nodes") or 0)
+    array = get("array") or _EMPTY
     array_job = int(array.get("job_id") or 0)
     task = array.get("task_id")
-    code, signal = _accounting_exit(state, rec.get("exit_code"), codes.get(key))
+    code, signal = _accounting_exit(state, get("exit_code"), codes.get(key))
     return JobRun(
-        cluster=str(rec.get("cluster") or ""),
+        cluster=str(get("cluster") or ""),
         job_id=job_id,
         run_index=indexes.get(key, 0),
-        name=str(rec.get("name") or ""),
-        user=str(rec.get("user") or ""),
-        account=str(rec.get("account") or ""),
-        partition=str(rec.get("partition") or ""),
+        name=str(get("name") or ""),
+        user=str(get("user") or ""),
+        account=str(get("account") or ""),
+        partition=str(get("partition") or ""),
         state=state,
         exit_code=code,
         signal=signal,
@@ -169,14 +241,14 @@ def _job_run(
         start_time=_epoch(t.get("start")),
         end_time=_epoch(t.get("end")),
         time_limit_s=_limit_s(t.get("limit")),
-        nodes=nodes,
+        nodes=placement[0],
         gpus=gpus,
-        gpus_per_node=even_split(gpus, len(nodes)),
+        gpus_per_node=placement[1],
         allocation_nodes=allocation_nodes,
         settled=allocation_nodes > 0 or node_expr in (NO_NODES, ""),
         array_job_id=array_job or None,
         array_task_id=int(task) if array_job and task is not None else None,
-        comment=str((rec.get("comment") or {}).get("job") or ""),
+        comment=str((get("comment") or _EMPTY).get("job") or ""),
     )
 
 
@@ -202,11 +274,11 @@ def _accounting_exit(state: str, raw: Any, better: ExitStatus | None) -> ExitSta
 
 def tres_gpus(tres: Sequence[Mapping[str, Any]]) -> int:
     """GPUs in an accounting TRES list (entries with type ``gres`` and name ``gpu``)."""
-    return sum(
-        int(item.get("count") or 0)
-        for item in tres
-        if item.get("type") == "gres" and item.get("name") == "gpu"
-    )
+    total = 0
+    for item in tres:
+        if item.get("type") == "gres" and item.get("name") == "gpu":
+            total += int(item.get("count") or 0)
+    return total
 
 
 def even_split(total: int, parts: int) -> tuple[int, ...]:
