@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from linkwise.cluster.contention import AnalyticModel, ContentionModel, EmpiricalModel
-from linkwise.cluster.domain import Job, Topology
+from linkwise.cluster.domain import Job, Policy, Topology
 from linkwise.cluster.metrics import RunMetrics, summarize
 from linkwise.cluster.profiles import Calibration
 from linkwise.cluster.simulator import SimConfig, simulate
@@ -76,10 +76,21 @@ def _number(text: str) -> float | int | str:
     return text
 
 
-def run_policy(scenario: Scenario, spec: str) -> PolicyRun:
-    """Simulate one policy (``name[:key=value,...]``) on the scenario."""
+def make_scenario_policy(scenario: Scenario, spec: str) -> Policy:
+    """A heuristic ``name[:key=value,...]``, or a learned policy ``model:ALIAS`` /
+    ``model:PATH`` (``models.registry.resolve_policy``; its encoder predicts contention with
+    the scenario's calibrated analytic model, as the live scheduler would)."""
+    if spec.strip().startswith("model:"):
+        from linkwise.models.registry import resolve_policy
+
+        return resolve_policy(spec, AnalyticModel(scenario.calibration))
     name, params = parse_policy(spec)
-    policy = make_policy(name, **params)
+    return make_policy(name, **params)
+
+
+def run_policy(scenario: Scenario, spec: str) -> PolicyRun:
+    """Simulate one policy (``name[:key=value,...]`` or ``model:ALIAS|PATH``) on the scenario."""
+    policy = make_scenario_policy(scenario, spec)
     result = simulate(scenario.topology, scenario.jobs, scenario.model(), policy, scenario.config)
     metrics = summarize(
         result.records,
@@ -99,9 +110,8 @@ def compare(
     on_done: Callable[[str], None] | None = None,
 ) -> list[PolicyRun]:
     """Run every policy on the same scenario; results in the order of ``specs``."""
-    for spec in specs:  # fail fast on unknown names, before any work
-        name, params = parse_policy(spec)
-        make_policy(name, **params)
+    for spec in specs:  # fail fast on unknown names and unloadable models, before any work
+        make_scenario_policy(scenario, spec)
     if workers <= 1 or len(specs) == 1:
         runs = []
         for spec in specs:

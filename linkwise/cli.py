@@ -391,13 +391,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("simulate", help="run one policy on a workload in the simulator")
     p.add_argument(
-        "--policy", default="backfill", help="policy name[:key=value,...] (default backfill)"
+        "--policy",
+        default="backfill",
+        help="policy name[:key=value,...] or model:ALIAS|PATH (default backfill)",
     )
     _add_workload_args(p)
     p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser("compare", help="run several policies on the same workload and compare")
-    p.add_argument("--policies", help="comma-separated policies (default: every heuristic)")
+    p.add_argument(
+        "--policies",
+        help="comma-separated policies, heuristics or model:ALIAS|PATH (default: every heuristic)",
+    )
     p.add_argument(
         "--plot", type=Path, default=Path("linkwise-out/jct_cdf.png"), help="JCT CDF PNG path"
     )
@@ -419,6 +424,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_topology)
 
     _add_collect_parser(sub)
+
+    from linkwise.pipelines.build_dataset import add_build_dataset_parser
+    from linkwise.pipelines.train import add_train_parser
+
+    add_build_dataset_parser(sub)
+    add_train_parser(sub)
     return parser
 
 

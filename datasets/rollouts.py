@@ -1,0 +1,457 @@
+"""Simulator rollouts of behaviour policies: transitions that widen what the logs cover.
+
+Behaviour policies are the heuristics of ``linkwise.models.heuristics`` driven step by step
+through ``cluster.mdp.StepPolicyAdapter`` (the same candidates, mask and encoder as the log
+builder, the trainer and the live loop), optionally mixed with random exploration: with
+probability ``epsilon`` a step takes a uniformly random allowed action instead of the
+heuristic's (on an idle cluster "wait" is left out of the random draw, so exploration never
+stalls a simulation that nothing else would wake up).
+
+Workloads come from the real arrival process: the jobs of a trace file (``load_trace``) or
+of the DuckDB store's ``jobs`` table, cut into fixed time windows by submit time. Each
+rollout resamples its window with a seeded **block bootstrap** of the arrival process: the
+window is split into blocks of ``block_s`` seconds; as many blocks are drawn with
+replacement as the window holds, and the i-th drawn block contributes its jobs (arrival
+offsets inside the block, GPU counts, durations and users kept together) at the i-th block
+position. Burstiness and the arrival/size/duration correlations below the block length are
+kept exactly, the number of arrivals per block follows the window's empirical distribution,
+and windows never borrow jobs from each other (so daily and weekly differences between
+windows stay). ``block_s <= 0`` replays the window as it was.
+
+``rollout(task)`` is deterministic for a task (seeded RNGs only; the simulator has no
+randomness of its own). ``run_rollouts`` maps it over many tasks: in this process
+(``"serial"``), in a local process pool through Prefect's ``ProcessPoolTaskRunner``
+(``"local"`` or ``"local:N"``), or on a Dask cluster through ``prefect_dask.DaskTaskRunner``
+(``"dask"`` for a temporary local cluster, ``"dask://HOST:PORT"`` for a running scheduler).
+The frames come back in task order, whatever the executor.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import numpy as np
+import polars as pl
+
+from linkwise.cluster.contention import AnalyticModel
+from linkwise.cluster.domain import Job, Topology
+from linkwise.cluster.env import ClusterEnv, Workload
+from linkwise.cluster.mdp import MdpConfig, StepPolicyAdapter, make_spec
+from linkwise.cluster.profiles import assign_profiles, load_calibration
+from linkwise.cluster.topology import load_topology
+from linkwise.datasets.traces import load_trace
+from linkwise.datasets.transitions import TransitionBuffer, empty_frame
+from linkwise.models.heuristics import make_policy, policy_names
+
+__all__ = [
+    "JOB_COLUMNS",
+    "RolloutTask",
+    "Window",
+    "behaviour_name",
+    "cut_windows",
+    "jobs_from_store",
+    "jobs_from_trace",
+    "make_task_runner",
+    "make_tasks",
+    "resample_window",
+    "rollout",
+    "rollout_batch",
+    "rollouts_flow",
+    "run_rollouts",
+]
+
+JOB_COLUMNS: dict[str, Any] = {
+    "job_id": pl.Int64,
+    "submit_time": pl.Float64,
+    "num_gpus": pl.Int64,
+    "duration": pl.Float64,
+    "profile": pl.String,
+    "user": pl.String,
+    "name": pl.String,
+}
+
+
+@dataclass(frozen=True)
+class Window:
+    """The jobs submitted in ``[start, end)`` of a workload (times as in the source)."""
+
+    window_id: int
+    start: float
+    end: float
+    jobs: tuple[Job, ...]
+
+
+@dataclass(frozen=True)
+class RolloutTask:
+    """One rollout: a behaviour policy on a resampled window, with everything it needs
+    (picklable, so it can travel to a process pool or a Dask worker).
+
+    ``topology`` is a ``load_topology`` argument (e.g. ``"8x8,leaf=2"``) or a ``Topology``
+    (e.g. ``decisions.topology_from_store``); ``calibration`` a
+    calibration file (None: the shipped one); ``max_steps`` cuts the episode (a timeout).
+    """
+
+    policy: str
+    epsilon: float
+    seed: int
+    window: Window
+    topology: str | Topology
+    config: MdpConfig = field(default_factory=MdpConfig)
+    calibration: str | None = None
+    block_s: float = 1800.0
+    max_steps: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.policy not in policy_names():
+            raise ValueError(f"unknown policy {self.policy!r}; known: {', '.join(policy_names())}")
+        if not 0.0 <= self.epsilon <= 1.0:
+            raise ValueError(f"epsilon must be in [0, 1], got {self.epsilon}")
+        if self.max_steps is not None and self.max_steps <= 0:
+            raise ValueError("max_steps must be positive")
+
+    @property
+    def behaviour(self) -> str:
+        return behaviour_name(self.policy, self.epsilon)
+
+    @property
+    def episode(self) -> str:
+        return f"rollout/{self.behaviour}/w{self.window.window_id}/s{self.seed}"
+
+
+def behaviour_name(policy: str, epsilon: float) -> str:
+    """``"best_fit"``, or ``"best_fit+eps0.1"`` for an epsilon-mixture."""
+    return policy if epsilon == 0 else f"{policy}+eps{epsilon:g}"
+
+
+# ------------------------------------------------------------------------ workloads
+
+
+def _jobs_frame(jobs: Sequence[Job]) -> pl.DataFrame:
+    return pl.DataFrame(
+        {
+            "job_id": [j.job_id for j in jobs],
+            "submit_time": [j.submit_time for j in jobs],
+            "num_gpus": [j.num_gpus for j in jobs],
+            "duration": [j.duration for j in jobs],
+            "profile": [j.profile for j in jobs],
+            "user": [j.user for j in jobs],
+            "name": [j.name for j in jobs],
+        },
+        schema=JOB_COLUMNS,
+    )
+
+
+def _frame_jobs(df: pl.DataFrame) -> tuple[Job, ...]:
+    return tuple(
+        Job(
+            job_id=int(r["job_id"]),
+            submit_time=float(r["submit_time"]),
+            num_gpus=int(r["num_gpus"]),
+            duration=float(r["duration"]),
+            profile=str(r["profile"]),
+            user=str(r["user"]),
+            name=str(r["name"]),
+        )
+        for r in df.iter_rows(named=True)
+    )
+
+
+def jobs_from_trace(
+    path: str | Path, fmt: str = "auto", *, max_jobs: int | None = None
+) -> pl.DataFrame:
+    """The valid jobs of a trace file as a frame with ``JOB_COLUMNS``."""
+    return _jobs_frame(load_trace(path, fmt, max_jobs=max_jobs).jobs)
+
+
+def jobs_from_store(
+    con: duckdb.DuckDBPyConnection,
+    *,
+    cluster: str | None = None,
+    since: float | None = None,
+    until: float | None = None,
+) -> pl.DataFrame:
+    """Finished jobs of the store's ``jobs`` table (``JOB_COLUMNS``): one row per Slurm job,
+    submitted at its first submit time, asking its largest GPU count, lasting the sum of its
+    runs (``end - start`` of every requeued run). Jobs without GPUs or run time are left out.
+    """
+    q = """
+        SELECT job_id,
+               min(submit_time) AS submit_time,
+               max(gpus) AS num_gpus,
+               sum(end_time - start_time) AS duration,
+               '' AS profile,
+               any_value(user_name) AS user,
+               any_value(name) AS name
+        FROM jobs
+        WHERE start_time IS NOT NULL AND end_time IS NOT NULL AND end_time > start_time
+          AND gpus > 0
+          AND (CAST(? AS VARCHAR) IS NULL OR cluster = ?)
+          AND (CAST(? AS DOUBLE) IS NULL OR submit_time >= ?)
+          AND (CAST(? AS DOUBLE) IS NULL OR submit_time < ?)
+        GROUP BY cluster, job_id
+        ORDER BY submit_time, job_id
+    """
+    df: pl.DataFrame = con.sql(q, params=[cluster, cluster, since, since, until, until]).pl()
+    return df.cast(pl.Schema(JOB_COLUMNS)).select(list(JOB_COLUMNS))
+
+
+def cut_windows(
+    jobs: pl.DataFrame, window_s: float, *, max_gpus: int | None = None, min_jobs: int = 1
+) -> list[Window]:
+    """Cut a jobs frame into windows of ``window_s`` seconds from its first submit (window id
+    = index from there); jobs asking more than ``max_gpus`` are dropped, windows with fewer
+    than ``min_jobs`` jobs skipped."""
+    if not window_s > 0:
+        raise ValueError("window_s must be positive")
+    df = jobs.select(list(JOB_COLUMNS))
+    if max_gpus is not None:
+        df = df.filter(pl.col("num_gpus") <= max_gpus)
+    if df.is_empty():
+        return []
+    t0 = float(df["submit_time"].min())  # type: ignore[arg-type]
+    df = df.with_columns(
+        ((pl.col("submit_time") - t0) / window_s).floor().cast(pl.Int64).alias("window")
+    ).sort("window", "submit_time", "job_id")
+    out: list[Window] = []
+    for (wid,), part in df.group_by("window", maintain_order=True):
+        if part.height < min_jobs:
+            continue
+        w = int(str(wid))
+        out.append(
+            Window(
+                window_id=w,
+                start=t0 + w * window_s,
+                end=t0 + (w + 1) * window_s,
+                jobs=_frame_jobs(part.drop("window")),
+            )
+        )
+    return out
+
+
+def resample_window(window: Window, seed: int, block_s: float) -> tuple[Job, ...]:
+    """The window's jobs resampled by a seeded block bootstrap (see the module docstring);
+    job ids renumbered 0.. in submit order, the original id kept in ``name`` when it had
+    none. ``block_s <= 0``: the window as it was, times shifted to start at 0."""
+    df = _jobs_frame(window.jobs).with_columns(
+        pl.when(pl.col("name") == "")
+        .then(pl.col("job_id").cast(pl.String))
+        .otherwise(pl.col("name"))
+        .alias("name")
+    )
+    if block_s <= 0 or df.is_empty():
+        out = df.with_columns(pl.col("submit_time") - window.start)
+    else:
+        n_blocks = max(1, math.ceil((window.end - window.start) / block_s - 1e-9))
+        rng = np.random.default_rng([seed, window.window_id, n_blocks])
+        draws = pl.DataFrame(
+            {
+                "slot": np.arange(n_blocks, dtype=np.int64),
+                "block": rng.integers(0, n_blocks, size=n_blocks).astype(np.int64),
+            }
+        )
+        rel = pl.col("submit_time") - window.start
+        blocks = df.with_columns(
+            (rel / block_s).floor().cast(pl.Int64).clip(0, n_blocks - 1).alias("block")
+        ).with_columns((rel - pl.col("block") * block_s).alias("offset"))
+        out = (
+            draws.join(blocks, on="block", how="inner")
+            .with_columns((pl.col("slot") * block_s + pl.col("offset")).alias("submit_time"))
+            .drop("slot", "block", "offset")
+        )
+    out = (
+        out.sort("submit_time", "job_id")
+        .with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("job_id"))
+        .select(list(JOB_COLUMNS))
+    )
+    return _frame_jobs(out)
+
+
+# ------------------------------------------------------------------------ one rollout
+
+
+def _rng(task: RolloutTask) -> np.random.Generator:
+    return np.random.default_rng(
+        [task.seed, task.window.window_id, zlib.crc32(task.behaviour.encode())]
+    )
+
+
+def rollout(task: RolloutTask) -> pl.DataFrame:
+    """Simulate one behaviour policy on one resampled window; the steps as a transition frame
+    (``datasets.transitions`` schema; source "rollout"). Deterministic for a task.
+
+    ``match`` records how each heuristic step maps to the action space (exact, nearest,
+    unslotted, wait, from ``StepPolicyAdapter``); random exploration steps are "policy".
+    The last step is ``terminal`` when every job finished, a ``timeout`` when ``max_steps``
+    cut the episode or the behaviour waited on an idle cluster with nothing left to arrive.
+    """
+    topo = load_topology(task.topology) if isinstance(task.topology, str) else task.topology
+    cal = load_calibration(task.calibration)
+    jobs = tuple(
+        j
+        for j in assign_profiles(
+            resample_window(task.window, task.seed, task.block_s), cal, seed=task.seed
+        )
+        if j.num_gpus <= topo.total_gpus
+    )
+    spec = make_spec(task.config)
+    buf = TransitionBuffer(obs_spec_version=spec.version)
+    if not jobs:
+        return empty_frame()
+    model = AnalyticModel(cal)
+    workload = Workload(topo, jobs, model)
+    env = ClusterEnv(lambda _seed: workload, spec, max_steps=task.max_steps)
+    params: dict[str, Any] = {"seed": task.seed} if task.policy == "random" else {}
+    adapter = StepPolicyAdapter(make_policy(task.policy, **params))
+    rng = _rng(task)
+    wait = task.config.wait_action
+    obs, info = env.reset(seed=task.seed)
+    step = 0
+    while True:
+        mask = info["action_mask"]
+        t = float(info["time"])
+        if task.epsilon > 0 and rng.random() < task.epsilon:
+            allowed = np.flatnonzero(mask)
+            if info["running"] == 0 and len(allowed) > 1:
+                allowed = allowed[allowed != wait]
+            action = int(rng.choice(allowed))
+            match = "policy"
+        else:
+            action = adapter.act(env.candidates)
+            match = adapter.matches[-1].kind
+        next_obs, reward, terminated, truncated, info = env.step(action)
+        buf.add(
+            episode=task.episode,
+            step=step,
+            time=t,
+            obs=obs,
+            action=action,
+            reward=reward,
+            mask=mask,
+            source="rollout",
+            behaviour=task.behaviour,
+            match=match,
+        )
+        step += 1
+        obs = next_obs
+        if terminated or truncated:
+            buf.end_episode(terminal=terminated)
+            break
+    return buf.to_frame()
+
+
+def make_tasks(
+    windows: Sequence[Window],
+    policies: Sequence[str],
+    seeds: Sequence[int],
+    topology: str | Topology,
+    *,
+    epsilons: Sequence[float] = (0.0,),
+    config: MdpConfig | None = None,
+    calibration: str | None = None,
+    block_s: float = 1800.0,
+    max_steps: int | None = None,
+) -> list[RolloutTask]:
+    """The grid (policy, epsilon) x window x seed, in that nesting order."""
+    cfg = config or MdpConfig()
+    return [
+        RolloutTask(
+            policy=p,
+            epsilon=float(e),
+            seed=int(s),
+            window=w,
+            topology=topology,
+            config=cfg,
+            calibration=calibration,
+            block_s=block_s,
+            max_steps=max_steps,
+        )
+        for p in policies
+        for e in epsilons
+        for w in windows
+        for s in seeds
+    ]
+
+
+# ------------------------------------------------------------------------ in parallel
+
+
+def make_task_runner(executor: str) -> Any:
+    """The Prefect task runner an executor string names: ``"local"`` / ``"local:N"`` (a
+    process pool of N workers, default the CPU count), ``"threads"``, ``"dask"`` (a temporary
+    local Dask cluster) or ``"dask://HOST:PORT"`` (a running Dask scheduler; ``tcp://`` is
+    assumed when no scheme follows)."""
+    from prefect.task_runners import ProcessPoolTaskRunner, ThreadPoolTaskRunner
+
+    name, _, arg = executor.partition(":")
+    if name == "local":
+        return ProcessPoolTaskRunner(max_workers=int(arg) if arg else None)
+    if name == "threads":
+        return ThreadPoolTaskRunner(max_workers=int(arg) if arg else None)
+    if name == "dask":
+        from prefect_dask.task_runners import DaskTaskRunner
+
+        if not arg:
+            return DaskTaskRunner(cluster_kwargs={"dashboard_address": None})
+        address = executor.removeprefix("dask://")
+        if not arg.startswith("//") or not address:
+            raise ValueError(f"executor {executor!r}: use dask://HOST:PORT")
+        if "://" not in address:
+            address = "tcp://" + address
+        return DaskTaskRunner(address=address)
+    raise ValueError(
+        f"unknown executor {executor!r}: serial, local[:N], threads[:N], dask or dask://HOST:PORT"
+    )
+
+
+def rollout_batch(tasks: Sequence[RolloutTask], label: str = "") -> pl.DataFrame:
+    """Several rollouts in one call, concatenated in order (``label`` names the Prefect task
+    run)."""
+    return pl.concat([empty_frame(), *(rollout(t) for t in tasks)], how="vertical")
+
+
+def _batches(tasks: Sequence[RolloutTask], batch: int) -> list[tuple[RolloutTask, ...]]:
+    if batch <= 0:
+        raise ValueError("batch must be positive")
+    return [tuple(tasks[i : i + batch]) for i in range(0, len(tasks), batch)]
+
+
+def rollouts_flow(tasks: Sequence[RolloutTask], executor: str = "local", batch: int = 1) -> Any:
+    """A Prefect flow (call it with no argument) mapping ``rollout_batch`` over the tasks,
+    ``batch`` rollouts per task run, with ``executor``'s task runner; it returns the frames.
+
+    The tasks are closed over, not flow parameters: Prefect sends flow-run parameters to its
+    API (limited to 512 KB) while task-run inputs only travel to the workers."""
+    from prefect import flow, task
+    from prefect.cache_policies import NO_CACHE
+
+    chunks = _batches(tasks, batch)
+    labels = [c[0].episode + (f" (+{len(c) - 1})" if len(c) > 1 else "") for c in chunks]
+    run_batch = task(name="rollouts", task_run_name="{label}", cache_policy=NO_CACHE)(rollout_batch)
+
+    def rollouts() -> list[pl.DataFrame]:
+        futures = run_batch.map(chunks, label=labels)
+        return [f.result() for f in futures]
+
+    return flow(name="rollouts", task_runner=make_task_runner(executor), validate_parameters=False)(
+        rollouts
+    )
+
+
+def run_rollouts(
+    tasks: Sequence[RolloutTask], executor: str = "serial", *, batch: int = 1
+) -> pl.DataFrame:
+    """All tasks' transitions, concatenated in task order (``"serial"`` runs them here,
+    without Prefect; any other executor goes through ``rollouts_flow``, ``batch`` rollouts per
+    Prefect task run)."""
+    if not tasks:
+        return empty_frame()
+    if executor == "serial":
+        return rollout_batch(tasks)
+    frames: list[pl.DataFrame] = rollouts_flow(tasks, executor, batch)()
+    return pl.concat([empty_frame(), *frames], how="vertical")

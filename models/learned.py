@@ -1,0 +1,343 @@
+"""The packaged learned policy: a TorchScript network giving a value for every action, the
+``ObsSpec`` it was trained with, the dataset manifest and SHA-256 checksums; no pickle.
+
+A package is a folder:
+
+- ``network.pt``: TorchScript (``torch.jit.trace``) of the Q-network (DiscreteCQL: the mean
+  of the critics' Q-values) or of the imitator (DiscreteBC: the logits), ``(B, dim) ->
+  (B, n_actions)``. d3rlpy's own ``save_policy`` returns greedy actions, which cannot be
+  masked, so the network is exported here.
+- ``obs_spec.json``: ``ObsSpec.to_json()``; ``dataset.json``: the dataset manifest;
+  ``policy.json``: what the values are (``q`` or ``logits``), versions, the dataset hash.
+- ``checksums.sha256``: ``sha256sum`` lines for every other file.
+
+``load_package`` verifies every checksum *before* reading anything else, then rebuilds the
+spec with ``ObsSpec.from_json`` (refusing a model encoded differently from this code) and
+checks the network's output shape. ``LearnedPolicy`` implements the ``Policy`` protocol
+through ``cluster.mdp.MdpPolicy``: at each step it encodes the state with the model's spec,
+sets masked actions to -inf, and takes the best; "wait" (always allowed) wins only when the
+model prefers it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from linkwise.cluster.contention import AnalyticModel, ContentionModel
+from linkwise.cluster.domain import ClusterState, Decision
+from linkwise.cluster.mdp import MdpPolicy, ObsSpec
+from linkwise.cluster.profiles import load_calibration
+
+__all__ = [
+    "CHECKSUMS",
+    "FILES",
+    "PACKAGE_FORMAT",
+    "LearnedPolicy",
+    "PackageError",
+    "export_network",
+    "file_sha256",
+    "load_package",
+    "masked_argmax",
+    "save_package",
+    "verify_checksums",
+]
+
+PACKAGE_FORMAT = "linkwise-policy/1"
+NETWORK = "network.pt"
+OBS_SPEC = "obs_spec.json"
+DATASET = "dataset.json"
+META = "policy.json"
+CHECKSUMS = "checksums.sha256"
+FILES: tuple[str, ...] = (NETWORK, OBS_SPEC, DATASET, META)
+
+FloatArray = npt.NDArray[np.float32]
+BoolArray = npt.NDArray[np.bool_]
+
+
+class PackageError(ValueError):
+    """A policy package that must not be served: tampered, incomplete, or built for another
+    observation spec."""
+
+
+def file_sha256(path: str | Path) -> str:
+    """SHA-256 (hex) of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def masked_argmax(values: npt.NDArray[Any], mask: BoolArray) -> npt.NDArray[np.int64]:
+    """Row-wise argmax of ``values`` over allowed actions only. NaN counts as -inf; a row whose
+    allowed values are all -inf/NaN gives its first allowed action, a row with nothing
+    allowed -1. Never a masked action."""
+    v = np.where(mask & ~np.isnan(values), values, -np.inf)
+    best = np.argmax(v, axis=-1)
+    degenerate = np.take_along_axis(v, best[..., None], axis=-1)[..., 0] == -np.inf
+    first = np.argmax(mask, axis=-1)
+    best = np.where(degenerate, first, best)
+    return np.where(mask.any(axis=-1), best, -1).astype(np.int64)
+
+
+# ------------------------------------------------------------------------ export
+
+
+def _value_module(algo: Any) -> tuple[Any, str]:
+    """The torch module giving all action values of a fitted d3rlpy algorithm, and its kind."""
+    import torch
+
+    impl = algo.impl
+    if impl is None:
+        raise ValueError("the algorithm has no model yet: fit it first")
+    scaler = getattr(algo.config, "observation_scaler", None)
+    if scaler is not None:
+        raise ValueError("observation scalers are not exported (the ObsSpec normalises)")
+    name = type(algo).__name__
+    modules = impl.modules
+    if hasattr(modules, "q_funcs"):  # DQN family (DiscreteCQL, DQN, DoubleDQN)
+        q_funcs = modules.q_funcs
+
+        class QValues(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.q_funcs = q_funcs
+
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                values = [q(x).q_value for q in self.q_funcs]
+                return torch.stack(values, dim=0).mean(dim=0)
+
+        return QValues(), "q"
+    if hasattr(modules, "imitator"):  # DiscreteBC
+        imitator = modules.imitator
+
+        class Logits(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.imitator = imitator
+
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                return torch.log_softmax(self.imitator(x).logits, dim=-1)
+
+        return Logits(), "logits"
+    raise ValueError(f"cannot export {name}: neither a Q-function nor an imitator")
+
+
+def export_network(algo: Any, spec: ObsSpec, path: str | Path) -> str:
+    """Trace the algorithm's all-action network on CPU to TorchScript at ``path``; returns the
+    kind of values ("q" or "logits"). The traced network reproduces the algorithm's greedy
+    actions (checked on random inputs)."""
+    import copy
+
+    import torch
+
+    module, kind = _value_module(algo)
+    module = copy.deepcopy(module).to("cpu").eval()
+    for p in module.parameters():
+        p.requires_grad_(False)
+    example = torch.zeros(2, spec.dim, dtype=torch.float32)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module="torch")
+        traced = torch.jit.trace(module, example)  # type: ignore[no-untyped-call]
+        probe = torch.rand(16, spec.dim, generator=torch.Generator().manual_seed(0))
+        values = traced(probe).numpy()
+    if values.shape != (16, spec.n_actions):
+        raise ValueError(f"network gives shape {values.shape}, expected (16, {spec.n_actions})")
+    expected = np.asarray(algo.predict(probe.numpy()))
+    if not np.array_equal(values.argmax(axis=1), expected):
+        raise ValueError("the exported network disagrees with the algorithm's greedy actions")
+    traced.save(str(path))
+    return kind
+
+
+def _write_json(path: Path, data: Mapping[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def save_package(
+    algo: Any,
+    spec: ObsSpec,
+    manifest: Mapping[str, Any],
+    out_dir: str | Path,
+    *,
+    meta: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write a policy package for a fitted d3rlpy algorithm into ``out_dir`` (created; must
+    be empty or absent); returns the folder."""
+    import d3rlpy  # type: ignore[import-untyped]
+    import torch
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if any(out.iterdir()):
+        raise FileExistsError(f"{out} is not empty")
+    kind = export_network(algo, spec, out / NETWORK)
+    _write_json(out / OBS_SPEC, spec.to_json())
+    dataset = {k: v for k, v in manifest.items() if k not in ("path", "manifest_path")}
+    _write_json(out / DATASET, dataset)
+    _write_json(
+        out / META,
+        {
+            **(meta or {}),
+            "format": PACKAGE_FORMAT,
+            "algo": type(algo).__name__,
+            "values": kind,
+            "obs_spec_version": spec.version,
+            "dim": spec.dim,
+            "n_actions": spec.n_actions,
+            "dataset_hash": manifest.get("hash"),
+            "torch": torch.__version__,
+            "d3rlpy": d3rlpy.__version__,
+        },
+    )
+    lines = [f"{file_sha256(out / name)}  {name}\n" for name in FILES]
+    (out / CHECKSUMS).write_text("".join(lines))
+    return out
+
+
+# ------------------------------------------------------------------------ load
+
+
+def verify_checksums(pkg_dir: str | Path) -> dict[str, str]:
+    """Check every file listed in ``checksums.sha256`` (all of ``FILES`` must be listed);
+    PackageError naming the first mismatch. Returns name -> digest."""
+    d = Path(pkg_dir)
+    sums_path = d / CHECKSUMS
+    if not sums_path.is_file():
+        raise PackageError(f"{d}: no {CHECKSUMS}: refusing an unverifiable model")
+    listed: dict[str, str] = {}
+    for line in sums_path.read_text().splitlines():
+        digest, sep, name = line.partition("  ")
+        if not sep or len(digest) != 64 or "/" in name or name in listed:
+            raise PackageError(f"{sums_path}: malformed line {line!r}")
+        listed[name] = digest
+    missing = [n for n in FILES if n not in listed]
+    if missing:
+        raise PackageError(f"{sums_path}: {missing} not covered by the checksums")
+    for name, digest in listed.items():
+        path = d / name
+        if not path.is_file():
+            raise PackageError(f"{d}: {name} is missing")
+        actual = file_sha256(path)
+        if actual != digest:
+            raise PackageError(
+                f"{path}: SHA-256 {actual[:16]}... does not match the recorded {digest[:16]}...: "
+                "the artifact was changed after packaging; refusing to load it"
+            )
+    return listed
+
+
+def _read_spec(d: Path, meta: Mapping[str, Any], expected: str | None) -> ObsSpec:
+    data = json.loads((d / OBS_SPEC).read_text())
+    try:
+        spec = ObsSpec.from_json(data)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise PackageError(f"{d}: {exc}") from None
+    if meta.get("obs_spec_version") != spec.version:
+        raise PackageError(
+            f"{d}: policy.json says ObsSpec {meta.get('obs_spec_version')}, obs_spec.json is "
+            f"{spec.version}"
+        )
+    if expected is not None and spec.version != expected:
+        raise PackageError(
+            f"{d}: the model's ObsSpec is {spec.version}, this deployment expects {expected}: "
+            "refusing a model built for other observations"
+        )
+    return spec
+
+
+@dataclass
+class LearnedPolicy:
+    """A learned policy (Policy protocol): all action values from the network, masked, best."""
+
+    network: Any  # a torch.jit.ScriptModule, (B, dim) -> (B, n_actions)
+    spec: ObsSpec
+    model: ContentionModel
+    values: str = "q"
+    name: str = "learned"
+    meta: Mapping[str, Any] = field(default_factory=dict)
+    package_dir: str | None = None
+    _mdp: MdpPolicy = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._mdp = MdpPolicy(act=self.act, spec=self.spec, model=self.model, name=self.name)
+
+    def action_values(self, obs: FloatArray) -> npt.NDArray[np.float32]:
+        """The network's values for a batch of observations ``(B, dim) -> (B, n_actions)``."""
+        import torch
+
+        x = np.ascontiguousarray(obs, dtype=np.float32)
+        if x.ndim == 1:
+            x = x[None, :]
+        if x.shape[1] != self.spec.dim:
+            raise ValueError(f"observations have {x.shape[1]} features, the model {self.spec.dim}")
+        with torch.no_grad():
+            out: npt.NDArray[np.float32] = self.network(torch.from_numpy(x)).numpy()
+        return out
+
+    def act(self, obs: FloatArray, mask: BoolArray) -> int:
+        """The best allowed action for one observation (wait when it is the best)."""
+        values = self.action_values(obs)[0]
+        wait = self.spec.config.wait_action
+        if not np.isfinite(values[mask]).any():  # a broken network: start nothing
+            return wait
+        a = int(masked_argmax(values, mask))
+        return wait if a < 0 else a
+
+    def act_batch(self, obs: FloatArray, masks: BoolArray) -> npt.NDArray[np.int64]:
+        """Best allowed actions for a batch (-1 where nothing is allowed)."""
+        return masked_argmax(self.action_values(obs), masks)
+
+    def decide(self, state: ClusterState) -> Decision:
+        """All starts the model chooses at this decision point (steps until it waits)."""
+        return self._mdp.decide(state)
+
+
+def load_package(
+    pkg_dir: str | Path,
+    *,
+    model: ContentionModel | None = None,
+    expected_obs_spec: str | None = None,
+    name: str | None = None,
+) -> LearnedPolicy:
+    """Load a package after verifying its checksums and ObsSpec (PackageError otherwise).
+
+    ``model`` is the contention model the encoder predicts with (default: the analytic model
+    with the shipped calibration); ``expected_obs_spec`` an ObsSpec version the caller
+    requires."""
+    import torch
+
+    d = Path(pkg_dir)
+    if not d.is_dir():
+        raise PackageError(f"{d}: not a policy package folder")
+    verify_checksums(d)
+    meta: dict[str, Any] = json.loads((d / META).read_text())
+    if meta.get("format") != PACKAGE_FORMAT:
+        raise PackageError(f"{d}: package format {meta.get('format')!r}, expected {PACKAGE_FORMAT}")
+    spec = _read_spec(d, meta, expected_obs_spec)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module="torch")
+        network = torch.jit.load(str(d / NETWORK), map_location="cpu").eval()  # type: ignore[no-untyped-call]
+    with torch.no_grad():
+        shape = tuple(network(torch.zeros(1, spec.dim)).shape)
+    if shape != (1, spec.n_actions):
+        raise PackageError(f"{d}: network gives {shape}, the spec has {spec.n_actions} actions")
+    return LearnedPolicy(
+        network=network,
+        spec=spec,
+        model=model if model is not None else AnalyticModel(load_calibration(None)),
+        values=str(meta.get("values", "q")),
+        name=name or f"learned:{meta.get('algo', '?')}",
+        meta=meta,
+        package_dir=os.fspath(d),
+    )

@@ -1,0 +1,464 @@
+"""Offline training with d3rlpy: configurations from TOML, DiscreteBC and DiscreteCQL, an
+MLflow logger adapter and the evaluators.
+
+A configuration file (``models/experiments/*.toml``) names the algorithm, its
+hyperparameters (every DiscreteCQL one set explicitly: d3rlpy's defaults are Atari's), the
+dataset (an exported dataset file, or the rollouts to build it from) and the seed; see
+``TrainConfig.from_toml``.
+
+``MlflowAdapterFactory`` implements d3rlpy's ``LoggerAdapterFactory`` protocol: d3rlpy's
+parameters and every metric it reports each epoch (losses, timings, evaluator scores) go to
+one MLflow run; model saving through the adapter is a no-op (d3rlpy would pickle), so
+d3rlpy writes nothing to the working directory.
+
+Evaluators (on held-out episodes): ``td_error`` and ``initial_state_value`` (Q-learning
+only: d3rlpy's DiscreteBC has no value), ``action_match`` (d3rlpy's, unmasked greedy action
+vs the logged one) and ``action_match_masked`` (this module's: the action the served policy
+would take, after masking, vs the logged one).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import math
+import time
+import tomllib
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import polars as pl
+
+from linkwise.cluster.mdp import MdpConfig, ObsSpec
+from linkwise.models.learned import masked_argmax
+
+__all__ = [
+    "ALGOS",
+    "AlgoConfig",
+    "DatasetConfig",
+    "MaskedActionMatchEvaluator",
+    "MlflowAdapter",
+    "MlflowAdapterFactory",
+    "TrainConfig",
+    "action_values",
+    "build_algo",
+    "fit",
+    "flatten_params",
+    "frame_arrays",
+    "make_evaluators",
+    "pick_device",
+    "quiet_d3rlpy",
+    "split_episodes",
+]
+
+ALGOS = ("bc", "cql")
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+# ------------------------------------------------------------------------ configuration
+
+
+@dataclass(frozen=True)
+class AlgoConfig:
+    """Hyperparameters. BC uses ``beta``; CQL uses ``gamma``, ``alpha``, ``n_critics`` and
+    ``target_update_interval``; both the rest."""
+
+    n_steps: int = 2000
+    n_steps_per_epoch: int = 500
+    batch_size: int = 256
+    learning_rate: float = 1e-3
+    hidden_units: tuple[int, ...] = (256, 256)
+    beta: float = 0.0  # BC: L2 penalty on the logits
+    gamma: float = 0.99
+    alpha: float = 1.0  # CQL: weight of the conservative loss
+    n_critics: int = 2
+    target_update_interval: int = 500
+
+    def __post_init__(self) -> None:
+        if self.n_steps <= 0 or self.n_steps_per_epoch <= 0 or self.batch_size <= 0:
+            raise ValueError("n_steps, n_steps_per_epoch and batch_size must be positive")
+        if self.n_steps % self.n_steps_per_epoch:
+            raise ValueError("n_steps must be a multiple of n_steps_per_epoch")
+        if not 0 < self.learning_rate < 1 or not 0 <= self.gamma <= 1:
+            raise ValueError("learning_rate must be in (0, 1) and gamma in [0, 1]")
+        if not self.hidden_units or min(self.hidden_units) <= 0:
+            raise ValueError("hidden_units must be positive")
+        if self.n_critics <= 0 or self.target_update_interval <= 0 or self.alpha < 0:
+            raise ValueError("n_critics and target_update_interval positive, alpha >= 0")
+
+
+@dataclass(frozen=True)
+class DatasetConfig:
+    """The training data: ``path`` (an exported dataset's Parquet or manifest) or rollouts of
+    ``policies`` on ``rollouts`` windows of ``trace`` (``pipelines.build_dataset``); the
+    ``holdout`` share of episodes is kept for evaluation."""
+
+    path: str | None = None
+    trace: str | None = None
+    topology: str = "8x8,leaf=2"
+    policies: tuple[str, ...] = ("best_fit",)
+    epsilons: tuple[float, ...] = (0.0,)
+    seeds: tuple[int, ...] = (0,)
+    rollouts: int = 4
+    windows: tuple[int, ...] = ()
+    window_s: float = 3600.0
+    block_s: float = 600.0
+    min_jobs: int = 10
+    max_steps: int | None = None
+    calibration: str | None = None
+    mdp: MdpConfig = field(default_factory=MdpConfig)
+    holdout: float = 0.25
+
+    def __post_init__(self) -> None:
+        if self.path is None and self.trace is None:
+            raise ValueError("dataset: give a path or a trace to build rollouts from")
+        if not 0 <= self.holdout < 1:
+            raise ValueError("dataset.holdout must be in [0, 1)")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One experiment: algorithm, hyperparameters, dataset, seed, MLflow names."""
+
+    name: str
+    algo: str
+    dataset: DatasetConfig
+    params: AlgoConfig = AlgoConfig()
+    seed: int = 0
+    device: str = "auto"  # "auto" (CUDA when present), "cpu", "cuda", "cuda:N"
+    experiment: str = "linkwise-train"
+    model_name: str = "linkwise-policy"
+    register: bool = True
+    source: str | None = None  # the TOML file it came from
+
+    def __post_init__(self) -> None:
+        if self.algo not in ALGOS:
+            raise ValueError(f"algo must be one of {ALGOS}, got {self.algo!r}")
+
+    @staticmethod
+    def from_toml(path: str | Path) -> TrainConfig:
+        """Read a configuration file; relative dataset paths are resolved against the current
+        directory, then the file's folder, then the repository root."""
+        p = Path(path)
+        data = tomllib.loads(p.read_text())
+        return TrainConfig.from_mapping(data, base=p.resolve().parent, source=str(p))
+
+    @staticmethod
+    def from_mapping(
+        data: Mapping[str, Any], *, base: Path | None = None, source: str | None = None
+    ) -> TrainConfig:
+        """Build from the TOML structure (top-level keys, ``[train]``, ``[dataset]``,
+        ``[dataset.mdp]``, ``[mlflow]``); ValueError on unknown keys."""
+        top = dict(data)
+        train = dict(top.pop("train", {}))
+        ds = dict(top.pop("dataset", {}))
+        ml = dict(top.pop("mlflow", {}))
+        mdp = MdpConfig.from_json(ds.pop("mdp", {}))
+        _known(top, {"name", "algo", "seed", "device"}, "top level")
+        _known(train, {f.name for f in fields(AlgoConfig)}, "[train]")
+        _known(ds, {f.name for f in fields(DatasetConfig)} - {"mdp"}, "[dataset]")
+        _known(ml, {"experiment", "model_name", "register"}, "[mlflow]")
+        for key in ("hidden_units",):
+            if key in train:
+                train[key] = tuple(int(x) for x in train[key])
+        for key, cast in (("policies", str), ("epsilons", float), ("seeds", int), ("windows", int)):
+            if key in ds:
+                ds[key] = tuple(cast(x) for x in ds[key])
+        for key in ("path", "trace", "calibration"):
+            if ds.get(key):
+                ds[key] = _resolve(str(ds[key]), base)
+            elif key in ds:
+                ds[key] = None
+        if "algo" not in top:
+            raise ValueError("the configuration needs algo = 'bc' or 'cql'")
+        return TrainConfig(
+            name=str(top.get("name", top["algo"])),
+            algo=str(top["algo"]),
+            dataset=DatasetConfig(**ds, mdp=mdp),
+            params=AlgoConfig(**train),
+            seed=int(top.get("seed", 0)),
+            device=str(top.get("device", "auto")),
+            source=source,
+            **ml,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-serialisable description (what is logged as the run's parameters)."""
+        d = asdict(self)
+        d["dataset"]["mdp"] = self.dataset.mdp.to_json()
+        return d
+
+    def digest(self) -> str:
+        """SHA-256 of the configuration's canonical JSON (without ``source``)."""
+        import json
+
+        d = self.to_json()
+        d.pop("source", None)
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
+
+
+def _known(d: Mapping[str, Any], allowed: set[str], where: str) -> None:
+    extra = sorted(set(d) - allowed)
+    if extra:
+        raise ValueError(f"unknown keys in {where}: {extra} (allowed: {sorted(allowed)})")
+
+
+def _resolve(text: str, base: Path | None) -> str:
+    p = Path(text).expanduser()
+    if p.is_absolute():
+        return str(p)
+    for root in (Path.cwd(), base, REPO_ROOT):
+        if root is not None and (root / p).exists():
+            return str((root / p).resolve())
+    return str(p)
+
+
+def flatten_params(data: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """Nested mappings as dotted keys -> strings (MLflow parameters, 6000 chars max)."""
+    out: dict[str, str] = {}
+    for k, v in data.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.update(flatten_params(v, key + "."))
+        else:
+            out[key] = str(v)[:6000]
+    return out
+
+
+# ------------------------------------------------------------------------ data
+
+
+def split_episodes(
+    df: pl.DataFrame, holdout: float, seed: int
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Deterministic split of a transition frame by episode: (train, held-out). Episodes are
+    ranked by a seeded hash of their name; the first ``ceil(holdout * n)`` are held out
+    (at least one when ``holdout > 0`` and there are two or more episodes)."""
+    episodes = sorted(str(e) for e in df["episode"].unique())
+    if holdout <= 0 or len(episodes) < 2:
+        return df, df.clear()
+    ranked = sorted(episodes, key=lambda e: hashlib.sha256(f"{seed}/{e}".encode()).hexdigest())
+    n_out = min(len(episodes) - 1, max(1, math.ceil(holdout * len(episodes))))
+    held = ranked[:n_out]
+    test = pl.col("episode").is_in(held)
+    return df.filter(~test), df.filter(test)
+
+
+def frame_arrays(
+    df: pl.DataFrame, spec: ObsSpec
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.bool_], npt.NDArray[np.int64]]:
+    """Observations ``(N, dim)``, masks ``(N, n_actions)`` and actions ``(N,)`` of a frame."""
+    n = df.height
+    obs = np.array(df["obs"].explode().to_numpy(), dtype=np.float32).reshape(n, spec.dim)
+    masks = np.array(df["mask"].explode().to_numpy(), dtype=bool).reshape(n, spec.n_actions)
+    return obs, masks, df["action"].to_numpy().astype(np.int64)
+
+
+# ------------------------------------------------------------------------ algorithms
+
+
+def pick_device(device: str) -> str:
+    """d3rlpy's device string: "auto" -> "cuda:0" when CUDA is present, else "cpu:0"."""
+    if device == "auto":
+        import torch
+
+        return "cuda:0" if torch.cuda.is_available() else "cpu:0"
+    if device == "cpu":
+        return "cpu:0"
+    if device == "cuda":
+        return "cuda:0"
+    return device
+
+
+def build_algo(algo: str, params: AlgoConfig, device: str = "cpu:0") -> Any:
+    """A DiscreteBC or DiscreteCQL with every hyperparameter set from ``params``."""
+    import d3rlpy  # type: ignore[import-untyped]
+    from d3rlpy.models.encoders import VectorEncoderFactory  # type: ignore[import-untyped]
+    from d3rlpy.models.q_functions import MeanQFunctionFactory  # type: ignore[import-untyped]
+    from d3rlpy.optimizers import AdamFactory  # type: ignore[import-untyped]
+
+    encoder = VectorEncoderFactory(hidden_units=list(params.hidden_units), activation="relu")
+    optim = AdamFactory(weight_decay=0.0)
+    if algo == "bc":
+        return d3rlpy.algos.DiscreteBCConfig(
+            batch_size=params.batch_size,
+            learning_rate=params.learning_rate,
+            beta=params.beta,
+            encoder_factory=encoder,
+            optim_factory=optim,
+        ).create(device=device)
+    if algo == "cql":
+        return d3rlpy.algos.DiscreteCQLConfig(
+            batch_size=params.batch_size,
+            learning_rate=params.learning_rate,
+            gamma=params.gamma,
+            alpha=params.alpha,
+            n_critics=params.n_critics,
+            target_update_interval=params.target_update_interval,
+            encoder_factory=encoder,
+            optim_factory=optim,
+            q_func_factory=MeanQFunctionFactory(share_encoder=False),
+        ).create(device=device)
+    raise ValueError(f"unknown algo {algo!r}; known: {', '.join(ALGOS)}")
+
+
+def action_values(algo: Any, obs: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+    """All action values of a fitted algorithm for a batch: mean Q over the critics (CQL) or
+    log-probabilities (BC), computed by the same module that is exported for serving."""
+    import torch
+
+    from linkwise.models.learned import _value_module
+
+    module, _ = _value_module(algo)
+    device = next(iter(module.parameters())).device
+    out: list[npt.NDArray[np.float32]] = []
+    with torch.no_grad():
+        for i in range(0, len(obs), 4096):
+            x = torch.from_numpy(np.ascontiguousarray(obs[i : i + 4096])).to(device)
+            out.append(module(x).cpu().numpy())
+    return np.concatenate(out) if out else np.zeros((0, 0), dtype=np.float32)
+
+
+class MaskedActionMatchEvaluator:
+    """d3rlpy evaluator: share of steps where the masked best action equals the logged one."""
+
+    def __init__(
+        self,
+        obs: npt.NDArray[np.float32],
+        masks: npt.NDArray[np.bool_],
+        actions: npt.NDArray[np.int64],
+    ) -> None:
+        self.obs, self.masks, self.actions = obs, masks, actions
+
+    def __call__(self, algo: Any, dataset: Any) -> float:
+        if len(self.actions) == 0:
+            return float("nan")
+        chosen = masked_argmax(action_values(algo, self.obs), self.masks)
+        return float(np.mean(chosen == self.actions))
+
+
+def make_evaluators(algo: str, heldout: Any, arrays: tuple[Any, Any, Any] | None) -> dict[str, Any]:
+    """The evaluators for an algorithm on held-out episodes (a d3rlpy dataset, or None to
+    evaluate on the training data) and the held-out (obs, masks, actions) arrays."""
+    from d3rlpy.metrics import (  # type: ignore[import-untyped]
+        DiscreteActionMatchEvaluator,
+        InitialStateValueEstimationEvaluator,
+        TDErrorEvaluator,
+    )
+
+    episodes = heldout.episodes if heldout is not None else None
+    out: dict[str, Any] = {"action_match": DiscreteActionMatchEvaluator(episodes=episodes)}
+    if arrays is not None:
+        out["action_match_masked"] = MaskedActionMatchEvaluator(*arrays)
+    if algo != "bc":  # DiscreteBC implements no value function
+        out["td_error"] = TDErrorEvaluator(episodes=episodes)
+        out["initial_state_value"] = InitialStateValueEstimationEvaluator(episodes=episodes)
+    return out
+
+
+# ------------------------------------------------------------------------ MLflow adapter
+
+
+class MlflowAdapter:
+    """d3rlpy ``LoggerAdapter`` writing parameters and epoch metrics into one MLflow run.
+    ``save_model`` is a no-op (d3rlpy's save pickles); the caller ends the run."""
+
+    def __init__(self, client: Any, run_id: str, prefix: str = "d3rlpy.") -> None:
+        self.client = client
+        self.run_id = run_id
+        self.prefix = prefix
+        self._pending: list[Any] = []
+        self.history: list[dict[str, float]] = []
+
+    def write_params(self, params: dict[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        flat = flatten_params(params, self.prefix)
+        items = [Param(k, v) for k, v in sorted(flat.items())]
+        for i in range(0, len(items), 100):
+            self.client.log_batch(self.run_id, params=items[i : i + 100])
+
+    def before_write_metric(self, epoch: int, step: int) -> None:
+        self._pending = []
+
+    def write_metric(self, epoch: int, step: int, name: str, value: float) -> None:
+        from mlflow.entities import Metric
+
+        self._pending.append(Metric(name, float(value), int(time.time() * 1000), int(step)))
+
+    def after_write_metric(self, epoch: int, step: int) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        metrics = [*self._pending, Metric("epoch", float(epoch), now, int(step))]
+        self.client.log_batch(self.run_id, metrics=metrics)
+        self.history.append({m.key: m.value for m in metrics} | {"step": float(step)})
+        self._pending = []
+
+    def save_model(self, epoch: int, algo: Any) -> None:
+        """Nothing: models are exported without pickle at the end of training."""
+
+    def close(self) -> None:
+        """Nothing: the run belongs to the caller."""
+
+    def watch_model(self, epoch: int, step: int) -> None:
+        """Nothing: parameter histograms are not tracked."""
+
+
+class MlflowAdapterFactory:
+    """d3rlpy ``LoggerAdapterFactory`` for ``MlflowAdapter`` on an existing run."""
+
+    def __init__(self, client: Any, run_id: str) -> None:
+        self.client = client
+        self.run_id = run_id
+        self.adapters: list[MlflowAdapter] = []
+
+    def create(self, algo: Any, experiment_name: str, n_steps_per_epoch: int) -> MlflowAdapter:
+        adapter = MlflowAdapter(self.client, self.run_id)
+        self.adapters.append(adapter)
+        return adapter
+
+
+@contextlib.contextmanager
+def quiet_d3rlpy(level: int = logging.WARNING) -> Iterator[None]:
+    """Filter d3rlpy's structlog output below ``level`` inside the block (restored after)."""
+    import structlog
+
+    old = structlog.get_config()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(level))
+    try:
+        yield
+    finally:
+        structlog.configure(**old)
+
+
+def fit(
+    algo: Any,
+    train: Any,
+    params: AlgoConfig,
+    *,
+    evaluators: Mapping[str, Any],
+    adapter: Any,
+    callback: Any = None,
+    experiment_name: str = "linkwise",
+) -> list[tuple[int, dict[str, float]]]:
+    """``algo.fit`` with the adapter, no progress bar and no files; (epoch, metrics) list."""
+    with quiet_d3rlpy():
+        out: Sequence[tuple[int, dict[str, float]]] = algo.fit(
+            train,
+            n_steps=params.n_steps,
+            n_steps_per_epoch=params.n_steps_per_epoch,
+            evaluators=dict(evaluators),
+            logger_adapter=adapter,
+            experiment_name=experiment_name,
+            with_timestamp=False,
+            show_progress=False,
+            save_interval=10**9,
+            callback=callback,
+        )
+    return list(out)

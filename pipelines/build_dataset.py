@@ -1,0 +1,376 @@
+"""Build the transition dataset: decision points from the logs plus simulator rollouts, exported.
+
+``build_dataset`` is the plain function (tested without Prefect when ``executor="serial"``);
+``build_dataset_flow`` is the thin Prefect flow around it. Steps:
+
+1. Logs (when ``db_path`` is given): ``datasets.decisions.build_log_transitions`` over the
+   store's accounting, on the topology given (``topology``) or rebuilt from the store's
+   ``nodes`` table.
+2. Rollouts (when ``rollouts > 0`` or ``windows`` are named): the jobs of ``trace`` (else the
+   store's accounting) cut into ``window_s`` windows; ``rollouts`` windows with at least
+   ``min_jobs`` jobs are picked evenly over the workload (or the ``windows`` ids), and every
+   (policy, epsilon, window, seed) is one rollout (``datasets.rollouts``), run by
+   ``executor`` ("serial", "local[:N]", "dask" or "dask://HOST:PORT").
+3. Export: the frames concatenated and written as content-hashed Parquet with a manifest
+   (``datasets.export``), logged to MLflow when a tracking URI is configured.
+
+``cmd_build_dataset`` / ``add_build_dataset_parser`` are the ``linkwise build-dataset`` CLI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import time
+from collections.abc import Sequence
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from linkwise.cluster.contention import AnalyticModel
+from linkwise.cluster.domain import Topology
+from linkwise.cluster.mdp import MdpConfig, ObsSpec, make_spec
+from linkwise.cluster.profiles import load_calibration
+from linkwise.cluster.topology import load_topology
+from linkwise.datasets.export import export_dataset, log_to_mlflow
+from linkwise.datasets.rollouts import (
+    Window,
+    cut_windows,
+    jobs_from_store,
+    jobs_from_trace,
+    make_tasks,
+    run_rollouts,
+)
+from linkwise.datasets.store import open_store
+from linkwise.datasets.transitions import empty_frame
+
+__all__ = [
+    "DEFAULT_EPSILONS",
+    "DEFAULT_POLICIES",
+    "DEFAULT_TOPOLOGY",
+    "add_build_dataset_parser",
+    "build_dataset",
+    "build_dataset_flow",
+    "cmd_build_dataset",
+    "pick_windows",
+]
+
+DEFAULT_POLICIES: tuple[str, ...] = ("backfill", "best_fit", "sjf_bco", "tiresias_las")
+DEFAULT_EPSILONS: tuple[float, ...] = (0.0, 0.1)
+DEFAULT_TOPOLOGY = "16x8,leaf=4"  # for trace rollouts without a store or --topology
+
+
+def pick_windows(windows: Sequence[Window], n: int, *, min_jobs: int = 10) -> list[Window]:
+    """``n`` windows with at least ``min_jobs`` jobs, evenly spread over the workload (the
+    middle one of each of ``n`` equal runs of eligible windows; deterministic)."""
+    eligible = [w for w in windows if len(w.jobs) >= min_jobs]
+    if n <= 0 or not eligible:
+        return []
+    k = min(n, len(eligible))
+    return [eligible[int((i + 0.5) * len(eligible) / k)] for i in range(k)]
+
+
+def _file_digest(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _log_transitions(
+    db_path: str,
+    topo: Topology,
+    spec: ObsSpec,
+    model: AnalyticModel,
+    *,
+    cluster: str | None,
+    since: float | None,
+    until: float | None,
+    log_window_s: float | None,
+    seed: int,
+) -> tuple[pl.DataFrame, dict[str, Any]]:
+    try:
+        from linkwise.datasets.decisions import build_log_transitions
+    except ImportError as exc:  # pragma: no cover - while decisions.py is being written
+        raise RuntimeError(
+            "transitions from logs need linkwise.datasets.decisions.build_log_transitions, "
+            f"which could not be imported ({exc}); build from rollouts only (no db)"
+        ) from exc
+    with closing(open_store(db_path)) as con:
+        frame, report = build_log_transitions(
+            con,
+            topology=topo,
+            spec=spec,
+            model=model,
+            cluster=cluster,
+            since=since,
+            until=until,
+            window_s=log_window_s,
+            seed=seed,
+        )
+    rep = report.to_json() if hasattr(report, "to_json") else {}
+    return frame, rep
+
+
+def build_dataset(
+    db_path: str | Path | None = None,
+    trace: str | Path | None = None,
+    *,
+    out_dir: str | Path = "linkwise-out/datasets",
+    rollouts: int = 0,
+    policies: Sequence[str] = DEFAULT_POLICIES,
+    epsilons: Sequence[float] = DEFAULT_EPSILONS,
+    windows: Sequence[int] | None = None,
+    seeds: Sequence[int] = (0,),
+    window_s: float = 6 * 3600.0,
+    block_s: float = 1800.0,
+    min_jobs: int = 10,
+    topology: str | None = None,
+    cluster: str | None = None,
+    since: float | None = None,
+    until: float | None = None,
+    log_window_s: float | None = None,
+    config: MdpConfig | None = None,
+    calibration: str | None = None,
+    executor: str = "local",
+    batch: int = 4,
+    max_steps: int | None = None,
+    seed: int = 0,
+    tracking_uri: str | None = None,
+) -> dict[str, Any]:
+    """Build, export and (optionally) log a dataset; the manifest (``path``, ``hash``,
+    ``counts``, ``report``, ``sources``, ``seconds``).
+
+    ``rollouts``: how many trace windows to roll out (each with every policy, epsilon and
+    seed); ``windows`` names window ids instead. ``batch``: rollouts per Prefect task run.
+    ``seed`` draws the log jobs' profiles.
+    """
+    t0 = time.perf_counter()
+    db = str(db_path) if db_path is not None else None
+    if db is None and trace is None:
+        raise ValueError("nothing to build from: give a store (db_path) and/or a trace")
+    spec = make_spec(config)
+    cal = load_calibration(calibration)
+    model = AnalyticModel(cal)
+    topo: Topology | None = load_topology(topology) if topology else None
+    if topo is None and db is not None:
+        from linkwise.datasets.decisions import topology_from_store
+
+        with closing(open_store(db)) as con:
+            topo = topology_from_store(con, cluster)
+    if topo is None:
+        topo = load_topology(DEFAULT_TOPOLOGY)
+    sources: dict[str, Any] = {
+        "topology": {
+            "spec": topology or (None if db else DEFAULT_TOPOLOGY),
+            "name": topo.name,
+            "nodes": len(topo.nodes),
+            "gpus": topo.total_gpus,
+        },
+        "calibration": calibration,
+    }
+    frames: list[pl.DataFrame] = [empty_frame()]
+    log_report: dict[str, Any] | None = None
+    if db is not None:
+        frame, log_report = _log_transitions(
+            db,
+            topo,
+            spec,
+            model,
+            cluster=cluster,
+            since=since,
+            until=until,
+            log_window_s=log_window_s,
+            seed=seed,
+        )
+        frames.append(frame)
+        window = (
+            frame.select(pl.col("time").min().alias("from"), pl.col("time").max().alias("to")).row(
+                0, named=True
+            )
+            if frame.height
+            else {"from": None, "to": None}
+        )
+        sources["accounting"] = {
+            "db": db,
+            "cluster": cluster or log_report.get("cluster"),
+            "since": since,
+            "until": until,
+            "window_s": log_window_s,
+            "decision_times": window,
+            "profile_seed": seed,
+        }
+    want = rollouts > 0 or bool(windows)
+    if want:
+        if trace is not None:
+            jobs = jobs_from_trace(trace)
+            origin: dict[str, Any] = {"trace": str(trace), "sha256": _file_digest(trace)}
+        else:
+            assert db is not None
+            with closing(open_store(db)) as con:
+                jobs = jobs_from_store(con, cluster=cluster, since=since, until=until)
+            origin = {"db": db, "cluster": cluster, "since": since, "until": until}
+        cut = cut_windows(jobs, window_s, max_gpus=topo.total_gpus)
+        if windows:
+            wanted = set(windows)
+            chosen = [w for w in cut if w.window_id in wanted]
+            missing = wanted - {w.window_id for w in chosen}
+            if missing:
+                raise ValueError(f"no jobs in windows {sorted(missing)}")
+        else:
+            chosen = pick_windows(cut, rollouts, min_jobs=min_jobs)
+        tasks = make_tasks(
+            chosen,
+            policies,
+            seeds,
+            topology if topology else topo,
+            epsilons=epsilons,
+            config=spec.config,
+            calibration=calibration,
+            block_s=block_s,
+            max_steps=max_steps,
+        )
+        frames.append(run_rollouts(tasks, executor, batch=batch))
+        sources["rollouts"] = {
+            **origin,
+            "policies": list(policies),
+            "epsilons": [float(e) for e in epsilons],
+            "seeds": [int(s) for s in seeds],
+            "windows": [w.window_id for w in chosen],
+            "window_s": window_s,
+            "block_s": block_s,
+            "max_steps": max_steps,
+            "resampling": "block bootstrap of the window's arrivals (datasets.rollouts)",
+        }
+    df = pl.concat(frames, how="vertical")
+    manifest = export_dataset(df, spec, sources, out_dir)
+    run_id = log_to_mlflow(manifest["path"], manifest, tracking_uri=tracking_uri)
+    seconds = time.perf_counter() - t0
+    return {
+        **manifest,
+        "log_report": log_report,
+        "mlflow_run_id": run_id,
+        "seconds": seconds,
+        "transitions_per_s": df.height / seconds if seconds > 0 else math.inf,
+    }
+
+
+def _flow() -> Any:
+    from prefect import flow
+
+    return flow(name="build-dataset", validate_parameters=False)(build_dataset)
+
+
+def build_dataset_flow(**kwargs: Any) -> dict[str, Any]:
+    """``build_dataset`` as a Prefect flow run (same keyword arguments)."""
+    result: dict[str, Any] = _flow()(**kwargs)
+    return result
+
+
+# ------------------------------------------------------------------------ CLI
+
+
+def _csv(text: str | None, cast: Any = str) -> list[Any] | None:
+    if text is None:
+        return None
+    return [cast(x.strip()) for x in text.split(",") if x.strip()]
+
+
+def format_report(m: dict[str, Any]) -> str:
+    """The human-readable dataset report."""
+    rep = m["report"]
+    acts = rep["actions"]
+    exact = rep["exact_match_share"]
+    lines = [
+        f"dataset {m['hash'][:16]}: {rep['transitions']} transitions, {rep['episodes']} episodes",
+        f"  file: {m['path']}",
+        f"  obs spec: {m['obs_spec_version']} ({m['obs_spec']['dim']} features, "
+        f"{m['obs_spec']['n_actions']} actions)",
+    ]
+    for src, c in rep["by_source"].items():
+        lines.append(f"  {src}: {c['transitions']} transitions, {c['episodes']} episodes")
+    lines.append(
+        "  exact-match share: "
+        + ("n/a" if exact is None else f"{exact:.1%}")
+        + "".join(
+            f"; {src} {v['exact_share']:.1%} of {v['starts']} starts"
+            for src, v in rep["match_by_source"].items()
+        )
+    )
+    top = ", ".join(f"{a}:{n}" for a, n in acts["top"])
+    cand = ", ".join(f"{g} {n}" for g, n in acts["by_candidate"].items())
+    lines += [
+        f"  actions: wait {acts['wait_share']:.1%}, {acts['distinct']} distinct; top {top}",
+        f"  starts by slot: {acts['by_slot']}",
+        f"  starts by candidate: {cand}",
+        f"  built in {m['seconds']:.1f} s ({m['transitions_per_s']:.0f} transitions/s)",
+    ]
+    if m.get("mlflow_run_id"):
+        lines.append(f"  MLflow run: {m['mlflow_run_id']}")
+    return "\n".join(lines)
+
+
+def cmd_build_dataset(args: argparse.Namespace) -> int:
+    """``linkwise build-dataset``: build, export, print the report (or JSON)."""
+    manifest = build_dataset(
+        args.from_db,
+        args.trace,
+        out_dir=args.out,
+        rollouts=args.rollouts,
+        policies=_csv(args.policies) or list(DEFAULT_POLICIES),
+        epsilons=_csv(args.epsilons, float) or list(DEFAULT_EPSILONS),
+        windows=_csv(args.windows, int),
+        seeds=_csv(args.seeds, int) or [0],
+        window_s=args.window,
+        block_s=args.block,
+        topology=args.topology,
+        cluster=args.cluster,
+        calibration=str(args.calibration) if args.calibration else None,
+        executor=args.executor,
+        batch=args.batch,
+        max_steps=args.max_steps,
+        tracking_uri=args.tracking_uri,
+    )
+    if args.json:
+        print(json.dumps(manifest, default=str))
+    else:
+        print(format_report(manifest))
+    return 0
+
+
+def add_build_dataset_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``build-dataset`` to a CLI's subparsers (sets ``func=cmd_build_dataset``)."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "build-dataset", help="transitions from logs and simulator rollouts, exported"
+    )
+    p.add_argument("--from-db", type=Path, help="the DuckDB store (transitions from the logs)")
+    p.add_argument("--trace", type=Path, help="trace file for rollouts (default: the store's jobs)")
+    p.add_argument("--rollouts", type=int, default=0, help="trace windows to roll out (0: none)")
+    p.add_argument("--policies", help=f"comma-separated heuristics ({','.join(DEFAULT_POLICIES)})")
+    p.add_argument("--epsilons", help="comma-separated exploration rates (default 0,0.1)")
+    p.add_argument("--seeds", help="comma-separated resampling seeds (default 0)")
+    p.add_argument("--windows", help="comma-separated window ids (instead of --rollouts)")
+    p.add_argument("--window", type=float, default=6 * 3600.0, help="window length, seconds")
+    p.add_argument("--block", type=float, default=1800.0, help="bootstrap block, seconds (0: off)")
+    p.add_argument(
+        "--topology", help=f"cluster for rollouts (default: store nodes, else {DEFAULT_TOPOLOGY})"
+    )
+    p.add_argument("--cluster", help="cluster name in the store (if it holds several)")
+    p.add_argument("--calibration", type=Path, help="calibration JSON (default: shipped)")
+    p.add_argument(
+        "--executor",
+        default="local",
+        help="serial, local[:N] (process pool), dask, or dask://HOST:PORT",
+    )
+    p.add_argument("--batch", type=int, default=4, help="rollouts per Prefect task run")
+    p.add_argument("--max-steps", type=int, help="cut rollout episodes after so many steps")
+    p.add_argument("--out", type=Path, default=Path("linkwise-out/datasets"), help="output folder")
+    p.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI)")
+    p.add_argument("--json", action="store_true", help="print the manifest as JSON only")
+    p.set_defaults(func=cmd_build_dataset)
+    return p

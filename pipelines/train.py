@@ -1,0 +1,399 @@
+"""Train a policy from a configuration file, track it in MLflow and register it.
+
+``train`` is the plain function (tested without Prefect); ``train_flow`` the thin Prefect
+flow around it. Steps:
+
+1. Read the TOML configuration (``models.training.TrainConfig``).
+2. The dataset: an exported one (``dataset.path``, its content hash verified) or built from
+   rollouts (``pipelines.build_dataset``, serial, into ``OUT/datasets``; content-hashed, so
+   the same configuration gives the same file). Its ObsSpec must match this encoder.
+3. Split by episode into training and held-out transitions.
+4. One MLflow run (experiment with an explicit artifact location): the configuration and
+   the dataset hash as parameters, the dataset as a run input, the TOML as an artifact;
+   d3rlpy's parameters and metrics through ``MlflowAdapterFactory``.
+5. Fit DiscreteBC or DiscreteCQL; held-out evaluation (masked action match against the
+   logged actions, with the uniform-chance and majority baselines).
+6. Package (TorchScript, ObsSpec, manifest, checksums) into ``OUT/packages/RUN_ID``; log it
+   as a pyfunc model and register it as ``linkwise-policy`` with alias ``challenger``.
+
+``cmd_train`` / ``add_train_parser`` are the ``linkwise train --config FILE`` CLI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from linkwise.cluster.mdp import ObsSpec
+from linkwise.models.training import TrainConfig
+
+__all__ = [
+    "TrainResult",
+    "add_train_parser",
+    "cmd_train",
+    "heldout_report",
+    "load_training_data",
+    "train",
+    "train_flow",
+]
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What a training run produced."""
+
+    run_id: str
+    experiment_id: str
+    tracking_uri: str
+    name: str
+    algo: str
+    dataset_hash: str
+    dataset_path: str
+    obs_spec_version: str
+    package_dir: str
+    model_uri: str
+    model_name: str | None
+    model_version: str | None
+    alias: str | None
+    train_transitions: int
+    heldout_transitions: int
+    steps: int
+    seconds: float
+    steps_per_s: float
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def load_training_data(
+    cfg: TrainConfig, out_dir: str | Path
+) -> tuple[pl.DataFrame, dict[str, Any], ObsSpec]:
+    """The configuration's transitions, the dataset manifest (with ``path``) and its spec."""
+    from linkwise.datasets.export import read_dataset
+
+    ds = cfg.dataset
+    if ds.path:
+        path = ds.path
+    else:
+        from linkwise.pipelines.build_dataset import build_dataset
+
+        assert ds.trace is not None
+        built = build_dataset(
+            trace=ds.trace,
+            out_dir=Path(out_dir) / "datasets",
+            rollouts=ds.rollouts,
+            policies=list(ds.policies),
+            epsilons=list(ds.epsilons),
+            windows=list(ds.windows) or None,
+            seeds=list(ds.seeds),
+            window_s=ds.window_s,
+            block_s=ds.block_s,
+            min_jobs=ds.min_jobs,
+            topology=ds.topology,
+            config=ds.mdp,
+            calibration=ds.calibration,
+            executor="serial",
+            max_steps=ds.max_steps,
+        )
+        path = str(built["path"])
+    df, manifest = read_dataset(path)
+    spec = ObsSpec.from_json(manifest["obs_spec"])
+    if spec.config != ds.mdp and not ds.path:  # pragma: no cover - build_dataset's contract
+        raise ValueError("the built dataset has another MDP configuration than asked")
+    return df, {**manifest, "path": str(Path(path).resolve())}, spec
+
+
+def heldout_report(
+    values: np.ndarray, masks: np.ndarray, actions: np.ndarray, wait_action: int
+) -> dict[str, float]:
+    """Masked greedy action vs logged action on held-out steps, with baselines: uniform
+    choice among allowed actions (expected match) and always the most frequent allowed
+    logged action (majority); the same on "choice" steps (more than one allowed action)."""
+    from linkwise.models.learned import masked_argmax
+
+    n = len(actions)
+    if n == 0:
+        return {}
+    chosen = masked_argmax(values, masks)
+    hit = chosen == actions
+    allowed = masks.sum(axis=1)
+    counts = np.bincount(actions, minlength=masks.shape[1]).astype(float)
+    majority = masked_argmax(np.broadcast_to(counts, masks.shape), masks)
+    choice = allowed > 1
+    starts = actions != wait_action
+    out = {
+        "heldout_action_match": float(hit.mean()),
+        "heldout_chance": float(np.mean(1.0 / allowed)),
+        "heldout_majority": float(np.mean(majority == actions)),
+        "heldout_wait_share": float(np.mean(~starts)),
+        "heldout_chose_masked": float(np.mean(~masks[np.arange(n), chosen])),
+        "heldout_steps": float(n),
+    }
+    if choice.any():
+        out["heldout_choice_match"] = float(hit[choice].mean())
+        out["heldout_choice_chance"] = float(np.mean(1.0 / allowed[choice]))
+        out["heldout_choice_majority"] = float(np.mean((majority == actions)[choice]))
+    if starts.any():
+        out["heldout_start_match"] = float(hit[starts].mean())
+    return out
+
+
+def _progress(enabled: bool, total: int, label: str) -> Any:
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+        disable=not enabled,
+    )
+
+
+def train(
+    config: str | Path | TrainConfig,
+    *,
+    tracking_uri: str | None = None,
+    out_dir: str | Path = "linkwise-out/train",
+    register: bool | None = None,
+    progress: bool = True,
+) -> TrainResult:
+    """Train the configured policy, track it in MLflow and (unless ``register`` is False or
+    the configuration says so) register it as ``model_name`` with alias ``challenger``."""
+    from linkwise.models.registry import (
+        default_tracking_uri,
+        ensure_experiment,
+        log_policy,
+        mlflow_env,
+    )
+
+    mlflow_env()
+    t0 = time.perf_counter()
+    cfg = config if isinstance(config, TrainConfig) else TrainConfig.from_toml(config)
+    out = Path(out_dir).resolve()
+    uri = tracking_uri or default_tracking_uri()
+    df, manifest, spec = load_training_data(cfg, out)
+
+    import d3rlpy  # type: ignore[import-untyped]
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    from linkwise.datasets.export import log_to_mlflow, to_mdp_dataset
+    from linkwise.models.learned import save_package
+    from linkwise.models.training import (
+        MlflowAdapterFactory,
+        action_values,
+        build_algo,
+        fit,
+        flatten_params,
+        frame_arrays,
+        make_evaluators,
+        pick_device,
+        quiet_d3rlpy,
+        split_episodes,
+    )
+
+    train_df, held_df = split_episodes(df, cfg.dataset.holdout, cfg.seed)
+    with quiet_d3rlpy():
+        train_ds = to_mdp_dataset(train_df, spec)
+        held_ds = to_mdp_dataset(held_df, spec) if held_df.height else None
+    held = frame_arrays(held_df, spec) if held_df.height else None
+    device = pick_device(cfg.device)
+
+    mlflow.set_tracking_uri(uri)
+    client = MlflowClient(tracking_uri=uri)
+    exp_id = ensure_experiment(client, cfg.experiment, tracking_uri=uri)
+    with mlflow.start_run(experiment_id=exp_id, run_name=cfg.name) as run:
+        run_id = run.info.run_id
+        params = flatten_params(cfg.to_json(), "config.")
+        params.update(
+            {
+                "config.sha256": cfg.digest(),
+                "dataset.hash": str(manifest["hash"]),
+                "dataset.path": str(manifest["path"]),
+                "dataset.obs_spec_version": spec.version,
+                "dataset.transitions": str(df.height),
+                "dataset.train_transitions": str(train_df.height),
+                "dataset.heldout_transitions": str(held_df.height),
+                "device": device,
+            }
+        )
+        mlflow.log_params(params)
+        mlflow.set_tags({"linkwise.algo": cfg.algo, "linkwise.dataset_hash": manifest["hash"]})
+        log_to_mlflow(manifest["path"], manifest, tracking_uri=uri, run_id=run_id)
+        if cfg.source and Path(cfg.source).is_file():
+            mlflow.log_artifact(cfg.source, artifact_path="config")
+
+        d3rlpy.seed(cfg.seed)
+        algo = build_algo(cfg.algo, cfg.params, device)
+        factory = MlflowAdapterFactory(client, run_id)
+        evaluators = make_evaluators(cfg.algo, held_ds, held)
+        n_steps = cfg.params.n_steps
+        with _progress(progress, n_steps, cfg.name) as bar:
+            task = bar.add_task(f"{cfg.algo} {cfg.name}", total=n_steps, info="")
+
+            def on_step(_algo: Any, epoch: int, step: int) -> None:
+                bar.update(task, completed=step, info=f"epoch {epoch}")
+
+            t_fit = time.perf_counter()
+            epochs = fit(
+                algo,
+                train_ds,
+                cfg.params,
+                evaluators=evaluators,
+                adapter=factory,
+                callback=on_step,
+                experiment_name=cfg.name,
+            )
+            fit_s = time.perf_counter() - t_fit
+        final: dict[str, float] = {"steps_per_s": n_steps / fit_s if fit_s > 0 else math.nan}
+        if held is not None:
+            obs, masks, actions = held
+            final.update(
+                heldout_report(action_values(algo, obs), masks, actions, spec.config.wait_action)
+            )
+        mlflow.log_metrics({k: v for k, v in final.items() if np.isfinite(v)}, step=n_steps)
+        metrics: dict[str, float] = {**(dict(epochs[-1][1]) if epochs else {}), **final}
+
+        pkg = save_package(
+            algo,
+            spec,
+            manifest,
+            out / "packages" / run_id,
+            meta={"run_id": run_id, "config": cfg.to_json(), "config_sha256": cfg.digest()},
+        )
+        do_register = cfg.register if register is None else register
+        reg = log_policy(
+            pkg, run_id=run_id, tracking_uri=uri, name=cfg.model_name if do_register else None
+        )
+    seconds = time.perf_counter() - t0
+    return TrainResult(
+        run_id=run_id,
+        experiment_id=exp_id,
+        tracking_uri=uri,
+        name=cfg.name,
+        algo=cfg.algo,
+        dataset_hash=str(manifest["hash"]),
+        dataset_path=str(manifest["path"]),
+        obs_spec_version=spec.version,
+        package_dir=str(pkg),
+        model_uri=reg.model_uri,
+        model_name=reg.name,
+        model_version=reg.version,
+        alias=reg.alias,
+        train_transitions=train_df.height,
+        heldout_transitions=held_df.height,
+        steps=n_steps,
+        seconds=seconds,
+        steps_per_s=metrics["steps_per_s"],
+        metrics={k: float(v) for k, v in metrics.items()},
+    )
+
+
+def _flow() -> Any:
+    from prefect import flow
+
+    return flow(name="train", validate_parameters=False, log_prints=False)(train)
+
+
+def train_flow(config: str | Path, **kwargs: Any) -> TrainResult:
+    """``train`` as a Prefect flow run (same arguments)."""
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    result: TrainResult = _flow()(config, **kwargs)
+    return result
+
+
+# ------------------------------------------------------------------------ CLI
+
+
+def format_result(r: TrainResult) -> str:
+    """The human-readable summary, ending with the MLflow run id."""
+    m: Mapping[str, float] = r.metrics
+    lines = [
+        f"trained {r.algo} '{r.name}' for {r.steps} steps in {r.seconds:.1f} s "
+        f"({r.steps_per_s:.0f} steps/s)",
+        f"  dataset {r.dataset_hash[:16]}: {r.train_transitions} train / "
+        f"{r.heldout_transitions} held-out transitions; obs spec {r.obs_spec_version}",
+    ]
+    if "heldout_action_match" in m:
+        lines.append(
+            f"  held-out action match {m['heldout_action_match']:.1%} (chance "
+            f"{m['heldout_chance']:.1%}, majority {m['heldout_majority']:.1%})"
+            + (
+                f"; on choice steps {m['heldout_choice_match']:.1%} (chance "
+                f"{m['heldout_choice_chance']:.1%})"
+                if "heldout_choice_match" in m
+                else ""
+            )
+        )
+    for key in ("td_error", "initial_state_value", "loss"):
+        if key in m:
+            lines.append(f"  {key} {m[key]:.4g}")
+    lines.append(f"  package: {r.package_dir}")
+    if r.model_version:
+        lines.append(f"  registered {r.model_name} version {r.model_version} @{r.alias}")
+    lines.append(f"  tracking: {r.tracking_uri} (experiment {r.experiment_id})")
+    lines.append(f"MLflow run id: {r.run_id}")
+    return "\n".join(lines)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    """``linkwise train --config FILE``: train, register, print the summary and the run id."""
+    kwargs: dict[str, Any] = {
+        "tracking_uri": args.tracking_uri,
+        "out_dir": args.out,
+        "register": False if args.no_register else None,
+        "progress": not args.json,
+    }
+    result = train_flow(args.config, **kwargs) if args.prefect else train(args.config, **kwargs)
+    if args.json:
+        print(json.dumps(result.to_json(), default=str))
+    else:
+        print(format_result(result))
+    return 0
+
+
+def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``train`` to a CLI's subparsers (sets ``func=cmd_train``)."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "train", help="train a learned policy (BC or CQL) from a TOML experiment file"
+    )
+    p.add_argument("--config", type=Path, required=True, help="experiment TOML file")
+    p.add_argument(
+        "--tracking-uri",
+        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, "
+        "else sqlite in linkwise-out/mlflow)",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path("linkwise-out/train"),
+        help="folder for built datasets and policy packages",
+    )
+    p.add_argument("--no-register", action="store_true", help="log the model, do not register")
+    p.add_argument("--prefect", action="store_true", help="run as a Prefect flow")
+    p.add_argument("--json", action="store_true", help="print the result as JSON only")
+    p.set_defaults(func=cmd_train)
+    return p
