@@ -114,9 +114,49 @@ _V1 = (
 # the same, and inserts skip validating every row as JSON (about 0.3 s per 1M samples).
 _V2 = ("ALTER TABLE telemetry_samples ALTER COLUMN labels SET DATA TYPE VARCHAR",)
 
+# The live loop (deployer/): one row per decision of every cycle (shadow or active), joined
+# later with what Slurm did (actual_*), and the audit of every action before it is applied.
+_V3 = (
+    """CREATE TABLE decisions (
+        decision_id VARCHAR PRIMARY KEY,
+        run_id VARCHAR NOT NULL,
+        cycle_id BIGINT NOT NULL,
+        ts DOUBLE NOT NULL,
+        mode VARCHAR NOT NULL CHECK (mode IN ('shadow', 'active')),
+        cluster VARCHAR NOT NULL,
+        partition VARCHAR NOT NULL,
+        policy VARCHAR NOT NULL,
+        model_version VARCHAR NOT NULL,
+        obs_spec_version VARCHAR NOT NULL,
+        job_id BIGINT,
+        action VARCHAR NOT NULL CHECK (action IN ('start', 'wait')),
+        nodes VARCHAR NOT NULL,
+        gpus INTEGER NOT NULL,
+        latency_ms DOUBLE NOT NULL,
+        n_pending INTEGER NOT NULL,
+        note VARCHAR NOT NULL,
+        actual_start DOUBLE,
+        actual_nodes VARCHAR,
+        joined_at DOUBLE
+    )""",
+    """CREATE TABLE audit (
+        audit_id VARCHAR PRIMARY KEY,
+        ts DOUBLE NOT NULL,
+        run_id VARCHAR NOT NULL,
+        cycle_id BIGINT NOT NULL,
+        actor VARCHAR NOT NULL,
+        job_id BIGINT NOT NULL,
+        command VARCHAR NOT NULL,
+        model_version VARCHAR NOT NULL,
+        outcome VARCHAR NOT NULL,
+        outcome_ts DOUBLE
+    )""",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "jobs, job_nodes, nodes, telemetry, link_load, rejected_rows, ingest_state", _V1),
     Migration(2, "telemetry_samples.labels as VARCHAR (JSON text, not validated)", _V2),
+    Migration(3, "decisions and audit of the live loop", _V3),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

@@ -27,6 +27,8 @@ TABLES = {
     "link_load",
     "rejected_rows",
     "ingest_state",
+    "decisions",
+    "audit",
 }
 
 

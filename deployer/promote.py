@@ -1,0 +1,391 @@
+"""Promotion by MLflow aliases: challenger -> shadow -> champion, and rollback.
+
+On the registered model ``linkwise-policy`` (``models.registry``):
+
+- ``promote_challenger``: a challenger whose gate report passed (``evaluation.gates
+  .check_challenger``) gets the alias ``shadow`` (the live loop runs it in shadow mode).
+  Refused when the gate failed or the ``challenger`` alias no longer points at the version
+  the evidence is about (stale evidence).
+- ``promote_shadow``: a shadow whose shadow-mode evidence passed (``check_shadow``) becomes
+  ``champion``; the champion it replaces keeps the alias ``previous``; ``shadow`` is removed.
+- ``rollback``: ``champion`` goes back to the ``previous`` version, ``previous`` is removed
+  (one step back, not a toggle) and the demoted version is tagged ``linkwise.rolled_back``.
+
+Every decision, pass or fail, is one MLflow run in the ``linkwise-promotion`` experiment
+(params: action, model, versions, aliases before and after; metrics: the gates' numbers;
+tags: passed; ``decision.json`` artifact with the reasons) and is printed by the CLI.
+
+``shadow_evidence`` gathers the shadow gate's evidence from the live loop's DuckDB store: the
+shadow version's cycles in the ``decisions`` table (``ts``, ``mode``, ``model_version``,
+``cycle_id``), and the jobs submitted in the logged window (``jobs`` table) replayed in the
+simulator under the shadow policy against the JCTs Slurm actually achieved (last end - first
+submit). The replay starts from an empty cluster and uses each job's actual run time as its
+isolated time (real runs include real contention): both are approximations to read with the
+ratio, documented in the evidence.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from linkwise.evaluation.gates import GateReport, ShadowEvidence
+
+__all__ = [
+    "CHALLENGER",
+    "CHAMPION",
+    "EXPERIMENT",
+    "PREVIOUS",
+    "SHADOW",
+    "PromotionDecision",
+    "current_aliases",
+    "log_decision",
+    "promote_challenger",
+    "promote_shadow",
+    "rollback",
+    "shadow_evidence",
+]
+
+CHALLENGER, SHADOW, CHAMPION, PREVIOUS = "challenger", "shadow", "champion", "previous"
+EXPERIMENT = "linkwise-promotion"
+
+
+@dataclass(frozen=True)
+class PromotionDecision:
+    """One promotion decision and what it did to the aliases."""
+
+    action: str  # "challenger->shadow", "shadow->champion" or "rollback"
+    model: str
+    version: str | None
+    passed: bool
+    reasons: tuple[str, ...]
+    aliases_before: dict[str, str]
+    aliases_after: dict[str, str]
+    metrics: dict[str, float] = field(default_factory=dict)
+    evidence: dict[str, Any] = field(default_factory=dict)
+    run_id: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def format(self) -> str:
+        head = (
+            f"{self.action} {self.model} version {self.version or '-'}: "
+            f"{'DONE' if self.passed else 'REFUSED'}"
+        )
+        moved = ", ".join(f"@{a}={v}" for a, v in sorted(self.aliases_after.items())) or "none"
+        lines = [head, *(f"  {r}" for r in self.reasons), f"  aliases now: {moved}"]
+        if self.run_id:
+            lines.append(f"  MLflow run: {self.run_id}")
+        return "\n".join(lines)
+
+
+def _client(tracking_uri: str) -> Any:
+    from linkwise.models.registry import mlflow_env
+
+    mlflow_env()
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+
+
+def current_aliases(tracking_uri: str, name: str | None = None) -> dict[str, str]:
+    """The registered model's aliases (alias -> version); empty when it does not exist."""
+    from mlflow.exceptions import MlflowException
+
+    from linkwise.models.registry import MODEL_NAME
+
+    client = _client(tracking_uri)
+    try:
+        rm = client.get_registered_model(name or MODEL_NAME)
+    except MlflowException:
+        return {}
+    return {str(a): str(v) for a, v in (rm.aliases or {}).items()}
+
+
+def log_decision(
+    decision: PromotionDecision, *, tracking_uri: str, experiment: str = EXPERIMENT
+) -> str:
+    """Record a decision as an MLflow run (see the module docstring); the run id."""
+    from linkwise.models.registry import ensure_experiment
+
+    client = _client(tracking_uri)
+    exp = ensure_experiment(client, experiment, tracking_uri=tracking_uri)
+    run = client.create_run(
+        exp,
+        run_name=f"{decision.action} v{decision.version or '-'}",
+        tags={
+            "linkwise.promotion.passed": str(decision.passed).lower(),
+            "linkwise.promotion.action": decision.action,
+        },
+    )
+    rid = str(run.info.run_id)
+    try:
+        params = {
+            "action": decision.action,
+            "model": decision.model,
+            "version": decision.version or "",
+            "passed": str(decision.passed),
+            "aliases_before": json.dumps(decision.aliases_before, sort_keys=True),
+            "aliases_after": json.dumps(decision.aliases_after, sort_keys=True),
+        }
+        for key, text in params.items():
+            client.log_param(rid, key, text[:500])
+        client.log_metric(rid, "passed", 1.0 if decision.passed else 0.0)
+        for k, v in decision.metrics.items():
+            if math.isfinite(v):
+                client.log_metric(rid, k, float(v))
+        with tempfile.TemporaryDirectory(prefix="linkwise-decision-") as tmp:
+            path = Path(tmp) / "decision.json"
+            body = {**decision.to_json(), "run_id": rid, "logged_at": time.time()}
+            path.write_text(json.dumps(body, indent=1, default=str) + "\n")
+            client.log_artifact(rid, str(path))
+    finally:
+        client.set_terminated(rid)
+    return rid
+
+
+def _finish(d: PromotionDecision, tracking_uri: str, log: bool) -> PromotionDecision:
+    if not log:
+        return d
+    rid = log_decision(d, tracking_uri=tracking_uri)
+    return PromotionDecision(**{**asdict(d), "run_id": rid})
+
+
+def _refused(
+    action: str,
+    name: str,
+    version: str | None,
+    reasons: list[str],
+    aliases: dict[str, str],
+    report: GateReport | None,
+    evidence: Mapping[str, Any] | None,
+) -> PromotionDecision:
+    return PromotionDecision(
+        action=action,
+        model=name,
+        version=version,
+        passed=False,
+        reasons=tuple(reasons),
+        aliases_before=aliases,
+        aliases_after=aliases,
+        metrics=report.metrics() if report else {},
+        evidence=dict(evidence or {}),
+    )
+
+
+def promote_challenger(
+    report: GateReport,
+    version: str,
+    *,
+    tracking_uri: str,
+    name: str | None = None,
+    evidence: Mapping[str, Any] | None = None,
+    log: bool = True,
+) -> PromotionDecision:
+    """Point ``shadow`` at ``version`` if its gate report passed and it is still the
+    challenger; log the decision either way."""
+    from linkwise.models.registry import MODEL_NAME
+
+    model = name or MODEL_NAME
+    action = "challenger->shadow"
+    before = current_aliases(tracking_uri, model)
+    reasons = list(report.reasons)
+    if before.get(CHALLENGER) != str(version):
+        reasons.append(
+            f"FAIL fresh_evidence: @challenger is {before.get(CHALLENGER, 'unset')}, "
+            f"the evidence is about version {version}"
+        )
+        return _finish(
+            _refused(action, model, version, reasons, before, report, evidence), tracking_uri, log
+        )
+    if not report.passed:
+        return _finish(
+            _refused(action, model, version, reasons, before, report, evidence), tracking_uri, log
+        )
+    _client(tracking_uri).set_registered_model_alias(model, SHADOW, str(version))
+    after = current_aliases(tracking_uri, model)
+    d = PromotionDecision(
+        action=action,
+        model=model,
+        version=str(version),
+        passed=True,
+        reasons=(*reasons, f"@shadow -> version {version}"),
+        aliases_before=before,
+        aliases_after=after,
+        metrics=report.metrics(),
+        evidence=dict(evidence or {}),
+    )
+    return _finish(d, tracking_uri, log)
+
+
+def promote_shadow(
+    report: GateReport,
+    version: str,
+    *,
+    tracking_uri: str,
+    name: str | None = None,
+    evidence: Mapping[str, Any] | None = None,
+    log: bool = True,
+) -> PromotionDecision:
+    """Make the shadow ``version`` the champion if its shadow gate passed (the old champion
+    becomes ``previous``, ``shadow`` is removed); log the decision either way."""
+    from linkwise.models.registry import MODEL_NAME
+
+    model = name or MODEL_NAME
+    action = "shadow->champion"
+    before = current_aliases(tracking_uri, model)
+    reasons = list(report.reasons)
+    if before.get(SHADOW) != str(version):
+        reasons.append(
+            f"FAIL fresh_evidence: @shadow is {before.get(SHADOW, 'unset')}, "
+            f"the evidence is about version {version}"
+        )
+        return _finish(
+            _refused(action, model, version, reasons, before, report, evidence), tracking_uri, log
+        )
+    if not report.passed:
+        return _finish(
+            _refused(action, model, version, reasons, before, report, evidence), tracking_uri, log
+        )
+    client = _client(tracking_uri)
+    old = before.get(CHAMPION)
+    if old is not None and old != str(version):
+        client.set_registered_model_alias(model, PREVIOUS, old)
+        reasons.append(f"@previous -> version {old} (the champion it replaces)")
+    client.set_registered_model_alias(model, CHAMPION, str(version))
+    client.delete_registered_model_alias(model, SHADOW)
+    reasons.append(f"@champion -> version {version}; @shadow removed")
+    d = PromotionDecision(
+        action=action,
+        model=model,
+        version=str(version),
+        passed=True,
+        reasons=tuple(reasons),
+        aliases_before=before,
+        aliases_after=current_aliases(tracking_uri, model),
+        metrics=report.metrics(),
+        evidence=dict(evidence or {}),
+    )
+    return _finish(d, tracking_uri, log)
+
+
+def rollback(*, tracking_uri: str, name: str | None = None, log: bool = True) -> PromotionDecision:
+    """Move ``champion`` back to ``previous`` (refused, and logged, when there is none)."""
+    from linkwise.models.registry import MODEL_NAME
+
+    model = name or MODEL_NAME
+    before = current_aliases(tracking_uri, model)
+    prev, cur = before.get(PREVIOUS), before.get(CHAMPION)
+    if prev is None:
+        d = _refused(
+            "rollback",
+            model,
+            cur,
+            ["FAIL previous: no @previous version to roll back to"],
+            before,
+            None,
+            None,
+        )
+        return _finish(d, tracking_uri, log)
+    client = _client(tracking_uri)
+    client.set_registered_model_alias(model, CHAMPION, prev)
+    client.delete_registered_model_alias(model, PREVIOUS)
+    if cur is not None:
+        client.set_model_version_tag(model, cur, "linkwise.rolled_back", str(time.time()))
+    d = PromotionDecision(
+        action="rollback",
+        model=model,
+        version=prev,
+        passed=True,
+        reasons=(f"@champion {cur or 'unset'} -> version {prev}; @previous removed",),
+        aliases_before=before,
+        aliases_after=current_aliases(tracking_uri, model),
+    )
+    return _finish(d, tracking_uri, log)
+
+
+# ------------------------------------------------------------------------ shadow evidence
+
+
+def shadow_evidence(
+    con: Any,
+    version: str,
+    *,
+    policy: Any,
+    topology: Any,
+    calibration: Any,
+    cluster: str | None = None,
+    seed: int = 0,
+) -> tuple[ShadowEvidence, dict[str, Any]]:
+    """The shadow gate's evidence from a live store (see the module docstring): the evidence
+    and a JSON-able description (window, approximations)."""
+    from linkwise.cluster.contention import AnalyticModel
+    from linkwise.cluster.domain import Job
+    from linkwise.cluster.profiles import assign_profiles
+    from linkwise.cluster.simulator import simulate
+
+    row = con.execute(
+        "SELECT count(DISTINCT cycle_id), min(ts), max(ts) FROM decisions "
+        "WHERE mode = 'shadow' AND model_version = ?",
+        [str(version)],
+    ).fetchone()
+    cycles = int(row[0]) if row else 0
+    since = float(row[1]) if row and row[1] is not None else None
+    until = float(row[2]) if row and row[2] is not None else None
+    info: dict[str, Any] = {
+        "since": since,
+        "until": until,
+        "approximations": "replay from an empty cluster; isolated time = Slurm's actual run "
+        "time (includes real contention, so the replay is pessimistic for the shadow policy)",
+    }
+    empty = ShadowEvidence(
+        str(version), cycles, since, until, 0, math.nan, math.nan, math.nan, math.nan
+    )
+    if since is None or until is None:
+        return empty, info
+    q = """
+        SELECT job_id, min(submit_time) AS submit, max(gpus) AS gpus,
+               sum(end_time - start_time) AS run_s, max(end_time) AS last_end
+        FROM jobs
+        WHERE start_time IS NOT NULL AND end_time IS NOT NULL AND end_time > start_time
+          AND gpus > 0 AND (CAST(? AS VARCHAR) IS NULL OR cluster = ?)
+        GROUP BY cluster, job_id
+        HAVING min(submit_time) >= ? AND min(submit_time) <= ?
+        ORDER BY submit, job_id
+    """
+    rows = con.execute(q, [cluster, cluster, since, until]).fetchall()
+    jobs = [
+        Job(job_id=int(r[0]), submit_time=float(r[1]), num_gpus=int(r[2]), duration=float(r[3]))
+        for r in rows
+        if int(r[2]) <= topology.total_gpus
+    ]
+    if not jobs:
+        return empty, info
+    actual = {int(r[0]): float(r[4]) - float(r[1]) for r in rows}
+    jobs = list(assign_profiles(jobs, calibration, seed=seed))
+    result = simulate(topology, jobs, AnalyticModel(calibration), policy)
+    sim = {r.job.job_id: r.jct for r in result.records}
+    ids = sorted(sim)
+    s = np.array([sim[i] for i in ids])
+    a = np.array([actual[i] for i in ids])
+    ev = ShadowEvidence(
+        version=str(version),
+        cycles=cycles,
+        since=since,
+        until=until,
+        jobs=len(ids),
+        sim_avg_jct_s=float(s.mean()),
+        actual_avg_jct_s=float(a.mean()),
+        sim_p99_jct_s=float(np.percentile(s, 99)),
+        actual_p99_jct_s=float(np.percentile(a, 99)),
+    )
+    return ev, info

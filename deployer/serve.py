@@ -1,0 +1,136 @@
+"""``linkwise serve``: the live scheduling loop's command line (see ``deployer.loop``).
+
+    linkwise serve --mode shadow|active --partition NAME [--policy model:champion|HEURISTIC]
+                   [--fallback HEURISTIC] [--slurm-env FILE] [--db PATH] [--interval S]
+                   [--lease S] [--metrics-port N] [--max-cycles N]
+
+Also runnable as ``python -m linkwise.deployer.serve ...``. Logs are JSON lines on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from linkwise.deployer.loop import ServeConfig, serve
+
+
+def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
+    """Add the ``serve`` subcommand to an ``add_subparsers()`` object."""
+    p: argparse.ArgumentParser = sub.add_parser(
+        "serve", help="run the live scheduling loop on Slurm (shadow or active)"
+    )
+    configure_parser(p)
+    p.set_defaults(func=cmd_serve)
+    return p
+
+
+def configure_parser(p: argparse.ArgumentParser) -> None:
+    """The options of ``serve``."""
+    p.add_argument(
+        "--mode",
+        choices=("shadow", "active"),
+        default="shadow",
+        help="shadow (default): record only; active: place and release held jobs",
+    )
+    p.add_argument(
+        "--partition",
+        action="append",
+        required=True,
+        metavar="NAME",
+        help="a partition to manage (repeat or comma-separate for several)",
+    )
+    p.add_argument(
+        "--policy",
+        default="backfill",
+        help="model:champion, model:PATH, model:models:/..., or a heuristic",
+    )
+    p.add_argument(
+        "--fallback",
+        default="backfill",
+        help="the heuristic used when the model cannot be loaded or fails",
+    )
+    p.add_argument(
+        "--slurm-env",
+        default="/tmp/linkwise-slurm/env",
+        help="env file with SLURM_CONF (scripts/local-slurm writes one)",
+    )
+    p.add_argument("--transport", choices=("cli", "rest"), default="cli")
+    p.add_argument("--db", default="linkwise-out/linkwise.duckdb", help="the DuckDB store")
+    p.add_argument(
+        "--state-dir", default="linkwise-out/serve", help="lease, spool and watchdog log"
+    )
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between cycles")
+    p.add_argument(
+        "--lease",
+        type=float,
+        default=30.0,
+        help="seconds the held jobs stay ours without a renewal",
+    )
+    p.add_argument(
+        "--max-hold",
+        type=float,
+        default=900.0,
+        help="release a held job unchanged after this many seconds",
+    )
+    p.add_argument(
+        "--reload", type=float, default=30.0, help="seconds between checks of the model alias"
+    )
+    p.add_argument("--metrics-port", type=int, default=None, help="Prometheus /metrics port")
+    p.add_argument("--max-cycles", type=int, default=None, help="stop after N cycles")
+    p.add_argument(
+        "--no-watchdog",
+        action="store_true",
+        help="do not start the watchdog process (active mode; not recommended)",
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> ServeConfig:
+    """A ``ServeConfig`` from parsed arguments."""
+    parts = tuple(p.strip() for item in args.partition for p in item.split(",") if p.strip())
+    return ServeConfig(
+        mode=args.mode,
+        partitions=parts,
+        policy=args.policy,
+        fallback=args.fallback,
+        slurm_env=args.slurm_env,
+        transport=args.transport,
+        db=args.db or None,
+        state_dir=args.state_dir,
+        interval_s=args.interval,
+        lease_s=args.lease,
+        max_hold_s=args.max_hold,
+        reload_s=args.reload,
+        metrics_port=args.metrics_port,
+        max_cycles=args.max_cycles,
+        watchdog=not args.no_watchdog,
+    )
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Run ``linkwise serve``; prints a JSON summary on stdout."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    try:
+        config = config_from_args(args)
+    except ValueError as exc:
+        print(f"linkwise serve: {exc}", file=sys.stderr)
+        return 2
+    summary = serve(config, install_signals=True)
+    summary.pop("metrics", None)
+    print(json.dumps(summary))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m linkwise.deployer.serve``."""
+    parser = argparse.ArgumentParser(prog="linkwise serve", description=__doc__)
+    configure_parser(parser)
+    return cmd_serve(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

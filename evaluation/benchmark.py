@@ -1,0 +1,521 @@
+"""The simulator benchmark: policies x evaluation windows x seeds, in parallel.
+
+An evaluation *case* is one window of a workload (``datasets.rollouts.Window``) resampled
+with a seed (the same seeded block bootstrap as the rollouts, ``block_s <= 0`` replays the
+window as it was) and given contention profiles drawn with that seed: every policy runs on
+exactly the same jobs for a case, so results are paired by (window, seed) and by job.
+
+Per run (policy x case) the benchmark keeps the metrics of ``linkwise simulate``
+(``cluster.metrics.summarize``), every job's JCT, run time and isolated run time, and:
+
+- **Lower bound.** A job's isolated run time at its best placement (``Job.duration``: no
+  queueing, no contention) bounds its JCT from below. ``lower_bound_s`` is their mean, the
+  floor of the average JCT; ``lower_bound_p99_s`` their 99th percentile, the floor of the p99
+  JCT (JCT_i >= iso_i for every job implies the same for every quantile). Ratios to them
+  (``avg_jct_over_lb``, ``p99_jct_over_lb``) read as "how far from the limit".
+- **Per-job slowdown.** ``JCT / isolated run time``, bounded as usual (Feitelson: isolated
+  times below ``BOUNDED_SLOWDOWN_FLOOR_S`` = 10 s count as 10 s; never below 1).
+- **Fairness.** ``unfair_share``: the share of jobs whose bounded slowdown exceeds
+  ``UNFAIR_SLOWDOWN`` (5): jobs that waited or were slowed to more than five times what they
+  would have taken alone. ``p95_slowdown`` is given beside it.
+- **Decision latency.** Wall milliseconds per ``decide`` call (one decision point, all the
+  starts chosen there), p50, p99 and max.
+- **Masked actions.** For step policies (an ``act(obs, mask)``, a ``spec`` and a ``model``,
+  e.g. ``LearnedPolicy``) every chosen action is checked against the mask; a masked choice is
+  counted and replaced by "wait" so the run completes and the gate can refuse it. None for
+  policies that decide directly (heuristics: the simulator refuses impossible starts).
+
+``run_benchmark`` maps ``run_task`` over every (policy, case): in this process
+(``"serial"``) or through a Prefect task runner (``"local[:N]"``, ``"threads[:N]"``,
+``"dask"``, ``"dask://HOST:PORT"``; ``datasets.rollouts.make_task_runner``), results in
+task order whatever the executor.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from linkwise.cluster.contention import AnalyticModel
+from linkwise.cluster.domain import ClusterState, Decision, Job, Policy, Topology
+from linkwise.cluster.metrics import BOUNDED_SLOWDOWN_FLOOR_S, summarize
+from linkwise.cluster.simulator import SimConfig, simulate
+from linkwise.datasets.rollouts import Window, make_task_runner, resample_window
+
+__all__ = [
+    "UNFAIR_SLOWDOWN",
+    "BenchTask",
+    "Benchmark",
+    "CaseResult",
+    "EvalCase",
+    "PolicyRef",
+    "bounded_slowdown",
+    "case_jobs",
+    "load_benchmark",
+    "make_bench_policy",
+    "make_cases",
+    "run_benchmark",
+    "run_task",
+    "save_benchmark",
+]
+
+UNFAIR_SLOWDOWN = 5.0  # a job is treated unfairly when its bounded slowdown exceeds this
+
+
+@dataclass(frozen=True)
+class PolicyRef:
+    """A policy as the benchmark shows it (``label``) and runs it (``spec``: anything
+    ``evaluation.compare.make_scenario_policy`` resolves, e.g. a heuristic ``name[:k=v]``,
+    ``model:ALIAS``, ``model:PATH`` or a pinned ``model:models:/NAME/VERSION``)."""
+
+    label: str
+    spec: str
+
+    @staticmethod
+    def of(policy: str | PolicyRef) -> PolicyRef:
+        return policy if isinstance(policy, PolicyRef) else PolicyRef(policy, policy)
+
+
+@dataclass(frozen=True)
+class EvalCase:
+    """One evaluation workload: a window resampled with a seed, on a cluster (picklable).
+
+    ``topology`` is a ``load_topology`` argument or a ``Topology``; ``calibration`` a
+    calibration file (None: the shipped one); ``block_s`` the bootstrap block (<= 0: replay
+    the window as it was); ``tick_s`` periodic decision points (None: events only)."""
+
+    window: Window
+    seed: int
+    topology: str | Topology
+    calibration: str | None = None
+    contention: str = "analytic"
+    block_s: float = 1800.0
+    tick_s: float | None = None
+    data_dir: str | None = None
+
+    @property
+    def case_id(self) -> str:
+        return f"w{self.window.window_id}/s{self.seed}"
+
+
+@dataclass(frozen=True)
+class BenchTask:
+    """One run: a policy on a case; ``tracking_uri`` is where ``model:models:/...`` specs are
+    loaded from (None: ``MLFLOW_TRACKING_URI`` or the default store)."""
+
+    policy: PolicyRef
+    case: EvalCase
+    tracking_uri: str | None = None
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    """One policy on one case: the summary metrics and every job's times (by job id)."""
+
+    policy: str
+    spec: str
+    window_id: int
+    seed: int
+    metrics: dict[str, Any]
+    job_ids: tuple[int, ...]
+    jct_s: tuple[float, ...]
+    run_s: tuple[float, ...]
+    isolated_s: tuple[float, ...]
+    decisions: int
+    latency_ms: dict[str, float]
+    masked_actions: int | None
+
+    @property
+    def case_id(self) -> str:
+        return f"w{self.window_id}/s{self.seed}"
+
+    def row(self) -> dict[str, Any]:
+        """The flat summary row (metrics, lower bounds, fairness, latency)."""
+        return {
+            "policy": self.policy,
+            "spec": self.spec,
+            "window_id": self.window_id,
+            "seed": self.seed,
+            **self.metrics,
+            "decisions": self.decisions,
+            **{f"latency_ms_{k}": v for k, v in self.latency_ms.items()},
+            "masked_actions": self.masked_actions,
+        }
+
+
+def bounded_slowdown(jct: np.ndarray, isolated: np.ndarray) -> np.ndarray:
+    """``max(1, JCT / max(isolated, 10 s))`` per job."""
+    out: np.ndarray = np.maximum(1.0, jct / np.maximum(isolated, BOUNDED_SLOWDOWN_FLOOR_S))
+    return out
+
+
+def extra_metrics(jct: np.ndarray, run: np.ndarray, isolated: np.ndarray) -> dict[str, float]:
+    """Lower bounds, ratios to them, slowdowns and fairness of one run's jobs."""
+    lb = float(isolated.mean())
+    lb99 = float(np.percentile(isolated, 99))
+    slow = bounded_slowdown(jct, isolated)
+    return {
+        "lower_bound_s": lb,
+        "lower_bound_p99_s": lb99,
+        "avg_jct_over_lb": float(jct.mean()) / lb if lb > 0 else math.nan,
+        "p99_jct_over_lb": float(np.percentile(jct, 99)) / lb99 if lb99 > 0 else math.nan,
+        "avg_slowdown": float(slow.mean()),
+        "p95_slowdown": float(np.percentile(slow, 95)),
+        "unfair_share": float((slow > UNFAIR_SLOWDOWN).mean()),
+        "p95_contention_slowdown": float(np.percentile(run / isolated, 95)),
+    }
+
+
+# ------------------------------------------------------------------------ one run
+
+
+def case_jobs(case: EvalCase) -> tuple[Job, ...]:
+    """The jobs of a case: the window resampled with the case's seed, profiles drawn with
+    it, jobs larger than the cluster left out."""
+    from linkwise.cluster.profiles import assign_profiles, load_calibration
+    from linkwise.cluster.topology import load_topology
+
+    topo = load_topology(case.topology) if isinstance(case.topology, str) else case.topology
+    cal = load_calibration(case.calibration)
+    jobs = assign_profiles(
+        resample_window(case.window, case.seed, case.block_s), cal, seed=case.seed
+    )
+    return tuple(j for j in jobs if j.num_gpus <= topo.total_gpus)
+
+
+def _scenario(case: EvalCase) -> Any:
+    from linkwise.cluster.profiles import load_calibration
+    from linkwise.cluster.topology import load_topology
+    from linkwise.evaluation.compare import Scenario
+
+    topo = load_topology(case.topology) if isinstance(case.topology, str) else case.topology
+    return Scenario(
+        topology=topo,
+        jobs=case_jobs(case),
+        calibration=load_calibration(case.calibration),
+        contention=case.contention,
+        config=SimConfig(tick_s=case.tick_s),
+        data_dir=case.data_dir,
+    )
+
+
+def make_bench_policy(scenario: Any, spec: str, tracking_uri: str | None = None) -> Policy:
+    """The policy a spec names on a scenario: ``model:models:/...`` loaded from
+    ``tracking_uri`` when given, anything else through ``make_scenario_policy``."""
+    text = spec.strip()
+    if tracking_uri and text.startswith("model:models:/"):
+        from linkwise.models.registry import load_policy
+
+        return load_policy(
+            text.removeprefix("model:"),
+            model=AnalyticModel(scenario.calibration),
+            tracking_uri=tracking_uri,
+        )
+    from linkwise.evaluation.compare import make_scenario_policy
+
+    return make_scenario_policy(scenario, spec)
+
+
+@dataclass
+class _Probe:
+    """Wraps a policy: times every ``decide``; for step policies checks every action."""
+
+    inner: Policy
+    name: str
+    latencies: list[float] = field(default_factory=list)
+    masked: int | None = None
+    _step: Any = None
+
+    def __post_init__(self) -> None:
+        inner: Any = self.inner
+        if all(hasattr(inner, a) for a in ("act", "spec", "model")) and callable(inner.act):
+            from linkwise.cluster.mdp import MdpPolicy
+
+            self.masked = 0
+            wait = int(inner.spec.config.wait_action)
+
+            def checked(obs: Any, mask: Any) -> int:
+                a = int(inner.act(obs, mask))
+                if not (0 <= a < len(mask) and bool(mask[a])):
+                    self.masked = (self.masked or 0) + 1
+                    return wait
+                return a
+
+            self._step = MdpPolicy(act=checked, spec=inner.spec, model=inner.model, name=self.name)
+
+    def decide(self, state: ClusterState) -> Decision:
+        t = time.perf_counter()
+        d: Decision = (self._step or self.inner).decide(state)
+        self.latencies.append((time.perf_counter() - t) * 1000.0)
+        return d
+
+
+def run_task(task: BenchTask) -> CaseResult:
+    """Simulate one policy on one case (deterministic but for the latencies)."""
+    scenario = _scenario(task.case)
+    if not scenario.jobs:
+        raise ValueError(f"case {task.case.case_id} has no jobs (pick busier windows)")
+    probe = _Probe(
+        make_bench_policy(scenario, task.policy.spec, task.tracking_uri), task.policy.label
+    )
+    result = simulate(scenario.topology, scenario.jobs, scenario.model(), probe, scenario.config)
+    recs = sorted(result.records, key=lambda r: r.job.job_id)
+    metrics = summarize(
+        recs,
+        total_gpus=scenario.topology.total_gpus,
+        events=result.events,
+        wall_s=result.wall_s,
+        policy=task.policy.label,
+    ).to_dict()
+    jct = np.array([r.jct for r in recs])
+    run = np.array([r.run_s for r in recs])
+    iso = np.array([r.job.duration for r in recs])
+    metrics.update(extra_metrics(jct, run, iso))
+    lat = np.asarray(probe.latencies) if probe.latencies else np.zeros(1)
+    return CaseResult(
+        policy=task.policy.label,
+        spec=task.policy.spec,
+        window_id=task.case.window.window_id,
+        seed=task.case.seed,
+        metrics=metrics,
+        job_ids=tuple(r.job.job_id for r in recs),
+        jct_s=tuple(float(x) for x in jct),
+        run_s=tuple(float(x) for x in run),
+        isolated_s=tuple(float(x) for x in iso),
+        decisions=len(probe.latencies),
+        latency_ms={
+            "p50": float(np.percentile(lat, 50)),
+            "p99": float(np.percentile(lat, 99)),
+            "max": float(lat.max()),
+        },
+        masked_actions=probe.masked,
+    )
+
+
+def run_batch(tasks: Sequence[BenchTask], label: str = "") -> list[CaseResult]:
+    """Several runs in one call, in order (``label`` names the Prefect task run)."""
+    return [run_task(t) for t in tasks]
+
+
+# ------------------------------------------------------------------------ the grid
+
+
+def make_cases(
+    windows: Sequence[Window],
+    seeds: Sequence[int],
+    topology: str | Topology,
+    *,
+    calibration: str | None = None,
+    contention: str = "analytic",
+    block_s: float = 1800.0,
+    tick_s: float | None = None,
+    data_dir: str | None = None,
+) -> list[EvalCase]:
+    """Every window x seed, in that nesting order."""
+    return [
+        EvalCase(
+            window=w,
+            seed=int(s),
+            topology=topology,
+            calibration=calibration,
+            contention=contention,
+            block_s=block_s,
+            tick_s=tick_s,
+            data_dir=data_dir,
+        )
+        for w in windows
+        for s in seeds
+    ]
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """All runs of a benchmark, and the policies and cases in their order."""
+
+    results: tuple[CaseResult, ...]
+    policies: tuple[str, ...]
+    cases: tuple[str, ...]
+    specs: dict[str, str] = field(default_factory=dict)
+
+    def runs(self, policy: str) -> list[CaseResult]:
+        """One policy's runs in case order."""
+        order = {c: i for i, c in enumerate(self.cases)}
+        found = sorted(
+            (r for r in self.results if r.policy == policy), key=lambda r: order[r.case_id]
+        )
+        if not found:
+            raise KeyError(f"no runs of policy {policy!r} (have {', '.join(self.policies)})")
+        return found
+
+    def summary(self) -> list[dict[str, Any]]:
+        """Per policy, the mean over cases of every numeric metric, plus totals of masked
+        actions and the worst p99 decision latency."""
+        out: list[dict[str, Any]] = []
+        for p in self.policies:
+            rows = [r.row() for r in self.runs(p)]
+            keys = [
+                k
+                for k, v in rows[0].items()
+                if isinstance(v, int | float) and k not in ("window_id", "seed", "masked_actions")
+            ]
+            agg: dict[str, Any] = {"policy": p, "spec": self.specs.get(p, p), "cases": len(rows)}
+            agg.update({k: float(np.mean([float(r[k]) for r in rows])) for k in keys})
+            masked = [r["masked_actions"] for r in rows]
+            agg["masked_actions"] = None if any(m is None for m in masked) else int(sum(masked))
+            agg["latency_ms_p99"] = float(max(r["latency_ms_p99"] for r in rows))
+            agg["latency_ms_max"] = float(max(r["latency_ms_max"] for r in rows))
+            out.append(agg)
+        return out
+
+    def jobs_frame(self) -> pl.DataFrame:
+        """One row per (policy, case, job): JCT, run time, isolated run time."""
+        parts = [
+            pl.DataFrame(
+                {
+                    "policy": [r.policy] * len(r.job_ids),
+                    "window_id": [r.window_id] * len(r.job_ids),
+                    "seed": [r.seed] * len(r.job_ids),
+                    "job_id": list(r.job_ids),
+                    "jct_s": list(r.jct_s),
+                    "run_s": list(r.run_s),
+                    "isolated_s": list(r.isolated_s),
+                },
+                schema={
+                    "policy": pl.String,
+                    "window_id": pl.Int64,
+                    "seed": pl.Int64,
+                    "job_id": pl.Int64,
+                    "jct_s": pl.Float64,
+                    "run_s": pl.Float64,
+                    "isolated_s": pl.Float64,
+                },
+            )
+            for r in self.results
+        ]
+        return pl.concat(parts, how="vertical")
+
+
+def run_benchmark(
+    policies: Sequence[str | PolicyRef],
+    cases: Sequence[EvalCase],
+    *,
+    executor: str = "serial",
+    tracking_uri: str | None = None,
+    batch: int = 1,
+    on_done: Callable[[CaseResult], None] | None = None,
+) -> Benchmark:
+    """Every policy on every case; policies fail fast (unknown names, unloadable models)
+    before any simulation."""
+    refs = [PolicyRef.of(p) for p in policies]
+    labels = [r.label for r in refs]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"duplicate policy labels: {labels}")
+    if not cases:
+        raise ValueError("no evaluation cases")
+    probe_scenario = _scenario(cases[0])
+    for ref in refs:
+        make_bench_policy(probe_scenario, ref.spec, tracking_uri)
+    tasks = [BenchTask(ref, case, tracking_uri) for ref in refs for case in cases]
+    if executor == "serial":
+        results: list[CaseResult] = []
+        for t in tasks:
+            results.append(run_task(t))
+            if on_done:
+                on_done(results[-1])
+    else:
+        results = _run_prefect(tasks, executor, batch)
+        if on_done:
+            for r in results:
+                on_done(r)
+    return Benchmark(
+        results=tuple(results),
+        policies=tuple(labels),
+        cases=tuple(c.case_id for c in cases),
+        specs={r.label: r.spec for r in refs},
+    )
+
+
+def _run_prefect(tasks: Sequence[BenchTask], executor: str, batch: int) -> list[CaseResult]:
+    from prefect import flow, task
+    from prefect.cache_policies import NO_CACHE
+
+    if batch <= 0:
+        raise ValueError("batch must be positive")
+    chunks = [tuple(tasks[i : i + batch]) for i in range(0, len(tasks), batch)]
+    labels = [f"{c[0].policy.label} {c[0].case.case_id}" for c in chunks]
+    run = task(name="benchmark", task_run_name="{label}", cache_policy=NO_CACHE)(run_batch)
+
+    def benchmark() -> list[list[CaseResult]]:
+        futures = run.map(chunks, label=labels)
+        return [f.result() for f in futures]
+
+    fl = flow(name="benchmark", task_runner=make_task_runner(executor), validate_parameters=False)
+    out: list[list[CaseResult]] = fl(benchmark)()
+    return [r for part in out for r in part]
+
+
+# ------------------------------------------------------------------------ on disk
+
+
+def save_benchmark(bench: Benchmark, out_dir: str | Path) -> dict[str, Path]:
+    """``runs.json`` (every run's metrics) and ``jobs.parquet`` (every job) in ``out_dir``."""
+    import json
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    runs = {
+        "policies": list(bench.policies),
+        "cases": list(bench.cases),
+        "specs": bench.specs,
+        "runs": [
+            {
+                k: v
+                for k, v in asdict(r).items()
+                if k not in ("job_ids", "jct_s", "run_s", "isolated_s")
+            }
+            for r in bench.results
+        ],
+    }
+    runs_path = out / "runs.json"
+    runs_path.write_text(json.dumps(runs, indent=1, default=float) + "\n")
+    jobs_path = out / "jobs.parquet"
+    bench.jobs_frame().write_parquet(jobs_path)
+    return {"runs": runs_path, "jobs": jobs_path}
+
+
+def load_benchmark(out_dir: str | Path) -> Benchmark:
+    """A benchmark written by ``save_benchmark``."""
+    import json
+
+    d = Path(out_dir)
+    runs = json.loads((d / "runs.json").read_text())
+    jobs = pl.read_parquet(d / "jobs.parquet")
+    results: list[CaseResult] = []
+    for r in runs["runs"]:
+        part = jobs.filter(
+            (pl.col("policy") == r["policy"])
+            & (pl.col("window_id") == r["window_id"])
+            & (pl.col("seed") == r["seed"])
+        ).sort("job_id")
+        results.append(
+            CaseResult(
+                **r,
+                job_ids=tuple(part["job_id"].to_list()),
+                jct_s=tuple(part["jct_s"].to_list()),
+                run_s=tuple(part["run_s"].to_list()),
+                isolated_s=tuple(part["isolated_s"].to_list()),
+            )
+        )
+    return Benchmark(
+        results=tuple(results),
+        policies=tuple(runs["policies"]),
+        cases=tuple(runs["cases"]),
+        specs=dict(runs["specs"]),
+    )

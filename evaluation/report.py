@@ -1,0 +1,353 @@
+"""The evaluation report: Markdown, plots and JSON in a folder, logged to MLflow.
+
+``write_report`` writes into ``out_dir``:
+
+- ``report.md``: the setup (cluster, workload, evaluation windows and the dataset windows
+  they are held out from, seeds), a table per policy (avg / p99 JCT, ratios to the lower
+  bound, slowdowns, unfair share, utilisation, decision latency, masked actions) and the
+  paired avg / p99 JCT ratios to the baseline with bootstrap intervals;
+- ``jct_cdf.png`` (all jobs of all cases per policy), ``jct_ratios.png`` (avg and p99 ratios
+  to the baseline with intervals), ``contention_slowdown.png`` (CDF of run time / isolated
+  run time per policy);
+- ``results.json`` (context, summary rows, ratios), ``runs.json`` and ``jobs.parquet``
+  (``evaluation.benchmark.save_benchmark``: the raw runs, so gates can be re-checked).
+
+``log_report`` records it as an MLflow run: context as parameters, per-policy metrics, the
+folder as artifacts.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from linkwise.evaluation.benchmark import UNFAIR_SLOWDOWN, Benchmark, save_benchmark
+from linkwise.evaluation.stats import STATS, RatioCI, paired_ratio
+
+__all__ = [
+    "EXPERIMENT",
+    "EvaluationReport",
+    "compute_ratios",
+    "log_report",
+    "render_markdown",
+    "write_report",
+]
+
+EXPERIMENT = "linkwise-evaluation"
+
+
+@dataclass(frozen=True)
+class EvaluationReport:
+    """Where the report went and what it says."""
+
+    out_dir: str
+    files: dict[str, str]
+    summary: list[dict[str, Any]]
+    ratios: list[RatioCI]
+    baseline: str
+    context: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "out_dir": self.out_dir,
+            "files": self.files,
+            "baseline": self.baseline,
+            "context": self.context,
+            "summary": self.summary,
+            "ratios": [r.to_json() for r in self.ratios],
+        }
+
+
+def compute_ratios(
+    bench: Benchmark, baseline: str, *, n_boot: int = 2000, level: float = 0.95, seed: int = 0
+) -> list[RatioCI]:
+    """avg and p99 JCT ratios of every other policy to ``baseline``, paired."""
+    if baseline not in bench.policies:
+        raise ValueError(f"baseline {baseline!r} is not among the policies {bench.policies}")
+    return [
+        paired_ratio(bench, p, baseline, stat, n_boot=n_boot, level=level, seed=seed)
+        for p in bench.policies
+        if p != baseline
+        for stat in STATS
+    ]
+
+
+def _h(seconds: float) -> str:
+    return f"{seconds / 3600:.2f}"
+
+
+def render_markdown(
+    summary: Sequence[Mapping[str, Any]],
+    ratios: Sequence[RatioCI],
+    baseline: str,
+    context: Mapping[str, Any],
+    plots: Mapping[str, str],
+) -> str:
+    """The Markdown report."""
+    lines = ["# linkwise evaluation", "", "## Setup", ""]
+    for key in (
+        "cluster",
+        "gpus",
+        "contention",
+        "workload",
+        "workload_source",
+        "window_s",
+        "block_s",
+        "seeds",
+        "cases",
+        "baseline",
+        "executor",
+    ):
+        if key in context:
+            lines.append(f"- **{key}**: {context[key]}")
+    ev = context.get("evaluation_windows", [])
+    if ev:
+        lines += ["", "Evaluation windows (held out):", ""]
+        lines += [
+            f"- {w['label']}: [{w['start']:.0f}, {w['end']:.0f}) s, {w.get('jobs', '?')} jobs"
+            for w in ev
+        ]
+    used = context.get("dataset_windows", [])
+    if context.get("datasets"):
+        lines += ["", "Training data it is held out from:", ""]
+        lines += [f"- dataset {d}" for d in context["datasets"]]
+        lines += [f"  - {u['label']}: [{u['start']:.0f}, {u['end']:.0f}) s" for u in used[:50]]
+        if len(used) > 50:
+            lines.append(f"  - ... and {len(used) - 50} more spans")
+    elif "datasets" in context:
+        lines += ["", "Training data: none named (no --holdout-from, no model manifest)."]
+    lines += [
+        "",
+        "## Results (mean over cases)",
+        "",
+        "Lower bound (LB): mean isolated best-placement run time (no queueing, no contention); "
+        "the p99 LB is the p99 of isolated run times. Slowdown = JCT / isolated run time "
+        f"(bounded, 10 s floor); unfair = share of jobs with slowdown > {UNFAIR_SLOWDOWN:g}.",
+        "",
+        "| policy | avg JCT h | p99 JCT h | avg/LB | p99/LB | avg slowdown | unfair | "
+        "contention x | GPU util | latency p99 ms | masked |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in summary:
+        masked = "n/a" if r["masked_actions"] is None else str(r["masked_actions"])
+        lines.append(
+            f"| {r['policy']} | {_h(r['avg_jct_s'])} | {_h(r['p99_jct_s'])} | "
+            f"{r['avg_jct_over_lb']:.2f} | {r['p99_jct_over_lb']:.2f} | "
+            f"{r['avg_slowdown']:.2f} | {r['unfair_share']:.1%} | "
+            f"{r['avg_contention_slowdown']:.3f} | {r['gpu_utilization']:.1%} | "
+            f"{r['latency_ms_p99']:.1f} | {masked} |"
+        )
+    if summary:
+        lb = summary[0]
+        lines += [
+            "",
+            f"Lower bound: avg {_h(lb['lower_bound_s'])} h, p99 {_h(lb['lower_bound_p99_s'])} h.",
+        ]
+    if ratios:
+        level = ratios[0].level
+        lines += [
+            "",
+            f"## Paired JCT ratios to {baseline} ({level:.0%} bootstrap intervals)",
+            "",
+            "Ratio < 1: better than the baseline. Paired by case (window x seed) and job; "
+            f"{ratios[0].n_boot} resamples, seed {ratios[0].seed}.",
+            "",
+            "| policy | avg ratio | avg CI | p99 ratio | p99 CI | cases won (avg) |",
+            "|---|---|---|---|---|---|",
+        ]
+        by = {(r.policy, r.stat): r for r in ratios}
+        for p in dict.fromkeys(r.policy for r in ratios):
+            a, q = by[(p, "avg")], by[(p, "p99")]
+            lines.append(
+                f"| {p} | {a.ratio:.3f} | [{a.low:.3f}, {a.high:.3f}] | {q.ratio:.3f} | "
+                f"[{q.low:.3f}, {q.high:.3f}] | {a.wins:.0%} |"
+            )
+    lines += ["", "## Plots", ""]
+    lines += [f"![{name}]({path})" for name, path in plots.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _plot_cdf(
+    bench: Benchmark, path: Path, values: str, xlabel: str, title: str, log: bool
+) -> Path:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for p in bench.policies:
+        runs = bench.runs(p)
+        if values == "jct":
+            x = np.concatenate([np.asarray(r.jct_s) for r in runs]) / 3600.0
+        else:
+            x = np.concatenate([np.asarray(r.run_s) / np.asarray(r.isolated_s) for r in runs])
+        x = np.sort(x)
+        ax.plot(x, np.arange(1, len(x) + 1) / len(x), label=p)
+    if log:
+        ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("fraction of jobs")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _plot_ratios(ratios: Sequence[RatioCI], baseline: str, path: Path) -> Path:
+    plt = _plt()
+    policies = list(dict.fromkeys(r.policy for r in ratios))
+    fig, ax = plt.subplots(figsize=(7, 0.5 * max(len(policies), 2) + 1.5))
+    y = np.arange(len(policies))
+    for off, stat, color in ((-0.15, "avg", "tab:blue"), (0.15, "p99", "tab:orange")):
+        rs = [next(r for r in ratios if r.policy == p and r.stat == stat) for p in policies]
+        mid = np.array([r.ratio for r in rs])
+        err = np.array([[r.ratio - r.low for r in rs], [r.high - r.ratio for r in rs]])
+        ax.errorbar(
+            mid,
+            y + off,
+            xerr=np.maximum(err, 0),
+            fmt="o",
+            color=color,
+            capsize=3,
+            label=f"{stat} JCT",
+        )
+    ax.axvline(1.0, color="grey", lw=1, ls="--")
+    ax.set_yticks(y, policies)
+    ax.set_xlabel(f"JCT ratio to {baseline} (< 1 is better)")
+    ax.set_title("Paired JCT ratios with bootstrap intervals")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_report(
+    bench: Benchmark,
+    out_dir: str | Path,
+    *,
+    baseline: str,
+    context: Mapping[str, Any] | None = None,
+    n_boot: int = 2000,
+    level: float = 0.95,
+    seed: int = 0,
+) -> EvaluationReport:
+    """Write the report folder (see the module docstring)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    ctx = {**(context or {}), "baseline": baseline}
+    summary = bench.summary()
+    ratios = compute_ratios(bench, baseline, n_boot=n_boot, level=level, seed=seed)
+    files = {k: str(v) for k, v in save_benchmark(bench, out).items()}
+    plots = {
+        "jct_cdf": _plot_cdf(
+            bench,
+            out / "jct_cdf.png",
+            "jct",
+            "job completion time (hours)",
+            "JCT CDF (all evaluation cases)",
+            True,
+        ),
+        "contention_slowdown": _plot_cdf(
+            bench,
+            out / "contention_slowdown.png",
+            "contention",
+            "run time / isolated run time",
+            "Contention slowdown per job",
+            False,
+        ),
+    }
+    if ratios:
+        plots["jct_ratios"] = _plot_ratios(ratios, baseline, out / "jct_ratios.png")
+    md = render_markdown(summary, ratios, baseline, ctx, {k: p.name for k, p in plots.items()})
+    (out / "report.md").write_text(md)
+    files.update({k: str(p) for k, p in plots.items()})
+    files["report"] = str(out / "report.md")
+    report = EvaluationReport(
+        out_dir=str(out),
+        files=files,
+        summary=summary,
+        ratios=ratios,
+        baseline=baseline,
+        context=ctx,
+    )
+    results = out / "results.json"
+    results.write_text(json.dumps(report.to_json(), indent=1, default=str) + "\n")
+    files["results"] = str(results)
+    return report
+
+
+def _param(v: Any) -> str:
+    text = v if isinstance(v, str) else json.dumps(v, default=str)
+    return text[:500]
+
+
+def log_report(
+    report: EvaluationReport,
+    *,
+    tracking_uri: str,
+    experiment: str = EXPERIMENT,
+    run_name: str | None = None,
+) -> str:
+    """Log the report as an MLflow run (context as params, per-policy metrics as
+    ``POLICY.METRIC``, ratios as ``POLICY.avg_ratio[_low|_high]``, the folder as
+    artifacts); the run id."""
+    from linkwise.models.registry import ensure_experiment, mlflow_env
+
+    mlflow_env()
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    exp = ensure_experiment(client, experiment, tracking_uri=tracking_uri)
+    run = client.create_run(exp, run_name=run_name or "evaluation")
+    rid = run.info.run_id
+    try:
+        for k, v in report.context.items():
+            client.log_param(rid, k, _param(v))
+        keys = (
+            "avg_jct_s",
+            "p99_jct_s",
+            "avg_jct_over_lb",
+            "p99_jct_over_lb",
+            "avg_slowdown",
+            "unfair_share",
+            "avg_contention_slowdown",
+            "gpu_utilization",
+            "latency_ms_p99",
+            "lower_bound_s",
+        )
+        for row in report.summary:
+            name = _metric_name(str(row["policy"]))
+            for k in keys:
+                v = float(row[k])
+                if math.isfinite(v):
+                    client.log_metric(rid, f"{name}.{k}", v)
+        for r in report.ratios:
+            name = _metric_name(r.policy)
+            client.log_metric(rid, f"{name}.{r.stat}_ratio", r.ratio)
+            client.log_metric(rid, f"{name}.{r.stat}_ratio_low", r.low)
+            client.log_metric(rid, f"{name}.{r.stat}_ratio_high", r.high)
+        client.log_artifacts(rid, report.out_dir, artifact_path="evaluation")
+    finally:
+        client.set_terminated(rid)
+    return str(rid)
+
+
+def _metric_name(text: str) -> str:
+    """MLflow metric names allow alphanumerics, _ - . space : /; anything else becomes _."""
+    return "".join(c if c.isalnum() or c in "_-. :/" else "_" for c in text)

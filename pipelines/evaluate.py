@@ -1,0 +1,652 @@
+"""Evaluate, gate, promote: the plain functions, the Prefect flow and the CLI.
+
+``evaluate`` benchmarks policies on held-out windows of a workload (a trace file or the
+store's accounting) and writes the report (``evaluation.report``), logged to MLflow:
+
+1. ``model:ALIAS`` specs are pinned to the version the alias points at now
+   (``model:models:/linkwise-policy/N``), so an alias moving mid-run changes nothing, and
+   the versions are recorded in the report.
+2. The training data to hold out from: the manifests given (``holdout_from``) and the
+   dataset manifest inside every learned policy's package. Named windows overlapping them
+   are refused (``evaluation.holdout.HoldoutError``); without named windows the last
+   ``n_windows`` free windows (with ``min_jobs`` jobs) are taken.
+3. Policies x windows x seeds in the simulator (``evaluation.benchmark``, ``executor`` as
+   for rollouts), paired statistics against ``baseline`` (``evaluation.stats``).
+
+``gate_challenger`` builds the challenger gate's evidence from an evaluation folder, the
+registry's aliases and FQE numbers (``evaluation.ope``'s mapping ``policy -> {estimate,
+behaviour_return, spread}``, or a JSON file of it) and checks it (``evaluation.gates``).
+``promote_from_evaluation`` / ``promote_from_shadow`` apply ``deployer.promote``.
+``evaluate_and_promote`` chains evaluate, gate and promote; ``evaluate_flow`` is its Prefect
+flow. ``add_evaluate_parsers`` adds ``linkwise evaluate``, ``promote`` and ``rollback``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+from linkwise.evaluation.benchmark import Benchmark, PolicyRef, load_benchmark, make_cases
+from linkwise.evaluation.gates import (
+    ChallengerEvidence,
+    GateConfig,
+    GateReport,
+    check_challenger,
+    check_shadow,
+    load_gates,
+    ope_evidence,
+)
+from linkwise.evaluation.holdout import (
+    Span,
+    check_heldout,
+    dataset_spans,
+    file_sha256,
+    heldout_windows,
+    trace_source,
+    window_spans,
+)
+from linkwise.evaluation.report import EvaluationReport, log_report, write_report
+
+__all__ = [
+    "DEFAULT_CLUSTER",
+    "add_evaluate_parsers",
+    "evaluate",
+    "evaluate_and_promote",
+    "evaluate_flow",
+    "gate_challenger",
+    "gate_evidence",
+    "model_manifest",
+    "pin_policies",
+    "promote_from_evaluation",
+    "promote_from_shadow",
+]
+
+DEFAULT_CLUSTER = "16x8,leaf=4"
+
+
+# ------------------------------------------------------------------------ policies
+
+
+def _alias_target(spec: str) -> str | None:
+    """The alias a ``model:ALIAS`` spec names (None for paths, URIs and heuristics)."""
+    text = spec.strip()
+    if not text.startswith("model:"):
+        return None
+    target = text.removeprefix("model:").strip()
+    if target.startswith("models:/") or os.sep in target or target.startswith("."):
+        return None
+    return None if Path(target).exists() else target
+
+
+def pin_policies(specs: Sequence[str], tracking_uri: str) -> tuple[list[PolicyRef], dict[str, str]]:
+    """Policy refs with ``model:ALIAS`` pinned to the alias's current version, and the
+    versions (label -> version) of every registry model among them."""
+    from mlflow.exceptions import MlflowException
+
+    from linkwise.models.registry import MODEL_NAME, mlflow_env
+
+    refs: list[PolicyRef] = []
+    versions: dict[str, str] = {}
+    client: Any = None
+    for spec in specs:
+        alias = _alias_target(spec)
+        if alias is None:
+            refs.append(PolicyRef(spec, spec))
+            if spec.strip().startswith("model:models:/"):
+                versions[spec] = spec.rsplit("/", 1)[-1]
+            continue
+        if client is None:
+            mlflow_env()
+            from mlflow.tracking import MlflowClient
+
+            client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+        try:
+            mv = client.get_model_version_by_alias(MODEL_NAME, alias)
+        except MlflowException as exc:
+            raise ValueError(
+                f"{spec}: no @{alias} in the registry at {tracking_uri} ({exc.message})"
+            ) from None
+        versions[spec] = str(mv.version)
+        refs.append(PolicyRef(spec, f"model:models:/{MODEL_NAME}/{mv.version}"))
+    return refs, versions
+
+
+def model_manifest(spec: str, tracking_uri: str | None = None) -> dict[str, Any] | None:
+    """The dataset manifest inside a learned policy's package (``model:PATH`` or
+    ``model:models:/...``), None for anything else."""
+    text = spec.strip()
+    if not text.startswith("model:"):
+        return None
+    target = text.removeprefix("model:").strip()
+    if target.startswith("models:/"):
+        from linkwise.models.registry import default_tracking_uri, mlflow_env
+
+        mlflow_env()
+        import mlflow
+
+        with tempfile.TemporaryDirectory(prefix="linkwise-manifest-") as tmp:
+            local = mlflow.artifacts.download_artifacts(
+                artifact_uri=target,
+                dst_path=tmp,
+                tracking_uri=tracking_uri or default_tracking_uri(),
+            )
+            found = sorted(Path(local).rglob("dataset.json"))
+            return json.loads(found[0].read_text()) if found else None
+    p = Path(target)
+    if not p.exists():
+        return None
+    found = (
+        [p / "dataset.json"] if (p / "dataset.json").is_file() else sorted(p.rglob("dataset.json"))
+    )
+    return json.loads(found[0].read_text()) if found else None
+
+
+def _heuristic(spec: str) -> bool:
+    from linkwise.evaluation.compare import parse_policy
+    from linkwise.models.heuristics import policy_names
+
+    return not spec.strip().startswith("model:") and parse_policy(spec)[0] in policy_names()
+
+
+# ------------------------------------------------------------------------ evaluate
+
+
+def evaluate(
+    policies: Sequence[str],
+    *,
+    trace: str | Path | None = None,
+    db: str | Path | None = None,
+    slurm_cluster: str | None = None,
+    windows: Sequence[int] | None = None,
+    n_windows: int = 4,
+    holdout_from: Sequence[str | Path] = (),
+    seeds: Sequence[int] = (0, 1, 2),
+    cluster: str = DEFAULT_CLUSTER,
+    window_s: float = 6 * 3600.0,
+    block_s: float = 1800.0,
+    min_jobs: int = 10,
+    calibration: str | None = None,
+    contention: str = "analytic",
+    tick_s: float | None = None,
+    baseline: str | None = None,
+    executor: str = "serial",
+    out_dir: str | Path = "linkwise-out/evaluation",
+    tracking_uri: str | None = None,
+    log: bool = True,
+    n_boot: int = 2000,
+    seed: int = 0,
+) -> tuple[EvaluationReport, str | None]:
+    """Benchmark ``policies`` on held-out windows and write the report (module docstring);
+    the report and the MLflow run id (None when ``log`` is False)."""
+    from linkwise.cluster.topology import load_topology
+    from linkwise.datasets.rollouts import cut_windows, jobs_from_store, jobs_from_trace
+    from linkwise.models.registry import default_tracking_uri
+
+    if not policies:
+        raise ValueError("no policies to evaluate")
+    if (trace is None) == (db is None):
+        raise ValueError("evaluate on exactly one workload: a trace or a store (db)")
+    uri = tracking_uri or default_tracking_uri()
+    needs_registry = any(s.strip().startswith("model:") for s in policies)
+    refs, versions = (
+        pin_policies(policies, uri) if needs_registry else ([PolicyRef(s, s) for s in policies], {})
+    )
+    topo = load_topology(cluster)
+    traces: dict[str, str | Path] = {}
+    if trace is not None:
+        sha = file_sha256(trace)
+        source, jobs = trace_source(sha), jobs_from_trace(trace)
+        traces[sha] = trace
+        workload = f"{trace} (sha256 {sha[:16]})"
+    else:
+        from linkwise.datasets.store import open_store
+
+        with closing(open_store(db)) as con:  # type: ignore[arg-type]
+            jobs = jobs_from_store(con, cluster=slurm_cluster)
+        source, workload = f"slurm:{slurm_cluster or ''}", f"store {db} ({slurm_cluster or 'all'})"
+    manifests: list[dict[str, Any]] = [json.loads(Path(m).read_text()) for m in holdout_from]
+    for ref in refs:
+        m = model_manifest(ref.spec, uri)
+        if m is not None:
+            manifests.append(m)
+    used: list[Span] = [s for m in manifests for s in dataset_spans(m, traces=traces)]
+    cut = cut_windows(jobs, window_s, max_gpus=topo.total_gpus)
+    if windows:
+        wanted = set(windows)
+        chosen = [w for w in cut if w.window_id in wanted]
+        missing = wanted - {w.window_id for w in chosen}
+        if missing:
+            raise ValueError(f"no jobs in windows {sorted(missing)}")
+        check_heldout(window_spans(chosen, source), used)
+    elif used:
+        chosen = heldout_windows(cut, source, used, n_windows, min_jobs=min_jobs)
+    else:
+        from linkwise.pipelines.build_dataset import pick_windows
+
+        chosen = pick_windows(cut, n_windows, min_jobs=min_jobs)
+    if not chosen:
+        raise ValueError(
+            "no evaluation windows left (all overlap the training data or are "
+            f"below {min_jobs} jobs)"
+        )
+    cases = make_cases(
+        chosen,
+        seeds,
+        cluster,
+        calibration=calibration,
+        contention=contention,
+        block_s=block_s,
+        tick_s=tick_s,
+    )
+    from linkwise.evaluation.benchmark import run_benchmark
+
+    bench = run_benchmark(refs, cases, executor=executor, tracking_uri=uri)
+    labels = [r.label for r in refs]
+    base = baseline or next((s for s in labels if _heuristic(s)), labels[0])
+    context: dict[str, Any] = {
+        "cluster": cluster,
+        "gpus": topo.total_gpus,
+        "contention": contention,
+        "workload": workload,
+        "workload_source": source,
+        "window_s": window_s,
+        "block_s": block_s,
+        "seeds": [int(s) for s in seeds],
+        "cases": len(cases),
+        "executor": executor,
+        "policies": labels,
+        "specs": {r.label: r.spec for r in refs},
+        "model_versions": versions,
+        "evaluation_windows": [
+            {**s.to_json(), "jobs": len(w.jobs)}
+            for s, w in zip(window_spans(chosen, source), chosen, strict=True)
+        ],
+        "datasets": [str(m.get("hash", ""))[:16] for m in manifests],
+        "dataset_windows": [s.to_json() for s in used],
+    }
+    report = write_report(bench, out_dir, baseline=base, context=context, n_boot=n_boot, seed=seed)
+    run_id = log_report(report, tracking_uri=uri) if log else None
+    return report, run_id
+
+
+# ------------------------------------------------------------------------ gates
+
+
+def gate_evidence(
+    bench: Benchmark,
+    challenger: str,
+    *,
+    champion: str | None,
+    version: str | None = None,
+    ope: Mapping[str, Any] | None = None,
+    n_boot: int = 2000,
+    seed: int = 0,
+) -> ChallengerEvidence:
+    """The challenger gate's evidence from a benchmark: paired ratios against the champion
+    (a policy label, or None when there is none) and the best heuristic (lowest mean avg
+    JCT among the heuristics run), FQE numbers, latency and masked actions."""
+    from linkwise.evaluation.stats import paired_ratio
+
+    summary = {r["policy"]: r for r in bench.summary()}
+    heur = [p for p in bench.policies if _heuristic(bench.specs.get(p, p))]
+    best = min(heur, key=lambda p: float(summary[p]["avg_jct_s"])) if heur else None
+
+    def ratio(ref: str | None, stat: str) -> Any:
+        if ref is None or ref not in bench.policies:
+            return None
+        return paired_ratio(bench, challenger, ref, stat, n_boot=n_boot, seed=seed)
+
+    row = summary[challenger]
+    ev = ope_evidence(ope, challenger) or ope_evidence(ope, bench.specs.get(challenger, ""))
+    return ChallengerEvidence(
+        challenger=challenger,
+        version=version,
+        champion=champion,
+        avg_vs_champion=ratio(champion, "avg"),
+        p99_vs_champion=ratio(champion, "p99"),
+        best_heuristic=best,
+        avg_vs_heuristic=ratio(best, "avg"),
+        p99_vs_heuristic=ratio(best, "p99"),
+        ope=ev,
+        latency_ms_p99=float(row["latency_ms_p99"]),
+        masked_actions=row["masked_actions"],
+    )
+
+
+def _read_ope(ope: Mapping[str, Any] | str | Path | None) -> Mapping[str, Any] | None:
+    if ope is None or isinstance(ope, Mapping):
+        return ope
+    data: Mapping[str, Any] = json.loads(Path(ope).read_text())
+    return data
+
+
+def gate_challenger(
+    evaluation_dir: str | Path,
+    *,
+    tracking_uri: str,
+    gates: GateConfig | None = None,
+    ope: Mapping[str, Any] | str | Path | None = None,
+    n_boot: int = 2000,
+    seed: int = 0,
+) -> tuple[GateReport, ChallengerEvidence, str]:
+    """Check the current ``@challenger`` against an evaluation folder: the report, the
+    evidence and the challenger's version. The evaluation must contain the challenger's
+    version (and the champion's when there is one), else the missing comparisons fail."""
+    from linkwise.deployer.promote import CHALLENGER, CHAMPION, current_aliases
+
+    cfg = gates or load_gates()
+    aliases = current_aliases(tracking_uri)
+    if CHALLENGER not in aliases:
+        raise ValueError(f"no @{CHALLENGER} in the registry at {tracking_uri}")
+    version = aliases[CHALLENGER]
+    results = json.loads((Path(evaluation_dir) / "results.json").read_text())
+    versions: dict[str, str] = results["context"].get("model_versions", {})
+    bench = load_benchmark(evaluation_dir)
+    by_version = {v: label for label, v in versions.items() if label in bench.policies}
+    challenger = by_version.get(version)
+    if challenger is None:
+        raise ValueError(
+            f"{evaluation_dir} does not evaluate the current challenger (version {version}; "
+            f"it has {versions or 'no registry models'}): evaluate model:{CHALLENGER} again"
+        )
+    champ_version = aliases.get(CHAMPION)
+    champion = None
+    if champ_version is not None:
+        champion = by_version.get(
+            champ_version, f"model:{CHAMPION} (version {champ_version}, not evaluated)"
+        )
+    evidence = gate_evidence(
+        bench,
+        challenger,
+        champion=champion,
+        version=version,
+        ope=_read_ope(ope),
+        n_boot=n_boot,
+        seed=seed,
+    )
+    return check_challenger(evidence, cfg.challenger), evidence, version
+
+
+def promote_from_evaluation(
+    evaluation_dir: str | Path,
+    *,
+    tracking_uri: str,
+    gates: GateConfig | None = None,
+    ope: Mapping[str, Any] | str | Path | None = None,
+) -> Any:
+    """Gate the current challenger on an evaluation and promote it to ``shadow`` if it
+    passes; the ``deployer.promote.PromotionDecision`` (logged in MLflow either way)."""
+    from linkwise.deployer.promote import promote_challenger
+
+    report, evidence, version = gate_challenger(
+        evaluation_dir, tracking_uri=tracking_uri, gates=gates, ope=ope
+    )
+    return promote_challenger(
+        report,
+        version,
+        tracking_uri=tracking_uri,
+        evidence={"evaluation": str(evaluation_dir), **evidence.to_json()},
+    )
+
+
+def promote_from_shadow(
+    db: str | Path,
+    *,
+    tracking_uri: str,
+    gates: GateConfig | None = None,
+    cluster: str | None = None,
+    slurm_cluster: str | None = None,
+    calibration: str | None = None,
+    seed: int = 0,
+) -> Any:
+    """Gate the current ``@shadow`` on its shadow-mode evidence in the live store and make it
+    champion if it passes; the decision (logged in MLflow either way)."""
+    from linkwise.cluster.contention import AnalyticModel
+    from linkwise.cluster.profiles import load_calibration
+    from linkwise.cluster.topology import load_topology
+    from linkwise.datasets.store import open_store
+    from linkwise.deployer.promote import SHADOW, current_aliases, promote_shadow, shadow_evidence
+    from linkwise.models.registry import MODEL_NAME, load_policy
+
+    cfg = gates or load_gates()
+    aliases = current_aliases(tracking_uri)
+    if SHADOW not in aliases:
+        raise ValueError(f"no @{SHADOW} in the registry at {tracking_uri}")
+    version = aliases[SHADOW]
+    cal = load_calibration(calibration)
+    policy = load_policy(
+        f"models:/{MODEL_NAME}/{version}", model=AnalyticModel(cal), tracking_uri=tracking_uri
+    )
+    with closing(open_store(db)) as con:
+        if cluster:
+            topo = load_topology(cluster)
+        else:
+            from linkwise.datasets.decisions import topology_from_store
+
+            topo = topology_from_store(con, slurm_cluster)
+        ev, info = shadow_evidence(
+            con,
+            version,
+            policy=policy,
+            topology=topo,
+            calibration=cal,
+            cluster=slurm_cluster,
+            seed=seed,
+        )
+    report = check_shadow(ev, cfg.shadow)
+    return promote_shadow(
+        report, version, tracking_uri=tracking_uri, evidence={**ev.to_json(), **info, "db": str(db)}
+    )
+
+
+def evaluate_and_promote(
+    policies: Sequence[str],
+    *,
+    gates: str | Path | None = None,
+    ope: Mapping[str, Any] | str | Path | None = None,
+    promote: bool = True,
+    **kwargs: Any,
+) -> dict[str, Any]:
+    """Evaluate (``evaluate``'s keyword arguments), then gate the challenger and promote it
+    to shadow when it passes (``promote``); a JSON-able summary."""
+    report, run_id = evaluate(policies, **kwargs)
+    out: dict[str, Any] = {"evaluation": report.to_json(), "evaluation_run_id": run_id}
+    if promote:
+        from linkwise.models.registry import default_tracking_uri
+
+        uri = kwargs.get("tracking_uri") or default_tracking_uri()
+        decision = promote_from_evaluation(
+            report.out_dir, tracking_uri=uri, gates=load_gates(gates), ope=ope
+        )
+        out["decision"] = decision.to_json()
+    return out
+
+
+def evaluate_flow(policies: Sequence[str], **kwargs: Any) -> dict[str, Any]:
+    """``evaluate_and_promote`` as a Prefect flow run (same arguments)."""
+    from prefect import flow
+
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    fl = flow(name="evaluate", validate_parameters=False, log_prints=False)(evaluate_and_promote)
+    result: dict[str, Any] = fl(policies, **kwargs)
+    return result
+
+
+# ------------------------------------------------------------------------ CLI
+
+
+def _csv(text: str | None, cast: Any = str) -> list[Any] | None:
+    if text is None:
+        return None
+    return [cast(x.strip()) for x in text.split(",") if x.strip()]
+
+
+def format_evaluation(report: EvaluationReport, run_id: str | None) -> str:
+    """The human-readable summary: the table and the ratios to the baseline."""
+    lines = [
+        f"evaluation: {report.context['cases']} cases "
+        f"({len(report.context['evaluation_windows'])} windows x "
+        f"{len(report.context['seeds'])} seeds) on {report.context['cluster']}"
+    ]
+    lines.append(f"  {'policy':<32} {'avg JCT h':>9} {'p99 h':>8} {'avg/LB':>7} {'unfair':>7}")
+    for r in report.summary:
+        lines.append(
+            f"  {r['policy']:<32} {r['avg_jct_s'] / 3600:>9.2f} {r['p99_jct_s'] / 3600:>8.2f} "
+            f"{r['avg_jct_over_lb']:>7.2f} {r['unfair_share']:>7.1%}"
+        )
+    for q in report.ratios:
+        lines.append(
+            f"  {q.policy} / {q.baseline} {q.stat}: {q.ratio:.3f} [{q.low:.3f}, {q.high:.3f}]"
+        )
+    lines.append(f"  report: {report.files['report']}")
+    if run_id:
+        lines.append(f"MLflow run id: {run_id}")
+    return "\n".join(lines)
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    """``linkwise evaluate``."""
+    from linkwise.models.heuristics import policy_names
+
+    report, run_id = evaluate(
+        _csv(args.policies) or policy_names(),
+        trace=args.trace,
+        db=args.db,
+        slurm_cluster=args.slurm_cluster,
+        windows=_csv(args.windows, int),
+        n_windows=args.n_windows,
+        holdout_from=args.holdout_from or [],
+        seeds=_csv(args.seeds, int) or [0, 1, 2],
+        cluster=args.cluster,
+        window_s=args.window,
+        block_s=args.block,
+        min_jobs=args.min_jobs,
+        calibration=str(args.calibration) if args.calibration else None,
+        baseline=args.baseline,
+        executor=args.executor,
+        out_dir=args.out,
+        tracking_uri=args.tracking_uri,
+        log=not args.no_log,
+        n_boot=args.n_boot,
+    )
+    if args.json:
+        print(json.dumps({**report.to_json(), "mlflow_run_id": run_id}, default=str))
+    else:
+        print(format_evaluation(report, run_id))
+    return 0
+
+
+def cmd_promote(args: argparse.Namespace) -> int:
+    """``linkwise promote``: exit 0 when promoted, 3 when the gates refused."""
+    from linkwise.models.registry import default_tracking_uri
+
+    uri = args.tracking_uri or default_tracking_uri()
+    gates = load_gates(args.gates)
+    if args.stage == "shadow":
+        if args.evaluation is None:
+            raise ValueError("--stage shadow needs --evaluation DIR (from linkwise evaluate)")
+        decision = promote_from_evaluation(
+            args.evaluation, tracking_uri=uri, gates=gates, ope=args.ope
+        )
+    else:
+        if args.db is None:
+            raise ValueError("--stage champion needs --db (the live loop's store)")
+        decision = promote_from_shadow(
+            args.db,
+            tracking_uri=uri,
+            gates=gates,
+            cluster=args.cluster,
+            slurm_cluster=args.slurm_cluster,
+            calibration=str(args.calibration) if args.calibration else None,
+        )
+    print(json.dumps(decision.to_json(), default=str) if args.json else decision.format())
+    return 0 if decision.passed else 3
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    """``linkwise rollback``: champion back to previous (exit 3 when there is none)."""
+    from linkwise.deployer.promote import rollback
+    from linkwise.models.registry import default_tracking_uri
+
+    decision = rollback(tracking_uri=args.tracking_uri or default_tracking_uri())
+    print(json.dumps(decision.to_json(), default=str) if args.json else decision.format())
+    return 0 if decision.passed else 3
+
+
+def add_evaluate_parsers(sub: Any) -> None:
+    """Add ``evaluate``, ``promote`` and ``rollback`` to a CLI's subparsers."""
+    uri_help = "MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite in linkwise-out)"
+    p = sub.add_parser("evaluate", help="benchmark policies on held-out windows; report + MLflow")
+    p.add_argument(
+        "--policies",
+        help="comma-separated specs: heuristics, model:ALIAS|PATH (default: every heuristic)",
+    )
+    p.add_argument("--trace", type=Path, help="trace file of the evaluation workload")
+    p.add_argument("--db", type=Path, help="DuckDB store: its accounting as the workload")
+    p.add_argument("--slurm-cluster", help="cluster name in the store")
+    p.add_argument("--windows", help="comma-separated window ids (checked against --holdout-from)")
+    p.add_argument(
+        "--holdout-from",
+        type=Path,
+        action="append",
+        metavar="MANIFEST",
+        help="dataset manifest whose windows must not be evaluated (repeatable)",
+    )
+    p.add_argument(
+        "--n-windows",
+        type=int,
+        default=4,
+        help="without --windows: the last N held-out windows (default 4)",
+    )
+    p.add_argument("--seeds", help="comma-separated seeds (default 0,1,2)")
+    p.add_argument(
+        "--cluster", default=DEFAULT_CLUSTER, help=f"topology (default {DEFAULT_CLUSTER})"
+    )
+    p.add_argument("--window", type=float, default=6 * 3600.0, help="window length, seconds")
+    p.add_argument("--block", type=float, default=1800.0, help="bootstrap block, s (0: replay)")
+    p.add_argument("--min-jobs", type=int, default=10, help="fewest jobs in a picked window")
+    p.add_argument("--calibration", type=Path, help="calibration JSON (default: shipped)")
+    p.add_argument("--baseline", help="policy the ratios are taken to (default: first heuristic)")
+    p.add_argument(
+        "--executor",
+        default="local",
+        help="serial, local[:N] (process pool), dask, or dask://HOST:PORT",
+    )
+    p.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples")
+    p.add_argument("--out", type=Path, default=Path("linkwise-out/evaluation"), help="report dir")
+    p.add_argument("--tracking-uri", help=uri_help)
+    p.add_argument("--no-log", action="store_true", help="do not log the report to MLflow")
+    p.add_argument("--json", action="store_true", help="print the result as JSON only")
+    p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("promote", help="gate and promote: challenger -> shadow -> champion")
+    p.add_argument("--gates", type=Path, help="gates TOML (default: evaluation/gates.toml)")
+    p.add_argument(
+        "--stage",
+        choices=["shadow", "champion"],
+        default="shadow",
+        help="shadow: gate @challenger on --evaluation; champion: gate @shadow on "
+        "its shadow-mode evidence in --db",
+    )
+    p.add_argument("--evaluation", type=Path, help="folder written by linkwise evaluate")
+    p.add_argument(
+        "--ope", type=Path, help="FQE JSON: policy -> {estimate, behaviour_return, spread}"
+    )
+    p.add_argument("--db", type=Path, help="the live loop's DuckDB store (decisions, jobs)")
+    p.add_argument("--cluster", help="topology for the replay (default: the store's nodes)")
+    p.add_argument("--slurm-cluster", help="cluster name in the store")
+    p.add_argument("--calibration", type=Path, help="calibration JSON (default: shipped)")
+    p.add_argument("--tracking-uri", help=uri_help)
+    p.add_argument("--json", action="store_true", help="print the decision as JSON only")
+    p.set_defaults(func=cmd_promote)
+
+    p = sub.add_parser("rollback", help="move @champion back to @previous")
+    p.add_argument("--tracking-uri", help=uri_help)
+    p.add_argument("--json", action="store_true", help="print the decision as JSON only")
+    p.set_defaults(func=cmd_rollback)

@@ -1,0 +1,276 @@
+"""The live loop's logic with a fake Slurm client (the real one: tests/test_serve_live.py)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+
+from linkwise.cluster.domain import Decision, Placement, Start
+from linkwise.cluster.slurm.errors import SlurmError
+from linkwise.cluster.slurm.records import NodeInfo, QueuedJob
+from linkwise.cluster.topology import from_spec
+from linkwise.datasets.store import open_store
+from linkwise.deployer.loop import (
+    GuardedPolicy,
+    LoadedPolicy,
+    PolicyHolder,
+    ServeConfig,
+    Shape,
+    SlurmBackend,
+    build_observation,
+    check_start,
+)
+from linkwise.deployer.metrics import ServeMetrics
+from linkwise.deployer.safety import Lease, Recorder, lease_expired, read_lease, write_lease
+from linkwise.models.heuristics import make_policy
+
+LOG = logging.getLogger("test.serve")
+TOPO = from_spec("4x4")
+NAMES = [n.name for n in TOPO.nodes]
+
+
+def qjob(job_id: int, gpus: int, n_nodes: int = 1, *, held: bool = True, **kw: Any) -> QueuedJob:
+    base: dict[str, Any] = dict(
+        job_id=job_id, name=f"j{job_id}", user="u", partition="gpu", state="PENDING",
+        reason="JobHeldUser" if held else "Priority", submit_time=100.0 + job_id,
+        start_time=None, time_limit_s=600.0, num_nodes=n_nodes, gpus=gpus, nodes=(), held=held,
+    )  # fmt: skip
+    base.update(kw)
+    return QueuedJob(**base)
+
+
+def ninfo(name: str, used: int = 0, state: str = "IDLE") -> NodeInfo:
+    return NodeInfo(name, state, ("gpu",), 8, 4, used)
+
+
+class FakeRunner:
+    def __init__(self, on_run: Any = None) -> None:
+        self.slurm_conf = None
+        self.commands: list[list[str]] = []
+        self.on_run = on_run
+
+    def run(self, args: list[str], **_: Any) -> str:
+        if self.on_run is not None:
+            self.on_run(args)
+        self.commands.append(list(args))
+        return ""
+
+
+class FakeClient:
+    def __init__(self, queue: list[QueuedJob], nodes: list[NodeInfo], runner: FakeRunner) -> None:
+        self._queue, self._nodes, self.runner = queue, nodes, runner
+        self.fail_reads = 0
+
+    def queue(self) -> list[QueuedJob]:
+        if self.fail_reads:
+            self.fail_reads -= 1
+            raise SlurmError("squeue: Unable to contact slurm controller")
+        return list(self._queue)
+
+    def nodes(self) -> list[NodeInfo]:
+        return list(self._nodes)
+
+    def release(self, job_id: int) -> None:
+        self.runner.run(["scontrol", "release", str(job_id)])
+
+
+def test_observation_keeps_held_gpu_jobs_and_refuses_impossible_ones() -> None:
+    queue = [
+        qjob(1, 2),
+        qjob(2, 8, 2),
+        qjob(3, 6, 6),  # 6 nodes in a 4-node partition: never fits
+        qjob(4, 0),  # no GPUs: handed back to Slurm
+        qjob(5, 1, held=False),  # not held: Slurm's, not ours
+        qjob(6, 4, state="RUNNING", nodes=(NAMES[0],), start_time=90.0, held=False),
+    ]
+    nodes = [
+        ninfo(NAMES[0], 4),
+        ninfo(NAMES[1]),
+        ninfo(NAMES[2], state="IDLE+DRAIN"),
+        ninfo(NAMES[3]),
+    ]
+    obs = build_observation(
+        queue, nodes, TOPO, ["gpu"], 200.0, mode="active", inflight={9: ((1,), 3)},
+        link_load={NAMES[3]: 60e9},
+    )  # fmt: skip
+    assert sorted(obs.managed) == [1, 2]
+    assert obs.shapes[2] == Shape(2, 4)
+    assert list(obs.refused) == [3] and "needs 6 node(s)" in obs.refused[3]
+    assert [q.job_id for q in obs.no_gpu] == [4]
+    assert obs.state.free_gpus == (0, 1, 0, 4)  # busy, in flight, drained, idle
+    assert [r.job.job_id for r in obs.state.running] == [6]
+    assert obs.state.link_flows[3] == round(60e9 / (TOPO.nodes[3].nic_gbps * 1e9))
+    shadow = build_observation(queue, nodes, TOPO, ["gpu"], 200.0, mode="shadow")
+    assert [p.job.job_id for p in shadow.state.pending] == [5]
+
+
+def test_check_start_validates_shape_and_free_gpus() -> None:
+    free = [4, 2, 0, 4]
+    assert check_start(Placement.of([(0, 4), (3, 4)]), Shape(2, 4), free, TOPO) is None
+    assert "shape" in str(check_start(Placement.of([(0, 4)]), Shape(2, 2), free, TOPO))
+    assert "busy" in str(check_start(Placement.of([(1, 4)]), Shape(1, 4), free, TOPO))
+
+
+def make_backend(tmp_path: Path, client: FakeClient, **cfg: Any) -> SlurmBackend:
+    config = ServeConfig(
+        mode="active", partitions=("gpu",), db=str(tmp_path / "s.duckdb"),
+        state_dir=str(tmp_path / "state"), interval_s=0.01, lease_s=5.0, watchdog=False, **cfg,
+    )  # fmt: skip
+    metrics = ServeMetrics()
+    holder = PolicyHolder("fifo", "fifo", metrics=metrics, logger=LOG)
+    recorder = Recorder(config.db, config.spool_path, logger=LOG)
+    return SlurmBackend(
+        client, TOPO, config, GuardedPolicy(holder, metrics, LOG), recorder, metrics,  # type: ignore[arg-type]
+        logger=LOG, sleep=lambda s: None,
+    )  # fmt: skip
+
+
+def test_active_audits_before_acting_and_releases_on_shutdown(tmp_path: Path) -> None:
+    db = tmp_path / "s.duckdb"
+
+    def audited_first(args: list[str]) -> None:
+        con = duckdb.connect(str(db), read_only=True)
+        rows = con.execute("SELECT command, outcome FROM audit").fetchall()
+        con.close()
+        assert [json.dumps(args), "pending"] in [list(r) for r in rows], args
+
+    runner = FakeRunner(audited_first)
+    client = FakeClient([qjob(1, 4), qjob(2, 8, 2), qjob(3, 4)], [ninfo(n) for n in NAMES], runner)
+    backend = make_backend(tmp_path, client)
+    backend.start()
+    state = backend.observe()
+    backend.apply(
+        Decision(
+            starts=(
+                Start(1, Placement.of([(3, 4)])),
+                Start(2, Placement.of([(0, 4), (1, 4)])),
+                Start(3, Placement.of([(3, 4)])),  # same node again: no room left -> refused
+            )
+        )
+    )
+    assert state.total_free_gpus == 16
+    assert runner.commands == [
+        ["scontrol", "update", "JobId=1", f"ReqNodeList={NAMES[3]}", "NumNodes=1"],
+        ["scontrol", "release", "1"],
+        ["scontrol", "update", "JobId=2", f"ReqNodeList={NAMES[0]},{NAMES[1]}", "NumNodes=2"],
+        ["scontrol", "release", "2"],
+    ]
+    lease = read_lease(backend.cfg.lease_path)
+    assert lease is not None and sorted(lease.held) == [1, 2, 3] and not lease.released
+    con = open_store(db)
+    notes = dict(con.execute("SELECT job_id, note FROM decisions").fetchall())
+    assert notes[1] == notes[2] == "applied" and notes[3].startswith("rejected: busy")
+    assert con.execute("SELECT count(*) FROM audit WHERE outcome = 'ok'").fetchone() == (4,)
+    con.close()
+    runner.commands.clear()
+    runner.on_run = None
+    client._queue = [qjob(3, 4)]
+    assert backend.shutdown() == [3]
+    assert runner.commands == [["scontrol", "release", "3"]]
+    lease = read_lease(backend.cfg.lease_path)
+    assert lease is not None and lease.released
+
+
+def test_slurm_outage_is_retried_and_the_loop_resumes(tmp_path: Path) -> None:
+    client = FakeClient([qjob(1, 4)], [ninfo(n) for n in NAMES], FakeRunner())
+    client.fail_reads = 2
+    backend = make_backend(tmp_path, client)
+    state = backend.observe()
+    assert backend.cycles_failed == 2 and [p.job.job_id for p in state.pending] == [1]
+
+
+def test_jobs_held_too_long_go_back_to_slurm(tmp_path: Path) -> None:
+    runner = FakeRunner()
+    client = FakeClient([qjob(1, 4)], [ninfo(n, 4) for n in NAMES], runner)
+    backend = make_backend(tmp_path, client, max_hold_s=0.0)
+    backend.start()
+    backend.observe()
+    backend.first_seen[1] = time.time() - 5
+    backend.apply(Decision())
+    assert runner.commands == [["scontrol", "release", "1"]]
+
+
+def test_policy_holder_falls_back_reloads_and_keeps_the_previous_model() -> None:
+    metrics = ServeMetrics()
+    token = {"v": "1"}
+    broken = {"v": False}
+
+    def loader(spec: str) -> LoadedPolicy:
+        if broken["v"]:
+            raise ValueError("checksum mismatch")
+        return LoadedPolicy(make_policy("best_fit"), spec, f"v{token['v']}", "obs1")
+
+    holder = PolicyHolder(
+        "model:champion", "fifo", metrics=metrics, logger=LOG, reload_s=0.0, loader=loader,
+        probe=lambda _s: token["v"],
+    )  # fmt: skip
+    assert holder.active.model_version == "v1"
+    token["v"] = "2"  # the alias moved
+    holder.refresh(now=1.0)
+    assert holder.active.model_version == "v2"
+    token["v"], broken["v"] = "3", True  # the new version is corrupt: keep v2
+    holder.refresh(now=2.0)
+    assert holder.active.model_version == "v2"
+    fresh = PolicyHolder(
+        "model:champion", "fifo", metrics=metrics, logger=LOG, loader=loader,
+        probe=lambda _s: "9",
+    )  # fmt: skip
+    assert fresh.active.name == "fifo" and "checksum mismatch" in fresh.fallback_reason
+    assert 'linkwise_serve_fallbacks_total{reason="model_unavailable"} 1.0' in metrics.text()
+
+
+def test_recorder_spools_while_the_store_is_locked_and_replays(tmp_path: Path) -> None:
+    db = tmp_path / "s.duckdb"
+    open_store(db).close()
+    rec = Recorder(str(db), tmp_path / "spool.jsonl", logger=LOG)
+    row = {"decision_id": "a", "run_id": "r", "cycle_id": 1, "ts": 1.0, "mode": "shadow",
+           "cluster": "c", "partition": "gpu", "policy": "fifo", "model_version": "h",
+           "obs_spec_version": "", "job_id": None, "action": "wait", "nodes": "", "gpus": 0,
+           "latency_ms": 0.1, "n_pending": 0, "note": ""}  # fmt: skip
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"import duckdb,time; c=duckdb.connect({str(db)!r}); "
+         "print('locked', flush=True); time.sleep(30)"],
+        stdout=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == b"locked"
+        assert rec.write(decisions=[row]) == "spool"
+        assert rec.spooled() == 1
+    finally:
+        holder.kill()
+        holder.wait()
+    assert rec.write(decisions=[{**row, "decision_id": "b", "cycle_id": 2}]) == "store"
+    assert rec.spooled() == 0
+    con = duckdb.connect(str(db), read_only=True)
+    assert con.execute("SELECT cycle_id FROM decisions ORDER BY 1").fetchall() == [(1,), (2,)]
+    con.close()
+
+
+def test_lease_expires_when_its_owner_is_gone(tmp_path: Path) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    lease = Lease(dead.pid, None, time.time() + 60, ("gpu",), None, None, "r")
+    assert lease_expired(lease, time.time())
+    import os
+
+    mine = Lease(os.getpid(), None, time.time() + 60, ("gpu",), None, None, "r")
+    assert not lease_expired(mine, time.time())
+    assert lease_expired(mine, time.time() + 61)
+    path = tmp_path / "lease.json"
+    write_lease(path, mine)
+    assert read_lease(path) == mine
+    expires = (tmp_path / "lease.json.expires").read_text().split()
+    assert expires == [str(int(mine.expires_at)), "gpu"]
+
+
+def test_serve_config_rejects_a_lease_shorter_than_two_cycles() -> None:
+    with pytest.raises(ValueError, match="two cycles"):
+        ServeConfig(mode="active", partitions=("gpu",), interval_s=5, lease_s=6)

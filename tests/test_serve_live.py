@@ -1,0 +1,274 @@
+"""``linkwise serve`` against a real Slurm: its own local cluster (dir and ports of its own),
+started for this module and stopped after it, so other work on the shared cluster is not
+disturbed."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from linkwise.cluster.domain import ClusterState, Decision, Placement, Start
+from linkwise.cluster.hostlist import expand
+from linkwise.cluster.slurm.client import SlurmClient, read_env_file
+from linkwise.deployer.loop import LoadedPolicy, ServeConfig, serve
+
+pytestmark = pytest.mark.services
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "local-slurm"
+LIVE_DIR = "/tmp/lw-slurm-live"
+LIVE_ENV = {"LINKWISE_SLURM_DIR": LIVE_DIR, "LINKWISE_SLURM_PORT_BASE": "18800"}
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[dict[str, str]]:
+    env = {**os.environ, **LIVE_ENV}
+    subprocess.run([str(SCRIPT), "start"], env=env, check=True, capture_output=True, timeout=120)
+    try:
+        yield read_env_file(Path(LIVE_DIR) / "env")
+    finally:
+        subprocess.run([str(SCRIPT), "stop"], env=env, check=False, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def client(cluster: dict[str, str]) -> SlurmClient:
+    return SlurmClient.from_env(cluster, "cli")
+
+
+def wait_for(cond: Callable[[], bool], timeout: float, what: str, step: float = 0.3) -> None:
+    deadline = time.time() + timeout
+    while not cond():
+        assert time.time() < deadline, f"timed out after {timeout} s waiting for {what}"
+        time.sleep(step)
+
+
+def acct(client: SlurmClient, ids: list[int]) -> dict[int, tuple[str, str]]:
+    """job -> (state, node list) from sacct; a record still in 22.05's transient form (only the
+    batch host listed for a multi-node job) shows the state ``UNSETTLED``."""
+    args = ["sacct", "-a", "-X", "-P", "-n", "-o", "JobIDRaw,State,NNodes,NodeList", "-j"]
+    out = client.runner.run([*args, ",".join(map(str, ids))])
+    rows = [line.split("|") for line in out.splitlines() if line.strip()]
+    return {
+        int(r[0]): (r[1] if str(len(expand(r[3]))) == r[2] else "UNSETTLED", r[3]) for r in rows
+    }
+
+
+def all_done(client: SlurmClient, ids: list[int]) -> bool:
+    states = acct(client, ids)
+    return len(states) == len(ids) and all(s == "COMPLETED" for s, _ in states.values())
+
+
+def serve_cmd(env_file: str, tmp: Path, *args: str) -> list[str]:
+    return [
+        sys.executable, "-m", "linkwise.deployer.serve", "--partition", "gpu",
+        "--slurm-env", env_file, "--db", str(tmp / "store.duckdb"),
+        "--state-dir", str(tmp / "state"), *args,
+    ]  # fmt: skip
+
+
+class LastFit:
+    """Places each pending job on the highest-numbered nodes with room (Slurm's own first
+    fit starts at the lowest), so a job on those nodes shows the policy's control."""
+
+    name = "last_fit"
+
+    def decide(self, state: ClusterState) -> Decision:
+        free = list(state.free_gpus)
+        starts = []
+        for p in state.pending:
+            per = min(p.job.num_gpus, 4)
+            k = -(-p.job.num_gpus // per)
+            nodes = [i for i in reversed(range(len(free))) if free[i] >= per][:k]
+            if len(nodes) == k:
+                for i in nodes:
+                    free[i] -= per
+                starts.append(Start(p.job.job_id, Placement.of([(i, per) for i in nodes])))
+        return Decision(starts=tuple(starts))
+
+
+def test_active_places_jobs_on_the_policy_nodes(client: SlurmClient, tmp_path: Path) -> None:
+    ids = [
+        client.submit("sleep 1", name="one", gpus_per_node=1, hold=True),
+        client.submit("sleep 1", name="two", gpus_per_node=2, hold=True),
+        client.submit("sleep 1", name="wide", nodes=2, gpus_per_node=4, hold=True),
+    ]
+    # held by its user, and can never fit (6 nodes in a 4-node partition): not ours to start
+    bad = client.submit("sleep 1", name="too-big", nodes=6, gpus_per_node=1, hold=True)
+    try:
+        cfg = ServeConfig(
+            mode="active", partitions=("gpu",), slurm_env=str(Path(LIVE_DIR) / "env"),
+            db=str(tmp_path / "store.duckdb"), state_dir=str(tmp_path / "state"),
+            interval_s=0.5, lease_s=5.0, max_cycles=4,
+        )  # fmt: skip
+        summary = serve(cfg, policy=LoadedPolicy(LastFit(), "last_fit", "test:last_fit", ""))
+        assert summary["cycles"] == 4
+        wait_for(lambda: all_done(client, ids), 30, "the placed jobs to complete")
+        con = duckdb.connect(str(tmp_path / "store.duckdb"), read_only=True)
+        chosen = dict(
+            con.execute(
+                "SELECT job_id, nodes FROM decisions WHERE action = 'start' AND note = 'applied'"
+            ).fetchall()
+        )
+        assert set(chosen) == set(ids)
+        ran = acct(client, ids)
+        for job in ids:  # sacct: each job ran on exactly the nodes the policy chose
+            assert ran[job][1] == chosen[job], (job, ran[job], chosen[job])
+        assert chosen[ids[0]] == chosen[ids[1]] == "gpu04" and chosen[ids[2]] == "gpu[02-03]"
+        # every command audited (before it ran: outcome recorded after) with the model version
+        audit = con.execute("SELECT job_id, command, model_version, outcome FROM audit").fetchall()
+        assert {(j, json.loads(c)[1]) for j, c, _, _ in audit} == {
+            (j, verb) for j in ids for verb in ("update", "release")
+        }
+        assert all(v == "test:last_fit" and o == "ok" for _, _, v, o in audit)
+        # the infeasible request: reported, not started, left as its user made it
+        note = con.execute("SELECT note FROM decisions WHERE job_id = ?", [bad]).fetchall()
+        assert len(note) == 1 and note[0][0].startswith("infeasible: needs 6 node(s)")
+        q = {j.job_id: j for j in client.queue()}
+        assert q[bad].held and q[bad].state == "PENDING"
+        con.close()
+    finally:
+        client.cancel(bad)
+
+
+def test_shadow_burst_with_corrupt_model_and_store_outage(
+    client: SlurmClient, tmp_path: Path
+) -> None:
+    corrupt = tmp_path / "corrupt-model"
+    corrupt.mkdir()
+    lines = []
+    for name in ("network.pt", "obs_spec.json", "dataset.json", "policy.json"):
+        (corrupt / name).write_bytes(b"garbage")
+        lines.append(f"{hashlib.sha256(b'other').hexdigest()}  {name}\n")
+    (corrupt / "checksums.sha256").write_text("".join(lines))
+    db = tmp_path / "store.duckdb"
+    duckdb.connect(str(db)).close()
+    cmd = serve_cmd(
+        str(Path(LIVE_DIR) / "env"), tmp_path, "--mode", "shadow", "--policy",
+        f"model:{corrupt}", "--fallback", "fifo", "--interval", "1", "--max-cycles", "12",
+    )  # fmt: skip
+    errf = tmp_path / "serve.log"
+    with open(errf, "wb") as fh:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=fh, cwd=tmp_path)
+    wait_for(lambda: b'"event": "cycle"' in errf.read_bytes(), 60, "the first cycle")
+    burst = [client.submit("sleep 2", name=f"burst{i}", gpus_per_node=4) for i in range(6)]
+    later = [
+        client.submit("sleep 1", name=f"later{i}", gpus_per_node=1, extra_args=["--begin=now+5"])
+        for i in range(2)
+    ]
+    lock = duckdb.connect(str(db))  # another writer holds the store: it is unavailable
+    time.sleep(3.5)
+    lock.close()
+    out, _ = proc.communicate(timeout=60)
+    err_lines = errf.read_bytes().splitlines()
+    log = [json.loads(x) for x in err_lines if x.startswith(b"{")]
+    events = [e["event"] for e in log]
+    assert proc.returncode == 0, errf.read_text()[-2000:]
+    fallback = [e for e in log if e["event"] == "fallback"]
+    assert fallback and "SHA-256" in fallback[0]["reason"] and fallback[0]["fallback"] == "fifo"
+    assert "store_unavailable" in events and "spool_replayed" in events
+    assert events.count("cycle") == 12
+    wait_for(lambda: all_done(client, burst + later), 40, "the burst to complete")
+    con = duckdb.connect(str(db), read_only=True)
+    cycles = [
+        r[0] for r in con.execute("SELECT DISTINCT cycle_id FROM decisions ORDER BY 1").fetchall()
+    ]
+    assert cycles == list(range(1, 13))  # a decision per cycle, the outage's ones included
+    assert con.execute("SELECT count(*) FROM audit").fetchone() == (0,)
+    assert {r[0] for r in con.execute("SELECT DISTINCT mode FROM decisions").fetchall()} == {
+        "shadow"
+    }
+    # shadow: the future-begin jobs looked startable; Slurm started them later, elsewhere maybe
+    joined = con.execute(
+        "SELECT job_id, nodes, actual_start, actual_nodes FROM decisions "
+        "WHERE action = 'start' AND actual_start IS NOT NULL"
+    ).fetchall()
+    ran = acct(client, burst + later)
+    assert {j for j, *_ in joined} >= set(later)
+    for job, _, start, nodes in joined:
+        assert nodes == ran[job][1] and start > 0
+    assert json.loads(out)["spooled"] == 0
+    con.close()
+    # shadow changed nothing: no job of the burst was held or given a node list
+    assert all(not q.req_nodes for q in client.queue())
+
+
+def test_kill9_with_held_jobs_releases_within_the_lease(
+    client: SlurmClient, tmp_path: Path
+) -> None:
+    blocker = client.submit("sleep 4", name="blocker", nodes=4, gpus_per_node=4, hold=True)
+    waiting = [client.submit("sleep 1", name=f"w{i}", gpus_per_node=4, hold=True) for i in range(3)]
+    lease = 4.0
+    cmd = serve_cmd(
+        str(Path(LIVE_DIR) / "env"), tmp_path, "--mode", "active", "--policy", "fifo",
+        "--interval", "1", "--lease", str(lease),
+    )  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
+    try:
+        wait_for(
+            lambda: any(q.job_id == blocker and q.state == "RUNNING" for q in client.queue()),
+            30, "the loop to start the blocker",
+        )  # fmt: skip
+        time.sleep(1.2)  # a cycle that holds the waiting jobs (no room)
+        assert all(q.held for q in client.queue() if q.job_id in waiting)
+        proc.send_signal(signal.SIGKILL)
+        killed = time.time()
+        proc.wait(5)
+        wait_for(
+            lambda: not any(q.held for q in client.queue() if q.job_id in waiting),
+            lease + 3, "the watchdog to release the held jobs",
+        )  # fmt: skip
+        assert time.time() - killed <= lease + 3
+        wait_for(lambda: all_done(client, [blocker, *waiting]), 40, "every job to complete")
+        con = duckdb.connect(str(tmp_path / "store.duckdb"), read_only=True)
+        rows = con.execute("SELECT job_id, outcome FROM audit WHERE actor = 'watchdog'").fetchall()
+        assert sorted(rows) == sorted((j, "ok") for j in waiting)
+        con.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_slurmctld_restart_mid_cycle_loop_survives(client: SlurmClient, tmp_path: Path) -> None:
+    cmd = serve_cmd(
+        str(Path(LIVE_DIR) / "env"), tmp_path, "--mode", "active", "--policy", "best_fit",
+        "--interval", "1", "--lease", "10",
+    )  # fmt: skip
+    errf = tmp_path / "serve.log"
+    with open(errf, "wb") as fh:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=fh, cwd=tmp_path)
+    try:
+        wait_for(lambda: errf.read_bytes().count(b'"cycle"') >= 2, 30, "two cycles")
+        pid = int((Path(LIVE_DIR) / "run" / "slurmctld.pid").read_text().strip())
+        os.kill(pid, signal.SIGTERM)
+        wait_for(lambda: b"slurm_unavailable" in errf.read_bytes(), 20, "the outage")
+        env = {**os.environ, **LIVE_ENV}
+        subprocess.run(
+            [str(SCRIPT), "start"], env=env, check=True, capture_output=True, timeout=120
+        )
+        assert proc.poll() is None, "the loop died with slurmctld"
+        ids = [
+            client.submit("sleep 1", name=f"after{i}", gpus_per_node=2, hold=True) for i in range(2)
+        ]
+        wait_for(lambda: all_done(client, ids), 40, "jobs submitted after the restart to run")
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(20)
+        assert proc.returncode == 0
+        log = [json.loads(x) for x in errf.read_bytes().splitlines() if x.startswith(b"{")]
+        events = [e["event"] for e in log]
+        last_outage = max(i for i, e in enumerate(events) if e == "slurm_unavailable")
+        assert "cycle" in events[last_outage:] and events[-1] == "serve_stop"
+        starts = {e["job_id"] for e in log if e["event"] == "start" and e["outcome"] == "applied"}
+        assert starts >= set(ids)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
