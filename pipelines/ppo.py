@@ -1,0 +1,287 @@
+"""Train the DeepShare-style online baseline (MaskablePPO in the simulator), track it in
+MLflow and register it.
+
+``train_ppo`` is the plain function; ``cmd_train_ppo`` / ``add_ppo_parser`` the
+``linkwise train-ppo --config FILE`` CLI. Steps:
+
+1. Read the TOML configuration (``models.ppo.PpoConfig``); pick the trace windows.
+2. One MLflow run: the configuration, the workload hash and the training windows as
+   parameters, the TOML as an artifact; after every PPO rollout the mean episode return,
+   episode length, environment steps/s and the update's losses as metrics.
+3. Train MaskablePPO (masked actions raise in the environment: never taken).
+4. Evaluate on fresh seeds of the same windows: PPO (through the exported network, as it
+   will be served) against best_fit and random, undiscounted return and mean JCT.
+5. Package (``models.learned`` format) into ``OUT/packages/RUN_ID``; log it as a pyfunc model
+   and register it as ``linkwise-ppo`` (the configuration's ``model_name``) with alias
+   ``challenger``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from linkwise.models.ppo import PpoConfig
+
+__all__ = ["PpoResult", "add_ppo_parser", "cmd_train_ppo", "format_ppo_result", "train_ppo"]
+
+EVAL_SEED_BASE = 1_000_000  # evaluation episodes use seeds the training never drew first
+
+
+@dataclass(frozen=True)
+class PpoResult:
+    """What a PPO training run produced."""
+
+    run_id: str
+    experiment_id: str
+    tracking_uri: str
+    name: str
+    workload_hash: str
+    obs_spec_version: str
+    package_dir: str
+    model_uri: str
+    model_name: str | None
+    model_version: str | None
+    alias: str | None
+    windows: tuple[int, ...]
+    timesteps: int
+    seconds: float
+    env_steps_per_s: float
+    metrics: dict[str, float] = field(default_factory=dict)
+    evaluation: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def train_ppo(
+    config: str | Path | PpoConfig,
+    *,
+    tracking_uri: str | None = None,
+    out_dir: str | Path = "linkwise-out/train",
+    register: bool | None = None,
+    progress: bool = True,
+) -> PpoResult:
+    """Train MaskablePPO as configured, evaluate it, package, log and (unless ``register`` is
+    False or the configuration says so) register it with alias ``challenger``."""
+    from linkwise.cluster.mdp import make_spec
+    from linkwise.models.learned import load_package
+    from linkwise.models.ppo import (
+        build_ppo,
+        compare_returns,
+        learn,
+        make_vec_env,
+        save_ppo_package,
+        workload_manifest,
+        workloads,
+    )
+    from linkwise.models.registry import (
+        default_tracking_uri,
+        ensure_experiment,
+        log_policy,
+        mlflow_env,
+    )
+    from linkwise.models.training import flatten_params
+
+    mlflow_env()
+    t0 = time.perf_counter()
+    cfg = config if isinstance(config, PpoConfig) else PpoConfig.from_toml(config)
+    out = Path(out_dir).resolve()
+    uri = tracking_uri or default_tracking_uri()
+    spec = make_spec(cfg.env.mdp)
+    factory = workloads(cfg.env)
+    manifest = workload_manifest(cfg.env, factory)
+
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    mlflow.set_tracking_uri(uri)
+    client = MlflowClient(tracking_uri=uri)
+    exp_id = ensure_experiment(client, cfg.experiment, tracking_uri=uri)
+    with mlflow.start_run(experiment_id=exp_id, run_name=cfg.name) as run:
+        run_id = run.info.run_id
+        params = flatten_params(cfg.to_json(), "config.")
+        params.update(
+            {
+                "config.sha256": cfg.digest(),
+                "workload.hash": str(manifest["hash"]),
+                "workload.trace_sha256": str(manifest["trace_sha256"]),
+                "workload.windows": ",".join(str(w.window_id) for w in factory.windows),
+                "obs_spec_version": spec.version,
+            }
+        )
+        mlflow.log_params(params)
+        mlflow.set_tags({"linkwise.algo": "ppo", "linkwise.dataset_hash": manifest["hash"]})
+        if cfg.source and Path(cfg.source).is_file():
+            mlflow.log_artifact(cfg.source, artifact_path="config")
+
+        import torch
+
+        saved_threads = torch.get_num_threads()
+        torch.set_num_threads(cfg.params.torch_threads)
+        vec = make_vec_env(factory, spec, cfg.params, cfg.seed, cfg.env.max_steps)
+        try:
+            model = build_ppo(vec, cfg.params, cfg.seed, cfg.device)
+            total = cfg.params.total_timesteps
+            with _progress(progress) as bar:
+                task = bar.add_task(f"ppo {cfg.name}", total=total, info="")
+
+                def on_rollout(steps: int, m: dict[str, float]) -> None:
+                    finite = {k: v for k, v in m.items() if math.isfinite(v)}
+                    mlflow.log_metrics(finite, step=steps)
+                    ret = m.get("ep_return_mean")
+                    info = f"return {ret:.1f}" if ret is not None else ""
+                    bar.update(task, completed=min(steps, total), info=info)
+
+                t_fit = time.perf_counter()
+                history = learn(model, total, on_rollout)
+                fit_s = time.perf_counter() - t_fit
+        finally:
+            vec.close()
+            torch.set_num_threads(saved_threads)
+        steps_done = int(model.num_timesteps)
+        final: dict[str, float] = {
+            "env_steps_per_s": steps_done / fit_s if fit_s > 0 else math.nan,
+            "train_seconds": fit_s,
+            "masked_actions_taken": 0.0,  # the environment raises on any
+        }
+        if history:
+            final.update({k: v for k, v in history[-1].items() if k.startswith("ep_")})
+
+        pkg = save_ppo_package(
+            model,
+            spec,
+            manifest,
+            out / "packages" / run_id,
+            meta={"run_id": run_id, "config": cfg.to_json(), "config_sha256": cfg.digest()},
+        )
+        served = load_package(pkg)
+        evaluation: dict[str, dict[str, float]] = {}
+        if cfg.env.eval_episodes > 0:
+            seeds = [EVAL_SEED_BASE + cfg.seed * 1000 + i for i in range(cfg.env.eval_episodes)]
+            evaluation = compare_returns(
+                factory,
+                spec,
+                {"ppo": served.act, "best_fit": "best_fit", "random": "random"},
+                seeds,
+                cfg.env.max_steps,
+            )
+            for pol, stats in evaluation.items():
+                for k, v in stats.items():
+                    final[f"eval.{pol}.{k}"] = v
+        mlflow.log_metrics({k: v for k, v in final.items() if np.isfinite(v)}, step=steps_done)
+        do_register = cfg.register if register is None else register
+        reg = log_policy(
+            pkg, run_id=run_id, tracking_uri=uri, name=cfg.model_name if do_register else None
+        )
+    return PpoResult(
+        run_id=run_id,
+        experiment_id=exp_id,
+        tracking_uri=uri,
+        name=cfg.name,
+        workload_hash=str(manifest["hash"]),
+        obs_spec_version=spec.version,
+        package_dir=str(pkg),
+        model_uri=reg.model_uri,
+        model_name=reg.name,
+        model_version=reg.version,
+        alias=reg.alias,
+        windows=tuple(w.window_id for w in factory.windows),
+        timesteps=steps_done,
+        seconds=time.perf_counter() - t0,
+        env_steps_per_s=final["env_steps_per_s"],
+        metrics={k: float(v) for k, v in final.items()},
+        evaluation=evaluation,
+    )
+
+
+def _progress(enabled: bool) -> Any:
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+        disable=not enabled,
+    )
+
+
+# ------------------------------------------------------------------------ CLI
+
+
+def format_ppo_result(r: PpoResult) -> str:
+    """The human-readable summary, ending with the MLflow run id."""
+    lines = [
+        f"trained MaskablePPO '{r.name}' for {r.timesteps} env steps in {r.seconds:.1f} s "
+        f"({r.env_steps_per_s:.0f} env steps/s while training)",
+        f"  workload {r.workload_hash[:16]}: windows {list(r.windows)}; "
+        f"obs spec {r.obs_spec_version}",
+    ]
+    if "ep_return_mean" in r.metrics:
+        lines.append(f"  last episodes' mean return {r.metrics['ep_return_mean']:.2f}")
+    if r.evaluation:
+        lines.append("  evaluation on fresh workloads (mean return, mean JCT):")
+        for pol, s in r.evaluation.items():
+            lines.append(f"    {pol:<10} {s['return']:10.2f} {s['mean_jct_s'] / 3600:8.2f} h")
+    lines.append(f"  package: {r.package_dir}")
+    if r.model_version:
+        lines.append(f"  registered {r.model_name} version {r.model_version} @{r.alias}")
+    lines.append(f"  tracking: {r.tracking_uri} (experiment {r.experiment_id})")
+    lines.append(f"MLflow run id: {r.run_id}")
+    return "\n".join(lines)
+
+
+def cmd_train_ppo(args: argparse.Namespace) -> int:
+    """``linkwise train-ppo --config FILE``: train, register, print the summary."""
+    result = train_ppo(
+        args.config,
+        tracking_uri=args.tracking_uri,
+        out_dir=args.out,
+        register=False if args.no_register else None,
+        progress=not args.json,
+    )
+    if args.json:
+        print(json.dumps(result.to_json(), default=str))
+    else:
+        print(format_ppo_result(result))
+    return 0
+
+
+def add_ppo_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``train-ppo`` to a CLI's subparsers (sets ``func=cmd_train_ppo``)."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "train-ppo",
+        help="train the online baseline (MaskablePPO in the simulator) from a TOML file",
+    )
+    p.add_argument("--config", type=Path, required=True, help="PPO experiment TOML file")
+    p.add_argument(
+        "--tracking-uri",
+        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, "
+        "else sqlite in linkwise-out/mlflow)",
+    )
+    p.add_argument(
+        "--out", type=Path, default=Path("linkwise-out/train"), help="folder for packages"
+    )
+    p.add_argument("--no-register", action="store_true", help="log the model, do not register")
+    p.add_argument("--json", action="store_true", help="print the result as JSON only")
+    p.set_defaults(func=cmd_train_ppo)
+    return p
