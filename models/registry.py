@@ -25,9 +25,12 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from mlflow.entities.model_registry import ModelVersion
 
 from linkwise.cluster.contention import ContentionModel
 from linkwise.cluster.domain import Policy
@@ -273,6 +276,27 @@ def _parse_models_uri(uri: str) -> tuple[str, str | None, str | None]:
     return name, None, version
 
 
+def resolve_version(text: str, tracking_uri: str) -> tuple[ModelVersion, str]:
+    """``models:/NAME@ALIAS`` or ``models:/NAME/VERSION`` -> (the model version, the URI of
+    its artifacts), looked up in the registry at ``tracking_uri`` (not the environment's)."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+    name, alias, version = _parse_models_uri(text)
+    try:
+        mv = (
+            client.get_model_version_by_alias(name, alias)
+            if alias is not None
+            else client.get_model_version(name, str(version))
+        )
+    except MlflowException as exc:
+        raise ValueError(
+            f"{text}: not found in the registry at {tracking_uri} ({exc.message})"
+        ) from None
+    return mv, client.get_model_version_download_uri(name, mv.version)
+
+
 def load_policy(
     source: str | Path,
     *,
@@ -291,26 +315,20 @@ def load_policy(
         )
     mlflow_env()
     import mlflow
-    from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
 
     uri = tracking_uri or default_tracking_uri()
-    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
-    name, alias, version = _parse_models_uri(text)
-    try:
-        mv = (
-            client.get_model_version_by_alias(name, alias)
-            if alias is not None
-            else client.get_model_version(name, str(version))
-        )
-    except MlflowException as exc:
-        raise ValueError(f"{text}: not found in the registry at {uri} ({exc.message})") from None
+    mv, artifacts = resolve_version(text, uri)
+    name = mv.name
     expected_sums = (mv.tags or {}).get(TAG_CHECKSUMS)
     if not expected_sums:
         raise PackageError(f"{text} (version {mv.version}): no {TAG_CHECKSUMS} tag: refusing")
     with tempfile.TemporaryDirectory(prefix="linkwise-model-") as tmp:
         local = mlflow.artifacts.download_artifacts(
-            artifact_uri=f"models:/{name}/{mv.version}", dst_path=tmp, tracking_uri=uri
+            # the version's own artifact location: a ``models:/`` URI would be resolved
+            # against the environment's registry, not this one
+            artifact_uri=artifacts,
+            dst_path=tmp,
+            tracking_uri=uri,
         )
         pkg = _package_in(Path(local))
         sums = pkg / CHECKSUMS

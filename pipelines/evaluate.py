@@ -125,16 +125,17 @@ def model_manifest(spec: str, tracking_uri: str | None = None) -> dict[str, Any]
         return None
     target = text.removeprefix("model:").strip()
     if target.startswith("models:/"):
-        from linkwise.models.registry import default_tracking_uri, mlflow_env
+        from linkwise.models.registry import default_tracking_uri, mlflow_env, resolve_version
 
         mlflow_env()
         import mlflow
 
+        uri = tracking_uri or default_tracking_uri()
         with tempfile.TemporaryDirectory(prefix="linkwise-manifest-") as tmp:
             local = mlflow.artifacts.download_artifacts(
-                artifact_uri=target,
+                artifact_uri=resolve_version(target, uri)[1],
                 dst_path=tmp,
-                tracking_uri=tracking_uri or default_tracking_uri(),
+                tracking_uri=uri,
             )
             found = sorted(Path(local).rglob("dataset.json"))
             return json.loads(found[0].read_text()) if found else None

@@ -233,6 +233,17 @@ def test_sqlite_registry_round_trip_by_alias(
         resolve_policy("model:nosuchalias")
 
 
+def test_an_explicit_tracking_uri_wins_over_the_environment(
+    trained: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    _log(trained["pkg"], uri)
+    other = tmp_path / "other"
+    other.mkdir()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{other / 'mlflow.db'}")
+    _check_identical(load_policy(f"models:/{MODEL_NAME}@challenger", tracking_uri=uri), trained)
+
+
 def test_tampered_registry_artifacts_are_refused(trained: dict[str, Any], tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     _log(trained["pkg"], uri)
