@@ -6,10 +6,11 @@ Two stages (``evaluation/gates.toml`` documents every threshold):
   JCT is lower than the champion's and than the best heuristic's by a margin (paired ratio
   point estimate ``<= 1 - margin``, and with ``require_ci`` the interval's upper end ``< 1``),
   its p99 JCT no worse (ratio ``<= 1 + p99_tolerance``); its FQE estimate is not below the
-  behaviour policy's observed return (``estimate >= behaviour_return - fqe_tolerance *
-  spread``); its p99 decision latency is within budget; it took no masked action. Without a
-  champion the champion check passes ("no champion yet"); missing evidence (no FQE numbers,
-  no heuristic in the benchmark, masked actions not checked) fails.
+  behaviour policy's value (``estimate >= reference - fqe_tolerance * spread``, the reference
+  being FQE's own estimate of the behaviour policy when given, which shares FQE's bias, else
+  the behaviour's observed return); its p99 decision latency is within budget; it took no
+  masked action. Without a champion the champion check passes ("no champion yet"); missing
+  evidence (no FQE numbers, no heuristic in the benchmark, masked actions not checked) fails.
 - ``check_shadow``: shadow -> champion. Enough shadow-mode cycles in the live loop's log,
   enough jobs in the replayed window, and the counterfactual JCTs (the shadow policy replayed
   in the simulator on the logged window) no worse than what Slurm achieved, by ratio.
@@ -116,11 +117,20 @@ def load_gates(path: str | Path | None = None) -> GateConfig:
 
 @dataclass(frozen=True)
 class OpeEvidence:
-    """FQE's estimated value of a policy and the behaviour policy's observed return."""
+    """FQE's estimated value of a policy, the behaviour policy's observed return and, when
+    known, FQE's estimate of the behaviour policy itself (the fairer reference)."""
 
     estimate: float
     behaviour_return: float
     spread: float = 0.0
+    behaviour_estimate: float | None = None
+
+    @property
+    def reference(self) -> float:
+        """What the estimate is compared with: like for like where possible."""
+        if self.behaviour_estimate is not None:
+            return self.behaviour_estimate
+        return self.behaviour_return
 
 
 def ope_evidence(ope: Mapping[str, Any] | None, policy: str) -> OpeEvidence | None:
@@ -134,6 +144,11 @@ def ope_evidence(ope: Mapping[str, Any] | None, policy: str) -> OpeEvidence | No
         estimate=float(data["estimate"]),
         behaviour_return=float(data["behaviour_return"]),
         spread=float(data.get("spread", 0.0) or 0.0),
+        behaviour_estimate=(
+            float(data["behaviour_estimate"])
+            if data.get("behaviour_estimate") is not None
+            else None
+        ),
     )
 
 
@@ -314,18 +329,20 @@ def check_challenger(ev: ChallengerEvidence, cfg: ChallengerGates) -> GateReport
         )
     else:
         o = ev.ope
-        floor = o.behaviour_return - cfg.fqe_tolerance * o.spread
+        floor = o.reference - cfg.fqe_tolerance * o.spread
         ok = o.estimate >= floor
+        what = "behaviour FQE estimate" if o.behaviour_estimate is not None else "behaviour return"
         checks.append(
             Check(
                 "fqe_not_below_behaviour",
                 ok,
                 f"FQE estimate {o.estimate:.4g} (spread {o.spread:.3g}) {'>=' if ok else '<'} "
-                f"behaviour return {o.behaviour_return:.4g}"
+                f"{what} {o.reference:.4g}"
                 + (f" - {cfg.fqe_tolerance:g} x spread" if cfg.fqe_tolerance else ""),
                 {
                     "estimate": o.estimate,
                     "behaviour_return": o.behaviour_return,
+                    "reference": o.reference,
                     "spread": o.spread,
                     "floor": floor,
                 },

@@ -86,6 +86,21 @@ def test_each_gate_refuses_on_its_own(change: dict[str, object], failing: set[st
     assert "REFUSED" in rep.format()
 
 
+def test_fqe_is_compared_with_its_own_estimate_of_the_behaviour_when_given() -> None:
+    # FQE underestimates everything here: the observed return would let anything pass
+    biased = OpeEvidence(
+        estimate=-10.0, behaviour_return=-120.0, spread=1.0, behaviour_estimate=-5.0
+    )
+    assert biased.reference == -5.0
+    report = check_challenger(dataclasses.replace(_good(), ope=biased), CFG)
+    assert _failed(report) == {"fqe_not_below_behaviour"}
+    assert "behaviour FQE estimate" in report.format()
+    fair = dataclasses.replace(biased, estimate=-4.5)
+    assert check_challenger(dataclasses.replace(_good(), ope=fair), CFG).passed
+    table = {"m": {"estimate": 1.0, "behaviour_return": 0.5, "behaviour_estimate": 0.9}}
+    assert ope_evidence(table, "m") == OpeEvidence(1.0, 0.5, 0.0, 0.9)
+
+
 def test_missing_fqe_says_missing_evidence() -> None:
     rep = check_challenger(dataclasses.replace(_good(), ope=None), CFG)
     (fqe,) = [c for c in rep.checks if c.name == "fqe_not_below_behaviour"]
