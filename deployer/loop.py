@@ -338,7 +338,10 @@ def _learned(spec: str) -> LoadedPolicy:
     from linkwise.models.registry import resolve_policy
 
     policy: Any = resolve_policy(spec)
-    version = str(getattr(policy, "package_dir", "") or spec)
+    package = str(getattr(policy, "package_dir", "") or "")
+    # a registry model is recorded by its version number, which is what promotion's shadow
+    # evidence looks up; a package folder by its path
+    version = package.rsplit("/", 1)[-1] if package.startswith("models:/") else package or spec
     obs = getattr(getattr(policy, "spec", None), "version", "")
     return LoadedPolicy(policy, spec, version, str(obs))
 

@@ -274,3 +274,22 @@ def test_lease_expires_when_its_owner_is_gone(tmp_path: Path) -> None:
 def test_serve_config_rejects_a_lease_shorter_than_two_cycles() -> None:
     with pytest.raises(ValueError, match="two cycles"):
         ServeConfig(mode="active", partitions=("gpu",), interval_s=5, lease_s=6)
+
+
+def test_a_registry_model_is_recorded_by_its_version_number(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Promotion's shadow evidence looks decisions up by registry version: record that."""
+    from types import SimpleNamespace
+
+    import linkwise.models.registry as registry
+    from linkwise.deployer import loop
+
+    fake = SimpleNamespace(
+        package_dir="models:/linkwise-policy/7", spec=SimpleNamespace(version="obs-x")
+    )
+    monkeypatch.setattr(registry, "resolve_policy", lambda spec, model=None: fake)
+    loaded = loop._learned("model:champion")
+    assert (loaded.model_version, loaded.obs_spec_version) == ("7", "obs-x")
+    fake.package_dir = "/srv/packages/abc"
+    assert loop._learned("model:/srv/packages/abc").model_version == "/srv/packages/abc"
