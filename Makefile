@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_OUT ?= linkwise-out
 
-.PHONY: install demo test lint format typecheck pytest bench clean slurm-up slurm-down
+.PHONY: install demo demo-slurm test lint format typecheck pytest bench clean slurm-up slurm-down
 
 install: $(STAMP)
 
@@ -17,8 +17,15 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# The whole pipeline on the embedded default workload, no Slurm and no servers needed.
 demo: install
-	$(BIN)/linkwise compare --cluster 16x8,leaf=4 --jobs 3000 --workers 2 --plot $(DEMO_OUT)/jct_cdf.png
+	$(BIN)/linkwise demo --out $(DEMO_OUT)/demo
+
+# The same pipeline with the history collected from the real local Slurm (root only).
+demo-slurm: install
+	scripts/local-slurm start
+	$(BIN)/python -c 'from linkwise.pipelines.demo import run_demo_slurm; run_demo_slurm("$(DEMO_OUT)/demo-slurm")'; \
+	rc=$$?; scripts/local-slurm stop; exit $$rc
 
 lint: install
 	$(BIN)/ruff check .

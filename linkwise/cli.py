@@ -427,6 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from linkwise.deployer.serve import add_serve_parser
     from linkwise.pipelines.build_dataset import add_build_dataset_parser
+    from linkwise.pipelines.demo import add_demo_parser
     from linkwise.pipelines.evaluate import add_evaluate_parsers
     from linkwise.pipelines.ppo import add_ppo_parser
     from linkwise.pipelines.train import add_train_parser
@@ -436,6 +437,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_ppo_parser(sub)
     add_evaluate_parsers(sub)
     add_serve_parser(sub)
+    add_demo_parser(sub)
     return parser
 
 

@@ -14,9 +14,19 @@ A package is a folder:
 ``load_package`` verifies every checksum *before* reading anything else, then rebuilds the
 spec with ``ObsSpec.from_json`` (refusing a model encoded differently from this code) and
 checks the network's output shape. ``LearnedPolicy`` implements the ``Policy`` protocol
-through ``cluster.mdp.MdpPolicy``: at each step it encodes the state with the model's spec,
+as ``cluster.mdp.MdpPolicy`` does: at each step it encodes the state with the model's spec,
 sets masked actions to -inf, and takes the best; "wait" (always allowed) wins only when the
 model prefers it.
+
+Work-conserving guard (``LearnedPolicy.work_conserving``, on by default): when the model's
+best allowed action is "wait" but nothing is running and at least one start is allowed (an
+idle cluster with pending work that fits), the policy takes its best-scoring allowed *start*
+instead and counts the override in ``idle_overrides``. A learned policy can therefore never
+stall an idle cluster (the simulator's ``SimulationStalled``, a live queue that never
+drains); with jobs running, "wait" is always respected (a running job's end is the next
+decision point). The guard never picks a masked action. It lives in ``act`` and reads
+"nothing runs" from the observation's ``g.running_log``, so it holds for every caller of
+``act`` (``decide``, the benchmark's step probe), not only ``decide``.
 """
 
 from __future__ import annotations
@@ -34,8 +44,8 @@ import numpy as np
 import numpy.typing as npt
 
 from linkwise.cluster.contention import AnalyticModel, ContentionModel
-from linkwise.cluster.domain import ClusterState, Decision
-from linkwise.cluster.mdp import MdpPolicy, ObsSpec
+from linkwise.cluster.domain import ClusterState, Decision, Start
+from linkwise.cluster.mdp import ObsSpec, action_mask, apply_start, candidates, decode, encode
 from linkwise.cluster.profiles import load_calibration
 
 __all__ = [
@@ -53,6 +63,7 @@ __all__ = [
 ]
 
 PACKAGE_FORMAT = "linkwise-policy/1"
+RUNNING_FEATURE = "g.running_log"  # log1p(running jobs) / log1p(queue_scale): 0 iff idle
 NETWORK = "network.pt"
 OBS_SPEC = "obs_spec.json"
 DATASET = "dataset.json"
@@ -258,7 +269,10 @@ def _read_spec(d: Path, meta: Mapping[str, Any], expected: str | None) -> ObsSpe
 
 @dataclass
 class LearnedPolicy:
-    """A learned policy (Policy protocol): all action values from the network, masked, best."""
+    """A learned policy (Policy protocol): all action values from the network, masked, best.
+
+    ``work_conserving`` (default True) is the idle-cluster guard of the module docstring;
+    ``idle_overrides`` counts the steps where it replaced the model's "wait" by a start."""
 
     network: Any  # a torch.jit.ScriptModule, (B, dim) -> (B, n_actions)
     spec: ObsSpec
@@ -267,10 +281,15 @@ class LearnedPolicy:
     name: str = "learned"
     meta: Mapping[str, Any] = field(default_factory=dict)
     package_dir: str | None = None
-    _mdp: MdpPolicy = field(init=False, repr=False)
+    work_conserving: bool = True
+    idle_overrides: int = field(default=0, init=False)
+    _running_feature: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._mdp = MdpPolicy(act=self.act, spec=self.spec, model=self.model, name=self.name)
+        names = self.spec.feature_names
+        if RUNNING_FEATURE not in names:
+            raise PackageError(f"the ObsSpec has no {RUNNING_FEATURE!r}: the guard needs it")
+        self._running_feature = names.index(RUNNING_FEATURE)
 
     def action_values(self, obs: FloatArray) -> npt.NDArray[np.float32]:
         """The network's values for a batch of observations ``(B, dim) -> (B, n_actions)``."""
@@ -286,21 +305,58 @@ class LearnedPolicy:
         return out
 
     def act(self, obs: FloatArray, mask: BoolArray) -> int:
-        """The best allowed action for one observation (wait when it is the best)."""
+        """The best allowed action for one observation (wait when it is the best, unless the
+        work-conserving guard turns it into the best allowed start on an idle cluster)."""
         values = self.action_values(obs)[0]
         wait = self.spec.config.wait_action
         if not np.isfinite(values[mask]).any():  # a broken network: start nothing
-            return wait
-        a = int(masked_argmax(values, mask))
-        return wait if a < 0 else a
+            a = wait
+        else:
+            best = int(masked_argmax(values, mask))
+            a = wait if best < 0 else best
+        if a == wait and self.work_conserving and self._idle(obs):
+            start = self.best_start(obs, mask)
+            if start >= 0:
+                self.idle_overrides += 1
+                return start
+        return a
+
+    def _idle(self, obs: FloatArray) -> bool:
+        """Nothing runs, read from the observation (``g.running_log`` is 0 exactly then), so
+        the guard also holds where only ``act`` is called (the benchmark's step probe)."""
+        x = np.asarray(obs, dtype=np.float32).reshape(-1)
+        return bool(x[self._running_feature] <= 0.0)
 
     def act_batch(self, obs: FloatArray, masks: BoolArray) -> npt.NDArray[np.int64]:
         """Best allowed actions for a batch (-1 where nothing is allowed)."""
         return masked_argmax(self.action_values(obs), masks)
 
+    def best_start(self, obs: FloatArray, mask: BoolArray) -> int:
+        """The best-scoring allowed start (never wait; -1 when no start is allowed)."""
+        starts = mask.copy()
+        starts[self.spec.config.wait_action] = False
+        if not starts.any():
+            return -1
+        return int(masked_argmax(self.action_values(obs)[0], starts))
+
     def decide(self, state: ClusterState) -> Decision:
-        """All starts the model chooses at this decision point (steps until it waits)."""
-        return self._mdp.decide(state)
+        """All starts the model chooses at this decision point (steps until it waits), each
+        applied to a local copy of the state before the next observation."""
+        cfg = self.spec.config
+        wait = cfg.wait_action
+        starts: list[Start] = []
+        s = state
+        while True:
+            c = candidates(s, cfg, self.model)
+            if not c.mask[:wait].any():
+                break
+            a = self.act(encode(c, self.spec), action_mask(c))
+            if a == wait:
+                break
+            start = decode(c, a).starts[0]  # InvalidAction if masked: never emitted
+            starts.append(start)
+            s = apply_start(s, start, self.model)
+        return Decision(starts=tuple(starts))
 
 
 def load_package(
