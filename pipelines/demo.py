@@ -1244,7 +1244,8 @@ def run_demo_slurm(
     # few of them stay held out whatever the jobs' run times
     submit_span = float(span.max() - span.min()) if frame.height else 0.0  # type: ignore[operator,arg-type]
     window = max(5.0, submit_span / (b.eval_windows + 3))
-    b = replace(b, window_s=window, block_s=window / 4, log_window_s=window, min_jobs=2)
+    # a burst of seconds is too short to bootstrap in blocks: replay its windows as they were
+    b = replace(b, window_s=window, block_s=0.0, log_window_s=window, min_jobs=2)
     return _pipeline(
         out, db, topology_spec=spec_dir, slurm_cluster=name, history=history,
         workload=f"local Slurm {name}: {len(ids)} submitted", budget=b, seed=seed, uri=uri,

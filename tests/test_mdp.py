@@ -200,7 +200,8 @@ def test_predictions_match_the_model_and_least_contention_is_least(
         if lc is not None:
             score = lc.job_slowdown + lc.added_slowdown
             for other in cands.predictions[k]:
-                assert other is not None
+                if other is None:  # that generator has no placement (e.g. no single leaf fits)
+                    continue
                 assert score <= other.job_slowdown + other.added_slowdown + 1e-12
 
 
