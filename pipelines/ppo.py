@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from linkwise.models.ppo import PpoConfig
+from linkwise.pipelines.train import progress_bar
 
 __all__ = ["PpoResult", "add_ppo_parser", "cmd_train_ppo", "format_ppo_result", "train_ppo"]
 
@@ -130,7 +131,7 @@ def train_ppo(
         try:
             model = build_ppo(vec, cfg.params, cfg.seed, cfg.device)
             total = cfg.params.total_timesteps
-            with _progress(progress) as bar:
+            with progress_bar(progress) as bar:
                 task = bar.add_task(f"ppo {cfg.name}", total=total, info="")
 
                 def on_rollout(steps: int, m: dict[str, float]) -> None:
@@ -199,29 +200,6 @@ def train_ppo(
         env_steps_per_s=final["env_steps_per_s"],
         metrics={k: float(v) for k, v in final.items()},
         evaluation=evaluation,
-    )
-
-
-def _progress(enabled: bool) -> Any:
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[info]}"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=Console(stderr=True),
-        disable=not enabled,
     )
 
 

@@ -149,7 +149,8 @@ def heldout_report(
     return out
 
 
-def _progress(enabled: bool, total: int, label: str) -> Any:
+def progress_bar(enabled: bool) -> Any:
+    """The rich progress bar of long training runs (on stderr; a no-op when disabled)."""
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -251,7 +252,7 @@ def train(
         factory = MlflowAdapterFactory(client, run_id)
         evaluators = make_evaluators(cfg.algo, held_ds, held)
         n_steps = cfg.params.n_steps
-        with _progress(progress, n_steps, cfg.name) as bar:
+        with progress_bar(progress) as bar:
             task = bar.add_task(f"{cfg.algo} {cfg.name}", total=n_steps, info="")
 
             def on_step(_algo: Any, epoch: int, step: int) -> None:
