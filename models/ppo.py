@@ -48,6 +48,7 @@ from linkwise.cluster.profiles import Calibration, assign_profiles, load_calibra
 from linkwise.cluster.simulator import SimConfig
 from linkwise.cluster.topology import load_topology
 from linkwise.datasets.rollouts import Window, cut_windows, jobs_from_trace, resample_window
+from linkwise.models.config import check_keys, config_digest, resolve_path
 from linkwise.models.learned import (
     CHECKSUMS,
     DATASET,
@@ -78,7 +79,6 @@ __all__ = [
 ]
 
 ALGO_NAME = "MaskablePPO"
-REPO_ROOT = Path(__file__).resolve().parents[1]
 VEC_ENVS = ("dummy", "subproc")
 
 
@@ -184,10 +184,10 @@ class PpoConfig:
         env = dict(top.pop("env", {}))
         ml = dict(top.pop("mlflow", {}))
         mdp = MdpConfig.from_json(env.pop("mdp", {}))
-        _known(top, {"name", "seed", "device", "algo"}, "top level")
-        _known(train, {f.name for f in fields(PpoParams)}, "[train]")
-        _known(env, {f.name for f in fields(PpoEnvConfig)} - {"mdp"}, "[env]")
-        _known(ml, {"experiment", "model_name", "register"}, "[mlflow]")
+        check_keys(top, {"name", "seed", "device", "algo"}, "top level")
+        check_keys(train, {f.name for f in fields(PpoParams)}, "[train]")
+        check_keys(env, {f.name for f in fields(PpoEnvConfig)} - {"mdp"}, "[env]")
+        check_keys(ml, {"experiment", "model_name", "register"}, "[mlflow]")
         if top.get("algo", "ppo") != "ppo":
             raise ValueError("a PPO configuration has algo = 'ppo' (or no algo)")
         if "hidden_units" in train:
@@ -198,7 +198,7 @@ class PpoConfig:
             raise ValueError("[env] needs a trace")
         for key in ("trace", "calibration"):
             if env.get(key):
-                env[key] = _resolve(str(env[key]), base)
+                env[key] = resolve_path(str(env[key]), base)
             elif key in env:
                 env[key] = None
         return PpoConfig(
@@ -220,25 +220,7 @@ class PpoConfig:
 
     def digest(self) -> str:
         """SHA-256 of the configuration's canonical JSON (without ``source``)."""
-        d = self.to_json()
-        d.pop("source", None)
-        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
-
-
-def _known(d: Mapping[str, Any], allowed: set[str], where: str) -> None:
-    extra = sorted(set(d) - allowed)
-    if extra:
-        raise ValueError(f"unknown keys in {where}: {extra} (allowed: {sorted(allowed)})")
-
-
-def _resolve(text: str, base: Path | None) -> str:
-    p = Path(text).expanduser()
-    if p.is_absolute():
-        return str(p)
-    for root in (Path.cwd(), base, REPO_ROOT):
-        if root is not None and (root / p).exists():
-            return str((root / p).resolve())
-    return str(p)
+        return config_digest(self.to_json())
 
 
 # ------------------------------------------------------------------------ workloads

@@ -35,6 +35,7 @@ import numpy.typing as npt
 import polars as pl
 
 from linkwise.cluster.mdp import MdpConfig, ObsSpec
+from linkwise.models.config import check_keys, config_digest, resolve_path
 from linkwise.models.learned import masked_argmax
 
 __all__ = [
@@ -57,7 +58,6 @@ __all__ = [
 ]
 
 ALGOS = ("bc", "cql")
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 # ------------------------------------------------------------------------ configuration
@@ -159,10 +159,10 @@ class TrainConfig:
         ds = dict(top.pop("dataset", {}))
         ml = dict(top.pop("mlflow", {}))
         mdp = MdpConfig.from_json(ds.pop("mdp", {}))
-        _known(top, {"name", "algo", "seed", "device"}, "top level")
-        _known(train, {f.name for f in fields(AlgoConfig)}, "[train]")
-        _known(ds, {f.name for f in fields(DatasetConfig)} - {"mdp"}, "[dataset]")
-        _known(ml, {"experiment", "model_name", "register"}, "[mlflow]")
+        check_keys(top, {"name", "algo", "seed", "device"}, "top level")
+        check_keys(train, {f.name for f in fields(AlgoConfig)}, "[train]")
+        check_keys(ds, {f.name for f in fields(DatasetConfig)} - {"mdp"}, "[dataset]")
+        check_keys(ml, {"experiment", "model_name", "register"}, "[mlflow]")
         for key in ("hidden_units",):
             if key in train:
                 train[key] = tuple(int(x) for x in train[key])
@@ -171,7 +171,7 @@ class TrainConfig:
                 ds[key] = tuple(cast(x) for x in ds[key])
         for key in ("path", "trace", "calibration"):
             if ds.get(key):
-                ds[key] = _resolve(str(ds[key]), base)
+                ds[key] = resolve_path(str(ds[key]), base)
             elif key in ds:
                 ds[key] = None
         if "algo" not in top:
@@ -195,27 +195,7 @@ class TrainConfig:
 
     def digest(self) -> str:
         """SHA-256 of the configuration's canonical JSON (without ``source``)."""
-        import json
-
-        d = self.to_json()
-        d.pop("source", None)
-        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()
-
-
-def _known(d: Mapping[str, Any], allowed: set[str], where: str) -> None:
-    extra = sorted(set(d) - allowed)
-    if extra:
-        raise ValueError(f"unknown keys in {where}: {extra} (allowed: {sorted(allowed)})")
-
-
-def _resolve(text: str, base: Path | None) -> str:
-    p = Path(text).expanduser()
-    if p.is_absolute():
-        return str(p)
-    for root in (Path.cwd(), base, REPO_ROOT):
-        if root is not None and (root / p).exists():
-            return str((root / p).resolve())
-    return str(p)
+        return config_digest(self.to_json())
 
 
 def flatten_params(data: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
