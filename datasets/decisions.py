@@ -9,9 +9,12 @@ time over the cluster's ``Topology``:
   submitted and not started (canonical order), running = started and not ended, on their
   real placements (``job_nodes`` mapped to node indices), free GPUs = node GPUs minus those.
 - A start time is a decision point: each start is one step, its action the
-  ``match_start`` of the real placement (exact candidate, else the nearest by node overlap,
-  else "unslotted": wait is recorded, the start still applied), several starts at one
-  instant in canonical order; a "wait" step ends the decision point.
+  ``match_start`` of the real placement (exact candidate, else the nearest by node overlap),
+  several starts at one instant in canonical order; a "wait" step ends the decision point.
+  A start no candidate expresses ("unslotted": its job is in none of the K slots) is no
+  step: it is applied to the state and counted in the report, and recording it as "wait"
+  would teach waiting where Slurm started a job. An instant whose starts are all unslotted
+  then ends like an event without starts (below).
 - An event without a start where some start was feasible (the mask allows one) is a "wait"
   transition: Slurm waited while a job could have started.
 - Rewards: ``-(jobs in system x dt) / time_scale`` (minus the weighted contention term of
@@ -487,7 +490,9 @@ class _Replay:
         return StepMatch(self.cfg.wait_action, None, "wait", 1.0)
 
     def decide(self, starts: list[Start]) -> None:
-        """One decision point: the starts at this instant as steps, then wait."""
+        """One decision point: the starts at this instant as steps, then wait. Unslotted
+        starts are applied and counted without a step; if no start made a step, the instant
+        ends like an event without starts (``observe_wait``)."""
         c = self.counts
         state = self.state(self.now)
         stepped = False
@@ -498,19 +503,19 @@ class _Replay:
                 continue
             cands = candidates(state, self.cfg, self.model)
             m = match_start(cands, start)
-            if m is None:
-                m = StepMatch(self.cfg.wait_action, start.job_id, "unslotted", 0.0)
             c.starts += 1
-            c.matches.append((start.job_id, m.kind, m.overlap))
-            if m.kind == "exact":
-                c.exact += 1
-            elif m.kind == "nearest":
-                c.nearest += 1
-                c.overlap += m.overlap
-            else:
+            if m is None:
                 c.unslotted += 1
-            self.add_step(cands, m)
-            stepped = True
+                c.matches.append((start.job_id, "unslotted", 0.0))
+            else:
+                c.matches.append((start.job_id, m.kind, m.overlap))
+                if m.kind == "exact":
+                    c.exact += 1
+                else:
+                    c.nearest += 1
+                    c.overlap += m.overlap
+                self.add_step(cands, m)
+                stepped = True
             state = apply_start(state, start, self.model)
             self.occupy(state.running[-1])
         if stepped:

@@ -232,7 +232,8 @@ def select_windows(env: PpoEnvConfig) -> tuple[Window, ...]:
     jobs = jobs_from_trace(env.trace)
     wins = cut_windows(jobs, env.window_s, max_gpus=topo.total_gpus, min_jobs=env.min_jobs)
     if env.train_days is not None and wins:
-        t0 = min(w.start for w in wins)
+        # days from the trace's first submit (window 0's start), whichever windows are kept
+        t0 = min(w.start - w.window_id * env.window_s for w in wins)
         wins = [w for w in wins if w.end <= t0 + env.train_days * 86400.0 + 1e-6]
     if env.max_jobs is not None:
         wins = [w for w in wins if len(w.jobs) <= env.max_jobs]
@@ -335,14 +336,16 @@ def make_vec_env(
 
 def build_ppo(vec_env: Any, params: PpoParams, seed: int, device: str = "cpu") -> Any:
     """A MaskablePPO with every hyperparameter set from ``params`` (tanh MLP, separate actor
-    and critic)."""
+    and critic). Its logger keeps metrics in memory and writes nowhere (SB3's default logger
+    creates a ``SB3-<date>`` folder in the temp directory at every ``learn``)."""
     import torch
     from sb3_contrib import MaskablePPO
+    from stable_baselines3.common.logger import Logger
 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     arch = list(params.hidden_units)
-    return MaskablePPO(
+    model = MaskablePPO(
         "MlpPolicy",
         vec_env,
         learning_rate=params.learning_rate,
@@ -360,6 +363,8 @@ def build_ppo(vec_env: Any, params: PpoParams, seed: int, device: str = "cpu") -
         device=device,
         verbose=0,
     )
+    model.set_logger(Logger(folder=None, output_formats=[]))
+    return model
 
 
 # ------------------------------------------------------------------------ export

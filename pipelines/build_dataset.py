@@ -302,6 +302,12 @@ def format_report(m: dict[str, Any]) -> str:
             for src, v in rep["match_by_source"].items()
         )
     )
+    log = m.get("log_report")
+    if log and log.get("starts"):
+        lines.append(
+            f"  log starts: {log['exact_match_share']:.1%} exact of {log['starts']}, "
+            f"{log['nearest']} nearest, {log['unslotted']} outside the slots (applied, no step)"
+        )
     top = ", ".join(f"{a}:{n}" for a, n in acts["top"])
     cand = ", ".join(f"{g} {n}" for g, n in acts["by_candidate"].items())
     lines += [

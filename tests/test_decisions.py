@@ -310,3 +310,65 @@ def test_wrong_spec_or_arguments_are_refused(
     df, rep = build_log_transitions(con, topology=TOPO, spec=spec, model=MODEL)
     assert np.array(df["obs"].to_list()).shape == (df.height, spec.dim)
     assert rep.starts == 5
+
+
+SPEC1 = make_spec(MdpConfig(k_slots=1))  # one slot: only the head of the queue is expressible
+
+
+def test_unslotted_start_is_applied_and_counted_without_a_step() -> None:
+    topo = from_spec("1x8")
+    runs = [
+        run(1, 4, T0, T0 + 100, [("gpu1", 4)]),
+        # both submitted at T0 + 30 and both fit (4 GPUs free); the slot holds job 2 (the
+        # head) but Slurm starts job 3, which leaves 1 GPU: no other start is feasible
+        run(2, 2, T0 + 100, T0 + 300, [("gpu1", 2)], submit=T0 + 30),
+        run(3, 3, T0 + 30, T0 + 200, [("gpu1", 3)], submit=T0 + 30),
+    ]
+    df, rep = build_log_transitions(store_of(runs), topology=topo, spec=SPEC1, model=MODEL)
+    check_frame(df)
+    wait = SPEC1.config.wait_action
+    assert rep.starts == 3 and rep.exact == 2 and rep.unslotted == 1 and rep.nearest == 0
+    assert (3, "unslotted", 0.0) in rep.start_matches
+    assert "unslotted" not in set(df["match"])
+    assert df["match"].to_list() == ["exact", "wait", "exact", "wait"]
+    assert df["time"].to_list() == [T0, T0, T0 + 100, T0 + 100]  # no step at T0 + 30
+    assert rep.actions == {0: 2, wait: 2} and rep.transitions == 4
+    assert rep.waits == 0 and rep.decision_points == 2
+    # job 3 held its GPUs: job 2 had to wait for job 1's end, and the reward accounts all jobs
+    jct = 100 + (300 - 30) + (200 - 30)
+    assert math.isclose(df["reward"].sum(), -jct / TS, rel_tol=1e-12)
+    assert df["terminal"][-1] and rep.episodes == 1
+
+
+def test_episode_opening_with_an_unslotted_start_still_has_a_first_step() -> None:
+    topo = from_spec("1x8")
+    runs = [
+        run(1, 4, T0 + 50, T0 + 150, [("gpu1", 4)], submit=T0),
+        run(2, 6, T0, T0 + 50, [("gpu1", 6)]),  # not the head: unslotted, the first event
+    ]
+    df, rep = build_log_transitions(store_of(runs), topology=topo, spec=SPEC1, model=MODEL)
+    check_frame(df)
+    assert rep.unslotted == 1 and rep.exact == 1 and rep.waits == 0
+    # the first observation (only wait allowed: job 1 does not fit beside job 2)
+    first = df.row(0, named=True)
+    assert first["time"] == T0 and first["match"] == "wait"
+    assert first["action"] == SPEC1.config.wait_action
+    assert not any(first["mask"][: SPEC1.config.wait_action])
+    assert df["match"].to_list() == ["wait", "exact", "wait"]
+    assert math.isclose(first["reward"], -50 * 2 / TS, rel_tol=1e-12)  # 2 jobs for 50 s
+    assert math.isclose(df["reward"].sum(), -(150 + 50) / TS, rel_tol=1e-12)
+
+
+def test_busy_history_with_one_slot_keeps_the_jct_return(
+    best_fit_history: tuple[list[JobRun], tuple[JobRecord, ...]],
+) -> None:
+    runs, records = best_fit_history
+    df, rep = build_log_transitions(store_of(runs), topology=TOPO, spec=SPEC1, model=MODEL)
+    check_frame(df)
+    wait = SPEC1.config.wait_action
+    assert rep.unslotted > 0 and rep.exact + rep.nearest + rep.unslotted == rep.starts
+    assert "unslotted" not in set(df["match"])
+    assert int((df["action"] != wait).sum()) == rep.exact + rep.nearest  # one step per start
+    unslotted = sum(1 for _, kind, _ in rep.start_matches if kind == "unslotted")
+    assert unslotted == rep.unslotted
+    assert math.isclose(df["reward"].sum(), -total_jct(records) / TS, rel_tol=1e-9)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import tempfile
+from glob import glob
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,7 @@ from linkwise.models.ppo import (
     learn,
     make_vec_env,
     save_ppo_package,
+    select_windows,
     workload_manifest,
     workloads,
 )
@@ -38,7 +41,7 @@ ENV = PpoEnvConfig(
     min_jobs=15,
     max_jobs=30,
     n_windows=3,
-    train_days=7,
+    train_days=28,  # from the trace's first submit; the busy part starts on day 20
     max_steps=2000,
     eval_episodes=2,
     mdp=MdpConfig(k_slots=4),
@@ -162,3 +165,33 @@ def test_shipped_config_parses() -> None:
     assert len(cfg.digest()) == 64
     with pytest.raises(ValueError, match="unknown keys"):
         PpoConfig.from_mapping({"env": {"trace": "x", "bogus": 1}})
+
+
+def test_building_and_learning_writes_no_sb3_log_folder() -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    pattern = str(Path(tempfile.gettempdir()) / "SB3-*")
+    before = set(glob(pattern))
+    params = dataclasses.replace(PARAMS, total_timesteps=128, n_steps=64, batch_size=32)
+    vec = make_vec_env(workloads(ENV), SPEC, params, 0, ENV.max_steps)
+    model = build_ppo(vec, params, 0)
+    history = learn(model, params.total_timesteps)
+    vec.close()
+    assert set(glob(pattern)) == before
+    assert model.logger.dir is None and model.logger.output_formats == []
+    assert len(history) == 2 and "train.loss" in history[-1]  # metrics still reach the hook
+
+
+def test_train_days_count_from_the_traces_first_submit() -> None:
+    """The training windows end within ``train_days`` of the trace's first job, even though
+    the first eligible window starts on day 20 (so later weeks stay held out)."""
+    from linkwise.datasets.rollouts import jobs_from_trace
+
+    first = float(jobs_from_trace(PHILLY)["submit_time"].min())  # type: ignore[arg-type]
+    for days in (21.0, 28.0):
+        env = dataclasses.replace(ENV, train_days=days, n_windows=50, max_jobs=None)
+        wins = select_windows(env)
+        assert wins and max(w.end for w in wins) <= first + days * 86400.0 + 1e-6
+    with pytest.raises(ValueError, match="no window"):
+        select_windows(dataclasses.replace(ENV, train_days=5.0))
