@@ -135,7 +135,12 @@ class _Acc:
 
 
 class Simulator:
-    """Backend over a simulated cluster: ``observe``, ``apply``, ``advance``."""
+    """Backend over a simulated cluster: ``observe``, ``apply``, ``advance``.
+
+    ``running`` warm-starts it: jobs already running when the simulation begins, each on its
+    placement, with ``Job.duration`` as the isolated work left. The clock starts at the
+    earliest submit time among ``jobs`` and ``running``; the running jobs start then.
+    """
 
     def __init__(
         self,
@@ -143,6 +148,7 @@ class Simulator:
         jobs: Sequence[Job],
         model: ContentionModel,
         config: SimConfig | None = None,
+        running: Sequence[tuple[Job, Placement]] = (),
     ) -> None:
         self.topology = topology
         self.model = model
@@ -153,12 +159,15 @@ class Simulator:
                 f"{len(too_big)} jobs ask for more than the cluster's {topology.total_gpus} GPUs "
                 f"(first: {too_big[:5]}); filter them before simulating"
             )
-        ids = [j.job_id for j in jobs]
+        ids = [j.job_id for j in jobs] + [j.job_id for j, _ in running]
         if len(set(ids)) != len(ids):
             raise ValueError("job ids must be unique")
         self._arrivals = sorted(jobs, key=lambda j: (j.submit_time, j.job_id))
         self._next_arrival = 0
-        self.time = self._arrivals[0].submit_time if self._arrivals else 0.0
+        starts = [j.submit_time for j, _ in running]
+        if self._arrivals:
+            starts.append(self._arrivals[0].submit_time)
+        self.time = min(starts, default=0.0)
         self._free = [n.gpus for n in topology.nodes]
         self._pending: dict[int, PendingJob] = {}
         self._running: dict[int, _Run] = {}
@@ -177,6 +186,8 @@ class Simulator:
         self._flows: tuple[int, ...] = tuple([0] * len(topology.links))
         self._wall_start = wallclock.perf_counter()
         self._admit_arrivals()
+        if running:
+            self._preload(running)
 
     # -- Backend ---------------------------------------------------------------------
 
@@ -264,6 +275,21 @@ class Simulator:
         return wallclock.perf_counter() - self._wall_start
 
     # -- internals -------------------------------------------------------------------
+
+    def _preload(self, running: Sequence[tuple[Job, Placement]]) -> None:
+        """Start the jobs that already run when the simulation begins (a warm start): each on
+        its placement, with ``Job.duration`` as the isolated work it has left."""
+        split_changed = False
+        for job, placement in running:
+            self._pending[job.job_id] = PendingJob(job=job, remaining_s=job.duration)
+            self._acc[job.job_id] = _Acc()
+            try:
+                split_changed |= self._start(job.job_id, placement)
+            except InvalidDecision as exc:
+                raise ValueError(f"initial running jobs do not fit the cluster: {exc}") from exc
+        if split_changed:
+            self._update_split_rates()
+        self._pending_dirty = True
 
     def _admit_arrivals(self) -> None:
         arrivals = self._arrivals
@@ -431,14 +457,17 @@ def simulate(
     policy: Policy,
     config: SimConfig | None = None,
     *,
+    running: Sequence[tuple[Job, Placement]] = (),
     on_progress: Callable[[int, int], None] | None = None,
 ) -> SimResult:
     """Run ``policy`` over ``jobs`` on a simulated cluster to the end.
 
-    ``on_progress(finished, total)`` is called every few hundred decision points.
+    ``running``: jobs already running at the start (a warm start; see ``Simulator``); their
+    records are in the result like the others'. ``on_progress(finished, total)`` is called
+    every few hundred decision points.
     """
-    sim = Simulator(topology, jobs, model, config)
-    total = len(jobs)
+    sim = Simulator(topology, jobs, model, config, running=running)
+    total = len(jobs) + len(running)
 
     def tick(state: ClusterState, decision: Decision) -> None:
         if on_progress is not None and sim.events % 500 == 0:

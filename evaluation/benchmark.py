@@ -4,6 +4,9 @@ An evaluation *case* is one window of a workload (``datasets.rollouts.Window``) 
 with a seed (the same seeded block bootstrap as the rollouts, ``block_s <= 0`` replays the
 window as it was) and given contention profiles drawn with that seed: every policy runs on
 exactly the same jobs for a case, so results are paired by (window, seed) and by job.
+A case may be warm-started from a ``datasets.backlog.Backlog``, the history's state at the
+window's start: its running jobs hold their GPUs (and contend) from the start but are not
+measured; its pending jobs arrive at the start and are measured like the window's own.
 
 Per run (policy x case) the benchmark keeps the metrics of ``linkwise simulate``
 (``cluster.metrics.summarize``), every job's JCT, run time and isolated run time, and:
@@ -35,7 +38,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,9 +47,10 @@ import numpy as np
 import polars as pl
 
 from linkwise.cluster.contention import AnalyticModel
-from linkwise.cluster.domain import ClusterState, Decision, Job, Policy, Topology
+from linkwise.cluster.domain import ClusterState, Decision, Job, Placement, Policy, Topology
 from linkwise.cluster.metrics import BOUNDED_SLOWDOWN_FLOOR_S, summarize
 from linkwise.cluster.simulator import SimConfig, simulate
+from linkwise.datasets.backlog import Backlog, warm_jobs
 from linkwise.datasets.rollouts import Window, make_task_runner, resample_window
 
 __all__ = [
@@ -58,6 +62,7 @@ __all__ = [
     "PolicyRef",
     "bounded_slowdown",
     "case_jobs",
+    "case_running",
     "load_benchmark",
     "make_bench_policy",
     "make_cases",
@@ -89,7 +94,10 @@ class EvalCase:
 
     ``topology`` is a ``load_topology`` argument or a ``Topology``; ``calibration`` a
     calibration file (None: the shipped one); ``block_s`` the bootstrap block (<= 0: replay
-    the window as it was); ``tick_s`` periodic decision points (None: events only)."""
+    the window as it was); ``tick_s`` periodic decision points (None: events only);
+    ``backlog`` the history's state at the window's start (a warm start: its running jobs hold
+    their GPUs from the start, its pending jobs arrive at the start and are scheduled and
+    measured like the window's own; None: an empty cluster)."""
 
     window: Window
     seed: int
@@ -99,6 +107,7 @@ class EvalCase:
     block_s: float = 1800.0
     tick_s: float | None = None
     data_dir: str | None = None
+    backlog: Backlog | None = None
 
     @property
     def case_id(self) -> str:
@@ -177,20 +186,38 @@ def extra_metrics(jct: np.ndarray, run: np.ndarray, isolated: np.ndarray) -> dic
 
 
 def case_jobs(case: EvalCase) -> tuple[Job, ...]:
-    """The jobs of a case: the window resampled with the case's seed, profiles drawn with
-    it, jobs larger than the cluster left out."""
+    """The jobs a case measures: the window resampled with the case's seed plus the
+    backlog's pending jobs (at the window's start), profiles drawn with the seed, jobs larger
+    than the cluster left out."""
+    return _case_workload(case)[0]
+
+
+def case_running(case: EvalCase) -> tuple[tuple[Job, Placement], ...]:
+    """The backlog's running jobs of a case on their placements (empty without a backlog);
+    they hold GPUs and contend, but are not measured (no policy placed them)."""
+    return _case_workload(case)[1]
+
+
+def _case_workload(case: EvalCase) -> tuple[tuple[Job, ...], tuple[tuple[Job, Placement], ...]]:
     from linkwise.cluster.profiles import assign_profiles, load_calibration
     from linkwise.cluster.topology import load_topology
 
     topo = load_topology(case.topology) if isinstance(case.topology, str) else case.topology
     cal = load_calibration(case.calibration)
-    jobs = assign_profiles(
-        resample_window(case.window, case.seed, case.block_s), cal, seed=case.seed
+    window = resample_window(case.window, case.seed, case.block_s)
+    running: tuple[tuple[Job, Placement], ...] = ()
+    pending: tuple[Job, ...] = ()
+    if case.backlog is not None:
+        running, pending = warm_jobs(case.backlog, first_id=len(window))
+    jobs = assign_profiles([*window, *pending], cal, seed=case.seed)
+    held = assign_profiles([j for j, _ in running], cal, seed=case.seed)
+    return (
+        tuple(j for j in jobs if j.num_gpus <= topo.total_gpus),
+        tuple((j, p) for j, (_, p) in zip(held, running, strict=True)),
     )
-    return tuple(j for j in jobs if j.num_gpus <= topo.total_gpus)
 
 
-def _scenario(case: EvalCase) -> Any:
+def _scenario(case: EvalCase, jobs: tuple[Job, ...] | None = None) -> Any:
     from linkwise.cluster.profiles import load_calibration
     from linkwise.cluster.topology import load_topology
     from linkwise.evaluation.compare import Scenario
@@ -198,7 +225,7 @@ def _scenario(case: EvalCase) -> Any:
     topo = load_topology(case.topology) if isinstance(case.topology, str) else case.topology
     return Scenario(
         topology=topo,
-        jobs=case_jobs(case),
+        jobs=case_jobs(case) if jobs is None else jobs,
         calibration=load_calibration(case.calibration),
         contention=case.contention,
         config=SimConfig(tick_s=case.tick_s),
@@ -259,14 +286,25 @@ class _Probe:
 
 def run_task(task: BenchTask) -> CaseResult:
     """Simulate one policy on one case (deterministic but for the latencies)."""
-    scenario = _scenario(task.case)
+    jobs, running = _case_workload(task.case)
+    scenario = _scenario(task.case, jobs)
     if not scenario.jobs:
         raise ValueError(f"case {task.case.case_id} has no jobs (pick busier windows)")
     probe = _Probe(
         make_bench_policy(scenario, task.policy.spec, task.tracking_uri), task.policy.label
     )
-    result = simulate(scenario.topology, scenario.jobs, scenario.model(), probe, scenario.config)
-    recs = sorted(result.records, key=lambda r: r.job.job_id)
+    result = simulate(
+        scenario.topology,
+        scenario.jobs,
+        scenario.model(),
+        probe,
+        scenario.config,
+        running=running,
+    )
+    held = {j.job_id for j, _ in running}
+    recs = sorted(
+        (r for r in result.records if r.job.job_id not in held), key=lambda r: r.job.job_id
+    )
     metrics = summarize(
         recs,
         total_gpus=scenario.topology.total_gpus,
@@ -317,8 +355,10 @@ def make_cases(
     block_s: float = 1800.0,
     tick_s: float | None = None,
     data_dir: str | None = None,
+    backlogs: Mapping[int, Backlog] | None = None,
 ) -> list[EvalCase]:
-    """Every window x seed, in that nesting order."""
+    """Every window x seed, in that nesting order; ``backlogs`` (window id -> the history's
+    state at its start) warm-starts the windows it names."""
     return [
         EvalCase(
             window=w,
@@ -329,6 +369,7 @@ def make_cases(
             block_s=block_s,
             tick_s=tick_s,
             data_dir=data_dir,
+            backlog=(backlogs or {}).get(w.window_id),
         )
         for w in windows
         for s in seeds

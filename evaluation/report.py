@@ -82,6 +82,15 @@ def _h(seconds: float) -> str:
     return f"{seconds / 3600:.2f}"
 
 
+def _backlog_text(backlog: Mapping[str, Any] | None) -> str:
+    if not backlog:
+        return ""
+    return (
+        f"; warm start: {backlog['running']} jobs running on {backlog['running_gpus']} GPUs, "
+        f"{backlog['pending']} pending ({backlog['pending_gpus']} GPUs)"
+    )
+
+
 def render_markdown(
     summary: Sequence[Mapping[str, Any]],
     ratios: Sequence[RatioCI],
@@ -99,6 +108,7 @@ def render_markdown(
         "workload_source",
         "window_s",
         "block_s",
+        "warm_start",
         "seeds",
         "cases",
         "baseline",
@@ -111,6 +121,7 @@ def render_markdown(
         lines += ["", "Evaluation windows (held out):", ""]
         lines += [
             f"- {w['label']}: [{w['start']:.0f}, {w['end']:.0f}) s, {w.get('jobs', '?')} jobs"
+            + _backlog_text(w.get("backlog"))
             for w in ev
         ]
     used = context.get("dataset_windows", [])

@@ -118,8 +118,14 @@ class DemoBudget:
     shadow_cycles: int
     # the MDP's slots: the first K pending jobs that fit the free GPUs ("fitting") rather than
     # the head of the queue ("head"), so fewer of a backfilling history's starts fall outside
-    # the K slots (logged as unslotted waits); one ObsSpec for building, training, serving
+    # the K slots (unslotted: applied without a step); one ObsSpec for building, training, serving
     slot_order: str = "fitting"
+    # evaluation windows start from the accounting's state at their start (jobs running and
+    # queued then, ``datasets.backlog``) rather than from an empty cluster
+    warm_start: bool = True
+    # MaskablePPO (the DeepShare-style online baseline) timesteps; 0: not trained. Needs a
+    # trace file (its environment replays the trace's training days)
+    ppo_steps: int = 0
 
 
 BUDGETS: Mapping[str, DemoBudget] = {
@@ -702,6 +708,58 @@ def _history_progress(console: Any, enabled: bool) -> Any:
     )
 
 
+def _train_ppo(
+    trace: str,
+    budget: DemoBudget,
+    topology_spec: str,
+    train_days: float,
+    seed: int,
+    uri: str,
+    out: Path,
+    console: Any,
+) -> dict[str, Any]:
+    """MaskablePPO in the simulator on the trace's first ``train_days`` days (the dataset's
+    span, so the evaluation windows stay held out), on the demo's cluster and decision
+    problem; its model entry (registered as ``linkwise-ppo``)."""
+    from linkwise.models.ppo import PpoConfig
+    from linkwise.pipelines.ppo import train_ppo
+
+    base = tomllib.loads((EXPERIMENTS / "ppo.toml").read_text())
+    env = {
+        **base["env"],
+        "trace": trace,
+        "topology": topology_spec,
+        "window_s": budget.window_s,
+        "block_s": budget.block_s,
+        "min_jobs": budget.min_jobs,
+        "max_jobs": None,
+        "train_days": train_days,
+        "mdp": {"k_slots": budget.k_slots, "slot_order": budget.slot_order},
+    }
+    env = {k: v for k, v in env.items() if v is not None}
+    n_steps = int(base["train"]["n_steps"])
+    total = max(n_steps, budget.ppo_steps // n_steps * n_steps)
+    data = {**base, "seed": seed, "env": env, "train": {**base["train"], "total_timesteps": total}}
+    cfg = PpoConfig.from_mapping(data, base=EXPERIMENTS, source=str(EXPERIMENTS / "ppo.toml"))
+    res = train_ppo(cfg, tracking_uri=uri, out_dir=out / "train", progress=False)
+    console.print(
+        f"ppo: {res.model_name} version {res.model_version}, {res.timesteps} steps in "
+        f"{res.seconds:.0f} s ({res.env_steps_per_s:.0f} env steps/s), "
+        f"on windows {list(res.windows)}"
+    )
+    return {
+        "model_name": res.model_name,
+        "version": res.model_version,
+        "run_id": res.run_id,
+        "package_dir": res.package_dir,
+        "steps": res.timesteps,
+        "seconds": res.seconds,
+        "windows": list(res.windows),
+        "train_days": train_days,
+        "evaluation": res.evaluation,
+    }
+
+
 def _ope(
     dataset_path: str, labels: Mapping[str, str], budget: DemoBudget, holdout: float, seed: int
 ) -> tuple[dict[str, Any] | None, str]:
@@ -837,8 +895,11 @@ def _pipeline(
     console: Any,
     stages: _Stages,
     eval_seeds: Sequence[int] | None = None,
+    trace: str | None = None,
 ) -> DemoResult:
-    """Steps 2-7 on a store that holds the cluster's accounting (``slurm_cluster``)."""
+    """Steps 2-7 on a store that holds the cluster's accounting (``slurm_cluster``); with
+    ``trace`` (the history's trace file) and ``budget.ppo_steps``, MaskablePPO is trained on
+    the trace's training days and evaluated beside BC and CQL."""
     from linkwise.cluster.mdp import MdpConfig
     from linkwise.cluster.topology import load_topology
     from linkwise.datasets.rollouts import jobs_from_store
@@ -909,6 +970,7 @@ def _pipeline(
         cfg = replace(cfg, seed=seed)
         res = train(cfg, tracking_uri=uri, out_dir=out / "train")
         models[algo] = {
+            "model_name": MODEL_NAME,
             "version": res.model_version,
             "run_id": res.run_id,
             "package_dir": res.package_dir,
@@ -921,11 +983,15 @@ def _pipeline(
             f"{algo}: version {res.model_version}, {res.steps} steps in {res.seconds:.0f} s, "
             f"held-out action match {res.metrics.get('heldout_action_match', math.nan):.3f}"
         )
+    if budget.ppo_steps > 0 and trace is not None:
+        models["ppo"] = _train_ppo(
+            trace, budget, topology_spec, (until - first) / 86400.0, seed, uri, out, console
+        )
     holdout = float(train_config(EXPERIMENTS / "demo_cql.toml", dataset["path"], n_steps=1,
                                  per_epoch=1).dataset.holdout)  # fmt: skip
 
     stages.begin("evaluate", "Evaluate heuristics, BC and CQL on held-out windows")
-    specs = {f"model:models:/{MODEL_NAME}/{m['version']}": algo.upper() for algo, m in
+    specs = {f"model:models:/{m['model_name']}/{m['version']}": algo.upper() for algo, m in
              models.items()}  # fmt: skip
     eval_kw: dict[str, Any] = {
         "db": db,
@@ -941,6 +1007,7 @@ def _pipeline(
         "tracking_uri": uri,
         "n_boot": budget.n_boot,
         "seed": seed,
+        "warm_start": budget.warm_start,
         # the dataset itself, so held-out windows are chosen even when no model is evaluated
         "holdout_from": [str(built["path"]).removesuffix(".parquet") + ".json"],
     }
@@ -1150,6 +1217,7 @@ def run_demo(
         console=console,
         stages=stages,
         eval_seeds=eval_seeds,
+        trace=str(Path(trace).resolve()) if trace is not None else None,
     )
 
 

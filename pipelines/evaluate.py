@@ -32,6 +32,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+from linkwise.datasets.backlog import Backlog
 from linkwise.evaluation.benchmark import Benchmark, PolicyRef, load_benchmark, make_cases
 from linkwise.evaluation.gates import (
     ChallengerEvidence,
@@ -182,9 +183,12 @@ def evaluate(
     log: bool = True,
     n_boot: int = 2000,
     seed: int = 0,
+    warm_start: bool = False,
 ) -> tuple[EvaluationReport, str | None]:
     """Benchmark ``policies`` on held-out windows and write the report (module docstring);
-    the report and the MLflow run id (None when ``log`` is False)."""
+    the report and the MLflow run id (None when ``log`` is False). ``warm_start`` (store
+    only): every window starts from the cluster's state in the accounting at its start
+    (``datasets.backlog``), not from an empty cluster."""
     from linkwise.cluster.topology import load_topology
     from linkwise.datasets.rollouts import cut_windows, jobs_from_store, jobs_from_trace
     from linkwise.models.registry import default_tracking_uri
@@ -193,6 +197,10 @@ def evaluate(
         raise ValueError("no policies to evaluate")
     if (trace is None) == (db is None):
         raise ValueError("evaluate on exactly one workload: a trace or a store (db)")
+    if warm_start and db is None:
+        raise ValueError(
+            "warm_start needs the accounting store (db): a trace has no placements to start from"
+        )
     uri = tracking_uri or default_tracking_uri()
     needs_registry = any(s.strip().startswith("model:") for s in policies)
     refs, versions = (
@@ -236,6 +244,14 @@ def evaluate(
             "no evaluation windows left (all overlap the training data or are "
             f"below {min_jobs} jobs)"
         )
+    backlogs: dict[int, Backlog] = {}
+    if warm_start:
+        from linkwise.datasets.backlog import backlog_from_store
+        from linkwise.datasets.store import open_store
+
+        with closing(open_store(db)) as con:  # type: ignore[arg-type]
+            for w in chosen:
+                backlogs[w.window_id] = backlog_from_store(con, topo, slurm_cluster, w.start)
     cases = make_cases(
         chosen,
         seeds,
@@ -244,6 +260,7 @@ def evaluate(
         contention=contention,
         block_s=block_s,
         tick_s=tick_s,
+        backlogs=backlogs,
     )
     from linkwise.evaluation.benchmark import run_benchmark
 
@@ -264,8 +281,13 @@ def evaluate(
         "policies": labels,
         "specs": {r.label: r.spec for r in refs},
         "model_versions": versions,
+        "warm_start": warm_start,
         "evaluation_windows": [
-            {**s.to_json(), "jobs": len(w.jobs)}
+            {
+                **s.to_json(),
+                "jobs": len(w.jobs),
+                **({"backlog": backlogs[w.window_id].to_json()} if w.window_id in backlogs else {}),
+            }
             for s, w in zip(window_spans(chosen, source), chosen, strict=True)
         ],
         "datasets": [str(m.get("hash", ""))[:16] for m in manifests],
@@ -535,6 +557,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         tracking_uri=args.tracking_uri,
         log=not args.no_log,
         n_boot=args.n_boot,
+        warm_start=args.warm_start,
     )
     if args.json:
         print(json.dumps({**report.to_json(), "mlflow_run_id": run_id}, default=str))
@@ -612,6 +635,11 @@ def add_evaluate_parsers(sub: Any) -> None:
     p.add_argument("--window", type=float, default=6 * 3600.0, help="window length, seconds")
     p.add_argument("--block", type=float, default=1800.0, help="bootstrap block, s (0: replay)")
     p.add_argument("--min-jobs", type=int, default=10, help="fewest jobs in a picked window")
+    p.add_argument(
+        "--warm-start",
+        action="store_true",
+        help="with --db: start each window from the accounting's running and pending jobs",
+    )
     p.add_argument("--calibration", type=Path, help="calibration JSON (default: shipped)")
     p.add_argument("--baseline", help="policy the ratios are taken to (default: first heuristic)")
     p.add_argument(

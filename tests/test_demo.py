@@ -64,6 +64,10 @@ def test_report_folder(demo: DemoResult) -> None:
     text = (folder / "report.md").read_text()
     assert "backfill" in text and "sjf_bco" in text
     assert list(folder.glob("*.png"))
+    # every evaluation window starts from the history's state at its start (warm start)
+    windows = demo.evaluation["windows"]
+    assert windows and all("backlog" in w for w in windows)
+    assert "warm start:" in text
     policies = {r["policy"] for r in demo.table}
     assert {"fifo", "backfill", "best_fit", "sjf_bco", "tiresias_las", "random"} <= policies
     # the learned policies' work-conserving guard: they cannot stall, so both are compared
