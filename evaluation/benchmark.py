@@ -28,6 +28,11 @@ Per run (policy x case) the benchmark keeps the metrics of ``linkwise simulate``
   counted and replaced by "wait" so the run completes and the gate can refuse it. None for
   policies that decide directly (heuristics: the simulator refuses impossible starts).
 
+A run in which the policy fails (it stalls the simulator, waiting on an idle cluster with jobs
+pending, or asks for an impossible start) is recorded as a ``CaseFailure`` and the benchmark
+goes on; a policy with any failed case is left out of the comparison (``Benchmark.policies``)
+and listed with its failures, so one bad policy never aborts the others.
+
 ``run_benchmark`` maps ``run_task`` over every (policy, case): in this process
 (``"serial"``) or through a Prefect task runner (``"local[:N]"``, ``"threads[:N]"``,
 ``"dask"``, ``"dask://HOST:PORT"``; ``datasets.rollouts.make_task_runner``), results in
@@ -57,6 +62,7 @@ __all__ = [
     "UNFAIR_SLOWDOWN",
     "BenchTask",
     "Benchmark",
+    "CaseFailure",
     "CaseResult",
     "EvalCase",
     "PolicyRef",
@@ -157,6 +163,21 @@ class CaseResult:
             **{f"latency_ms_{k}": v for k, v in self.latency_ms.items()},
             "masked_actions": self.masked_actions,
         }
+
+
+@dataclass(frozen=True)
+class CaseFailure:
+    """A policy that could not finish a case, and why (the exception's type and message)."""
+
+    policy: str
+    spec: str
+    window_id: int
+    seed: int
+    error: str
+
+    @property
+    def case_id(self) -> str:
+        return f"w{self.window_id}/s{self.seed}"
 
 
 def bounded_slowdown(jct: np.ndarray, isolated: np.ndarray) -> np.ndarray:
@@ -337,9 +358,25 @@ def run_task(task: BenchTask) -> CaseResult:
     )
 
 
-def run_batch(tasks: Sequence[BenchTask], label: str = "") -> list[CaseResult]:
+def try_task(task: BenchTask) -> CaseResult | CaseFailure:
+    """``run_task``, with a policy's failure (a stall, an impossible start) as a value."""
+    from linkwise.cluster.simulator import InvalidDecision, SimulationStalled
+
+    try:
+        return run_task(task)
+    except (SimulationStalled, InvalidDecision) as exc:
+        return CaseFailure(
+            policy=task.policy.label,
+            spec=task.policy.spec,
+            window_id=task.case.window.window_id,
+            seed=task.case.seed,
+            error=f"{type(exc).__name__}: {exc}",
+        )
+
+
+def run_batch(tasks: Sequence[BenchTask], label: str = "") -> list[CaseResult | CaseFailure]:
     """Several runs in one call, in order (``label`` names the Prefect task run)."""
-    return [run_task(t) for t in tasks]
+    return [try_task(t) for t in tasks]
 
 
 # ------------------------------------------------------------------------ the grid
@@ -378,12 +415,21 @@ def make_cases(
 
 @dataclass(frozen=True)
 class Benchmark:
-    """All runs of a benchmark, and the policies and cases in their order."""
+    """All runs of a benchmark, and the policies and cases in their order; ``policies`` are
+    those that finished every case, ``failures`` the failed runs of the others."""
 
     results: tuple[CaseResult, ...]
     policies: tuple[str, ...]
     cases: tuple[str, ...]
     specs: dict[str, str] = field(default_factory=dict)
+    failures: tuple[CaseFailure, ...] = ()
+
+    def failed(self) -> dict[str, list[CaseFailure]]:
+        """Policy -> its failed runs (only policies with failures)."""
+        out: dict[str, list[CaseFailure]] = {}
+        for f in self.failures:
+            out.setdefault(f.policy, []).append(f)
+        return out
 
     def runs(self, policy: str) -> list[CaseResult]:
         """One policy's runs in case order."""
@@ -465,25 +511,31 @@ def run_benchmark(
         make_bench_policy(probe_scenario, ref.spec, tracking_uri)
     tasks = [BenchTask(ref, case, tracking_uri) for ref in refs for case in cases]
     if executor == "serial":
-        results: list[CaseResult] = []
+        outcomes: list[CaseResult | CaseFailure] = []
         for t in tasks:
-            results.append(run_task(t))
-            if on_done:
-                on_done(results[-1])
+            outcomes.append(try_task(t))
+            if on_done and isinstance(outcomes[-1], CaseResult):
+                on_done(outcomes[-1])
     else:
-        results = _run_prefect(tasks, executor, batch)
+        outcomes = _run_prefect(tasks, executor, batch)
         if on_done:
-            for r in results:
-                on_done(r)
+            for r in outcomes:
+                if isinstance(r, CaseResult):
+                    on_done(r)
+    failures = tuple(r for r in outcomes if isinstance(r, CaseFailure))
+    failed = {f.policy for f in failures}
     return Benchmark(
-        results=tuple(results),
-        policies=tuple(labels),
+        results=tuple(r for r in outcomes if isinstance(r, CaseResult) and r.policy not in failed),
+        policies=tuple(x for x in labels if x not in failed),
         cases=tuple(c.case_id for c in cases),
         specs={r.label: r.spec for r in refs},
+        failures=failures,
     )
 
 
-def _run_prefect(tasks: Sequence[BenchTask], executor: str, batch: int) -> list[CaseResult]:
+def _run_prefect(
+    tasks: Sequence[BenchTask], executor: str, batch: int
+) -> list[CaseResult | CaseFailure]:
     from prefect import flow, task
     from prefect.cache_policies import NO_CACHE
 
@@ -493,12 +545,12 @@ def _run_prefect(tasks: Sequence[BenchTask], executor: str, batch: int) -> list[
     labels = [f"{c[0].policy.label} {c[0].case.case_id}" for c in chunks]
     run = task(name="benchmark", task_run_name="{label}", cache_policy=NO_CACHE)(run_batch)
 
-    def benchmark() -> list[list[CaseResult]]:
+    def benchmark() -> list[list[CaseResult | CaseFailure]]:
         futures = run.map(chunks, label=labels)
         return [f.result() for f in futures]
 
     fl = flow(name="benchmark", task_runner=make_task_runner(executor), validate_parameters=False)
-    out: list[list[CaseResult]] = fl(benchmark)()
+    out: list[list[CaseResult | CaseFailure]] = fl(benchmark)()
     return [r for part in out for r in part]
 
 
@@ -515,6 +567,7 @@ def save_benchmark(bench: Benchmark, out_dir: str | Path) -> dict[str, Path]:
         "policies": list(bench.policies),
         "cases": list(bench.cases),
         "specs": bench.specs,
+        "failures": [asdict(f) for f in bench.failures],
         "runs": [
             {
                 k: v
@@ -559,4 +612,5 @@ def load_benchmark(out_dir: str | Path) -> Benchmark:
         policies=tuple(runs["policies"]),
         cases=tuple(runs["cases"]),
         specs=dict(runs["specs"]),
+        failures=tuple(CaseFailure(**f) for f in runs.get("failures", [])),
     )

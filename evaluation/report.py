@@ -179,6 +179,16 @@ def render_markdown(
                 f"| {p} | {a.ratio:.3f} | [{a.low:.3f}, {a.high:.3f}] | {q.ratio:.3f} | "
                 f"[{q.low:.3f}, {q.high:.3f}] | {a.wins:.0%} |"
             )
+    failed: Mapping[str, Mapping[str, Any]] = context.get("failed", {})
+    if failed:
+        lines += [
+            "",
+            "## Failed policies (left out of the comparison)",
+            "",
+            "| policy | failed cases | first failure |",
+            "|---|---|---|",
+        ]
+        lines += [f"| {p} | {f['cases']} | {f['first']} |" for p, f in failed.items()]
     lines += ["", "## Plots", ""]
     lines += [f"![{name}]({path})" for name, path in plots.items()]
     return "\n".join(lines) + "\n"
@@ -261,7 +271,15 @@ def write_report(
     """Write the report folder (see the module docstring)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    failed = bench.failed()
+    if baseline in failed:
+        raise ValueError(f"the baseline {baseline!r} failed: {failed[baseline][0].error}")
     ctx = {**(context or {}), "baseline": baseline}
+    if failed:
+        ctx["failed"] = {
+            p: {"cases": len(fs), "first": f"{fs[0].case_id}: {fs[0].error}"[:300]}
+            for p, fs in failed.items()
+        }
     summary = bench.summary()
     ratios = compute_ratios(bench, baseline, n_boot=n_boot, level=level, seed=seed)
     files = {k: str(v) for k, v in save_benchmark(bench, out).items()}

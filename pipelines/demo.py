@@ -69,6 +69,7 @@ __all__ = [
     "add_demo_parser",
     "cmd_demo",
     "guard_overrides",
+    "headline_budget",
     "history_runs",
     "node_infos",
     "replay_history",
@@ -788,24 +789,6 @@ def _ope(
     return ope_table(results), f"FQE on {held.height} held-out transitions"
 
 
-def _stalled_models(specs: Sequence[str], eval_kw: Mapping[str, Any], out: Path) -> list[str]:
-    """The learned policies that stall the simulator on the evaluation windows (they wait
-    with jobs pending on an idle cluster): each is run beside ``backfill`` first."""
-    import tempfile
-
-    from linkwise.cluster.simulator import SimulationStalled
-    from linkwise.pipelines.evaluate import evaluate
-
-    stalled: list[str] = []
-    for spec in specs:
-        with tempfile.TemporaryDirectory(prefix="probe-", dir=out) as tmp:
-            try:
-                evaluate(["backfill", spec], out_dir=tmp, log=False, **{**eval_kw, "n_boot": 10})
-            except SimulationStalled:
-                stalled.append(spec)
-    return stalled
-
-
 def guard_overrides(
     packages: Mapping[str, str],
     windows: Sequence[Mapping[str, Any]],
@@ -1011,20 +994,13 @@ def _pipeline(
         # the dataset itself, so held-out windows are chosen even when no model is evaluated
         "holdout_from": [str(built["path"]).removesuffix(".parquet") + ".json"],
     }
-    from linkwise.cluster.simulator import SimulationStalled
-
-    stalled: list[str] = []
-    try:
-        report, eval_run = evaluate([*HEURISTICS, *specs], out_dir=out / "evaluation", **eval_kw)
-    except SimulationStalled:
-        stalled = _stalled_models(list(specs), eval_kw, out)
-        for spec in stalled:
-            console.print(
-                f"[red]{specs[spec]} stalls[/red]: it waits with jobs pending on an idle "
-                "cluster (the simulator cannot finish); left out of the comparison"
-            )
-        evaluated = [*HEURISTICS, *(s for s in specs if s not in stalled)]
-        report, eval_run = evaluate(evaluated, out_dir=out / "evaluation", **eval_kw)
+    report, eval_run = evaluate([*HEURISTICS, *specs], out_dir=out / "evaluation", **eval_kw)
+    failed: dict[str, Any] = report.context.get("failed", {})
+    for spec, info in failed.items():
+        console.print(
+            f"[red]{specs.get(spec, spec)} failed[/red] {info['cases']} evaluation cases "
+            f"({info['first']}); left out of the comparison"
+        )
     table = comparison_table(report, specs)
     evaluation: dict[str, Any] = {
         "out_dir": report.out_dir,
@@ -1034,7 +1010,7 @@ def _pipeline(
         "windows": report.context.get("evaluation_windows"),
         "dataset_windows": report.context.get("dataset_windows"),
         "seeds": report.context.get("seeds"),
-        "stalled": [specs[x] for x in stalled],
+        "failed": {specs.get(x, x): info for x, info in failed.items()},
     }
     labels = {label: models[algo.lower()]["package_dir"] for label, algo in specs.items()}
     evaluation["guard"] = guard_overrides(
@@ -1056,7 +1032,7 @@ def _pipeline(
         )
         gate = decision.to_json()
         console.print(decision.format())
-    except ValueError as exc:  # the challenger stalled, so it is not in the evaluation
+    except ValueError as exc:  # the challenger failed its evaluation cases
         gate = {"action": "challenger->shadow", "passed": False, "reasons": [str(exc)]}
         console.print(f"challenger->shadow REFUSED: {exc}")
 
@@ -1324,11 +1300,38 @@ def run_demo_slurm(
 # ------------------------------------------------------------------------ headline
 
 
+def headline_budget(cluster: str = "104x8,leaf=8") -> DemoBudget:
+    """The headline run's numbers (``benchmarks/headline.md``): daily windows, the last week
+    held out, BC, CQL and MaskablePPO on the given cluster."""
+    return replace(
+        BUDGETS["full"],
+        name="headline",
+        cluster=cluster,
+        window_s=86400.0,
+        block_s=3600.0,
+        eval_windows=7,
+        min_jobs=20,
+        log_window_s=86400.0,
+        rollouts=3,
+        rollout_seeds=(0,),
+        rollout_policies=("backfill", "best_fit", "sjf_bco"),
+        epsilons=(0.0, 0.1),
+        max_rollout_steps=3000,
+        bc_steps=2000,
+        cql_steps=4000,
+        steps_per_epoch=500,
+        ope_steps=500,
+        ope_seeds=(0,),
+        shadow_cycles=150,
+        ppo_steps=30_720,
+    )
+
+
 def run_headline(
     trace: str | Path,
     out_dir: str | Path = "linkwise-out/headline",
     *,
-    cluster: str = "32x8,leaf=8",
+    cluster: str = "104x8,leaf=8",
     trace_format: str = "philly",
     budget: DemoBudget | None = None,
     seeds: Sequence[int] = (0, 1, 2),
@@ -1338,22 +1341,12 @@ def run_headline(
 ) -> DemoResult:
     """The headline run (issue 6): the demo pipeline on a real trace, daily windows, the last
     week held out, the given cluster; ``benchmarks/headline.md`` is written from its result."""
-    b = budget or replace(
-        BUDGETS["full"],
-        name="headline",
-        cluster=cluster,
-        window_s=86400.0,
-        block_s=3600.0,
-        eval_windows=7,
-        min_jobs=20,
-        log_window_s=86400.0,
-    )
     return run_demo(
         out_dir,
         trace=trace,
         trace_format=trace_format,
         cluster=cluster,
-        budget=b,
+        budget=budget or headline_budget(cluster),
         seed=seed,
         tracking_uri=tracking_uri,
         eval_seeds=seeds,

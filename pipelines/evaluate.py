@@ -373,6 +373,13 @@ def gate_challenger(
     bench = load_benchmark(evaluation_dir)
     by_version = {v: label for label, v in versions.items() if label in bench.policies}
     challenger = by_version.get(version)
+    failed = bench.failed()
+    label = next((x for x, v in versions.items() if v == version), None)
+    if challenger is None and label in failed:
+        raise ValueError(
+            f"the challenger {label} (version {version}) failed {len(failed[label])} of "
+            f"{len(bench.cases)} evaluation cases ({failed[label][0].error[:200]}): refused"
+        )
     if challenger is None:
         raise ValueError(
             f"{evaluation_dir} does not evaluate the current challenger (version {version}; "

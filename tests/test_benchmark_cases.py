@@ -1,5 +1,6 @@
-"""Warm-started evaluation: the simulator with jobs already running, the backlog read from
-accounting, and benchmark cases that start from it."""
+"""Benchmark cases: warm starts (the simulator with jobs already running, the backlog read
+from accounting, cases that start from it) and policies that fail a case (recorded, left out,
+the others still compared)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from linkwise.cluster.contention import AnalyticModel
-from linkwise.cluster.domain import Job, Placement
+from linkwise.cluster.domain import Decision, Job, Placement
 from linkwise.cluster.profiles import load_calibration
 from linkwise.cluster.simulator import simulate
 from linkwise.cluster.slurm.records import JobRun
@@ -133,3 +134,43 @@ def test_evaluate_refuses_a_warm_start_without_accounting(tmp_path: Path) -> Non
     trace.write_text("job_id,submit_time,num_gpus,duration\n1,0,1,10\n")
     with pytest.raises(ValueError, match="warm_start needs the accounting store"):
         evaluate(["fifo"], trace=trace, warm_start=True, out_dir=tmp_path / "e", log=False)
+
+
+class _Waiter:
+    """A policy that never starts anything: it stalls the simulator."""
+
+    name = "waiter"
+
+    def decide(self, state: object) -> Decision:
+        return Decision()
+
+
+def test_a_stalling_policy_is_recorded_as_failed_and_the_others_still_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import linkwise.evaluation.benchmark as bm
+    from linkwise.evaluation.report import write_report
+
+    real = bm.make_bench_policy
+
+    def make(scenario: object, spec: str, tracking_uri: str | None = None) -> object:
+        return _Waiter() if spec == "waiter" else real(scenario, spec, tracking_uri)
+
+    monkeypatch.setattr(bm, "make_bench_policy", make)
+    window = Window(0, T, T + 600, (Job(1, T + 60, 8, 100.0), Job(2, T + 120, 4, 100.0)))
+    cases = bm.make_cases([window], [0, 1], TOPO, block_s=0.0)
+    bench = bm.run_benchmark(["fifo", "waiter", "best_fit"], cases)
+    assert bench.policies == ("fifo", "best_fit")
+    assert {r.policy for r in bench.results} == {"fifo", "best_fit"}
+    assert [(f.policy, f.case_id) for f in bench.failures] == [
+        ("waiter", "w0/s0"),
+        ("waiter", "w0/s1"),
+    ]
+    assert "SimulationStalled" in bench.failures[0].error
+    report = write_report(bench, tmp_path / "r", baseline="fifo", n_boot=50)
+    assert report.context["failed"]["waiter"]["cases"] == 2
+    text = (tmp_path / "r" / "report.md").read_text()
+    assert "Failed policies" in text and "| waiter | 2 |" in text
+    assert bm.load_benchmark(tmp_path / "r").failures == bench.failures
+    with pytest.raises(ValueError, match="baseline 'waiter' failed"):
+        write_report(bench, tmp_path / "r2", baseline="waiter", n_boot=50)
