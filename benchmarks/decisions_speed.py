@@ -14,61 +14,32 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from typing import TYPE_CHECKING
 
+if TYPE_CHECKING:
+    from duckdb import DuckDBPyConnection
 
-def history(n_jobs: int, policy: str, seed: int, load: float) -> tuple[object, object, object]:
-    """(store connection, topology, model) holding one simulated accounting history."""
     from linkwise.cluster.contention import AnalyticModel
-    from linkwise.cluster.domain import ClusterState, Decision, Placement
-    from linkwise.cluster.loop import drive
-    from linkwise.cluster.profiles import assign_profiles, load_calibration
-    from linkwise.cluster.simulator import Simulator
-    from linkwise.cluster.slurm.records import JobRun
-    from linkwise.cluster.topology import from_spec
+    from linkwise.cluster.domain import Topology
+
+
+def history(
+    n_jobs: int, policy: str, seed: int, load: float
+) -> tuple[DuckDBPyConnection, Topology, AnalyticModel]:
+    """(store connection, topology, model) holding one simulated accounting history."""
     from linkwise.datasets.ingest import ingest_job_runs
     from linkwise.datasets.store import open_store
-    from linkwise.datasets.synthetic import generate
-    from linkwise.models.heuristics import make_policy
+    from linkwise.tests._history import simulated_history
 
-    cal = load_calibration()
-    model = AnalyticModel(cal)
-    topo = from_spec("64x8,leaf=16")
-    jobs = assign_profiles(
-        generate(n_jobs, seed=seed, max_gpus=64, load_scale=load), cal, seed=seed
+    runs, topo, model = simulated_history(
+        n_jobs,
+        topology="64x8,leaf=16",
+        seed=seed,
+        max_gpus=64,
+        load_scale=load,
+        policy=policy,
+        cluster="bench",
     )
-    sim = Simulator(topo, jobs, model)
-    placed: dict[int, Placement] = {}
-
-    def capture(state: ClusterState, decision: Decision) -> None:
-        for s in decision.starts:
-            placed[s.job_id] = s.placement
-
-    drive(sim, make_policy(policy), on_decision=capture)
-    t0 = 1.7e9
-    runs = [
-        JobRun(
-            cluster="bench",
-            job_id=r.job.job_id + 1,
-            run_index=0,
-            name="",
-            user="u",
-            account="a",
-            partition="gpu",
-            state="COMPLETED",
-            exit_code=0,
-            signal=None,
-            submit_time=t0 + r.job.submit_time,
-            start_time=t0 + r.first_start,
-            end_time=t0 + r.end,
-            time_limit_s=None,
-            nodes=tuple(topo.nodes[n].name for n in placed[r.job.job_id].nodes),
-            gpus=r.job.num_gpus,
-            gpus_per_node=tuple(g for _, g in placed[r.job.job_id].alloc),
-            allocation_nodes=placed[r.job.job_id].num_nodes,
-            settled=True,
-        )
-        for r in sim.records
-    ]
     con = open_store(":memory:")
     ingest_job_runs(con, runs, source="bench")
     return con, topo, model
@@ -92,7 +63,7 @@ def main() -> None:
     best = None
     for _ in range(args.repeat):
         t = time.perf_counter()
-        df, rep = build_log_transitions(con, topology=topo, spec=spec, model=model)  # type: ignore[arg-type]
+        df, rep = build_log_transitions(con, topology=topo, spec=spec, model=model)
         wall = time.perf_counter() - t
         best = wall if best is None else min(best, wall)
     assert best is not None

@@ -123,56 +123,15 @@ def rollouts(n_windows: int) -> list[dict[str, Any]]:
 
 
 def logs(n_jobs: int) -> dict[str, Any]:
-    from linkwise.cluster.contention import AnalyticModel
-    from linkwise.cluster.domain import ClusterState, Decision, Placement
-    from linkwise.cluster.loop import drive
     from linkwise.cluster.mdp import make_spec
-    from linkwise.cluster.profiles import assign_profiles, load_calibration
-    from linkwise.cluster.simulator import Simulator
-    from linkwise.cluster.slurm.records import JobRun
-    from linkwise.cluster.topology import from_spec
     from linkwise.datasets.decisions import build_log_transitions
     from linkwise.datasets.ingest import ingest_job_runs
     from linkwise.datasets.store import open_store
-    from linkwise.datasets.synthetic import generate
-    from linkwise.models.heuristics import make_policy
+    from linkwise.tests._history import simulated_history
 
-    cal = load_calibration()
-    topo = from_spec(TOPO)
-    model = AnalyticModel(cal)
-    jobs = assign_profiles(generate(n_jobs, seed=1, max_gpus=64, load_scale=20.0), cal, seed=1)
-    sim = Simulator(topo, jobs, model)
-    placed: dict[int, Placement] = {}
-
-    def capture(state: ClusterState, decision: Decision) -> None:
-        placed.update((s.job_id, s.placement) for s in decision.starts)
-
-    drive(sim, make_policy("best_fit"), on_decision=capture)
-    t0 = 1.7e9
-    runs = [
-        JobRun(
-            cluster="bench",
-            job_id=r.job.job_id + 1,
-            run_index=0,
-            name="j",
-            user="u",
-            account="a",
-            partition="gpu",
-            state="COMPLETED",
-            exit_code=0,
-            signal=None,
-            submit_time=t0 + r.job.submit_time,
-            start_time=t0 + r.first_start,
-            end_time=t0 + r.end,
-            time_limit_s=None,
-            nodes=tuple(topo.nodes[n].name for n, _ in placed[r.job.job_id].alloc),
-            gpus=r.job.num_gpus,
-            gpus_per_node=tuple(g for _, g in placed[r.job.job_id].alloc),
-            allocation_nodes=placed[r.job.job_id].num_nodes,
-            settled=True,
-        )
-        for r in sim.records
-    ]
+    runs, topo, model = simulated_history(
+        n_jobs, topology=TOPO, seed=1, max_gpus=64, load_scale=20.0, cluster="bench"
+    )
     con = open_store(":memory:")
     ingest_job_runs(con, runs, source="bench")
     t = time.perf_counter()

@@ -30,7 +30,7 @@ import json
 import math
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -182,6 +182,67 @@ def _refused(
     )
 
 
+def _promote(
+    report: GateReport,
+    version: str,
+    *,
+    action: str,
+    holder: str,
+    move: Callable[[Any, str, str, Mapping[str, str]], list[str]],
+    tracking_uri: str,
+    name: str | None,
+    evidence: Mapping[str, Any] | None,
+    log: bool,
+) -> PromotionDecision:
+    """Apply ``move`` (client, model, version, aliases before -> reasons) if ``version`` still
+    holds the alias ``holder`` and its gate report passed; log the decision either way."""
+    from linkwise.models.registry import MODEL_NAME
+
+    model = name or MODEL_NAME
+    before = current_aliases(tracking_uri, model)
+    reasons = list(report.reasons)
+    stale = before.get(holder) != str(version)
+    if stale:
+        reasons.append(
+            f"FAIL fresh_evidence: @{holder} is {before.get(holder, 'unset')}, "
+            f"the evidence is about version {version}"
+        )
+    if stale or not report.passed:
+        return _finish(
+            _refused(action, model, version, reasons, before, report, evidence), tracking_uri, log
+        )
+    reasons += move(_client(tracking_uri), model, str(version), before)
+    d = PromotionDecision(
+        action=action,
+        model=model,
+        version=str(version),
+        passed=True,
+        reasons=tuple(reasons),
+        aliases_before=before,
+        aliases_after=current_aliases(tracking_uri, model),
+        metrics=report.metrics(),
+        evidence=dict(evidence or {}),
+    )
+    return _finish(d, tracking_uri, log)
+
+
+def _to_shadow(client: Any, model: str, version: str, before: Mapping[str, str]) -> list[str]:
+    client.set_registered_model_alias(model, SHADOW, version)
+    return [f"@shadow -> version {version}"]
+
+
+def _to_champion(client: Any, model: str, version: str, before: Mapping[str, str]) -> list[str]:
+    reasons: list[str] = []
+    old = before.get(CHAMPION)
+    if old is not None and old != version:
+        client.set_registered_model_alias(model, PREVIOUS, old)
+        reasons.append(f"@previous -> version {old} (the champion it replaces)")
+    client.set_registered_model_alias(model, CHAMPION, version)
+    client.delete_registered_model_alias(model, SHADOW)
+    reasons.append(f"@champion -> version {version}; @shadow removed")
+    return reasons
+
+
 def promote_challenger(
     report: GateReport,
     version: str,
@@ -193,38 +254,17 @@ def promote_challenger(
 ) -> PromotionDecision:
     """Point ``shadow`` at ``version`` if its gate report passed and it is still the
     challenger; log the decision either way."""
-    from linkwise.models.registry import MODEL_NAME
-
-    model = name or MODEL_NAME
-    action = "challenger->shadow"
-    before = current_aliases(tracking_uri, model)
-    reasons = list(report.reasons)
-    if before.get(CHALLENGER) != str(version):
-        reasons.append(
-            f"FAIL fresh_evidence: @challenger is {before.get(CHALLENGER, 'unset')}, "
-            f"the evidence is about version {version}"
-        )
-        return _finish(
-            _refused(action, model, version, reasons, before, report, evidence), tracking_uri, log
-        )
-    if not report.passed:
-        return _finish(
-            _refused(action, model, version, reasons, before, report, evidence), tracking_uri, log
-        )
-    _client(tracking_uri).set_registered_model_alias(model, SHADOW, str(version))
-    after = current_aliases(tracking_uri, model)
-    d = PromotionDecision(
-        action=action,
-        model=model,
-        version=str(version),
-        passed=True,
-        reasons=(*reasons, f"@shadow -> version {version}"),
-        aliases_before=before,
-        aliases_after=after,
-        metrics=report.metrics(),
-        evidence=dict(evidence or {}),
+    return _promote(
+        report,
+        version,
+        action="challenger->shadow",
+        holder=CHALLENGER,
+        move=_to_shadow,
+        tracking_uri=tracking_uri,
+        name=name,
+        evidence=evidence,
+        log=log,
     )
-    return _finish(d, tracking_uri, log)
 
 
 def promote_shadow(
@@ -238,44 +278,17 @@ def promote_shadow(
 ) -> PromotionDecision:
     """Make the shadow ``version`` the champion if its shadow gate passed (the old champion
     becomes ``previous``, ``shadow`` is removed); log the decision either way."""
-    from linkwise.models.registry import MODEL_NAME
-
-    model = name or MODEL_NAME
-    action = "shadow->champion"
-    before = current_aliases(tracking_uri, model)
-    reasons = list(report.reasons)
-    if before.get(SHADOW) != str(version):
-        reasons.append(
-            f"FAIL fresh_evidence: @shadow is {before.get(SHADOW, 'unset')}, "
-            f"the evidence is about version {version}"
-        )
-        return _finish(
-            _refused(action, model, version, reasons, before, report, evidence), tracking_uri, log
-        )
-    if not report.passed:
-        return _finish(
-            _refused(action, model, version, reasons, before, report, evidence), tracking_uri, log
-        )
-    client = _client(tracking_uri)
-    old = before.get(CHAMPION)
-    if old is not None and old != str(version):
-        client.set_registered_model_alias(model, PREVIOUS, old)
-        reasons.append(f"@previous -> version {old} (the champion it replaces)")
-    client.set_registered_model_alias(model, CHAMPION, str(version))
-    client.delete_registered_model_alias(model, SHADOW)
-    reasons.append(f"@champion -> version {version}; @shadow removed")
-    d = PromotionDecision(
-        action=action,
-        model=model,
-        version=str(version),
-        passed=True,
-        reasons=tuple(reasons),
-        aliases_before=before,
-        aliases_after=current_aliases(tracking_uri, model),
-        metrics=report.metrics(),
-        evidence=dict(evidence or {}),
+    return _promote(
+        report,
+        version,
+        action="shadow->champion",
+        holder=SHADOW,
+        move=_to_champion,
+        tracking_uri=tracking_uri,
+        name=name,
+        evidence=evidence,
+        log=log,
     )
-    return _finish(d, tracking_uri, log)
 
 
 def rollback(*, tracking_uri: str, name: str | None = None, log: bool = True) -> PromotionDecision:

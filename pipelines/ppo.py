@@ -26,9 +26,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from linkwise.models.ppo import PpoConfig
+from linkwise.pipelines._run import add_run_options, summary_footer, training_run
 from linkwise.pipelines.train import progress_bar
 
 __all__ = ["PpoResult", "add_ppo_parser", "cmd_train_ppo", "format_ppo_result", "train_ppo"]
@@ -83,13 +82,7 @@ def train_ppo(
         workload_manifest,
         workloads,
     )
-    from linkwise.models.registry import (
-        default_tracking_uri,
-        ensure_experiment,
-        log_policy,
-        mlflow_env,
-    )
-    from linkwise.models.training import flatten_params
+    from linkwise.models.registry import default_tracking_uri, mlflow_env
 
     mlflow_env()
     t0 = time.perf_counter()
@@ -101,28 +94,16 @@ def train_ppo(
     manifest = workload_manifest(cfg.env, factory)
 
     import mlflow
-    from mlflow.tracking import MlflowClient
 
-    mlflow.set_tracking_uri(uri)
-    client = MlflowClient(tracking_uri=uri)
-    exp_id = ensure_experiment(client, cfg.experiment, tracking_uri=uri)
-    with mlflow.start_run(experiment_id=exp_id, run_name=cfg.name) as run:
-        run_id = run.info.run_id
-        params = flatten_params(cfg.to_json(), "config.")
-        params.update(
-            {
-                "config.sha256": cfg.digest(),
-                "workload.hash": str(manifest["hash"]),
-                "workload.trace_sha256": str(manifest["trace_sha256"]),
-                "workload.windows": ",".join(str(w.window_id) for w in factory.windows),
-                "obs_spec_version": spec.version,
-            }
-        )
-        mlflow.log_params(params)
-        mlflow.set_tags({"linkwise.algo": "ppo", "linkwise.dataset_hash": manifest["hash"]})
-        if cfg.source and Path(cfg.source).is_file():
-            mlflow.log_artifact(cfg.source, artifact_path="config")
-
+    params = {
+        "workload.hash": str(manifest["hash"]),
+        "workload.trace_sha256": str(manifest["trace_sha256"]),
+        "workload.windows": ",".join(str(w.window_id) for w in factory.windows),
+        "obs_spec_version": spec.version,
+    }
+    with training_run(
+        cfg, tracking_uri=uri, algo="ppo", data_hash=manifest["hash"], params=params
+    ) as run:
         import torch
 
         saved_threads = torch.get_num_threads()
@@ -160,8 +141,8 @@ def train_ppo(
             model,
             spec,
             manifest,
-            out / "packages" / run_id,
-            meta={"run_id": run_id, "config": cfg.to_json(), "config_sha256": cfg.digest()},
+            out / "packages" / run.run_id,
+            meta=run.package_meta(),
         )
         served = load_package(pkg)
         evaluation: dict[str, dict[str, float]] = {}
@@ -177,14 +158,11 @@ def train_ppo(
             for pol, stats in evaluation.items():
                 for k, v in stats.items():
                     final[f"eval.{pol}.{k}"] = v
-        mlflow.log_metrics({k: v for k, v in final.items() if np.isfinite(v)}, step=steps_done)
-        do_register = cfg.register if register is None else register
-        reg = log_policy(
-            pkg, run_id=run_id, tracking_uri=uri, name=cfg.model_name if do_register else None
-        )
+        run.log_final(final, steps_done)
+        reg = run.register_package(pkg, register)
     return PpoResult(
-        run_id=run_id,
-        experiment_id=exp_id,
+        run_id=run.run_id,
+        experiment_id=run.experiment_id,
         tracking_uri=uri,
         name=cfg.name,
         workload_hash=str(manifest["hash"]),
@@ -220,11 +198,7 @@ def format_ppo_result(r: PpoResult) -> str:
         lines.append("  evaluation on fresh workloads (mean return, mean JCT):")
         for pol, s in r.evaluation.items():
             lines.append(f"    {pol:<10} {s['return']:10.2f} {s['mean_jct_s'] / 3600:8.2f} h")
-    lines.append(f"  package: {r.package_dir}")
-    if r.model_version:
-        lines.append(f"  registered {r.model_name} version {r.model_version} @{r.alias}")
-    lines.append(f"  tracking: {r.tracking_uri} (experiment {r.experiment_id})")
-    lines.append(f"MLflow run id: {r.run_id}")
+    lines.extend(summary_footer(r))
     return "\n".join(lines)
 
 
@@ -250,16 +224,7 @@ def add_ppo_parser(subparsers: Any) -> argparse.ArgumentParser:
         "train-ppo",
         help="train the online baseline (MaskablePPO in the simulator) from a TOML file",
     )
-    p.add_argument("--config", type=Path, required=True, help="PPO experiment TOML file")
-    p.add_argument(
-        "--tracking-uri",
-        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, "
-        "else sqlite in linkwise-out/mlflow)",
-    )
-    p.add_argument(
-        "--out", type=Path, default=Path("linkwise-out/train"), help="folder for packages"
-    )
-    p.add_argument("--no-register", action="store_true", help="log the model, do not register")
+    add_run_options(p, config_help="PPO experiment TOML file", out_help="folder for packages")
     p.add_argument("--json", action="store_true", help="print the result as JSON only")
     p.set_defaults(func=cmd_train_ppo)
     return p

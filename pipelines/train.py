@@ -36,6 +36,7 @@ import polars as pl
 
 from linkwise.cluster.mdp import ObsSpec
 from linkwise.models.training import TrainConfig
+from linkwise.pipelines._run import add_run_options, summary_footer, training_run
 
 __all__ = [
     "TrainResult",
@@ -183,12 +184,7 @@ def train(
 ) -> TrainResult:
     """Train the configured policy, track it in MLflow and (unless ``register`` is False or
     the configuration says so) register it as ``model_name`` with alias ``challenger``."""
-    from linkwise.models.registry import (
-        default_tracking_uri,
-        ensure_experiment,
-        log_policy,
-        mlflow_env,
-    )
+    from linkwise.models.registry import default_tracking_uri, mlflow_env
 
     mlflow_env()
     t0 = time.perf_counter()
@@ -198,17 +194,14 @@ def train(
     df, manifest, spec = load_training_data(cfg, out)
 
     import d3rlpy  # type: ignore[import-untyped]
-    import mlflow
-    from mlflow.tracking import MlflowClient
 
-    from linkwise.datasets.export import log_to_mlflow, to_mdp_dataset
+    from linkwise.datasets.export import to_mdp_dataset
     from linkwise.models.learned import save_package
     from linkwise.models.training import (
         MlflowAdapterFactory,
         action_values,
         build_algo,
         fit,
-        flatten_params,
         frame_arrays,
         make_evaluators,
         pick_device,
@@ -223,33 +216,26 @@ def train(
     held = frame_arrays(held_df, spec) if held_df.height else None
     device = pick_device(cfg.device)
 
-    mlflow.set_tracking_uri(uri)
-    client = MlflowClient(tracking_uri=uri)
-    exp_id = ensure_experiment(client, cfg.experiment, tracking_uri=uri)
-    with mlflow.start_run(experiment_id=exp_id, run_name=cfg.name) as run:
-        run_id = run.info.run_id
-        params = flatten_params(cfg.to_json(), "config.")
-        params.update(
-            {
-                "config.sha256": cfg.digest(),
-                "dataset.hash": str(manifest["hash"]),
-                "dataset.path": str(manifest["path"]),
-                "dataset.obs_spec_version": spec.version,
-                "dataset.transitions": str(df.height),
-                "dataset.train_transitions": str(train_df.height),
-                "dataset.heldout_transitions": str(held_df.height),
-                "device": device,
-            }
-        )
-        mlflow.log_params(params)
-        mlflow.set_tags({"linkwise.algo": cfg.algo, "linkwise.dataset_hash": manifest["hash"]})
-        log_to_mlflow(manifest["path"], manifest, tracking_uri=uri, run_id=run_id)
-        if cfg.source and Path(cfg.source).is_file():
-            mlflow.log_artifact(cfg.source, artifact_path="config")
-
+    params = {
+        "dataset.hash": str(manifest["hash"]),
+        "dataset.path": str(manifest["path"]),
+        "dataset.obs_spec_version": spec.version,
+        "dataset.transitions": str(df.height),
+        "dataset.train_transitions": str(train_df.height),
+        "dataset.heldout_transitions": str(held_df.height),
+        "device": device,
+    }
+    with training_run(
+        cfg,
+        tracking_uri=uri,
+        algo=cfg.algo,
+        data_hash=manifest["hash"],
+        params=params,
+        dataset=manifest,
+    ) as run:
         d3rlpy.seed(cfg.seed)
         algo = build_algo(cfg.algo, cfg.params, device)
-        factory = MlflowAdapterFactory(client, run_id)
+        factory = MlflowAdapterFactory(run.client, run.run_id)
         evaluators = make_evaluators(cfg.algo, held_ds, held)
         n_steps = cfg.params.n_steps
         with progress_bar(progress) as bar:
@@ -275,24 +261,21 @@ def train(
             final.update(
                 heldout_report(action_values(algo, obs), masks, actions, spec.config.wait_action)
             )
-        mlflow.log_metrics({k: v for k, v in final.items() if np.isfinite(v)}, step=n_steps)
+        run.log_final(final, n_steps)
         metrics: dict[str, float] = {**(dict(epochs[-1][1]) if epochs else {}), **final}
 
         pkg = save_package(
             algo,
             spec,
             manifest,
-            out / "packages" / run_id,
-            meta={"run_id": run_id, "config": cfg.to_json(), "config_sha256": cfg.digest()},
+            out / "packages" / run.run_id,
+            meta=run.package_meta(),
         )
-        do_register = cfg.register if register is None else register
-        reg = log_policy(
-            pkg, run_id=run_id, tracking_uri=uri, name=cfg.model_name if do_register else None
-        )
+        reg = run.register_package(pkg, register)
     seconds = time.perf_counter() - t0
     return TrainResult(
-        run_id=run_id,
-        experiment_id=exp_id,
+        run_id=run.run_id,
+        experiment_id=run.experiment_id,
         tracking_uri=uri,
         name=cfg.name,
         algo=cfg.algo,
@@ -352,11 +335,7 @@ def format_result(r: TrainResult) -> str:
     for key in ("td_error", "initial_state_value", "loss"):
         if key in m:
             lines.append(f"  {key} {m[key]:.4g}")
-    lines.append(f"  package: {r.package_dir}")
-    if r.model_version:
-        lines.append(f"  registered {r.model_name} version {r.model_version} @{r.alias}")
-    lines.append(f"  tracking: {r.tracking_uri} (experiment {r.experiment_id})")
-    lines.append(f"MLflow run id: {r.run_id}")
+    lines.extend(summary_footer(r))
     return "\n".join(lines)
 
 
@@ -381,19 +360,11 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = subparsers.add_parser(
         "train", help="train a learned policy (BC or CQL) from a TOML experiment file"
     )
-    p.add_argument("--config", type=Path, required=True, help="experiment TOML file")
-    p.add_argument(
-        "--tracking-uri",
-        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, "
-        "else sqlite in linkwise-out/mlflow)",
+    add_run_options(
+        p,
+        config_help="experiment TOML file",
+        out_help="folder for built datasets and policy packages",
     )
-    p.add_argument(
-        "--out",
-        type=Path,
-        default=Path("linkwise-out/train"),
-        help="folder for built datasets and policy packages",
-    )
-    p.add_argument("--no-register", action="store_true", help="log the model, do not register")
     p.add_argument("--prefect", action="store_true", help="run as a Prefect flow")
     p.add_argument("--json", action="store_true", help="print the result as JSON only")
     p.set_defaults(func=cmd_train)

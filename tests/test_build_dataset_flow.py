@@ -10,14 +10,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from linkwise.cluster.contention import AnalyticModel
-from linkwise.cluster.domain import ClusterState, Decision, Placement
-from linkwise.cluster.loop import drive
 from linkwise.cluster.mdp import MdpConfig
-from linkwise.cluster.profiles import assign_profiles, load_calibration
-from linkwise.cluster.simulator import Simulator
-from linkwise.cluster.slurm.records import JobRun
-from linkwise.cluster.topology import from_spec
 from linkwise.datasets.export import read_dataset
 from linkwise.datasets.ingest import ingest_job_runs
 from linkwise.datasets.rollouts import (
@@ -29,13 +22,12 @@ from linkwise.datasets.rollouts import (
     run_rollouts,
 )
 from linkwise.datasets.store import open_store
-from linkwise.datasets.synthetic import generate
-from linkwise.models.heuristics import make_policy
 from linkwise.pipelines.build_dataset import (
     add_build_dataset_parser,
     build_dataset,
     build_dataset_flow,
 )
+from linkwise.tests._history import simulated_history
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 PHILLY = DATA / "traces" / "philly_2017-09-04_2017-10-15.csv"
@@ -87,41 +79,7 @@ def test_process_pool_and_dask_give_the_serial_frame(prefect_harness: None, task
 
 def _store(path: Path) -> int:
     """A best_fit history of 40 jobs on the 8x8 cluster, written as accounting; its job count."""
-    cal = load_calibration()
-    topo = from_spec(TOPO)
-    jobs = assign_profiles(generate(40, seed=4, max_gpus=32, load_scale=30.0), cal, seed=4)
-    sim = Simulator(topo, jobs, AnalyticModel(cal))
-    placed: dict[int, Placement] = {}
-
-    def capture(state: ClusterState, decision: Decision) -> None:
-        placed.update((s.job_id, s.placement) for s in decision.starts)
-
-    drive(sim, make_policy("best_fit"), on_decision=capture)
-    t0 = 1.7e9
-    runs = [
-        JobRun(
-            cluster="sim",
-            job_id=r.job.job_id + 1,
-            run_index=0,
-            name=f"j{r.job.job_id}",
-            user="u",
-            account="a",
-            partition="gpu",
-            state="COMPLETED",
-            exit_code=0,
-            signal=None,
-            submit_time=t0 + r.job.submit_time,
-            start_time=t0 + r.first_start,
-            end_time=t0 + r.end,
-            time_limit_s=None,
-            nodes=tuple(topo.nodes[n].name for n, _ in placed[r.job.job_id].alloc),
-            gpus=r.job.num_gpus,
-            gpus_per_node=tuple(g for _, g in placed[r.job.job_id].alloc),
-            allocation_nodes=placed[r.job.job_id].num_nodes,
-            settled=True,
-        )
-        for r in sim.records
-    ]
+    runs, _, _ = simulated_history(40, topology=TOPO, seed=4, max_gpus=32, load_scale=30.0)
     con = open_store(path)
     try:
         assert ingest_job_runs(con, runs, source="test").rejected == 0

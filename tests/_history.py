@@ -1,0 +1,71 @@
+"""A simulated accounting history, shared by tests and benchmarks (as
+``linkwise.tests._history``): synthetic Philly-like jobs scheduled by a heuristic in the
+simulator, written as the settled ``JobRun`` rows Slurm would report for them."""
+
+from __future__ import annotations
+
+from linkwise.cluster.contention import AnalyticModel
+from linkwise.cluster.domain import ClusterState, Decision, Placement, Topology
+from linkwise.cluster.loop import drive
+from linkwise.cluster.profiles import assign_profiles, load_calibration
+from linkwise.cluster.simulator import Simulator
+from linkwise.cluster.slurm.records import JobRun
+from linkwise.cluster.topology import from_spec
+from linkwise.datasets.synthetic import generate
+from linkwise.models.heuristics import make_policy
+
+T0 = 1.7e9  # the history's epoch offset (simulated time 0)
+
+
+def simulated_history(
+    n_jobs: int,
+    *,
+    topology: str,
+    seed: int,
+    max_gpus: int,
+    load_scale: float,
+    policy: str = "best_fit",
+    cluster: str = "sim",
+) -> tuple[list[JobRun], Topology, AnalyticModel]:
+    """``n_jobs`` generated jobs (profiles drawn with the same ``seed``) run under ``policy``
+    on the ``topology`` spec with the default calibration: one completed ``JobRun`` per job
+    (Slurm job id = simulated id + 1, times offset by ``T0``, its placement's nodes), the
+    topology and the contention model."""
+    cal = load_calibration()
+    topo = from_spec(topology)
+    model = AnalyticModel(cal)
+    jobs = assign_profiles(
+        generate(n_jobs, seed=seed, max_gpus=max_gpus, load_scale=load_scale), cal, seed=seed
+    )
+    sim = Simulator(topo, jobs, model)
+    placed: dict[int, Placement] = {}
+
+    def capture(state: ClusterState, decision: Decision) -> None:
+        placed.update((s.job_id, s.placement) for s in decision.starts)
+
+    drive(sim, make_policy(policy), on_decision=capture)
+    runs = [
+        JobRun(
+            cluster=cluster,
+            job_id=r.job.job_id + 1,
+            run_index=0,
+            name=f"j{r.job.job_id}",
+            user="u",
+            account="a",
+            partition="gpu",
+            state="COMPLETED",
+            exit_code=0,
+            signal=None,
+            submit_time=T0 + r.job.submit_time,
+            start_time=T0 + r.first_start,
+            end_time=T0 + r.end,
+            time_limit_s=None,
+            nodes=tuple(topo.nodes[n].name for n in placed[r.job.job_id].nodes),
+            gpus=r.job.num_gpus,
+            gpus_per_node=tuple(g for _, g in placed[r.job.job_id].alloc),
+            allocation_nodes=placed[r.job.job_id].num_nodes,
+            settled=True,
+        )
+        for r in sim.records
+    ]
+    return runs, topo, model
