@@ -4,7 +4,9 @@ At a decision point the policy takes steps: each step either starts one pending 
 one candidate placement or waits (ends the decision point; time advances).
 
 - Slots: the first ``K`` pending jobs in canonical order (``slot_order="head"``, the
-  design's choice) or the first ``K`` that fit the free GPUs now (``"fitting"``).
+  design's choice), the first ``K`` that fit the free GPUs now (``"fitting"``), or the ``K``
+  fitting jobs asking the fewest GPUs, oldest first among equals (``"smallest"``, the order
+  SJF-BCO starts jobs in; it uses no run-time knowledge).
 - Candidates: per slot, one placement from each of ``P`` deterministic generators
   (``MdpConfig.generators``): the four of ``linkwise.cluster.placement`` plus
   ``least_contention`` (defined here: among the other generators' placements and a
@@ -30,6 +32,7 @@ count, placement), so jobs with the same shape share the work.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -98,7 +101,7 @@ GENERATORS: tuple[str, ...] = (
     "first_fit",
     "fragment_first_fit",
 )
-SLOT_ORDERS = ("head", "fitting")
+SLOT_ORDERS = ("head", "fitting", "smallest")
 _BASE_POOL = ("best_fit", "same_leaf", "least_busy", "first_fit", "fragment_first_fit")
 
 FloatArray = npt.NDArray[np.float32]
@@ -573,6 +576,10 @@ def _slots(state: ClusterState, cfg: MdpConfig) -> tuple[PendingJob, ...]:
     if cfg.slot_order == "head":
         return state.pending[: cfg.k_slots]
     free = state.total_free_gpus
+    if cfg.slot_order == "smallest":
+        fit = (p for p in state.pending if p.job.num_gpus <= free)
+        # stable: canonical (submit) order among jobs of one size
+        return tuple(heapq.nsmallest(cfg.k_slots, fit, key=lambda p: p.job.num_gpus))
     out: list[PendingJob] = []
     for p in state.pending:
         if p.job.num_gpus <= free:

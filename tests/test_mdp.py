@@ -165,10 +165,13 @@ def test_mask_is_exactly_the_feasible_candidates(
         assert expected | ({lc} if lc is not None else set()) == reachable
         assert (lc is None) == (not expected)
     # slots follow the configured order
+    fit = [p for p in state.pending if p.job.num_gpus <= state.total_free_gpus]
     if slot_order == "head":
         assert cands.slots == state.pending[: cfg.k_slots]
-    else:
-        assert all(p.job.num_gpus <= state.total_free_gpus for p in cands.slots)
+    elif slot_order == "fitting":
+        assert cands.slots == tuple(fit[: cfg.k_slots])
+    else:  # the smallest fitting jobs, submit order among equal sizes
+        assert cands.slots == tuple(sorted(fit, key=lambda p: p.job.num_gpus)[: cfg.k_slots])
 
 
 @settings(max_examples=60, deadline=None)
