@@ -10,9 +10,13 @@
 2. Dataset (``pipelines.build_dataset``): decision points from the logs plus simulator
    rollouts, both from the FIRST part of the history only (``until`` a window boundary).
 3. Training (``pipelines.train``): DiscreteBC, then DiscreteCQL (``models/experiments/
-   demo_bc.toml``, ``demo_cql.toml``; small budgets); CQL ends as ``@challenger``.
-4. Evaluation (``pipelines.evaluate``): every heuristic, BC and CQL on held-out later windows
-   of the same accounting (the held-out check refuses any overlap with the dataset).
+   demo_bc.toml``, ``demo_cql.toml``; small budgets); CQL ends as ``@challenger``. Then the
+   DeepShare-style online baseline (``pipelines.ppo``): MaskablePPO in the simulator on the
+   same training days of the workload, registered as ``linkwise-ppo``.
+4. Evaluation (``pipelines.evaluate``): every heuristic, BC, CQL and PPO on held-out later
+   windows of the same accounting (the held-out check refuses any overlap with the
+   dataset), each window warm-started from the history's running and queued jobs at its
+   start (``datasets.backlog``).
 5. Gates and promotion: FQE (``evaluation.ope``) on the dataset's held-out episodes when it
    is available, then ``promote_from_evaluation``: pass or fail is recorded as it falls.
 6. Shadow mode: the live loop's own ``ShadowBackend`` code (decision rows, joins, the
@@ -23,7 +27,8 @@
 7. The comparison table, and where to look (report folder, ``mlflow ui``).
 
 ``run_demo_slurm`` is the same pipeline with the history collected from a real local Slurm
-(a burst of jobs submitted to it, accounting read with ``pipelines.collect``); root only.
+(a burst of jobs submitted to it, accounting read with ``pipelines.collect``; no PPO: there
+is no trace to replay); root only.
 ``run_headline`` is the headline benchmark (``benchmarks/headline.md``) on a trace.
 ``cmd_demo`` / ``add_demo_parser`` are the ``linkwise demo`` CLI.
 """
@@ -124,8 +129,8 @@ class DemoBudget:
     # evaluation windows start from the accounting's state at their start (jobs running and
     # queued then, ``datasets.backlog``) rather than from an empty cluster
     warm_start: bool = True
-    # MaskablePPO (the DeepShare-style online baseline) timesteps; 0: not trained. Needs a
-    # trace file (its environment replays the trace's training days)
+    # MaskablePPO (the DeepShare-style online baseline) timesteps; 0: not trained. Its
+    # environment replays the workload's training days (the trace, or the synthetic jobs)
     ppo_steps: int = 0
 
 
@@ -154,6 +159,7 @@ BUDGETS: Mapping[str, DemoBudget] = {
         ope_steps=100,
         ope_seeds=(0,),
         shadow_cycles=120,
+        ppo_steps=1024,
     ),
     "full": DemoBudget(
         name="full",
@@ -179,6 +185,7 @@ BUDGETS: Mapping[str, DemoBudget] = {
         ope_steps=1000,
         ope_seeds=(0, 1),
         shadow_cycles=400,
+        ppo_steps=10_240,
     ),
 }
 
@@ -1193,8 +1200,20 @@ def run_demo(
         console=console,
         stages=stages,
         eval_seeds=eval_seeds,
-        trace=str(Path(trace).resolve()) if trace is not None else None,
+        trace=_ppo_trace(trace, history_jobs, out) if b.ppo_steps > 0 else None,
     )
+
+
+def _ppo_trace(trace: str | Path | None, jobs: Sequence[Job], out: Path) -> str:
+    """The trace MaskablePPO's environment replays: the given file, else the synthetic
+    workload written as a native trace into ``out``."""
+    if trace is not None:
+        return str(Path(trace).resolve())
+    from linkwise.datasets.traces import write_native
+
+    path = out / "workload.csv"
+    write_native(jobs, path)
+    return str(path)
 
 
 # ------------------------------------------------------------------------ real Slurm

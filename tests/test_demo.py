@@ -52,6 +52,10 @@ def test_registered_model_with_aliases(demo: DemoResult) -> None:
     aliases = current_aliases(demo.tracking_uri)
     assert aliases.get("challenger") == demo.models["cql"]["version"]
     assert demo.models["bc"]["version"] != demo.models["cql"]["version"]
+    # the online baseline: its own registered model, trained on the dataset's days only
+    ppo = demo.models["ppo"]
+    assert ppo["model_name"] == "linkwise-ppo" and ppo["steps"] >= 1024
+    assert ppo["train_days"] * 86400.0 <= demo.split["until"] - demo.split["first_submit"] + 1e-6
     assert isinstance(demo.gate["passed"], bool) and demo.gate["reasons"]
     if demo.gate["passed"]:
         assert aliases.get("shadow") == demo.models["cql"]["version"]
@@ -72,9 +76,9 @@ def test_report_folder(demo: DemoResult) -> None:
     assert {"fifo", "backfill", "best_fit", "sjf_bco", "tiresias_las", "random"} <= policies
     # the learned policies' work-conserving guard: they cannot stall, so both are compared
     assert demo.evaluation["failed"] == {}
-    assert {"BC", "CQL"} <= policies
+    assert {"BC", "CQL", "PPO"} <= policies
     guard = demo.evaluation["guard"]
-    assert set(guard) == {"BC", "CQL"}
+    assert set(guard) == {"BC", "CQL", "PPO"}
     assert all(g["jobs"] > 0 and 0 <= g["idle_overrides"] <= g["starts"] for g in guard.values())
     base = next(r for r in demo.table if r["policy"] == "backfill")
     assert base["avg_ratio"] is None
