@@ -25,7 +25,9 @@ import numpy as np
 WORKLOADS = ("philly", "wide")
 
 
-def latency(points: int, min_pending: int, seed: int, wide: bool) -> dict[str, float]:
+def latency(
+    points: int, min_pending: int, seed: int, wide: bool, slot_order: str = "head"
+) -> dict[str, float]:
     """Time candidates + mask + encode on deep-queue states of a 128x8 cluster.
 
     ``wide``: GPU counts drawn uniformly from 1..32 (powers of two) instead of Philly's
@@ -52,7 +54,7 @@ def latency(points: int, min_pending: int, seed: int, wide: bool) -> dict[str, f
     jobs = assign_profiles(
         [replace(j, submit_time=j.submit_time / last * 3600.0) for j in raw], cal, seed=seed
     )
-    spec = mdp.make_spec()
+    spec = mdp.make_spec(mdp.MdpConfig(slot_order=slot_order))
     policy = make_policy("random", seed=seed, start_prob=0.3)
     sim = Simulator(topo, jobs, AnalyticModel(cal))
     times: list[float] = []
@@ -131,9 +133,13 @@ def main() -> int:
     p.add_argument("--min-pending", type=int, default=1000)
     p.add_argument("--episodes", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--slot-order", default="head", choices=("head", "fitting", "smallest"))
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
-    lats = {w: latency(args.points, args.min_pending, args.seed, w == "wide") for w in WORKLOADS}
+    lats = {
+        w: latency(args.points, args.min_pending, args.seed, w == "wide", args.slot_order)
+        for w in WORKLOADS
+    }
     env = env_speed(args.episodes, args.seed)
     if args.json:
         print(json.dumps({"latency": lats, "env": env}, indent=2))
