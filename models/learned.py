@@ -18,14 +18,17 @@ as ``cluster.mdp.MdpPolicy`` does: at each step it encodes the state with the mo
 sets masked actions to -inf, and takes the best; "wait" (always allowed) wins only when the
 model prefers it.
 
-Work-conserving guard (``LearnedPolicy.work_conserving``, on by default): when the model's
-best allowed action is "wait" but nothing is running and at least one start is allowed (an
-idle cluster with pending work that fits), the policy takes its best-scoring allowed *start*
-instead and counts the override in ``idle_overrides``. A learned policy can therefore never
-stall an idle cluster (the simulator's ``SimulationStalled``, a live queue that never
-drains); with jobs running, "wait" is always respected (a running job's end is the next
-decision point). The guard never picks a masked action. It lives in ``act`` and reads
-"nothing runs" from the observation's ``g.running_log``, so it holds for every caller of
+Work-conserving guard (``LearnedPolicy.guard``): what the policy does when the model's best
+allowed action is "wait" while a start is allowed. ``"strict"`` (the default): it takes its
+best-scoring allowed *start* instead, so a learned policy is work-conserving (it decides which
+job starts where, never whether GPUs stay idle while a queued job fits them); trained on logs
+of a scheduler that holds GPUs for reservations, a model learns to wait in states its own
+waiting makes ever more common (a longer queue), and without this guard one such run queued
+jobs for hundreds of hours on the held-out Philly week. ``"idle"``: only when nothing runs
+(the model may hold GPUs for a reservation, but can never stall an idle cluster, the
+simulator's ``SimulationStalled``). ``"off"``: the model's choice. Each override is counted
+in ``wait_overrides``; the guard never picks a masked action. It lives in ``act`` (reading
+"nothing runs" from the observation's ``g.running_log``), so it holds for every caller of
 ``act`` (``decide``, the benchmark's step probe), not only ``decide``.
 """
 
@@ -51,6 +54,7 @@ from linkwise.cluster.profiles import load_calibration
 __all__ = [
     "CHECKSUMS",
     "FILES",
+    "GUARDS",
     "PACKAGE_FORMAT",
     "LearnedPolicy",
     "PackageError",
@@ -63,6 +67,7 @@ __all__ = [
 ]
 
 PACKAGE_FORMAT = "linkwise-policy/1"
+GUARDS = ("strict", "idle", "off")  # the work-conserving guard's modes, the default first
 RUNNING_FEATURE = "g.running_log"  # log1p(running jobs) / log1p(queue_scale): 0 iff idle
 NETWORK = "network.pt"
 OBS_SPEC = "obs_spec.json"
@@ -271,8 +276,8 @@ def _read_spec(d: Path, meta: Mapping[str, Any], expected: str | None) -> ObsSpe
 class LearnedPolicy:
     """A learned policy (Policy protocol): all action values from the network, masked, best.
 
-    ``work_conserving`` (default True) is the idle-cluster guard of the module docstring;
-    ``idle_overrides`` counts the steps where it replaced the model's "wait" by a start."""
+    ``guard`` is the work-conserving guard of the module docstring (``GUARDS``);
+    ``wait_overrides`` counts the steps where it replaced the model's "wait" by a start."""
 
     network: Any  # a torch.jit.ScriptModule, (B, dim) -> (B, n_actions)
     spec: ObsSpec
@@ -281,11 +286,13 @@ class LearnedPolicy:
     name: str = "learned"
     meta: Mapping[str, Any] = field(default_factory=dict)
     package_dir: str | None = None
-    work_conserving: bool = True
-    idle_overrides: int = field(default=0, init=False)
+    guard: str = GUARDS[0]
+    wait_overrides: int = field(default=0, init=False)
     _running_feature: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
+        if self.guard not in GUARDS:
+            raise ValueError(f"guard must be one of {GUARDS}, got {self.guard!r}")
         names = self.spec.feature_names
         if RUNNING_FEATURE not in names:
             raise PackageError(f"the ObsSpec has no {RUNNING_FEATURE!r}: the guard needs it")
@@ -306,7 +313,7 @@ class LearnedPolicy:
 
     def act(self, obs: FloatArray, mask: BoolArray) -> int:
         """The best allowed action for one observation (wait when it is the best, unless the
-        work-conserving guard turns it into the best allowed start on an idle cluster)."""
+        work-conserving guard turns it into the best allowed start)."""
         values = self.action_values(obs)[0]
         wait = self.spec.config.wait_action
         if not np.isfinite(values[mask]).any():  # a broken network: start nothing
@@ -314,10 +321,10 @@ class LearnedPolicy:
         else:
             best = int(masked_argmax(values, mask))
             a = wait if best < 0 else best
-        if a == wait and self.work_conserving and self._idle(obs):
+        if a == wait and (self.guard == "strict" or (self.guard == "idle" and self._idle(obs))):
             start = self.best_start(obs, mask)
             if start >= 0:
-                self.idle_overrides += 1
+                self.wait_overrides += 1
                 return start
         return a
 
@@ -365,12 +372,13 @@ def load_package(
     model: ContentionModel | None = None,
     expected_obs_spec: str | None = None,
     name: str | None = None,
+    guard: str = GUARDS[0],
 ) -> LearnedPolicy:
     """Load a package after verifying its checksums and ObsSpec (PackageError otherwise).
 
     ``model`` is the contention model the encoder predicts with (default: the analytic model
     with the shipped calibration); ``expected_obs_spec`` an ObsSpec version the caller
-    requires."""
+    requires; ``guard`` the work-conserving guard (module docstring)."""
     import torch
 
     d = Path(pkg_dir)
@@ -396,4 +404,5 @@ def load_package(
         name=name or f"learned:{meta.get('algo', '?')}",
         meta=meta,
         package_dir=os.fspath(d),
+        guard=guard,
     )

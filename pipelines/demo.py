@@ -808,7 +808,7 @@ def guard_overrides(
 ) -> dict[str, dict[str, int]]:
     """How often each learned policy's work-conserving guard fired (label -> counts): each
     package (label -> folder) is run over every window's original arrivals from the store
-    (``windows``: ``start``/``end``), counting ``idle_overrides``, starts and decision points
+    (``windows``: ``start``/``end``), counting ``wait_overrides``, starts and decision points
     (the benchmark's own cases are block-bootstrapped and keep no policy state)."""
     from linkwise.cluster.profiles import assign_profiles, load_calibration
     from linkwise.cluster.simulator import simulate
@@ -849,7 +849,7 @@ def guard_overrides(
             "jobs": sum(len(j) for j in window_jobs),
             "decision_points": points,
             "starts": starts,
-            "idle_overrides": policy.idle_overrides,
+            "wait_overrides": policy.wait_overrides,
         }
     return out
 
@@ -1336,13 +1336,13 @@ def headline_budget(cluster: str = "104x8,leaf=8") -> DemoBudget:
         rollout_policies=("backfill", "best_fit", "sjf_bco"),
         epsilons=(0.0, 0.1),
         max_rollout_steps=3000,
-        bc_steps=2000,
-        cql_steps=4000,
-        steps_per_epoch=500,
-        ope_steps=500,
+        bc_steps=3000,
+        cql_steps=10_000,
+        steps_per_epoch=1000,
+        ope_steps=1000,
         ope_seeds=(0,),
         shadow_cycles=150,
-        ppo_steps=30_720,
+        ppo_steps=102_400,
     )
 
 

@@ -79,7 +79,7 @@ def test_report_folder(demo: DemoResult) -> None:
     assert {"BC", "CQL", "PPO"} <= policies
     guard = demo.evaluation["guard"]
     assert set(guard) == {"BC", "CQL", "PPO"}
-    assert all(g["jobs"] > 0 and 0 <= g["idle_overrides"] <= g["starts"] for g in guard.values())
+    assert all(g["jobs"] > 0 and 0 <= g["wait_overrides"] <= g["starts"] for g in guard.values())
     base = next(r for r in demo.table if r["policy"] == "backfill")
     assert base["avg_ratio"] is None
     other = next(r for r in demo.table if r["policy"] == "sjf_bco")

@@ -1,6 +1,7 @@
 """The learned policy's work-conserving guard: a model that always prefers "wait" still
-starts work on an idle cluster (counted as overrides), waits while jobs run, never emits a
-masked action, and finishes a whole simulation instead of stalling it."""
+starts work on an idle cluster (counted as overrides), never emits a masked action and
+finishes a whole simulation instead of stalling it; with the "idle" guard it waits while jobs
+run, with the "strict" one (the default) it starts whatever fits."""
 
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ MODEL = AnalyticModel(load_calibration(None))
 TOPO = from_spec("2x8,leaf=2")
 
 
-def _wait_lover(start_bias: dict[int, float] | None = None, *, guard: bool = True) -> LearnedPolicy:
+def _wait_lover(
+    start_bias: dict[int, float] | None = None, *, guard: str = "idle"
+) -> LearnedPolicy:
     """A linear network whose argmax is always "wait" (bias 10), other actions ``start_bias``
     (default -1); weights zero, so the values do not depend on the observation."""
     import torch
@@ -34,7 +37,7 @@ def _wait_lover(start_bias: dict[int, float] | None = None, *, guard: bool = Tru
     with torch.no_grad():
         lin.bias.copy_(torch.as_tensor(bias))
     net = torch.jit.trace(lin, torch.zeros(1, SPEC.dim))  # type: ignore[no-untyped-call]
-    return LearnedPolicy(net, SPEC, MODEL, "logits", "wait-lover", work_conserving=guard)
+    return LearnedPolicy(net, SPEC, MODEL, "logits", "wait-lover", guard=guard)
 
 
 def test_idle_cluster_with_fitting_work_starts_the_best_allowed_start() -> None:
@@ -49,7 +52,7 @@ def test_idle_cluster_with_fitting_work_starts_the_best_allowed_start() -> None:
     assert mask[p] and mask[0]
     decision = policy.decide(state)
     assert [s.job_id for s in decision.starts] == [2]  # one override, then jobs run: wait
-    assert policy.idle_overrides == 1
+    assert policy.wait_overrides == 1
 
 
 def test_guard_waits_when_a_job_runs() -> None:
@@ -64,7 +67,7 @@ def test_guard_waits_when_a_job_runs() -> None:
     state = sim.observe()
     assert state.running and [pj.job.job_id for pj in state.pending] == [2]
     assert policy.decide(state).starts == ()  # the model waits; something runs: respected
-    assert policy.idle_overrides == 1
+    assert policy.wait_overrides == 1
 
 
 def test_guard_never_emits_a_masked_action() -> None:
@@ -83,9 +86,9 @@ def test_a_waiting_model_finishes_a_simulation_only_with_the_guard() -> None:
     guarded = _wait_lover()
     result = simulate(TOPO, jobs, MODEL, guarded)
     assert len(result.records) == len(jobs)
-    assert guarded.idle_overrides >= 1
+    assert guarded.wait_overrides >= 1
     with pytest.raises(SimulationStalled):
-        simulate(TOPO, jobs, MODEL, _wait_lover(guard=False))
+        simulate(TOPO, jobs, MODEL, _wait_lover(guard="off"))
 
 
 def test_guard_holds_where_only_act_is_called() -> None:
@@ -94,4 +97,29 @@ def test_guard_holds_where_only_act_is_called() -> None:
     policy = _wait_lover()
     result = simulate(TOPO, jobs, MODEL, MdpPolicy(policy.act, SPEC, MODEL, "probe"))
     assert len(result.records) == len(jobs)
-    assert policy.idle_overrides >= 1
+    assert policy.wait_overrides >= 1
+
+
+def test_strict_guard_starts_whatever_fits_while_jobs_run() -> None:
+    jobs = [Job(1, 0.0, 8, 600.0, profile="bert"), Job(2, 1.0, 2, 600.0, profile="bert")]
+    sim = Simulator(TOPO, jobs, MODEL)
+    strict = _wait_lover(guard="strict")
+    sim.apply(strict.decide(sim.observe()))
+    assert sim.advance()
+    state = sim.observe()
+    assert state.running and [pj.job.job_id for pj in state.pending] == [2]
+    assert [s.job_id for s in strict.decide(state).starts] == [2]  # no idle GPUs left waiting
+    assert strict.wait_overrides == 2
+    assert LearnedPolicy.__dataclass_fields__["guard"].default == "strict"
+    with pytest.raises(ValueError, match="guard"):
+        _wait_lover(guard="sometimes")
+
+
+def test_strict_guard_never_leaves_a_fitting_job_waiting() -> None:
+    jobs = [Job(i, 60.0 * i, 1 + i % 4, 300.0 + 50 * i, profile="bert") for i in range(1, 13)]
+    idle_only, strict = _wait_lover(guard="idle"), _wait_lover(guard="strict")
+    waits = {}
+    for name, policy in (("idle", idle_only), ("strict", strict)):
+        recs = simulate(TOPO, jobs, MODEL, policy).records
+        waits[name] = sum(r.queue_s for r in recs)
+    assert waits["strict"] < waits["idle"]
