@@ -1343,6 +1343,7 @@ def headline_budget(cluster: str = "104x8,leaf=8") -> DemoBudget:
         ope_seeds=(0,),
         shadow_cycles=150,
         ppo_steps=102_400,
+        slot_order="smallest",
     )
 
 
