@@ -23,7 +23,7 @@ import gymnasium as gym
 import numpy as np
 
 from linkwise.cluster.contention import ContentionModel
-from linkwise.cluster.domain import ClusterState, Job, Topology
+from linkwise.cluster.domain import ClusterState, Job, Placement, Topology
 from linkwise.cluster.mdp import (
     BoolArray,
     Candidates,
@@ -54,6 +54,7 @@ class Workload:
     jobs: Sequence[Job]
     model: ContentionModel
     sim_config: SimConfig | None = None
+    running: Sequence[tuple[Job, Placement]] = ()  # a warm start (``Simulator(running=)``)
 
 
 WorkloadFactory = Callable[[int], Workload]  # episode seed -> workload
@@ -106,7 +107,7 @@ class ClusterEnv(gym.Env[FloatArray, np.int64]):
         super().reset(seed=seed)
         episode_seed = int(self.np_random.integers(0, 2**31 - 1))
         w = self.factory(episode_seed)
-        self._sim = Simulator(w.topology, w.jobs, w.model, w.sim_config)
+        self._sim = Simulator(w.topology, w.jobs, w.model, w.sim_config, running=w.running)
         self._model = w.model
         self._steps = 0
         self._refresh()

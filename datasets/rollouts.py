@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,11 +40,12 @@ import numpy as np
 import polars as pl
 
 from linkwise.cluster.contention import AnalyticModel
-from linkwise.cluster.domain import Job, Topology
+from linkwise.cluster.domain import Job, Placement, Topology
 from linkwise.cluster.env import ClusterEnv, Workload
 from linkwise.cluster.mdp import MdpConfig, StepPolicyAdapter, make_spec
-from linkwise.cluster.profiles import assign_profiles, load_calibration
+from linkwise.cluster.profiles import Calibration, assign_profiles, load_calibration
 from linkwise.cluster.topology import load_topology
+from linkwise.datasets.backlog import Backlog, warm_jobs
 from linkwise.datasets.traces import load_trace
 from linkwise.datasets.transitions import TransitionBuffer, empty_frame
 from linkwise.models.heuristics import make_policy, policy_names
@@ -64,6 +65,7 @@ __all__ = [
     "rollout_batch",
     "rollouts_flow",
     "run_rollouts",
+    "window_workload",
 ]
 
 JOB_COLUMNS: dict[str, Any] = {
@@ -94,7 +96,9 @@ class RolloutTask:
 
     ``topology`` is a ``load_topology`` argument (e.g. ``"8x8,leaf=2"``) or a ``Topology``
     (e.g. ``decisions.topology_from_store``); ``calibration`` a
-    calibration file (None: the shipped one); ``max_steps`` cuts the episode (a timeout).
+    calibration file (None: the shipped one); ``max_steps`` cuts the episode (a timeout);
+    ``backlog`` warm-starts the window from the history's state at its start
+    (``window_workload``).
     """
 
     policy: str
@@ -106,6 +110,7 @@ class RolloutTask:
     calibration: str | None = None
     block_s: float = 1800.0
     max_steps: int | None = None
+    backlog: Backlog | None = None
 
     def __post_init__(self) -> None:
         if self.policy not in policy_names():
@@ -272,6 +277,31 @@ def resample_window(window: Window, seed: int, block_s: float) -> tuple[Job, ...
     return _frame_jobs(out)
 
 
+def window_workload(
+    window: Window,
+    seed: int,
+    block_s: float,
+    calibration: Calibration,
+    max_gpus: int,
+    backlog: Backlog | None = None,
+) -> tuple[tuple[Job, ...], tuple[tuple[Job, Placement], ...]]:
+    """A window's simulator inputs for a seed: the resampled jobs plus the backlog's pending
+    jobs (arriving at the window's start, ids after the window's), profiles drawn with the
+    seed, jobs larger than ``max_gpus`` left out; and the backlog's running jobs on their
+    placements (``datasets.backlog``; empty without a backlog)."""
+    resampled = resample_window(window, seed, block_s)
+    running: tuple[tuple[Job, Placement], ...] = ()
+    pending: tuple[Job, ...] = ()
+    if backlog is not None:
+        running, pending = warm_jobs(backlog, first_id=len(resampled))
+    jobs = assign_profiles([*resampled, *pending], calibration, seed=seed)
+    held = assign_profiles([j for j, _ in running], calibration, seed=seed)
+    return (
+        tuple(j for j in jobs if j.num_gpus <= max_gpus),
+        tuple((j, p) for j, (_, p) in zip(held, running, strict=True)),
+    )
+
+
 # ------------------------------------------------------------------------ one rollout
 
 
@@ -292,19 +322,15 @@ def rollout(task: RolloutTask) -> pl.DataFrame:
     """
     topo = load_topology(task.topology) if isinstance(task.topology, str) else task.topology
     cal = load_calibration(task.calibration)
-    jobs = tuple(
-        j
-        for j in assign_profiles(
-            resample_window(task.window, task.seed, task.block_s), cal, seed=task.seed
-        )
-        if j.num_gpus <= topo.total_gpus
+    jobs, running = window_workload(
+        task.window, task.seed, task.block_s, cal, topo.total_gpus, task.backlog
     )
     spec = make_spec(task.config)
     buf = TransitionBuffer(obs_spec_version=spec.version)
     if not jobs:
         return empty_frame()
     model = AnalyticModel(cal)
-    workload = Workload(topo, jobs, model)
+    workload = Workload(topo, jobs, model, running=running)
     env = ClusterEnv(lambda _seed: workload, spec, max_steps=task.max_steps)
     params: dict[str, Any] = {"seed": task.seed} if task.policy == "random" else {}
     adapter = StepPolicyAdapter(make_policy(task.policy, **params))
@@ -356,8 +382,10 @@ def make_tasks(
     calibration: str | None = None,
     block_s: float = 1800.0,
     max_steps: int | None = None,
+    backlogs: Mapping[int, Backlog] | None = None,
 ) -> list[RolloutTask]:
-    """The grid (policy, epsilon) x window x seed, in that nesting order."""
+    """The grid (policy, epsilon) x window x seed, in that nesting order; ``backlogs``
+    (window id -> the history's state at its start) warm-starts the windows it names."""
     cfg = config or MdpConfig()
     return [
         RolloutTask(
@@ -370,6 +398,7 @@ def make_tasks(
             calibration=calibration,
             block_s=block_s,
             max_steps=max_steps,
+            backlog=(backlogs or {}).get(w.window_id),
         )
         for p in policies
         for e in epsilons

@@ -55,8 +55,8 @@ from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import ClusterState, Decision, Job, Placement, Policy, Topology
 from linkwise.cluster.metrics import BOUNDED_SLOWDOWN_FLOOR_S, summarize
 from linkwise.cluster.simulator import SimConfig, simulate
-from linkwise.datasets.backlog import Backlog, warm_jobs
-from linkwise.datasets.rollouts import Window, make_task_runner, resample_window
+from linkwise.datasets.backlog import Backlog
+from linkwise.datasets.rollouts import Window, make_task_runner, window_workload
 
 __all__ = [
     "UNFAIR_SLOWDOWN",
@@ -220,21 +220,17 @@ def case_running(case: EvalCase) -> tuple[tuple[Job, Placement], ...]:
 
 
 def _case_workload(case: EvalCase) -> tuple[tuple[Job, ...], tuple[tuple[Job, Placement], ...]]:
-    from linkwise.cluster.profiles import assign_profiles, load_calibration
+    from linkwise.cluster.profiles import load_calibration
     from linkwise.cluster.topology import load_topology
 
     topo = load_topology(case.topology) if isinstance(case.topology, str) else case.topology
-    cal = load_calibration(case.calibration)
-    window = resample_window(case.window, case.seed, case.block_s)
-    running: tuple[tuple[Job, Placement], ...] = ()
-    pending: tuple[Job, ...] = ()
-    if case.backlog is not None:
-        running, pending = warm_jobs(case.backlog, first_id=len(window))
-    jobs = assign_profiles([*window, *pending], cal, seed=case.seed)
-    held = assign_profiles([j for j, _ in running], cal, seed=case.seed)
-    return (
-        tuple(j for j in jobs if j.num_gpus <= topo.total_gpus),
-        tuple((j, p) for j, (_, p) in zip(held, running, strict=True)),
+    return window_workload(
+        case.window,
+        case.seed,
+        case.block_s,
+        load_calibration(case.calibration),
+        topo.total_gpus,
+        case.backlog,
     )
 
 

@@ -36,6 +36,7 @@ from linkwise.cluster.domain import Topology
 from linkwise.cluster.mdp import MdpConfig, ObsSpec, make_spec
 from linkwise.cluster.profiles import load_calibration
 from linkwise.cluster.topology import load_topology
+from linkwise.datasets.backlog import Backlog, backlog_from_store
 from linkwise.datasets.export import export_dataset, log_to_mlflow
 from linkwise.datasets.rollouts import (
     Window,
@@ -142,13 +143,16 @@ def build_dataset(
     max_steps: int | None = None,
     seed: int = 0,
     tracking_uri: str | None = None,
+    warm_start: bool = False,
 ) -> dict[str, Any]:
     """Build, export and (optionally) log a dataset; the manifest (``path``, ``hash``,
     ``counts``, ``report``, ``sources``, ``seconds``).
 
     ``rollouts``: how many trace windows to roll out (each with every policy, epsilon and
     seed); ``windows`` names window ids instead. ``batch``: rollouts per Prefect task run.
-    ``seed`` draws the log jobs' profiles.
+    ``seed`` draws the log jobs' profiles. ``warm_start`` (rollouts from the store): every
+    rollout window starts from the accounting's running and queued jobs at its start
+    (``datasets.backlog``), as the evaluation does.
     """
     t0 = time.perf_counter()
     db = str(db_path) if db_path is not None else None
@@ -224,6 +228,13 @@ def build_dataset(
                 raise ValueError(f"no jobs in windows {sorted(missing)}")
         else:
             chosen = pick_windows(cut, rollouts, min_jobs=min_jobs)
+        backlogs: dict[int, Backlog] = {}
+        if warm_start:
+            if trace is not None or db is None:
+                raise ValueError("warm_start needs rollouts from the store (no trace)")
+            with closing(open_store(db)) as con:
+                backlogs = {w.window_id: backlog_from_store(con, topo, cluster, w.start)
+                            for w in chosen}  # fmt: skip
         tasks = make_tasks(
             chosen,
             policies,
@@ -234,6 +245,7 @@ def build_dataset(
             calibration=calibration,
             block_s=block_s,
             max_steps=max_steps,
+            backlogs=backlogs,
         )
         frames.append(run_rollouts(tasks, executor, batch=batch))
         sources["rollouts"] = {
@@ -245,6 +257,7 @@ def build_dataset(
             "window_s": window_s,
             "block_s": block_s,
             "max_steps": max_steps,
+            "warm_start": warm_start,
             "resampling": "block bootstrap of the window's arrivals (datasets.rollouts)",
         }
     df = pl.concat(frames, how="vertical")
@@ -341,6 +354,7 @@ def cmd_build_dataset(args: argparse.Namespace) -> int:
         batch=args.batch,
         max_steps=args.max_steps,
         tracking_uri=args.tracking_uri,
+        warm_start=args.warm_start,
     )
     if args.json:
         print(json.dumps(manifest, default=str))
@@ -375,6 +389,11 @@ def add_build_dataset_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--batch", type=int, default=4, help="rollouts per Prefect task run")
     p.add_argument("--max-steps", type=int, help="cut rollout episodes after so many steps")
+    p.add_argument(
+        "--warm-start",
+        action="store_true",
+        help="rollouts from the store start from its running and queued jobs at each window",
+    )
     p.add_argument("--out", type=Path, default=Path("linkwise-out/datasets"), help="output folder")
     p.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI)")
     p.add_argument("--json", action="store_true", help="print the manifest as JSON only")

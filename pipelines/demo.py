@@ -126,8 +126,8 @@ class DemoBudget:
     # the head of the queue ("head"), so fewer of a backfilling history's starts fall outside
     # the K slots (unslotted: applied without a step); one ObsSpec for building, training, serving
     slot_order: str = "fitting"
-    # evaluation windows start from the accounting's state at their start (jobs running and
-    # queued then, ``datasets.backlog``) rather than from an empty cluster
+    # rollout and evaluation windows start from the accounting's state at their start (jobs
+    # running and queued then, ``datasets.backlog``) rather than from an empty cluster
     warm_start: bool = True
     # MaskablePPO (the DeepShare-style online baseline) timesteps; 0: not trained. Its
     # environment replays the workload's training days (the trace, or the synthetic jobs)
@@ -941,6 +941,7 @@ def _pipeline(
         max_steps=budget.max_rollout_steps,
         seed=seed,
         tracking_uri=uri,
+        warm_start=budget.warm_start,
     )
     dataset = {
         "path": str(built["path"]),

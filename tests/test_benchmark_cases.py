@@ -1,6 +1,6 @@
-"""Benchmark cases: warm starts (the simulator with jobs already running, the backlog read
-from accounting, cases that start from it) and policies that fail a case (recorded, left out,
-the others still compared)."""
+"""Benchmark cases and rollouts: warm starts (the simulator with jobs already running, the
+backlog read from accounting, cases and rollouts that start from it) and policies that fail a
+case (recorded, left out, the others still compared)."""
 
 from __future__ import annotations
 
@@ -174,3 +174,24 @@ def test_a_stalling_policy_is_recorded_as_failed_and_the_others_still_run(
     assert bm.load_benchmark(tmp_path / "r").failures == bench.failures
     with pytest.raises(ValueError, match="baseline 'waiter' failed"):
         write_report(bench, tmp_path / "r2", baseline="waiter", n_boot=50)
+
+
+def test_a_warm_started_rollout_sees_the_backlog_from_its_first_step() -> None:
+    from linkwise.cluster.mdp import MdpConfig, make_spec
+    from linkwise.datasets.rollouts import RolloutTask, rollout
+
+    backlog = Backlog(
+        time=T,
+        running=((Job(7, T - 10, 8, 3600.0), Placement.of([(0, 8)])),),
+        pending=(Job(8, T - 5, 4, 100.0),),
+    )
+    window = Window(0, T, T + 600, (Job(1, T + 60, 8, 100.0), Job(2, T + 120, 4, 100.0)))
+    cold = rollout(RolloutTask("fifo", 0.0, 0, window, TOPO, block_s=0.0))
+    warm = rollout(RolloutTask("fifo", 0.0, 0, window, TOPO, block_s=0.0, backlog=backlog))
+    spec = make_spec(MdpConfig())
+    running = spec.feature_names.index("g.running_log")
+    assert warm["obs"][0][running] > 0.0  # the backlog's job runs from the first step
+    assert warm["time"][0] == 0.0 and cold["time"][0] == 60.0
+    # the window's 8-GPU job waits for node 0's backlog job or takes node 1 after job 8 ends:
+    # either way the warm episode accrues more jobs-in-system time than the cold one
+    assert sum(warm["reward"]) < sum(cold["reward"])
