@@ -691,6 +691,13 @@ def add_evaluate_parsers(sub: Any) -> None:
     p.add_argument("--dataset", type=Path, required=True, help="an exported transitions .parquet")
     p.add_argument("--policies", required=True, help="comma-separated model:ALIAS|PATH specs")
     p.add_argument("--seeds", default="0,1,2", help="comma-separated FQE seeds (default 0,1,2)")
+    p.add_argument(
+        "--holdout",
+        type=float,
+        default=0.2,
+        help="share of episodes held out as training split them (default 0.2; 0: all)",
+    )
+    p.add_argument("--split-seed", type=int, default=0, help="the training split's seed")
     p.add_argument("--out", type=Path, help="write the table (the --ope input of promote) here")
     p.add_argument("--tracking-uri", help=uri_help)
     p.add_argument("--json", action="store_true", help="print the table as JSON only")
@@ -705,7 +712,19 @@ def cmd_ope(args: argparse.Namespace) -> int:
         os.environ["MLFLOW_TRACKING_URI"] = args.tracking_uri
     specs = [p.strip() for p in args.policies.split(",") if p.strip()]
     seeds = tuple(int(x) for x in args.seeds.split(",") if x.strip())
-    table = ope_table(run_ope(args.dataset, {spec: spec for spec in specs}, seeds=seeds))
+    data: Any = args.dataset
+    spec = None
+    if args.holdout > 0:  # the held-out episodes, as training split them
+        from linkwise.cluster.mdp import ObsSpec
+        from linkwise.datasets.export import read_dataset
+        from linkwise.models.training import split_episodes
+
+        df, manifest = read_dataset(args.dataset)
+        spec = ObsSpec.from_json(manifest["obs_spec"])
+        _, data = split_episodes(df, args.holdout, args.split_seed)
+        if data.height == 0:
+            raise ValueError(f"{args.dataset}: no held-out episodes at --holdout {args.holdout}")
+    table = ope_table(run_ope(data, {s: s for s in specs}, spec=spec, seeds=seeds))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(table, indent=2, default=float))
