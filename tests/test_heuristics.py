@@ -358,6 +358,61 @@ def test_tiresias_running_first_avoids_preempting_within_a_queue() -> None:
     assert [s.job_id for s in decision.starts] == [1]
 
 
+def _tiresias_by_the_rule(policy: TiresiasLas, state: ClusterState) -> Decision:
+    """Tiresias' decision the plain way: rank every job by (queue, running first, submit, id)."""
+    now = state.time
+    ranked: list[tuple[tuple[int, int, float, int], RunningJob | PendingJob]] = []
+    for r in state.running:
+        job, attained = r.job, r.attained_at(now)
+        waited = now - job.submit_time - attained / job.num_gpus
+        q = policy.queue_of(attained, job.num_gpus, waited, running=True)
+        ranked.append(((q, 0, job.submit_time, job.job_id), r))
+    for p in state.pending:
+        job, attained = p.job, p.attained_gpu_s
+        waited = now - job.submit_time - attained / job.num_gpus
+        q = policy.queue_of(attained, job.num_gpus, waited)
+        ranked.append(((q, int(policy.running_first), job.submit_time, job.job_id), p))
+    ranked.sort(key=lambda item: item[0])
+    left = state.total_free_gpus + sum(r.job.num_gpus for r in state.running)
+    kept: set[int] = set()
+    admitted: list[PendingJob] = []
+    for _, job_state in ranked:
+        if job_state.job.num_gpus <= left:
+            left -= job_state.job.num_gpus
+            if isinstance(job_state, RunningJob):
+                kept.add(job_state.job.job_id)
+            else:
+                admitted.append(job_state)
+    if not admitted:
+        return Decision()
+    preempted = [r for r in state.running if r.job.job_id not in kept]
+    free = list(state.free_gpus)
+    for r in preempted:
+        for node, g in r.placement.alloc:
+            free[node] += g
+    starts = []
+    for p in admitted:
+        placement = best_fit(state.topology, free, p.job.num_gpus)
+        assert placement is not None
+        apply_placement(free, placement)
+        starts.append(Start(p.job.job_id, placement))
+    return Decision(tuple(starts), tuple(r.job.job_id for r in preempted))
+
+
+@settings(max_examples=150, deadline=None)
+@given(states())
+def test_tiresias_fast_ranking_matches_the_plain_rule(state: ClusterState) -> None:
+    # decide() admits queue by queue without sorting every job; it must decide exactly as
+    # the full (queue, running first, submit, id) sort does
+    for policy in (
+        TiresiasLas(),
+        TiresiasLas(thresholds=(50.0, 500.0, 5000.0), starve_factor=0.0),
+        TiresiasLas(thresholds=(10.0, 3000.0), starve_factor=2.0, running_first=False),
+        TiresiasLas(thresholds=(100.0,), running_first=False),
+    ):
+        assert policy.decide(state) == _tiresias_by_the_rule(policy, state)
+
+
 def test_tiresias_accepts_command_line_thresholds() -> None:
     assert TiresiasLas(thresholds=100).thresholds == (100.0,)  # type: ignore[arg-type]
     assert TiresiasLas(thresholds="100;1000").thresholds == (100.0, 1000.0)  # type: ignore[arg-type]

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import bisect
-import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import compress
 
-from linkwise.cluster.domain import ClusterState, Decision, PendingJob, Start
+from linkwise.cluster.domain import ClusterState, Decision, PendingJob, RunningJob, Start
 from linkwise.cluster.placement import apply_placement, best_fit, release_placement
-from linkwise.models.heuristics._common import can_ever_run
 
 # Tiresias' reference simulator (SymbioticLab/Tiresias, ``dlas-gpu``) runs two queues
 # with one threshold of 3600 GPU-seconds of attained service; its starvation guard
@@ -84,75 +84,110 @@ class TiresiasLas:
 
     def decide(self, state: ClusterState) -> Decision:
         """Admit by priority; preempt the running jobs left out, start the admitted pending ones."""
+        # Hot path: every decision ranks every running and preempted job. So ``queue_of`` is
+        # inlined and nothing is sorted by (queue, ...) keys: jobs are admitted queue by queue,
+        # pending ones in ``state.pending``'s canonical (submit, id) order, running ones sorted
+        # by (submit, id) only when the order matters (not all of them fit).
         now = state.time
-        pending_rank = 1 if self.running_first else 0
-        capacity = state.total_free_gpus
-        # (queue, rank: running first or not, submit, job id, kind: 0 running / 1 pending, index)
-        keys: list[tuple[int, int, float, int, int, int]] = []
-        # queue_of, inlined: this loop runs over every running and preempted job per decision
+        running = state.running
         thresholds = self.thresholds
+        first_threshold, last_threshold = thresholds[0], thresholds[-1]
+        n_queues = len(thresholds) + 1
+        last_queue = n_queues - 1
         factor_pending = self.starve_factor
-        factor_running = self.starve_factor / 2
+        factor_running = factor_pending / 2
         bisect_right = bisect.bisect_right
-        for idx, r in enumerate(state.running):
+        # each queue's running jobs (indices into state.running) and the GPUs they hold
+        run_queues: list[list[int]] = [[] for _ in range(n_queues)]
+        queue_gpus = [0] * n_queues
+        for idx, r in enumerate(running):
             job = r.job
             gpus = job.num_gpus
-            capacity += gpus
             attained = r.attained_gpu_s + gpus * (now - r.since)
-            executed = attained / gpus
-            if attained <= 0 or (
-                factor_running > 0 and now - job.submit_time - executed >= factor_running * executed
-            ):
+            if attained < first_threshold:  # queue 0 whatever the starvation guard says
                 q = 0
             else:
-                q = bisect_right(thresholds, attained)
-            keys.append((q, 0, job.submit_time, job.job_id, 0, idx))
-        max_gpus = state.topology.total_gpus
-        for idx, p in enumerate(state.pending):
-            attained = p.attained_gpu_s
-            if attained > 0:
-                job = p.job
-                gpus = job.num_gpus
-                if gpus > max_gpus:
-                    continue
                 executed = attained / gpus
                 if (
-                    factor_pending > 0
-                    and now - job.submit_time - executed >= factor_pending * executed
+                    factor_running > 0
+                    and now - job.submit_time - executed >= factor_running * executed
                 ):
                     q = 0
+                elif attained >= last_threshold:
+                    q = last_queue
                 else:
                     q = bisect_right(thresholds, attained)
-                keys.append((q, pending_rank, job.submit_time, job.job_id, 1, idx))
-        keys.sort()
-        # Jobs that never ran are all in queue 0 and already in canonical (submit, id) order,
-        # so they are merged in lazily: admission stops as soon as the GPUs are used up.
-        fresh = (
-            (0, pending_rank, p.job.submit_time, p.job.job_id, 1, idx)
-            for idx, p in enumerate(state.pending)
-            if p.attained_gpu_s <= 0 and can_ever_run(state, p)
-        )
+            run_queues[q].append(idx)
+            queue_gpus[q] += gpus
 
-        left = capacity
+        # A job too large for the cluster is never admitted: it needs more than ``left``.
+        left = state.total_free_gpus + sum(queue_gpus)
+        dropped = bytearray(len(running))  # 1: a running job left out, to preempt
         admitted_pending: list[PendingJob] = []
-        admitted_running: set[int] = set()
-        for *_, kind, idx in heapq.merge(keys, fresh):
+        # preempted pending jobs of queues >= 1, filled by the scan of queue 0
+        later: list[list[PendingJob]] = [[] for _ in range(n_queues)]
+        running_first = self.running_first
+        for q in range(n_queues):
+            run_q = run_queues[q]
             if left <= 0:
-                break
-            if kind == 0:
-                gpus = state.running[idx].job.num_gpus
+                for idx in run_q:
+                    dropped[idx] = 1
+                continue
+            # running jobs still to merge with this queue's pending ones (not running_first)
+            run_keys: list[tuple[float, int, int, int]] = []
+            if not running_first:
+                run_keys = _by_submit(running, run_q)
+            elif queue_gpus[q] <= left:  # they all fit, whatever their order
+                left -= queue_gpus[q]
+            else:
+                for _, _, gpus, idx in _by_submit(running, run_q):
+                    if gpus <= left:
+                        left -= gpus
+                    else:
+                        dropped[idx] = 1
+            k = 0
+            for p in state.pending if q == 0 else later[q]:
+                if left <= 0:
+                    break
+                job = p.job
+                if q == 0:
+                    attained = p.attained_gpu_s
+                    if attained >= first_threshold:
+                        executed = attained / job.num_gpus
+                        if not (
+                            factor_pending > 0
+                            and now - job.submit_time - executed >= factor_pending * executed
+                        ):
+                            later[
+                                last_queue
+                                if attained >= last_threshold
+                                else bisect_right(thresholds, attained)
+                            ].append(p)
+                            continue
+                if k < len(run_keys):  # running jobs submitted earlier go first
+                    key = (job.submit_time, job.job_id)
+                    while k < len(run_keys) and run_keys[k][:2] < key:
+                        _, _, gpus, idx = run_keys[k]
+                        k += 1
+                        if gpus <= left:
+                            left -= gpus
+                        else:
+                            dropped[idx] = 1
+                    if left <= 0:
+                        break
+                gpus = job.num_gpus
                 if gpus <= left:
                     left -= gpus
-                    admitted_running.add(idx)
-            else:
-                p = state.pending[idx]
-                if p.job.num_gpus <= left:
-                    left -= p.job.num_gpus
                     admitted_pending.append(p)
-        preempted = [r for i, r in enumerate(state.running) if i not in admitted_running]
+            for _, _, gpus, idx in run_keys[k:]:
+                if gpus <= left:
+                    left -= gpus
+                else:
+                    dropped[idx] = 1
         if not admitted_pending:
             # preempting to start nothing would only waste the preempted jobs' work
             return Decision()
+        preempted = list(compress(running, dropped))
 
         free = list(state.free_gpus)
         for r in preempted:
@@ -165,3 +200,15 @@ class TiresiasLas:
             apply_placement(free, placement)
             starts.append(Start(p.job.job_id, placement))
         return Decision(starts=tuple(starts), preempt=tuple(r.job.job_id for r in preempted))
+
+
+def _by_submit(
+    running: Sequence[RunningJob], members: Sequence[int]
+) -> list[tuple[float, int, int, int]]:
+    """These running jobs as sorted ``(submit time, job id, GPUs, index)`` tuples."""
+    keys = []
+    for idx in members:
+        job = running[idx].job
+        keys.append((job.submit_time, job.job_id, job.num_gpus, idx))
+    keys.sort()
+    return keys
