@@ -34,8 +34,10 @@ def build_dataset_deployment(
     executor: str = "local",
     max_steps: int | None = None,
     tracking_uri: str | None = None,
+    warm_start: bool = False,
 ) -> dict[str, Any]:
-    """``pipelines.build_dataset.build_dataset``: the manifest (path, hash, counts)."""
+    """``pipelines.build_dataset.build_dataset``: the manifest (path, hash, counts);
+    ``warm_start`` for rollouts from the store (windows start from its backlog)."""
     from linkwise.pipelines.build_dataset import (
         DEFAULT_EPSILONS,
         DEFAULT_POLICIES,
@@ -58,6 +60,7 @@ def build_dataset_deployment(
         calibration=calibration,
         executor=executor,
         max_steps=max_steps,
+        warm_start=warm_start,
         tracking_uri=tracking_uri,
     )
     keys = ("path", "hash", "counts", "mlflow_run_id", "seconds")
@@ -99,9 +102,11 @@ def evaluate_deployment(
     n_boot: int = 2000,
     gates: str | None = None,
     promote: bool = True,
+    warm_start: bool = False,
 ) -> dict[str, Any]:
     """``pipelines.evaluate.evaluate_and_promote``: benchmark, gate ``@challenger`` and
-    promote it to ``@shadow`` when it passes (a refusal is logged, the run completes)."""
+    promote it to ``@shadow`` when it passes (a refusal is logged, the run completes);
+    ``warm_start`` with ``db``: windows start from the accounting's backlog."""
     from linkwise.pipelines.evaluate import evaluate_and_promote
 
     return evaluate_and_promote(
@@ -122,4 +127,5 @@ def evaluate_deployment(
         out_dir=out_dir,
         tracking_uri=tracking_uri,
         n_boot=n_boot,
+        warm_start=warm_start,
     )

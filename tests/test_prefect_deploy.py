@@ -294,7 +294,7 @@ def test_each_deployment_runs_to_completion_on_a_worker(stack: Stack, telemetry_
             "db": None, "trace": str(PHILLY), "out_dir": str(root / "datasets"), "rollouts": 1,
             "policies": ["best_fit"], "epsilons": [0.0], "window_s": 3600.0, "block_s": 600.0,
             "min_jobs": 20, "topology": "4x8", "executor": "serial", "max_steps": 200,
-            "tracking_uri": uri,
+            "tracking_uri": uri, "warm_start": False,  # a trace has no backlog
         },
         "train/daily": {
             "config": str(config), "tracking_uri": uri, "out_dir": str(root / "train"),
@@ -309,6 +309,7 @@ def test_each_deployment_runs_to_completion_on_a_worker(stack: Stack, telemetry_
         "trace": str(PHILLY), "n_windows": 1, "seeds": [0], "cluster": "4x8",
         "window_s": 3600.0, "block_s": 600.0, "min_jobs": 25, "n_boot": 200,
         "executor": "serial", "out_dir": str(root / "evaluation"), "tracking_uri": uri,
+        "warm_start": False,  # a trace has no backlog
     }  # fmt: skip
     run = {
         "evaluate-and-promote/daily": _start(stack, deps["evaluate-and-promote/daily"], evaluate)
