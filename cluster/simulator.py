@@ -289,7 +289,6 @@ class Simulator:
                 raise ValueError(f"initial running jobs do not fit the cluster: {exc}") from exc
         if split_changed:
             self._update_split_rates()
-        self._pending_dirty = True
 
     def _admit_arrivals(self) -> None:
         arrivals = self._arrivals

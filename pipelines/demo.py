@@ -744,7 +744,6 @@ def _train_ppo(
         "train_days": train_days,
         "mdp": {"k_slots": budget.k_slots, "slot_order": budget.slot_order},
     }
-    env = {k: v for k, v in env.items() if v is not None}
     n_steps = int(base["train"]["n_steps"])
     total = max(n_steps, budget.ppo_steps // n_steps * n_steps)
     data = {**base, "seed": seed, "env": env, "train": {**base["train"], "total_timesteps": total}}

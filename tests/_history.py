@@ -4,6 +4,8 @@ simulator, written as the settled ``JobRun`` rows Slurm would report for them.""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import ClusterState, Decision, Placement, Topology
 from linkwise.cluster.loop import drive
@@ -15,6 +17,41 @@ from linkwise.datasets.synthetic import generate
 from linkwise.models.heuristics import make_policy
 
 T0 = 1.7e9  # the history's epoch offset (simulated time 0)
+
+
+def completed_run(
+    job_id: int,
+    submit: float,
+    start: float,
+    end: float,
+    nodes: Mapping[str, int],
+    *,
+    cluster: str = "c",
+    name: str | None = None,
+) -> JobRun:
+    """A settled, completed first run as accounting reports it: ``nodes`` maps node names
+    to the GPUs it took there."""
+    return JobRun(
+        cluster=cluster,
+        job_id=job_id,
+        run_index=0,
+        name=f"j{job_id}" if name is None else name,
+        user="u",
+        account="a",
+        partition="gpu",
+        state="COMPLETED",
+        exit_code=0,
+        signal=None,
+        submit_time=submit,
+        start_time=start,
+        end_time=end,
+        time_limit_s=None,
+        nodes=tuple(nodes),
+        gpus=sum(nodes.values()),
+        gpus_per_node=tuple(nodes.values()),
+        allocation_nodes=len(nodes),
+        settled=True,
+    )
 
 
 def simulated_history(
@@ -44,28 +81,19 @@ def simulated_history(
         placed.update((s.job_id, s.placement) for s in decision.starts)
 
     drive(sim, make_policy(policy), on_decision=capture)
-    runs = [
-        JobRun(
-            cluster=cluster,
-            job_id=r.job.job_id + 1,
-            run_index=0,
-            name=f"j{r.job.job_id}",
-            user="u",
-            account="a",
-            partition="gpu",
-            state="COMPLETED",
-            exit_code=0,
-            signal=None,
-            submit_time=T0 + r.job.submit_time,
-            start_time=T0 + r.first_start,
-            end_time=T0 + r.end,
-            time_limit_s=None,
-            nodes=tuple(topo.nodes[n].name for n in placed[r.job.job_id].nodes),
-            gpus=r.job.num_gpus,
-            gpus_per_node=tuple(g for _, g in placed[r.job.job_id].alloc),
-            allocation_nodes=placed[r.job.job_id].num_nodes,
-            settled=True,
+    runs = []
+    for r in sim.records:
+        pl = placed[r.job.job_id]
+        nodes = {topo.nodes[n].name: g for n, g in pl.alloc}
+        runs.append(
+            completed_run(
+                r.job.job_id + 1,
+                T0 + r.job.submit_time,
+                T0 + r.first_start,
+                T0 + r.end,
+                nodes,
+                cluster=cluster,
+                name=f"j{r.job.job_id}",
+            )
         )
-        for r in sim.records
-    ]
     return runs, topo, model

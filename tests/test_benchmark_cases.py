@@ -12,7 +12,6 @@ from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import Decision, Job, Placement
 from linkwise.cluster.profiles import load_calibration
 from linkwise.cluster.simulator import simulate
-from linkwise.cluster.slurm.records import JobRun
 from linkwise.cluster.topology import from_spec
 from linkwise.datasets.backlog import Backlog, backlog_from_store, warm_jobs
 from linkwise.datasets.ingest import ingest_job_runs
@@ -27,34 +26,11 @@ from linkwise.evaluation.benchmark import (
     run_task,
 )
 from linkwise.models.heuristics import make_policy
+from linkwise.tests._history import completed_run
 
 MODEL = AnalyticModel(load_calibration())
 TOPO = from_spec("2x8,leaf=2")  # nodes gpu1, gpu2
 T = 1.7e9
-
-
-def _run(job_id: int, submit: float, start: float, end: float, nodes: dict[str, int]) -> JobRun:
-    return JobRun(
-        cluster="c",
-        job_id=job_id,
-        run_index=0,
-        name=f"j{job_id}",
-        user="u",
-        account="a",
-        partition="gpu",
-        state="COMPLETED",
-        exit_code=0,
-        signal=None,
-        submit_time=submit,
-        start_time=start,
-        end_time=end,
-        time_limit_s=None,
-        nodes=tuple(nodes),
-        gpus=sum(nodes.values()),
-        gpus_per_node=tuple(nodes.values()),
-        allocation_nodes=len(nodes),
-        settled=True,
-    )
 
 
 def test_running_jobs_hold_their_gpus_until_their_remaining_work_is_done() -> None:
@@ -82,12 +58,12 @@ def test_running_jobs_that_do_not_fit_are_refused_clearly() -> None:
 def test_backlog_from_store_splits_running_and_pending(tmp_path: Path) -> None:
     t = T + 1000.0
     runs = [
-        _run(1, T, T + 100, T + 5000, {"gpu1": 8}),  # running at t: 4000 s left
-        _run(2, T + 10, T + 200, T + 3000, {"gpu2": 4}),  # running at t: 2000 s left
-        _run(3, T + 300, T + 3000, T + 4000, {"gpu2": 4}),  # pending at t, 1000 s of work
-        _run(4, T + 50, T + 60, T + 900, {"gpu2": 4}),  # ended before t: not in the backlog
-        _run(5, T + 2000, T + 2000, T + 2500, {"gpu2": 4}),  # submitted after t
-        _run(6, T + 20, T + 500, T + 2000, {"gpu1": 2}),  # over-commits gpu1 (bad accounting)
+        completed_run(1, T, T + 100, T + 5000, {"gpu1": 8}),  # running at t: 4000 s left
+        completed_run(2, T + 10, T + 200, T + 3000, {"gpu2": 4}),  # running at t: 2000 s left
+        completed_run(3, T + 300, T + 3000, T + 4000, {"gpu2": 4}),  # pending at t, 1000 s of work
+        completed_run(4, T + 50, T + 60, T + 900, {"gpu2": 4}),  # ended before t: not in it
+        completed_run(5, T + 2000, T + 2000, T + 2500, {"gpu2": 4}),  # submitted after t
+        completed_run(6, T + 20, T + 500, T + 2000, {"gpu1": 2}),  # over-commits gpu1 (bad log)
     ]
     with open_store(tmp_path / "s.duckdb") as con:
         ingest_job_runs(con, runs, source="test")
