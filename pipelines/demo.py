@@ -950,7 +950,7 @@ def _pipeline(
     }
     console.print(f"dataset {str(built['hash'])[:16]}: {built.get('counts')}")
 
-    stages.begin("train", "Train BC and CQL")
+    stages.begin("train", "Train BC and CQL (and MaskablePPO when budgeted)")
     models: dict[str, dict[str, Any]] = {}
     for algo, toml, steps in (
         ("bc", EXPERIMENTS / "demo_bc.toml", budget.bc_steps),
@@ -980,7 +980,7 @@ def _pipeline(
     holdout = float(train_config(EXPERIMENTS / "demo_cql.toml", dataset["path"], n_steps=1,
                                  per_epoch=1).dataset.holdout)  # fmt: skip
 
-    stages.begin("evaluate", "Evaluate heuristics, BC and CQL on held-out windows")
+    stages.begin("evaluate", "Evaluate heuristics and the learned policies on held-out windows")
     specs = {f"model:models:/{m['model_name']}/{m['version']}": algo.upper() for algo, m in
              models.items()}  # fmt: skip
     eval_kw: dict[str, Any] = {
