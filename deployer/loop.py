@@ -349,22 +349,17 @@ def _learned(spec: str) -> LoadedPolicy:
 def model_probe(spec: str) -> str | None:
     """A token that changes when the model behind ``spec`` changes (alias moved, package
     rewritten); None for heuristics. Raises when it cannot be read."""
+    from linkwise.models.registry import ModelSource
+
     text = spec.strip()
     if not text.startswith("model:"):
         return None
-    target = text.removeprefix("model:").strip()
-    if target.startswith("models:/") or not (
-        os.sep in target or target.startswith(".") or Path(target).exists()
-    ):
-        from linkwise.models.registry import (
-            MODEL_NAME,
-            _parse_models_uri,
-            default_tracking_uri,
-            mlflow_env,
-        )
+    source = ModelSource.parse(text)
+    uri = source.registry_uri
+    if uri is not None:
+        from linkwise.models.registry import default_tracking_uri, mlflow_env, parse_models_uri
 
-        uri = target if target.startswith("models:/") else f"models:/{MODEL_NAME}@{target}"
-        name, alias, version = _parse_models_uri(uri)
+        name, alias, version = parse_models_uri(uri)
         if alias is None:
             return str(version)
         mlflow_env()
@@ -373,7 +368,7 @@ def model_probe(spec: str) -> str | None:
         tracking = default_tracking_uri()
         client = MlflowClient(tracking_uri=tracking, registry_uri=tracking)
         return str(client.get_model_version_by_alias(name, alias).version)
-    folder = Path(target)
+    folder = Path(source.target)
     sums = folder / "checksums.sha256"
     if not sums.is_file():
         found = list(folder.rglob("checksums.sha256"))

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from linkwise.deployer.loop import ServeConfig, serve
+from linkwise.models.registry import ModelSource
 
 
 def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
@@ -47,7 +48,12 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--policy",
         default="backfill",
-        help="model:champion, model:PATH, model:models:/..., or a heuristic",
+        help=(
+            "model:ALIAS (the registry's linkwise-policy@ALIAS), model:models:/NAME@ALIAS|/N, "
+            "model:./PATH[#sha256=DIGEST] (a local package: only as trustworthy as the "
+            "checksums.sha256 beside it unless DIGEST, the SHA-256 of that file, is given), "
+            "or a heuristic"
+        ),
     )
     p.add_argument(
         "--fallback",
@@ -92,6 +98,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> ServeConfig:
     """A ``ServeConfig`` from parsed arguments."""
     parts = tuple(p.strip() for item in args.partition for p in item.split(",") if p.strip())
+    if args.policy.strip().startswith("model:"):
+        ModelSource.parse(args.policy)  # an ambiguous or malformed source is refused here
     return ServeConfig(
         mode=args.mode,
         partitions=parts,

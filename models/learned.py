@@ -366,6 +366,23 @@ class LearnedPolicy:
         return Decision(starts=tuple(starts))
 
 
+def _load_network(path: Path) -> Any:
+    """The TorchScript network at ``path``; a pickle, a ``torch.save`` file or anything else
+    that is not a TorchScript archive is refused (PackageError), never unpickled."""
+    import torch
+
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=DeprecationWarning, module="torch")
+            return torch.jit.load(str(path), map_location="cpu").eval()  # type: ignore[no-untyped-call]
+    except (RuntimeError, ValueError, OSError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise PackageError(
+            f"{path}: not a TorchScript archive (a pickle or torch.save file is never loaded): "
+            f"{first[:200]}"
+        ) from None
+
+
 def load_package(
     pkg_dir: str | Path,
     *,
@@ -389,11 +406,14 @@ def load_package(
     if meta.get("format") != PACKAGE_FORMAT:
         raise PackageError(f"{d}: package format {meta.get('format')!r}, expected {PACKAGE_FORMAT}")
     spec = _read_spec(d, meta, expected_obs_spec)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=DeprecationWarning, module="torch")
-        network = torch.jit.load(str(d / NETWORK), map_location="cpu").eval()  # type: ignore[no-untyped-call]
-    with torch.no_grad():
-        shape = tuple(network(torch.zeros(1, spec.dim)).shape)
+    network = _load_network(d / NETWORK)
+    try:
+        with torch.no_grad():
+            shape = tuple(network(torch.zeros(1, spec.dim)).shape)
+    except Exception as exc:  # a TorchScript module of another shape or kind
+        raise PackageError(
+            f"{d}: {NETWORK} cannot score a {spec.dim}-feature state: {exc}"
+        ) from None
     if shape != (1, spec.n_actions):
         raise PackageError(f"{d}: network gives {shape}, the spec has {spec.n_actions} actions")
     return LearnedPolicy(

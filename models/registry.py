@@ -12,15 +12,25 @@ package's ``checksums.sha256``), ``linkwise.obs_spec_version`` and
 checksums and against the registry's tag, so a changed byte in any file, or a replaced
 checksums file, is refused.
 
-Policy strings: ``resolve_policy("model:champion", model)`` loads
-``models:/linkwise-policy@champion``; ``model:PATH`` a package or MLflow model folder;
-``model:models:/NAME@ALIAS`` (or ``/VERSION``) a full URI; anything else is a heuristic
-(``models.heuristics.make_policy``).
+Model sources (``ModelSource.parse``), explicit so that no name means two things:
+
+- ``model:ALIAS`` (letters, digits, ``_``, ``-``): the registry's ``linkwise-policy@ALIAS``;
+  refused as ambiguous when a file or folder of that name exists in the working directory;
+- ``model:models:/NAME@ALIAS`` or ``model:models:/NAME/VERSION``: a registry URI;
+- ``model:PATH`` with a ``/`` (``model:./champion``, ``model:/srv/pkg``): a local package or
+  MLflow model folder, optionally ``model:PATH#sha256=DIGEST``.
+
+A registry model is verified against the checksum tag recorded when it was registered. A
+local package is only as trustworthy as the ``checksums.sha256`` beside it: whoever can
+rewrite the folder can rewrite that file too. ``#sha256=DIGEST`` (the SHA-256 of the
+package's ``checksums.sha256``, what ``sha256sum PATH/checksums.sha256`` prints) pins it to
+what the operator reviewed. Anything else is a heuristic (``models.heuristics.make_policy``).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -47,12 +57,15 @@ __all__ = [
     "DEFAULT_ALIAS",
     "MODEL_NAME",
     "PIP_REQUIREMENTS",
+    "ModelSource",
     "RegisteredPolicy",
     "default_tracking_uri",
     "ensure_experiment",
     "load_policy",
+    "load_source",
     "log_policy",
     "mlflow_env",
+    "parse_models_uri",
     "resolve_policy",
 ]
 
@@ -264,7 +277,7 @@ def _package_in(model_dir: Path) -> Path:
     return model_dir / str(flavor["data"])
 
 
-def _parse_models_uri(uri: str) -> tuple[str, str | None, str | None]:
+def parse_models_uri(uri: str) -> tuple[str, str | None, str | None]:
     """``models:/NAME@ALIAS`` or ``models:/NAME/VERSION`` -> (name, alias, version)."""
     rest = uri.removeprefix("models:/").strip("/")
     if "@" in rest:
@@ -276,6 +289,65 @@ def _parse_models_uri(uri: str) -> tuple[str, str | None, str | None]:
     return name, None, version
 
 
+_ALIAS = re.compile(r"[A-Za-z0-9_-]+")
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a learned policy comes from: a registry alias, a registry URI or a local folder
+    (``path``, with an optional operator-given ``digest`` of its ``checksums.sha256``)."""
+
+    kind: str  # "alias" | "uri" | "path"
+    target: str  # the alias, the models:/ URI or the folder
+    digest: str | None = None
+
+    @classmethod
+    def parse(cls, spec: str, cwd: str | Path | None = None) -> ModelSource:
+        """``model:ALIAS``, ``model:models:/...`` or ``model:PATH[#sha256=DIGEST]`` (the
+        ``model:`` prefix optional); ValueError on an empty, malformed or ambiguous source."""
+        text = spec.strip().removeprefix("model:").strip()
+        if not text:
+            raise ValueError("model: needs an alias, a models:/ URI or a path")
+        if text.startswith("models:/"):
+            parse_models_uri(text)
+            return cls("uri", text)
+        if "/" in text or os.sep in text or text.startswith((".", "~")):
+            folder, sep, pin = text.partition("#")
+            digest = None
+            if sep:
+                digest = pin.removeprefix("sha256=").lower()
+                if not pin.startswith("sha256=") or not _DIGEST.fullmatch(digest):
+                    raise ValueError(
+                        f"model:{text}: expected #sha256= and 64 hex digits after the path"
+                    )
+            return cls("path", os.path.expanduser(folder), digest)
+        if not _ALIAS.fullmatch(text):
+            raise ValueError(
+                f"model:{text}: not a registry alias (letters, digits, _ and -); write a "
+                f"local folder with a slash (model:./{text})"
+            )
+        if (Path(cwd) if cwd is not None else Path.cwd()).joinpath(text).exists():
+            raise ValueError(
+                f"model:{text} is ambiguous: it names the registry alias {MODEL_NAME}@{text}, "
+                f"and ./{text} exists here; write model:models:/{MODEL_NAME}@{text} for the "
+                f"registry or model:./{text} for the folder"
+            )
+        return cls("alias", text)
+
+    @property
+    def registry_uri(self) -> str | None:
+        """The ``models:/`` URI for registry sources, None for a folder."""
+        if self.kind == "alias":
+            return f"models:/{MODEL_NAME}@{self.target}"
+        return self.target if self.kind == "uri" else None
+
+    def describe(self) -> str:
+        """The source as a ``model:`` spec."""
+        pin = f"#sha256={self.digest}" if self.digest else ""
+        return f"model:{self.registry_uri or self.target}{pin}"
+
+
 def resolve_version(text: str, tracking_uri: str) -> tuple[ModelVersion, str]:
     """``models:/NAME@ALIAS`` or ``models:/NAME/VERSION`` -> (the model version, the URI of
     its artifacts), looked up in the registry at ``tracking_uri`` (not the environment's)."""
@@ -283,7 +355,7 @@ def resolve_version(text: str, tracking_uri: str) -> tuple[ModelVersion, str]:
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
-    name, alias, version = _parse_models_uri(text)
+    name, alias, version = parse_models_uri(text)
     try:
         mv = (
             client.get_model_version_by_alias(name, alias)
@@ -303,13 +375,23 @@ def load_policy(
     model: ContentionModel | None = None,
     tracking_uri: str | None = None,
     expected_obs_spec: str | None = None,
+    digest: str | None = None,
 ) -> LearnedPolicy:
     """Load a learned policy from ``models:/NAME@ALIAS``, ``models:/NAME/VERSION``, an MLflow
     model folder or a package folder; checksums, the registry's checksum tag and the ObsSpec
-    are verified (PackageError, a ValueError, on any mismatch)."""
+    are verified (PackageError, a ValueError, on any mismatch). ``digest``: for a folder, the
+    SHA-256 its ``checksums.sha256`` must have."""
     text = os.fspath(source)
     if not text.startswith("models:/"):
         pkg = _package_in(Path(text))
+        if digest is not None:
+            sums = pkg / CHECKSUMS
+            found = file_sha256(sums) if sums.is_file() else "none"
+            if found != digest.lower():
+                raise PackageError(
+                    f"{text}: the SHA-256 of {CHECKSUMS} is {found}, the operator gave "
+                    f"{digest}: refusing"
+                )
         return load_package(
             pkg, model=model, expected_obs_spec=expected_obs_spec, name=f"model:{text}"
         )
@@ -344,20 +426,31 @@ def load_policy(
     return policy
 
 
+def load_source(
+    source: ModelSource,
+    *,
+    model: ContentionModel | None = None,
+    tracking_uri: str | None = None,
+    expected_obs_spec: str | None = None,
+) -> LearnedPolicy:
+    """``load_policy`` for a parsed ``ModelSource``."""
+    uri = source.registry_uri
+    return load_policy(
+        uri if uri is not None else Path(source.target),
+        model=model,
+        tracking_uri=tracking_uri,
+        expected_obs_spec=expected_obs_spec,
+        digest=source.digest,
+    )
+
+
 def resolve_policy(spec: str, model: ContentionModel | None = None) -> Policy:
-    """A Policy from a CLI string: ``model:ALIAS`` (``models:/linkwise-policy@ALIAS`` in the
-    tracking URI of ``MLFLOW_TRACKING_URI`` or the default store), ``model:PATH``,
-    ``model:models:/...``, or a heuristic ``name[:key=value,...]``."""
+    """A Policy from a CLI string: a learned policy ``model:...`` (``ModelSource``; the
+    registry at ``MLFLOW_TRACKING_URI`` or the default store), or a heuristic
+    ``name[:key=value,...]``."""
     text = spec.strip()
     if text.startswith("model:"):
-        target = text.removeprefix("model:").strip()
-        if not target:
-            raise ValueError("model: needs an alias, a models:/ URI or a path")
-        if target.startswith("models:/"):
-            return load_policy(target, model=model)
-        if os.sep in target or target.startswith(".") or Path(target).exists():
-            return load_policy(Path(target), model=model)
-        return load_policy(f"models:/{MODEL_NAME}@{target}", model=model)
+        return load_source(ModelSource.parse(text), model=model)
     from linkwise.evaluation.compare import parse_policy
     from linkwise.models.heuristics import make_policy
 

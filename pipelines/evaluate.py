@@ -76,13 +76,13 @@ DEFAULT_CLUSTER = "16x8,leaf=4"
 
 def _alias_target(spec: str) -> str | None:
     """The alias a ``model:ALIAS`` spec names (None for paths, URIs and heuristics)."""
+    from linkwise.models.registry import ModelSource
+
     text = spec.strip()
     if not text.startswith("model:"):
         return None
-    target = text.removeprefix("model:").strip()
-    if target.startswith("models:/") or os.sep in target or target.startswith("."):
-        return None
-    return None if Path(target).exists() else target
+    source = ModelSource.parse(text)
+    return source.target if source.kind == "alias" else None
 
 
 def pin_policies(specs: Sequence[str], tracking_uri: str) -> tuple[list[PolicyRef], dict[str, str]]:
@@ -121,10 +121,13 @@ def pin_policies(specs: Sequence[str], tracking_uri: str) -> tuple[list[PolicyRe
 def model_manifest(spec: str, tracking_uri: str | None = None) -> dict[str, Any] | None:
     """The dataset manifest inside a learned policy's package (``model:PATH`` or
     ``model:models:/...``), None for anything else."""
+    from linkwise.models.registry import ModelSource
+
     text = spec.strip()
     if not text.startswith("model:"):
         return None
-    target = text.removeprefix("model:").strip()
+    source = ModelSource.parse(text)
+    target = source.registry_uri or source.target
     if target.startswith("models:/"):
         from linkwise.models.registry import default_tracking_uri, mlflow_env, resolve_version
 

@@ -44,6 +44,7 @@ from linkwise.models.learned import (
 )
 from linkwise.models.registry import (
     MODEL_NAME,
+    ModelSource,
     ensure_experiment,
     load_policy,
     log_policy,
@@ -185,6 +186,87 @@ def test_an_obs_spec_mismatch_is_refused(trained: dict[str, Any], tmp_path: Path
     # the deployment requires another spec
     with pytest.raises(PackageError, match="this deployment expects obs-x"):
         load_package(trained["pkg"], expected_obs_spec="obs-x")
+
+
+def test_a_pickled_network_with_regenerated_checksums_is_refused_clearly(
+    trained: dict[str, Any], tmp_path: Path
+) -> None:
+    import pickle
+
+    import torch
+
+    for kind in ("pickle", "torch.save"):
+        d = _copy(trained["pkg"], tmp_path / kind.replace(".", "_"))
+        if kind == "pickle":
+            (d / "network.pt").write_bytes(pickle.dumps({"weights": [1.0, 2.0]}))
+        else:
+            torch.save(torch.nn.Linear(SPEC.dim, SPEC.n_actions), d / "network.pt")
+        _reseal(d)  # whoever swapped the file regenerated the checksums
+        with pytest.raises(PackageError, match="not a TorchScript archive"):
+            load_package(d)
+
+
+def test_model_sources_are_explicit(tmp_path: Path) -> None:
+    assert ModelSource.parse("model:champion", cwd=tmp_path) == ModelSource("alias", "champion")
+    assert ModelSource.parse("model:champion", cwd=tmp_path).registry_uri == (
+        f"models:/{MODEL_NAME}@champion"
+    )
+    uri = ModelSource.parse(f"model:models:/{MODEL_NAME}/3", cwd=tmp_path)
+    assert (uri.kind, uri.registry_uri) == ("uri", f"models:/{MODEL_NAME}/3")
+    local = ModelSource.parse("model:./champion", cwd=tmp_path)
+    assert (local.kind, local.target, local.registry_uri) == ("path", "./champion", None)
+    pinned = ModelSource.parse("model:/srv/pkg#sha256=" + "AB" * 32, cwd=tmp_path)
+    assert (pinned.target, pinned.digest) == ("/srv/pkg", "ab" * 32)
+    assert pinned.describe() == "model:/srv/pkg#sha256=" + "ab" * 32
+    (tmp_path / "champion").mkdir()
+    with pytest.raises(ValueError, match="ambiguous"):
+        ModelSource.parse("model:champion", cwd=tmp_path)
+    for bad in ("model:", "model:cham pion", "model:/srv/pkg#md5=00", "model:./p#sha256=12"):
+        with pytest.raises(ValueError):
+            ModelSource.parse(bad, cwd=tmp_path)
+
+
+def test_a_local_folder_named_like_an_alias_is_never_loaded_silently(
+    trained: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    _copy(trained["pkg"], tmp_path / "champion")
+    with pytest.raises(ValueError, match="ambiguous"):
+        resolve_policy("model:champion")
+    _check_identical(resolve_policy("model:./champion"), trained)
+    # the serve command refuses it before touching Slurm
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "linkwise.cli",
+            "serve",
+            "--partition",
+            "gpu",
+            "--policy",
+            "model:champion",
+            "--slurm-env",
+            str(tmp_path / "none"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2 and "ambiguous" in out.stderr, out.stderr
+
+
+def test_an_operator_digest_pins_a_local_package(trained: dict[str, Any], tmp_path: Path) -> None:
+    d = _copy(trained["pkg"], tmp_path / "pkg")
+    digest = file_sha256(d / CHECKSUMS)
+    _check_identical(resolve_policy(f"model:{d}#sha256={digest}"), trained)
+    # a package rewritten with self-consistent checksums passes its own checks, not the pin
+    meta = json.loads((d / "policy.json").read_text())
+    meta["note"] = "rewritten"
+    (d / "policy.json").write_text(json.dumps(meta))
+    _reseal(d)
+    load_package(d)
+    with pytest.raises(PackageError, match="the operator gave"):
+        resolve_policy(f"model:{d}#sha256={digest}")
 
 
 # ------------------------------------------------------------------------ registry
