@@ -79,9 +79,15 @@ _M64 = float(2**64)
 
 @dataclass(frozen=True, slots=True)
 class CounterSpec:
-    """How a raw byte counter becomes a rate: direction, bytes per unit, the value at which a
-    legacy 32-bit counter saturates (None if it cannot), the wrap modulus, and a priority
-    (lower wins when two sources describe the same port)."""
+    """How a raw byte counter becomes a rate: direction, bytes per unit, the exact value of a
+    saturated 32-bit counter (None for fields that are always 64-bit), the wrap point of the
+    64-bit counter, and a priority (lower wins when two sources describe the same port).
+
+    A field that may be either width (sysfs ``counters/``: 32-bit before Linux 4.5 or on HCAs
+    without extended counters, 64-bit on mlx5 or hfi1) is read as 64-bit unless it holds
+    exactly the saturation value: a 32-bit PMA counter stops there and never wraps, so below
+    it both widths give the same rates and above it the counter is 64-bit.
+    """
 
     direction: str
     bytes_per_unit: float
@@ -95,12 +101,14 @@ IB_COUNTERS: dict[str, CounterSpec] = {
     "ib_sysfs_port_rcv_data_64": CounterSpec("rx", 4.0, None, _M64, 0),
     "ib_perfquery_PortXmitData": CounterSpec("tx", 4.0, None, _M64, 0),
     "ib_perfquery_PortRcvData": CounterSpec("rx", 4.0, None, _M64, 0),
+    # node_exporter: counters_ext (64-bit) as "legacy", counters/ as "port"; words x 4 in a
+    # uint64, so its bytes wrap at 2**64
+    "node_infiniband_legacy_data_transmitted_bytes_total": CounterSpec("tx", 1.0, None, _M64, 0),
+    "node_infiniband_legacy_data_received_bytes_total": CounterSpec("rx", 1.0, None, _M64, 0),
     "ib_sysfs_port_xmit_data": CounterSpec("tx", 4.0, _W32, _M64, 1),
     "ib_sysfs_port_rcv_data": CounterSpec("rx", 4.0, _W32, _M64, 1),
-    "node_infiniband_port_data_transmitted_bytes_total": CounterSpec(
-        "tx", 1.0, 4 * _W32, 4 * _M64, 1
-    ),
-    "node_infiniband_port_data_received_bytes_total": CounterSpec("rx", 1.0, 4 * _W32, 4 * _M64, 1),
+    "node_infiniband_port_data_transmitted_bytes_total": CounterSpec("tx", 1.0, 4 * _W32, _M64, 1),
+    "node_infiniband_port_data_received_bytes_total": CounterSpec("rx", 1.0, 4 * _W32, _M64, 1),
 }
 _IB_RATE_METRICS = ("node_infiniband_rate_bytes_per_second", "ib_sysfs_rate_bytes_per_second")
 
@@ -139,6 +147,23 @@ class RateReport:
     saturated: int
     non_increasing_time: int
     capped: int
+    port_directions: int = 0
+    without_rate: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def ports_without_rate(self) -> int:
+        """Port directions (node, device, direction) that got no rate at all."""
+        return sum(n for _, n in self.without_rate)
+
+
+NO_RATE_REASONS: dict[str, str] = {
+    "first": "first sample (needs a second scrape)",
+    "saturated": "saturated 32-bit counter",
+    "reset": "counter reset",
+    "gap": "gap between samples",
+    "non_increasing_time": "timestamps not increasing",
+}
+"""Why a port direction got no rate: its last interval's case, in words."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -514,11 +539,12 @@ def counter_rates(
     Input columns: node, device, link_class, direction, ts, value (raw units),
     bytes_per_unit, saturate_at, wrap_modulus, max_bytes_per_s (the last three nullable).
     Per consecutive pair of one series: a time step <= 0 or > ``gap_factor`` x the expected
-    interval is dropped (non_increasing_time / gaps); a value at the saturation point is
-    dropped (saturated); a drop is a wrap when the previous value was in the top half of the
-    modulus and the wrapped rate is plausible, else a reset (dropped); a rate above the line
-    rate is capped. Output: node, device, link_class, direction, ts (interval start),
-    interval_s, bytes_per_s.
+    interval is dropped (non_increasing_time / gaps); an interval touching exactly the
+    saturation value of a 32-bit counter is dropped (saturated); a drop is a wrap when the
+    previous value was in the top half of the modulus and the wrapped rate is plausible, else
+    a reset (dropped); a rate above the line rate is capped. Output: node, device,
+    link_class, direction, ts (interval start), interval_s, bytes_per_s; the report also
+    says, per port direction without any rate, why (``NO_RATE_REASONS``).
     """
     df = counters.sort([*_RATE_KEYS, "ts"]).with_columns(
         pl.col("value").shift(1).over(_RATE_KEYS).alias("_pv"),
@@ -536,10 +562,10 @@ def counter_rates(
         & (pl.col("value") < mod / 2)
         & (pl.col("max_bytes_per_s").is_null() | (wrapped_rate <= pl.col("max_bytes_per_s")))
     ).fill_null(False)
-    saturated = (
-        pl.col("saturate_at").is_not_null()
-        & ((pl.col("value") >= pl.col("saturate_at")) | (pl.col("_pv") >= pl.col("saturate_at")))
-    ).fill_null(False)
+    sat = pl.col("saturate_at")
+    saturated = (sat.is_not_null() & ((pl.col("value") == sat) | (pl.col("_pv") == sat))).fill_null(
+        False
+    )
     case = (
         pl.when(pl.col("_pt").is_null())
         .then(pl.lit("first"))
@@ -571,6 +597,11 @@ def counter_rates(
         .alias("bytes_per_s"),
     )
     counts = dict(df.group_by("_case").len().rows())
+    series = df.group_by(_RATE_KEYS).agg(
+        pl.col("_case").is_in(["ok", "wrap"]).any().alias("_rated"),
+        pl.col("_case").filter(pl.col("_case") != "first").last().fill_null("first").alias("_why"),
+    )
+    why = series.filter(~pl.col("_rated")).group_by("_why").len().sort("_why").rows()
     report = RateReport(
         intervals=df.height - int(counts.get("first", 0)),
         rates=out.height,
@@ -581,6 +612,8 @@ def counter_rates(
         saturated=int(counts.get("saturated", 0)),
         non_increasing_time=int(counts.get("non_increasing_time", 0)),
         capped=int(out["_capped"].sum()),
+        port_directions=series.height,
+        without_rate=tuple((NO_RATE_REASONS.get(str(k), str(k)), int(n)) for k, n in why),
     )
     rates = out.select(
         "node",

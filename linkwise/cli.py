@@ -339,6 +339,14 @@ def cmd_collect_telemetry(args: argparse.Namespace) -> int:
             for reason, n in s["rejected_reasons"].items():
                 print(f"  rejected {n}: {reason}")
         print(f"InfiniBand link_load rows derived: {out['ib_link_load_rows']}")
+        rates = out["rates"] or {}
+        if rates:
+            print(
+                f"{rates['port_directions']} InfiniBand port directions, "
+                f"{rates['ports_without_rate']} without a rate"
+            )
+            for reason, n in rates["without_rate"].items():
+                print(f"  no rate, {reason}: {n}")
     for source, error in out["errors"].items():
         print(f"linkwise collect telemetry: error: {source}: {error}", file=sys.stderr)
     return EXIT_FAIL if out["errors"] else EXIT_OK

@@ -406,9 +406,10 @@ class TelemetryCollectReport:
         }
 
 
-def _rate_dict(r: RateReport) -> dict[str, int]:
+def _rate_dict(r: RateReport) -> dict[str, Any]:
     names = ("intervals", "rates", "first_samples", "gaps", "resets", "wraps", "saturated")
-    return {n: int(getattr(r, n)) for n in (*names, "non_increasing_time", "capped")}
+    names += ("non_increasing_time", "capped", "port_directions", "ports_without_rate")
+    return {**{n: int(getattr(r, n)) for n in names}, "without_rate": dict(r.without_rate)}
 
 
 def _url_host(url: str) -> str:
@@ -515,7 +516,14 @@ def collect_telemetry(
                 expected_interval_s=interval_s,
                 cluster=cluster,
             )
-            log.info("derived %d InfiniBand link_load rows", ib_rows)
+            log.info(
+                "derived %d InfiniBand link_load rows; %d of %d port directions without a rate",
+                ib_rows,
+                rates.ports_without_rate,
+                rates.port_directions,
+            )
+            for reason, n in rates.without_rate:
+                log.warning("%d InfiniBand port direction(s) without a rate: %s", n, reason)
     finally:
         con.close()
     return TelemetryCollectReport(
