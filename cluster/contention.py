@@ -20,6 +20,7 @@ Two models share one interface (``ContentionModel``):
   ``benchmarks/contention_validation.md``).
 - ``EmpiricalModel``: DeepShare's measured pairwise shared/isolated throughput ratios
   applied directly to split jobs sharing a node (product over neighbours).
+- ``NoContention``: every rate is 1 (pure queueing, ``--contention none``).
 """
 
 from __future__ import annotations
@@ -269,3 +270,16 @@ class EmpiricalModel:
                         rate *= self.table.ratio[(types[i], types[j])]
             out.append(rate)
         return out
+
+
+@dataclass(frozen=True)
+class NoContention:
+    """Pure queueing: every job runs at its isolated speed wherever it is placed."""
+
+    name: str = "none"
+
+    def best_time(self, topo: Topology, job: Job) -> float:
+        return 1.0
+
+    def rates(self, topo: Topology, placed: Sequence[tuple[Job, Placement]]) -> list[float]:
+        return [1.0] * len(placed)

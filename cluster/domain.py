@@ -163,12 +163,52 @@ class Job:
     profile: str = ""  # communication profile name (see cluster/profiles); "" means the default mix
     user: str = ""
     name: str = ""
+    nodes: int = 0  # requested node count (Slurm -N); 0: not given, see ``requested_shape``
+    time_limit: float = 0.0  # requested wall-clock limit, seconds (Slurm --time); 0: none given
 
     def __post_init__(self) -> None:
         if self.num_gpus <= 0:
             raise ValueError(f"job {self.job_id}: num_gpus must be positive, got {self.num_gpus}")
         if not self.duration > 0:
             raise ValueError(f"job {self.job_id}: duration must be positive, got {self.duration}")
+        if self.nodes < 0 or (self.nodes and self.num_gpus % self.nodes):
+            raise ValueError(
+                f"job {self.job_id}: {self.num_gpus} GPUs do not split evenly over "
+                f"{self.nodes} nodes"
+            )
+        if self.time_limit < 0:
+            raise ValueError(f"job {self.job_id}: time_limit must be non-negative")
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """What a Slurm user asks for: ``nodes`` nodes with ``gpus_per_node`` GPUs on each."""
+
+    nodes: int
+    gpus_per_node: int
+
+    @property
+    def num_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+def requested_shape(job: Job, node_gpus: int) -> Shape:
+    """The job's requested shape: its own (``Job.nodes``, from Slurm accounting) if it has one.
+
+    Otherwise derived the way Slurm users ask: one node up to a node's GPUs (``-N1
+    --gres=gpu:g``); beyond, whole nodes (``-N g/G --gres=gpu:G`` for ``G`` GPUs per node),
+    or, when ``g`` is not a multiple of ``G``, the fewest nodes (at least ``ceil(g/G)``)
+    over which ``g`` splits evenly (12 on 8-GPU nodes: 2 x 6).
+    """
+    g = job.num_gpus
+    if job.nodes:
+        return Shape(job.nodes, g // job.nodes)
+    if g <= node_gpus:
+        return Shape(1, g)
+    n = -(-g // max(1, node_gpus))
+    while g % n:
+        n += 1
+    return Shape(n, g // n)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,13 +13,15 @@ they run at every decision point.
 - ``same_leaf``: best fit inside the fullest leaf switch that can hold the job.
 - ``least_busy``: SJF-BCO's LBSGF, least-busy servers first (large jobs).
 - ``fragment_first_fit``: SJF-BCO's small-job rule, packing onto busy servers.
+- ``slurm_select``: where Slurm's select/cons_tres puts a job of a requested shape
+  (nodes x GPUs per node); what ``backfill`` uses.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from linkwise.cluster.domain import Placement, Topology
+from linkwise.cluster.domain import Placement, Shape, Topology
 
 GENERATOR_NAMES: tuple[str, ...] = (
     "best_fit",
@@ -274,3 +276,97 @@ def distinct_placements(
         if p is not None and p not in out:
             out.append(p)
     return tuple(out)
+
+
+def slurm_select(topo: Topology, free: Sequence[int], shape: Shape) -> Placement | None:
+    """Where Slurm 22.05's select/cons_tres starts a job of this shape now, or None.
+
+    A node is usable when it has the shape's GPUs per node free; the job gets exactly
+    that many on each of ``shape.nodes`` usable nodes. CPUs are taken as proportional to
+    GPUs (``DefCpuPerGPU`` = a node's CPUs / GPUs, as GPU clusters configure it), so
+    Slurm's free-CPU counts are free-GPU counts here.
+
+    - One leaf switch (what Slurm sees without a ``topology.conf``: ``_eval_nodes``):
+      runs of consecutive usable nodes (by index); the run that holds the job with the
+      fewest free GPUs, else the largest run first; inside it a one-node job takes the
+      node with the fewest free GPUs that holds it (first on ties), a multi-node job the
+      nodes in index order. Checked against a real Slurm by ``tests/test_backfill_live.py``.
+    - Several leaves (``topology/tree``, ``_eval_nodes_topo``): within the aggregation
+      switch that holds the job with the fewest usable nodes (if one does), leaf switches
+      one at a time: the one that holds the remaining nodes with the fewest usable nodes,
+      else the one with the most; inside a leaf, usable nodes in index order.
+    """
+    per = shape.gpus_per_node
+    if per <= 0 or shape.nodes <= 0:
+        raise ValueError(f"a shape needs positive nodes and GPUs per node, got {shape}")
+    usable = [i for i, f in enumerate(free) if f >= per]
+    if len(usable) < shape.nodes:
+        return None
+    if len(topo.leaf_names) == 1:
+        chosen = _consecutive_best_fit(usable, free, shape)
+    else:
+        chosen = _tree_best_fit(topo, usable, shape.nodes)
+    if chosen is None:  # pragma: no cover - both rules succeed whenever enough nodes are usable
+        return None
+    return Placement(tuple((node, per) for node in sorted(chosen)))
+
+
+def _consecutive_best_fit(usable: Sequence[int], free: Sequence[int], shape: Shape) -> list[int]:
+    """cons_tres ``_eval_nodes`` without topology, on free GPUs (see ``slurm_select``)."""
+    runs: list[list[int]] = []
+    for node in usable:
+        if runs and runs[-1][-1] == node - 1:
+            runs[-1].append(node)
+        else:
+            runs.append([node])
+    rem_nodes, rem = shape.nodes, shape.num_gpus
+    chosen: list[int] = []
+    while rem_nodes > 0:
+        best, best_sum, best_ok = -1, 0, False
+        for r, run in enumerate(runs):
+            if not run:
+                continue
+            total = sum(free[i] for i in run)
+            ok = total >= rem and len(run) >= rem_nodes
+            if (
+                best < 0
+                or (ok and not best_ok)
+                or (ok and total < best_sum)
+                or (not ok and total > best_sum)
+            ):
+                best, best_sum, best_ok = r, total, ok
+        run = runs[best]
+        if rem_nodes == 1:
+            # best fit single node: the fewest free GPUs that still hold the rest
+            pick = min((i for i in run if free[i] >= rem), key=lambda i: free[i], default=run[0])
+            return [*chosen, pick]
+        for node in run[:rem_nodes]:
+            chosen.append(node)
+            rem_nodes -= 1
+            rem -= free[node]
+        runs[best] = []
+    return chosen
+
+
+def _tree_best_fit(topo: Topology, usable: Sequence[int], nodes: int) -> list[int] | None:
+    """cons_tres ``_eval_nodes_topo`` on usable nodes (see ``slurm_select``)."""
+    by_leaf: dict[int, list[int]] = {}
+    for node in usable:
+        by_leaf.setdefault(topo.nodes[node].leaf, []).append(node)
+    by_agg: dict[int, int] = {}
+    for leaf, members in by_leaf.items():
+        agg = topo.leaf_agg[leaf]
+        by_agg[agg] = by_agg.get(agg, 0) + len(members)
+    fitting = [(count, agg) for agg, count in by_agg.items() if count >= nodes]
+    if fitting:
+        top = min(fitting)[1]
+        by_leaf = {leaf: m for leaf, m in by_leaf.items() if topo.leaf_agg[leaf] == top}
+    chosen: list[int] = []
+    rem = nodes
+    while rem > 0 and by_leaf:
+        fits = [(len(m), leaf) for leaf, m in by_leaf.items() if len(m) >= rem]
+        leaf = min(fits)[1] if fits else min((-len(m), leaf) for leaf, m in by_leaf.items())[1]
+        take = by_leaf.pop(leaf)[:rem]
+        chosen.extend(take)
+        rem -= len(take)
+    return chosen if rem == 0 else None

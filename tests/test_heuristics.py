@@ -18,8 +18,15 @@ from linkwise.cluster.domain import (
     Policy,
     RunningJob,
     Start,
+    requested_shape,
 )
-from linkwise.cluster.placement import apply_placement, best_fit, first_fit, least_busy
+from linkwise.cluster.placement import (
+    apply_placement,
+    best_fit,
+    first_fit,
+    least_busy,
+    slurm_select,
+)
 from linkwise.cluster.topology import from_spec
 from linkwise.models.heuristics import (
     POLICIES,
@@ -32,6 +39,7 @@ from linkwise.models.heuristics import (
     make_policy,
     policy_names,
 )
+from linkwise.models.heuristics.backfill import OVERDUE_S, runtime_estimate
 
 # every registered policy with its defaults, plus variants that exercise other branches
 VARIANTS: list[Policy] = [make_policy(name) for name in policy_names()] + [
@@ -45,6 +53,7 @@ VARIANTS: list[Policy] = [make_policy(name) for name in policy_names()] + [
 ]
 
 GENERATORS = (first_fit, best_fit)
+LIMITS = st.sampled_from([0.0, 50.0, 5_000.0, 100_000.0])  # time limits (0: none)
 
 
 @st.composite
@@ -72,7 +81,7 @@ def states(draw: st.DrawFn) -> ClusterState:
         since = draw(st.floats(submit, now))
         running.append(
             RunningJob(
-                job=Job(job_id, submit, size, draw(st.floats(1.0, 1e5))),
+                job=Job(job_id, submit, size, draw(st.floats(1.0, 1e5)), time_limit=draw(LIMITS)),
                 placement=placement,
                 start_time=since,
                 remaining_s=draw(st.floats(0.0, 1e5)),
@@ -88,7 +97,7 @@ def states(draw: st.DrawFn) -> ClusterState:
         duration = draw(st.floats(1.0, 1e5))
         pending.append(
             PendingJob(
-                job=Job(job_id, draw(st.floats(0.0, now)), size, duration),
+                job=Job(job_id, draw(st.floats(0.0, now)), size, duration, time_limit=draw(LIMITS)),
                 remaining_s=draw(st.floats(1.0, duration)),
                 attained_gpu_s=draw(st.sampled_from([0.0, 30.0, 3000.0, 60_000.0])),
             )
@@ -138,16 +147,23 @@ def test_every_policy_makes_valid_deterministic_decisions(state: ClusterState) -
             assert not decision.preempt
 
 
-def _earliest_fit(state: ClusterState, need: int, started: list[tuple[float, int]]) -> float:
-    """When ``need`` GPUs are free, under expected ends and the started jobs' estimates."""
-    free_now = state.total_free_gpus - sum(g for _, g in started)
-    if free_now >= need:
-        return state.time
-    releases = sorted([(r.expected_end, r.job.num_gpus) for r in state.running] + started)
-    for end, g in releases:
-        free_now += g
-        if free_now >= need:
-            return end
+def _earliest_start(state: ClusterState, job: Job, started: list[tuple[float, Placement]]) -> float:
+    """When ``job`` fits in its shape, by the time-limit estimates, once ``started`` run too."""
+    free = list(state.free_gpus)
+    for _, placement in started:
+        apply_placement(free, placement)
+    releases = [
+        (max(state.time + OVERDUE_S, r.start_time + runtime_estimate(r.job)), r.placement)
+        for r in state.running
+    ] + started
+    shape = requested_shape(job, state.topology.max_gpus_per_node)
+    t = state.time
+    for end, placement in [(state.time, Placement(())), *sorted(releases, key=lambda r: r[0])]:
+        t = end
+        for node, g in placement.alloc:
+            free[node] += g
+        if slurm_select(state.topology, free, shape) is not None:
+            return t
     return math.inf
 
 
@@ -155,7 +171,7 @@ def _earliest_fit(state: ClusterState, need: int, started: list[tuple[float, int
 @given(states())
 def test_backfill_never_delays_the_head_job(state: ClusterState) -> None:
     decision = Backfill().decide(state)
-    started = {s.job_id for s in decision.starts}
+    started = {s.job_id: s.placement for s in decision.starts}
     total = state.topology.total_gpus
     queue = [p for p in state.pending if p.job.num_gpus <= total]
     heads = [i for i, p in enumerate(queue) if p.job.job_id not in started]
@@ -163,17 +179,27 @@ def test_backfill_never_delays_the_head_job(state: ClusterState) -> None:
         return
     h = heads[0]
     head = queue[h]
-    prefix = [(state.time + p.remaining_s, p.job.num_gpus) for p in queue[:h]]
+    # the prefix before the head was started in order (the main scheduler)
+    assert all(p.job.job_id in started for p in queue[:h])
+    prefix = [(state.time + runtime_estimate(p.job), started[p.job.job_id]) for p in queue[:h]]
     backfilled = [
-        (state.time + p.remaining_s, p.job.num_gpus)
+        (state.time + runtime_estimate(p.job), started[p.job.job_id])
         for p in queue[h + 1 :]
         if p.job.job_id in started
     ]
-    # the prefix before the head was started in order, the head itself did not fit
-    assert all(p.job.job_id in started for p in queue[:h])
-    without = _earliest_fit(state, head.job.num_gpus, prefix)
-    with_bf = _earliest_fit(state, head.job.num_gpus, prefix + backfilled)
-    assert with_bf <= without
+    without = _earliest_start(state, head.job, prefix)
+    assert without > state.time  # the head did not fit now
+    assert _earliest_start(state, head.job, prefix + backfilled) <= without
+
+
+@settings(max_examples=100, deadline=None)
+@given(states())
+def test_backfill_starts_jobs_only_in_their_shape(state: ClusterState) -> None:
+    pending = {p.job.job_id: p.job for p in state.pending}
+    for s in Backfill().decide(state).starts:
+        shape = requested_shape(pending[s.job_id], state.topology.max_gpus_per_node)
+        assert s.placement.num_nodes == shape.nodes
+        assert {g for _, g in s.placement.alloc} == {shape.gpus_per_node}
 
 
 @settings(max_examples=100, deadline=None)
@@ -196,8 +222,11 @@ def _running(
     job_id: int, alloc: tuple[tuple[int, int], ...], remaining: float, **kw: float
 ) -> RunningJob:
     placement = Placement(alloc)
+    limit = kw.get("limit", remaining)  # the time limit: by default it ends when the work does
     return RunningJob(
-        job=Job(job_id, kw.get("submit", 0.0), placement.num_gpus, max(remaining, 1.0)),
+        job=Job(
+            job_id, kw.get("submit", 0.0), placement.num_gpus, max(remaining, 1.0), time_limit=limit
+        ),
         placement=placement,
         start_time=kw.get("since", 0.0),
         remaining_s=remaining,
@@ -208,9 +237,16 @@ def _running(
 
 
 def _pending(
-    job_id: int, gpus: int, remaining: float, submit: float = 0.0, attained: float = 0.0
+    job_id: int,
+    gpus: int,
+    remaining: float,
+    submit: float = 0.0,
+    attained: float = 0.0,
+    limit: float | None = None,
 ) -> PendingJob:
-    return PendingJob(Job(job_id, submit, gpus, remaining), remaining, attained_gpu_s=attained)
+    """A queued job; its time limit is its run time unless given (0: no limit)."""
+    job = Job(job_id, submit, gpus, remaining, time_limit=remaining if limit is None else limit)
+    return PendingJob(job, remaining, attained_gpu_s=attained)
 
 
 def _state(
@@ -224,30 +260,68 @@ def _state(
 
 
 def test_fifo_blocks_behind_the_head_while_backfill_fills_around_it() -> None:
-    # 12 of 16 GPUs busy until t=100; the head wants all 16 (reservation at t=100, no spare)
+    # 12 of 16 GPUs busy until t=100 by its limit; the head wants both nodes whole
     running = [_running(0, ((0, 8), (1, 4)), remaining=100.0)]
     pending = [
         _pending(1, 16, 1000.0, submit=1.0),
-        _pending(2, 2, 500.0, submit=2.0),  # would run past t=100: delays the head
-        _pending(3, 2, 50.0, submit=3.0),  # ends at t=50: harmless
+        _pending(2, 2, 500.0, submit=2.0),  # its limit runs past t=100: delays the head
+        _pending(3, 2, 50.0, submit=3.0),  # limit ends at t=50: harmless
     ]
     state = _state("2x8", running, pending)
     assert Fifo().decide(state).starts == ()
     decision = Backfill().decide(state)
-    assert [s.job_id for s in decision.starts] == [3]
+    assert decision.starts == (Start(3, Placement(((1, 2),))),)
     check_valid(state, decision)
 
 
-def test_backfill_uses_the_spare_gpus_at_the_reservation() -> None:
-    # the head needs 14 of the 16 GPUs free at t=100: 2 GPUs may run past it
+def test_backfill_estimates_from_time_limits_not_run_times() -> None:
+    # the running job's limit ends at t=100, its true remaining work at t=10; job 2's
+    # limit (50) fits before the reservation, its true run time (500) would not
+    running = [_running(0, ((0, 8), (1, 4)), remaining=10.0, limit=100.0)]
+    pending = [_pending(1, 16, 1000.0, submit=1.0), _pending(2, 2, 500.0, 2.0, limit=50.0)]
+    assert [s.job_id for s in Backfill().decide(_state("2x8", running, pending)).starts] == [2]
+    # a job without a limit is believed to run for the default limit
+    running = [_running(0, ((0, 8), (1, 4)), remaining=10.0, limit=100.0)]
+    unlimited = [_pending(1, 16, 1000.0, 1.0), _pending(2, 2, 20.0, 2.0, limit=0.0)]
+    state = _state("2x8", running, unlimited)
+    assert Backfill().decide(state).starts == ()  # 2 is believed to end in 7 days
+    short = Backfill(default_limit_s=50.0).decide(state)
+    assert [s.job_id for s in short.starts] == [2]
+
+
+def test_backfill_reserves_whole_nodes_for_the_head() -> None:
+    # the head (14 GPUs = 2 nodes x 7) gets both nodes at t=100: a job running past that
+    # may not use the 2 GPUs it leaves spare there (Slurm reserves nodes, not GPUs) ...
+    running = [_running(0, ((0, 8), (1, 4)), remaining=100.0)]
+    pending = [_pending(1, 14, 1000.0, submit=1.0), _pending(2, 2, 500.0, submit=2.0)]
+    assert Backfill().decide(_state("2x8", running, pending)).starts == ()
+    # ... but may run on a node outside the reservation
+    decision = Backfill().decide(_state("3x8", running, pending))
+    assert decision.starts == (Start(2, Placement(((2, 2),))),)
+
+
+def test_backfill_reserves_for_every_job_it_plans() -> None:
+    # the head (2 nodes x 8) waits for t=100; job 2 (one whole node) is planned after
+    # the head's reservation, at t=1100 on node 0; job 3 may not run into that
     running = [_running(0, ((0, 8), (1, 4)), remaining=100.0)]
     pending = [
-        _pending(1, 14, 1000.0, submit=1.0),
-        _pending(2, 2, 500.0, submit=2.0),
-        _pending(3, 2, 500.0, submit=3.0),
+        _pending(1, 16, 1000.0, submit=1.0),
+        _pending(2, 8, 100.0, submit=2.0),
+        _pending(3, 4, 2000.0, submit=3.0),
+        _pending(4, 4, 50.0, submit=4.0),
     ]
-    decision = Backfill().decide(_state("2x8", running, pending))
-    assert [s.job_id for s in decision.starts] == [2]
+    decision = Backfill().decide(_state("3x8", running, pending))
+    assert [s.job_id for s in decision.starts] == [2, 4]  # 2 fits now on node 2
+
+
+def test_backfill_starts_a_job_only_in_its_shape() -> None:
+    # 4 GPUs free on each of two nodes: a 4-GPU job starts on one, an 8-GPU job
+    # (one node x 8) does not spread over two
+    running = [_running(0, ((0, 4), (1, 4)), remaining=100.0)]
+    pending = [_pending(1, 8, 10.0, submit=1.0), _pending(2, 4, 50.0, submit=2.0)]
+    state = _state("2x8", running, pending)
+    assert Backfill().decide(state).starts == (Start(2, Placement(((0, 4),))),)
+    assert Fifo().decide(state).starts == (Start(1, Placement(((0, 4), (1, 4)))),)
 
 
 def test_backfill_counts_the_head_prefix_started_in_the_same_decision() -> None:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from linkwise.cluster.domain import Placement, Topology
+from linkwise.cluster.domain import Job, Placement, Shape, Topology, requested_shape
 from linkwise.cluster.placement import (
     GENERATOR_NAMES,
     all_placements,
@@ -21,6 +21,7 @@ from linkwise.cluster.placement import (
     least_busy,
     release_placement,
     same_leaf,
+    slurm_select,
 )
 from linkwise.cluster.topology import from_spec
 
@@ -230,3 +231,58 @@ def test_non_positive_sizes_are_rejected() -> None:
     topo = from_spec("2x8")
     with pytest.raises(ValueError):
         first_fit(topo, [8, 8], 0)
+
+
+# -- Slurm's select/cons_tres for a requested shape --------------------------------------------
+
+
+@settings(max_examples=300, deadline=None)
+@given(cases(), st.integers(1, 4))
+def test_slurm_select_gives_the_shape_or_none_only_when_too_few_nodes_are_usable(
+    case: Case, nodes: int
+) -> None:
+    topo, free, _, _ = case
+    per = max(1, topo.max_gpus_per_node // nodes)
+    shape = Shape(nodes, per)
+    placement = slurm_select(topo, free, shape)
+    usable = [i for i, f in enumerate(free) if f >= per]
+    if len(usable) < nodes:
+        assert placement is None
+        return
+    assert placement is not None
+    assert is_feasible(free, placement)
+    assert placement.num_nodes == nodes
+    assert all(g == per for _, g in placement.alloc)
+
+
+def test_slurm_select_matches_what_a_real_slurm_chose() -> None:
+    # observed on the local Slurm 22.05 (4 nodes x 4 GPUs, no topology.conf, CPUs in
+    # proportion): a one-node job takes the tightest node; a multi-node job the first
+    # nodes of the tightest run of consecutive usable nodes
+    topo = from_spec("4x4")
+    assert slurm_select(topo, [4, 1, 4, 4], Shape(1, 1)) == Placement(((1, 1),))
+    assert slurm_select(topo, [4, 0, 4, 2], Shape(1, 2)) == Placement(((0, 2),))
+    assert slurm_select(topo, [0, 2, 4, 4], Shape(2, 2)) == Placement(((1, 2), (2, 2)))
+    assert slurm_select(topo, [0, 0, 2, 4], Shape(1, 1)) == Placement(((2, 1),))
+    assert slurm_select(topo, [4, 0, 4, 4], Shape(1, 4)) == Placement(((0, 4),))
+
+
+def test_slurm_select_on_a_tree_prefers_the_tightest_leaf_and_fewest_leaves() -> None:
+    topo = from_spec("8x4,leaf=4")  # leaves {0..3} and {4..7}
+    # two nodes fit in either leaf: the one with fewer usable nodes, nodes in index order
+    assert slurm_select(topo, [4, 4, 4, 0, 4, 4, 0, 0], Shape(2, 4)) == Placement(((4, 4), (5, 4)))
+    # no leaf holds four nodes: the fullest leaf first, then the rest from the other
+    assert slurm_select(topo, [4, 4, 4, 0, 4, 4, 0, 0], Shape(4, 2)) == Placement(
+        ((0, 2), (1, 2), (2, 2), (4, 2))
+    )
+
+
+def test_requested_shape_from_the_job_or_as_slurm_users_ask() -> None:
+    assert requested_shape(Job(1, 0.0, 4, 1.0), 8) == Shape(1, 4)
+    assert requested_shape(Job(1, 0.0, 8, 1.0), 8) == Shape(1, 8)
+    assert requested_shape(Job(1, 0.0, 32, 1.0), 8) == Shape(4, 8)
+    assert requested_shape(Job(1, 0.0, 12, 1.0), 8) == Shape(2, 6)
+    assert requested_shape(Job(1, 0.0, 9, 1.0), 8) == Shape(3, 3)
+    assert requested_shape(Job(1, 0.0, 4, 1.0, nodes=2), 8) == Shape(2, 2)
+    with pytest.raises(ValueError, match="split evenly"):
+        Job(1, 0.0, 3, 1.0, nodes=2)

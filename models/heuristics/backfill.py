@@ -1,103 +1,168 @@
-"""EASY backfill, like Slurm's sched/backfill with select/cons_tres (first-fit placement)."""
+"""Backfill as Slurm runs it: sched/backfill over select/cons_tres, jobs in their requested shape.
+
+Every job asks for a shape (``domain.requested_shape``: nodes x GPUs per node) and
+starts only in it, on the nodes ``placement.slurm_select`` picks (cons_tres best fit,
+fewest leaf switches). Run times are estimated from time limits (``runtime_estimate``),
+never from the true run time.
+"""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-from linkwise.cluster.domain import ClusterState, Decision, PendingJob, Start
-from linkwise.cluster.placement import apply_placement, first_fit
+from linkwise.cluster.domain import (
+    ClusterState,
+    Decision,
+    Job,
+    Placement,
+    Start,
+    Topology,
+    requested_shape,
+)
+from linkwise.cluster.placement import apply_placement, slurm_select
 from linkwise.models.heuristics._common import can_ever_run
 
+# A job without a time limit gets its partition's limit; traces without limits (Philly)
+# get this one: 7 days, a common MaxTime of GPU partitions. Slurm's bf_window should be
+# at least the longest limit (its documentation), so the window defaults to it too.
+DEFAULT_LIMIT_S = 7 * 86400.0
 
-def shadow(
-    state: ClusterState, started: list[PendingJob], free_now: int, need: int
-) -> tuple[float, int]:
-    """When ``need`` GPUs will be free, and how many more than ``need`` are free then.
 
-    Releases come from the running jobs (at ``expected_end``) and from the jobs
-    ``started`` in this decision (at ``state.time + remaining_s``, their own estimate).
-    First-fit placement fits any job once enough GPUs are free in total, so counting
-    GPUs is exact. Returns ``(inf, 0)`` if the releases never free enough.
-    """
-    releases = [(r.expected_end, r.job.num_gpus) for r in state.running]
-    releases.extend((state.time + p.remaining_s, p.job.num_gpus) for p in started)
-    releases.sort()
-    avail = free_now
-    shadow_time = math.inf
-    for end, gpus in releases:
-        if end > shadow_time:
-            break
-        avail += gpus
-        if shadow_time == math.inf and avail >= need:
-            shadow_time = end  # keep adding the releases due at the same instant
-    if shadow_time == math.inf:
-        return math.inf, 0
-    return shadow_time, avail - need
+OVERDUE_S = 1.0  # a running job past its estimate is expected to end this much later
+
+
+def runtime_estimate(job: Job, default_limit_s: float = DEFAULT_LIMIT_S) -> float:
+    """What the scheduler believes the job runs for: its time limit, else the default limit."""
+    return job.time_limit if job.time_limit > 0 else default_limit_s
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """The node-space of one backfill pass: GPUs free now, releases, whole-node reservations."""
+
+    topo: Topology
+    free: list[int]
+    releases: list[tuple[float, Placement]]  # expected end, sorted
+    reserved: list[tuple[float, float, frozenset[int]]]  # [start, end) and nodes
+
+    def earliest(
+        self, now: float, job: Job, est: float, horizon: float
+    ) -> tuple[float, Placement] | None:
+        """The earliest start (at or after ``now``, before ``horizon``) and its nodes."""
+        shape = requested_shape(job, self.topo.max_gpus_per_node)
+        avail = list(self.free)
+        total = sum(avail)
+        times = sorted({now, *(end for end, _ in self.releases), *(r[1] for r in self.reserved)})
+        k = 0
+        releases = self.releases
+        for t in times:
+            if t > horizon:
+                return None
+            while k < len(releases) and releases[k][0] <= t:
+                for node, g in releases[k][1].alloc:
+                    avail[node] += g
+                    total += g
+                k += 1
+            if total < shape.num_gpus:
+                continue
+            blocked = {n for s, e, nodes in self.reserved if s < t + est and e > t for n in nodes}
+            masked = [0 if i in blocked else f for i, f in enumerate(avail)] if blocked else avail
+            placement = slurm_select(self.topo, masked, shape)
+            if placement is not None:
+                return t, placement
+        return None
 
 
 @dataclass(frozen=True, slots=True)
 class Backfill:
-    """EASY backfill: FIFO with first fit; behind a blocked head, start jobs that cannot delay it.
+    """Slurm's scheduling of one partition: the main scheduler, then sched/backfill.
 
-    The first job that does not fit gets a reservation at the shadow time, the earliest
-    time enough GPUs are released under the running jobs' expected ends. A later job
-    (at most ``max_job_test`` of them are examined, like Slurm's ``bf_max_job_test``) is
-    started when it fits now and, under its own run-time estimate (``remaining_s``),
-    either ends by the shadow time or fits in the GPUs left spare at the shadow time.
-    Jobs larger than the whole cluster are ignored.
+    The main scheduler starts jobs in queue (priority) order while each fits now in its
+    shape, and stops at the first that does not. Backfill then walks the rest of the
+    queue (at most ``max_job_test`` jobs, Slurm's ``bf_max_job_test``) and plans each at
+    its earliest start in the node-space: the GPUs free now, plus those the running jobs
+    release at their expected ends (start + estimate), minus the nodes reserved for the
+    jobs planned before it. A job whose earliest start is now starts; one that must wait
+    reserves its nodes, whole (as Slurm's backfill does), from that start for its
+    estimated run time, if the start is within ``window_s`` (``bf_window``). So a later
+    job starts only where it delays no earlier one, by the estimates. Estimates come from
+    time limits (``runtime_estimate``, ``default_limit_s`` where a job has none); an
+    overdue job is expected to end within ``OVERDUE_S``. Jobs larger than the whole
+    cluster are ignored.
     """
 
     name: str = "backfill"
     max_job_test: int = 100
+    default_limit_s: float = DEFAULT_LIMIT_S
+    window_s: float = DEFAULT_LIMIT_S
 
     def decide(self, state: ClusterState) -> Decision:
-        """Start the fitting queue prefix, then backfill behind the first blocked job."""
+        """Start the fitting queue prefix, then backfill around the planned reservations."""
         topo = state.topology
+        now = state.time
+        node_gpus = topo.max_gpus_per_node
         free = list(state.free_gpus)
-        total = sum(free)
         starts: list[Start] = []
-        started: list[PendingJob] = []
+        releases = [
+            (
+                _expected_end(now, r.start_time, runtime_estimate(r.job, self.default_limit_s)),
+                r.placement,
+            )
+            for r in state.running
+        ]
         pending = state.pending
-        head: PendingJob | None = None
         i = 0
-        while i < len(pending):
-            p = pending[i]
-            i += 1
-            if not can_ever_run(state, p):
+        while i < len(pending):  # the main scheduler: strict queue order
+            job = pending[i].job
+            if not can_ever_run(state, pending[i]):
+                i += 1
                 continue
-            gpus = p.job.num_gpus
-            placement = first_fit(topo, free, gpus) if gpus <= total else None
+            placement = slurm_select(topo, free, requested_shape(job, node_gpus))
             if placement is None:
-                head = p
                 break
+            i += 1
             apply_placement(free, placement)
-            total -= gpus
-            starts.append(Start(p.job.job_id, placement))
-            started.append(p)
-        if head is None or total == 0:
+            starts.append(Start(job.job_id, placement))
+            releases.append((now + runtime_estimate(job, self.default_limit_s), placement))
+        if i >= len(pending) or not any(free):
             return Decision(starts=tuple(starts))
 
-        shadow_time, spare = shadow(state, started, total, head.job.num_gpus)
+        releases.sort(key=lambda r: r[0])
+        plan = _Plan(topo, free, releases, [])
+        horizon = now + self.window_s
         tested = 0
-        while i < len(pending) and tested < self.max_job_test and total > 0:
+        while i < len(pending) and tested < self.max_job_test and any(free):
             p = pending[i]
             i += 1
             if not can_ever_run(state, p):
                 continue
             tested += 1
-            gpus = p.job.num_gpus
-            if gpus > total:
+            est = runtime_estimate(p.job, self.default_limit_s)
+            found = plan.earliest(now, p.job, est, horizon)
+            if found is None:
                 continue
-            ends_in_time = state.time + p.remaining_s <= shadow_time
-            if not ends_in_time and gpus > spare:
-                continue
-            placement = first_fit(topo, free, gpus)
-            if placement is None:  # pragma: no cover - first fit fails only on the total
-                continue
-            apply_placement(free, placement)
-            total -= gpus
-            if not ends_in_time:
-                spare -= gpus
-            starts.append(Start(p.job.job_id, placement))
+            t, placement = found
+            if t <= now:
+                apply_placement(free, placement)
+                starts.append(Start(p.job.job_id, placement))
+                _insort(releases, (now + est, placement))
+            else:
+                plan.reserved.append((t, t + est, frozenset(placement.nodes)))
         return Decision(starts=tuple(starts))
+
+
+def _insort(releases: list[tuple[float, Placement]], item: tuple[float, Placement]) -> None:
+    """Insert ``item`` into ``releases``, kept sorted by end time."""
+    lo, hi = 0, len(releases)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if releases[mid][0] <= item[0]:
+            lo = mid + 1
+        else:
+            hi = mid
+    releases.insert(lo, item)
+
+
+def _expected_end(now: float, start: float, estimate: float) -> float:
+    """When a running job is expected to end: start + estimate, or just after now if overdue."""
+    return max(now + OVERDUE_S, start + estimate)
