@@ -43,6 +43,8 @@ class Scenario:
             return AnalyticModel(self.calibration)
         if self.contention == "none":
             return NoContention()
+        if self.contention == "none":
+            return NoContention()
         if self.contention == "empirical":
             from linkwise.cluster.calibration import load_deepshare
 

@@ -349,6 +349,7 @@ def parse_queue(doc: Mapping[str, Any]) -> list[QueuedJob]:
                 held=state == "PENDING"
                 and (job.get("priority") == 0 or reason.startswith("JobHeld")),
                 req_nodes=tuple(expand(req)) if req else (),
+                admin_comment=str(job.get("admin_comment") or ""),
             )
         )
     return out

@@ -80,3 +80,4 @@ class QueuedJob:
     nodes: tuple[str, ...]
     held: bool
     req_nodes: tuple[str, ...] = ()
+    admin_comment: str = ""  # set by administrators (and job_submit plugins) only
