@@ -55,7 +55,12 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
         help="NODESxGPUS[,leaf=..,nic=..,oversub=..], a slurm.conf/topology.conf folder, "
         f"or the Alibaba topology CSV (default {DEFAULT_CLUSTER})",
     )
-    c.add_argument("--contention", default="analytic", choices=["analytic", "empirical"])
+    c.add_argument(
+        "--contention",
+        default="analytic",
+        choices=["analytic", "empirical", "none"],
+        help="the calibrated model, DeepShare's measured table, or none (pure queueing)",
+    )
     c.add_argument("--calibration", type=Path, help="calibration JSON (default: the shipped fit)")
     c.add_argument(
         "--data", type=Path, help="../shared/data (for the empirical model); or $LINKWISE_DATA"
