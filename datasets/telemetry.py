@@ -190,12 +190,19 @@ class TelemetryReport:
 
 _NAME_RE = r"^[ \t]*([a-zA-Z_:][a-zA-Z0-9_:]*)"
 _FULL_NAME_RE = r"^[a-zA-Z_:][a-zA-Z0-9_:]*$"
-_CLOSE_RE = r"\}[ \t]+[^ \t]+(?:[ \t]+[^ \t]+)?[ \t]*$"  # the '}' before value [timestamp]
+# a label set up to its closing brace, quoted values (with escapes) skipped whole
+_LABEL_SET_RE = r'^(\{(?:[^"}]|"(?:[^"\\]|\\.)*")*\})'
 _TAIL_RE = r"^[ \t]+([^ \t]+)(?:[ \t]+([^ \t]+))?[ \t]*$"
-_HOST_RE = r'[{,][ \t]*(?:Hostname|hostname)="([^"]*)"'
-_JOB_RE = r'[{,][ \t]*hpc_job="([^"]*)"'
+_LABEL_PAIR = re.compile(
+    r'[ \t]*([a-zA-Z_][a-zA-Z0-9_.\-]*)[ \t]*=[ \t]*"((?:[^"\\]|\\.)*)"[ \t]*(?:,|\Z)'
+)
+_ESCAPE = re.compile(r"\\(.)")
+_SIMPLE_VALUE = r'="[^"\\=\x00-\x1f]*"'
+_SIMPLE_PAIR = rf"[a-zA-Z_][a-zA-Z0-9_.\-]*{_SIMPLE_VALUE}"
+_SIMPLE_SET_RE = rf"^\{{(?:{_SIMPLE_PAIR}(?:,{_SIMPLE_PAIR})*,?)?\}}$"
+_UNESCAPED = {"\\": "\\", '"': '"', "n": "\n"}
 _SENTINEL_FLOATS = sorted({float(k) for k in _DCGM_SENTINELS} | {_INT64_BLANK_AS_FLOAT})
-_PART_COLUMNS = ["_row", "raw", "metric", "lbl", "vtext", "tsms", "_tsi", "value", "_bad"]
+_PART_COLUMNS = ["_row", "raw", "metric", "lbl", "vtext", "tsms", "_tsi", "value", "_why"]
 
 
 def _fast_parts(data: pl.DataFrame, *, ascii_text: bool) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -244,24 +251,20 @@ def _fast_parts(data: pl.DataFrame, *, ascii_text: bool) -> tuple[pl.DataFrame, 
         pl.lit(None, dtype=pl.String()).alias("tsms"),
         pl.lit(None, dtype=pl.Int64()).alias("_tsi"),
         "value",
-        pl.lit(False).alias("_bad"),
+        pl.lit(None, dtype=pl.String()).alias("_why"),
     )
     return fast_rows, cols.filter(~pl.col("_fast")).select("_row", "raw")
 
 
-def _general_parts(data: pl.DataFrame, *, ascii_text: bool) -> pl.DataFrame:
-    """Parse any data lines with the general regexes (name, labels up to the '}' before the
-    value, value, optional timestamp); ``_bad`` marks lines that are not sample lines."""
+def _general_parts(data: pl.DataFrame) -> pl.DataFrame:
+    """Parse any data lines with the general regexes (name, the label set with its quoted
+    values, value, optional timestamp); ``_why`` says why a line is not a sample line."""
     metric = pl.col("raw").str.extract(_NAME_RE, 1)
     parts = data.with_columns(metric.alias("metric")).with_columns(
         pl.col("metric").str.len_chars().fill_null(0).alias("_mlen")
     )
     has_lbl = pl.col("raw").str.slice(pl.col("_mlen"), 1) == "{"
-    if ascii_text:  # byte offsets (str.find) equal char offsets (str.slice)
-        close = pl.col("raw").str.find(_CLOSE_RE)
-        lbl = pl.col("raw").str.slice(pl.col("_mlen"), close - pl.col("_mlen") + 1)
-    else:
-        lbl = pl.col("raw").str.slice(pl.col("_mlen")).str.extract(r"^(\{.*\})", 1)
+    lbl = pl.col("raw").str.slice(pl.col("_mlen")).str.extract(_LABEL_SET_RE, 1)
     parts = parts.with_columns(pl.when(has_lbl).then(lbl).alias("lbl")).with_columns(
         pl.col("raw")
         .str.slice(pl.col("_mlen") + pl.col("lbl").str.len_chars().fill_null(0))
@@ -275,24 +278,81 @@ def _general_parts(data: pl.DataFrame, *, ascii_text: bool) -> pl.DataFrame:
     )
     bad_line = (
         pl.col("metric").is_null()
-        | (has_lbl & pl.col("lbl").is_null())
         | pl.col("vtext").is_null()
         | (pl.col("tsms").is_not_null() & pl.col("_tsi").is_null())
     ).fill_null(True)
-    return parts.with_columns(bad_line.alias("_bad")).select(_PART_COLUMNS)
+    why = (
+        pl.when(has_lbl.fill_null(False) & pl.col("lbl").is_null())
+        .then(pl.lit("malformed labels"))
+        .when(bad_line)
+        .then(pl.lit("not a sample line"))
+    )
+    return parts.with_columns(why.alias("_why")).select(_PART_COLUMNS)
+
+
+def parse_label_set(text: str) -> dict[str, str] | None:
+    """A ``{name="value",...}`` label set by the exposition format: values unescaped (``\\\\``,
+    ``\\"``, ``\\n``; other escapes kept as written, as Prometheus does), raw TABs kept, an
+    optional trailing comma; None when it is malformed or names a label twice."""
+    if not (text.startswith("{") and text.endswith("}")):
+        return None
+    body, pos, out = text[1:-1], 0, {}
+    while body[pos:].strip(" \t"):
+        m = _LABEL_PAIR.match(body, pos)
+        if m is None or m.group(1) in out:
+            return None
+        out[m.group(1)] = _ESCAPE.sub(lambda e: _UNESCAPED.get(e.group(1), e.group(0)), m.group(2))
+        pos = m.end()
+    return out
 
 
 def _label_table(sets: pl.DataFrame, host: str | None) -> pl.DataFrame:
-    """Add labels (a JSON object string), host and job to a frame of label sets (``lbl``)."""
+    """Add labels (a JSON object string; null when the set is malformed), host and job to a
+    frame of distinct label sets (``lbl``).
+
+    Sets as exporters write them (no blank, escape or control character, no repeated name)
+    are converted with vectorised rewrites, which give exactly what ``parse_label_set`` and
+    ``json.dumps`` would; every other set goes through ``parse_label_set``.
+    """
     lbl = pl.col("lbl")
-    labels_json = lbl.str.replace_all(
-        r'([{,])[ \t]*([a-zA-Z_][a-zA-Z0-9_.\-]*)[ \t]*="', r'${1}"${2}":"'
-    ).str.replace(r",[ \t]*\}$", "}")
-    return sets.with_columns(
-        labels_json.alias("labels"),
-        lbl.str.extract(_HOST_RE, 1).fill_null(pl.lit(host, dtype=pl.String())).alias("host"),
-        lbl.str.extract(_JOB_RE, 1).alias("job"),
+    names = (
+        lbl.str.extract_all(r'[{,][a-zA-Z_][a-zA-Z0-9_.\-]*="')
+        .list.eval(pl.element().str.slice(1))
+        .list
     )
+    simple = lbl.str.contains(_SIMPLE_SET_RE) & (names.len() == names.n_unique())
+    sets = sets.with_columns(simple.fill_null(False).alias("_simple"))
+    easy = sets.filter(pl.col("_simple")).with_columns(
+        lbl.str.replace_all(r'([{,])([a-zA-Z_][a-zA-Z0-9_.\-]*)="', r'${1}"${2}":"')
+        .str.replace(r",\}$", "}")
+        .alias("labels"),
+        pl.coalesce(
+            lbl.str.extract(r'[{,]Hostname="([^"]*)"', 1),
+            lbl.str.extract(r'[{,]hostname="([^"]*)"', 1),
+            pl.lit(host, dtype=pl.String()),
+        ).alias("host"),
+        lbl.str.extract(r'[{,]hpc_job="([^"]*)"', 1).alias("job"),
+    )
+    hard = sets.filter(~pl.col("_simple"))
+    labels: list[str | None] = []
+    hosts: list[str | None] = []
+    jobs: list[str | None] = []
+    for text in hard["lbl"].to_list():
+        parsed = parse_label_set(text)
+        if parsed is None:
+            labels.append(None)
+            hosts.append(None)
+            jobs.append(None)
+            continue
+        labels.append(json.dumps(parsed, ensure_ascii=False, separators=(",", ":")))
+        hosts.append(parsed.get("Hostname", parsed.get("hostname", host)))
+        jobs.append(parsed.get("hpc_job"))
+    hard = hard.with_columns(
+        pl.Series("labels", labels, dtype=pl.String()),
+        pl.Series("host", hosts, dtype=pl.String()),
+        pl.Series("job", jobs, dtype=pl.String()),
+    )
+    return pl.concat([easy, hard]).drop("_simple")
 
 
 def _label_columns(
@@ -332,17 +392,13 @@ def parse_prometheus(text: str, *, ts: float | None = None, host: str | None = N
     )
     data = rest.filter(~stripped.str.starts_with("#") & (stripped.str.len_bytes() > 0))
     if not data.is_empty():
-        slow = _general_parts(data, ascii_text=ascii_text)
+        slow = _general_parts(data)
         parts = pl.concat([parts, slow]).sort("_row") if not parts.is_empty() else slow
-    bad_value = pl.col("value").is_null()
-    malformed = parts.filter(pl.col("_bad") | bad_value).select(
-        "raw",
-        pl.when(pl.col("_bad"))
-        .then(pl.lit("not a sample line"))
-        .otherwise(pl.lit("value is not a number"))
-        .alias("reason"),
+    bad = pl.col("_why").is_not_null() | pl.col("value").is_null()
+    malformed = parts.filter(bad).select(
+        "_row", "raw", pl.col("_why").fill_null("value is not a number").alias("reason")
     )
-    good = parts.filter(~pl.col("_bad") & ~bad_value).drop("raw")
+    good = parts.filter(~bad)
     # DCGM blanks: only rows whose value is one of the sentinels' floats can be one
     maybe = good.filter(
         pl.col("metric").str.starts_with("DCGM_") & pl.col("value").is_in(_SENTINEL_FLOATS)
@@ -358,8 +414,14 @@ def parse_prometheus(text: str, *, ts: float | None = None, host: str | None = N
     sentinels = blanks.group_by("_sentinel").len().sort("_sentinel")
     if not blanks.is_empty():
         good = good.join(blanks, on="_row", how="anti", maintain_order="left")
-    good = good.with_columns(pl.col("lbl").fill_null("{}"))
-    samples = _label_columns(good, host).select(
+    good = _label_columns(good.with_columns(pl.col("lbl").fill_null("{}")), host)
+    bad_labels = good.filter(pl.col("labels").is_null()).select(
+        "_row", "raw", pl.lit("malformed labels").alias("reason")
+    )
+    if not bad_labels.is_empty():
+        malformed = pl.concat([malformed, bad_labels]).sort("_row")
+        good = good.filter(pl.col("labels").is_not_null())
+    samples = good.select(
         (pl.col("_tsi").cast(pl.Float64()) / 1000.0).fill_null(now).alias("ts"),
         "host",
         "metric",
@@ -370,7 +432,7 @@ def parse_prometheus(text: str, *, ts: float | None = None, host: str | None = N
     return PromParse(
         samples=samples,
         types=tuple((str(n), str(t)) for n, t in types),
-        malformed=malformed,
+        malformed=malformed.drop("_row"),
         sentinels=tuple((str(k), int(n)) for k, n in sentinels.rows()),
         lines=frame.height,
     )
@@ -688,9 +750,9 @@ def dcgm_link_load(samples: pl.DataFrame, *, interval_s: float) -> tuple[pl.Data
         }
     )
     lbl = pl.col("labels")
-    gpu = lbl.str.extract(r'"gpu":"([^"]*)"', 1)
-    mig = lbl.str.extract(r'"GPU_I_ID":"([^"]*)"', 1)
-    link = lbl.str.extract(r'"nvlink":"([^"]*)"', 1)
+    gpu = lbl.str.json_path_match("$.gpu")
+    mig = lbl.str.json_path_match("$.GPU_I_ID")
+    link = lbl.str.json_path_match("$.nvlink")
     device = pl.concat_str(
         pl.lit("gpu"),
         gpu.fill_null("?"),
@@ -831,6 +893,7 @@ def derive_ib_link_load(
                CASE WHEN labels->>'link_layer' = 'Ethernet' THEN 'eth' ELSE 'ib' END AS link_class
         FROM telemetry_samples
         WHERE ts >= $lookback AND ts < $until AND (metric IN $counters OR metric IN $rates)
+          AND json_valid(labels)
         """,
         params={
             "lookback": lookback,
