@@ -16,7 +16,6 @@ reported); a job held longer than ``max_hold_s`` is released unchanged to Slurm.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -63,6 +62,7 @@ from linkwise.deployer.safety import (
     renewed,
     write_lease,
 )
+from linkwise.models.policy_spec import PolicySpec
 
 __all__ = [
     "GuardedPolicy",
@@ -328,16 +328,12 @@ class LoadedPolicy:
 
 
 def _heuristic(spec: str) -> LoadedPolicy:
-    from linkwise.models.registry import resolve_policy
-
-    policy = resolve_policy(spec)
+    policy = PolicySpec.parse(spec).build()
     return LoadedPolicy(policy, spec, f"heuristic:{spec}", "")
 
 
 def _learned(spec: str) -> LoadedPolicy:
-    from linkwise.models.registry import resolve_policy
-
-    policy: Any = resolve_policy(spec)
+    policy: Any = PolicySpec.parse(spec).build()
     package = str(getattr(policy, "package_dir", "") or "")
     # a registry model is recorded by its version number, which is what promotion's shadow
     # evidence looks up; a package folder by its path
@@ -349,31 +345,7 @@ def _learned(spec: str) -> LoadedPolicy:
 def model_probe(spec: str) -> str | None:
     """A token that changes when the model behind ``spec`` changes (alias moved, package
     rewritten); None for heuristics. Raises when it cannot be read."""
-    from linkwise.models.registry import ModelSource
-
-    text = spec.strip()
-    if not text.startswith("model:"):
-        return None
-    source = ModelSource.parse(text)
-    uri = source.registry_uri
-    if uri is not None:
-        from linkwise.models.registry import default_tracking_uri, mlflow_env, parse_models_uri
-
-        name, alias, version = parse_models_uri(uri)
-        if alias is None:
-            return str(version)
-        mlflow_env()
-        from mlflow.tracking import MlflowClient
-
-        tracking = default_tracking_uri()
-        client = MlflowClient(tracking_uri=tracking, registry_uri=tracking)
-        return str(client.get_model_version_by_alias(name, alias).version)
-    folder = Path(source.target)
-    sums = folder / "checksums.sha256"
-    if not sums.is_file():
-        found = list(folder.rglob("checksums.sha256"))
-        sums = found[0] if found else sums
-    return hashlib.sha256(sums.read_bytes()).hexdigest() if sums.is_file() else "missing"
+    return PolicySpec.parse(spec).token()
 
 
 class PolicyHolder:
@@ -393,7 +365,7 @@ class PolicyHolder:
         probe: Callable[[str], str | None] = model_probe,
     ) -> None:
         self.spec = spec
-        self.is_model = spec.strip().startswith("model:")
+        self.is_model = PolicySpec.parse(spec).is_model
         self.loader = loader or (_learned if self.is_model else _heuristic)
         self.probe = probe
         self.reload_s = reload_s

@@ -57,6 +57,7 @@ from linkwise.cluster.metrics import BOUNDED_SLOWDOWN_FLOOR_S, summarize
 from linkwise.cluster.simulator import SimConfig, simulate
 from linkwise.datasets.backlog import Backlog
 from linkwise.datasets.rollouts import Window, make_task_runner, window_workload
+from linkwise.models.policy_spec import PolicySpec
 
 __all__ = [
     "UNFAIR_SLOWDOWN",
@@ -251,20 +252,12 @@ def _scenario(case: EvalCase, jobs: tuple[Job, ...] | None = None) -> Any:
 
 
 def make_bench_policy(scenario: Any, spec: str, tracking_uri: str | None = None) -> Policy:
-    """The policy a spec names on a scenario: ``model:models:/...`` loaded from
-    ``tracking_uri`` when given, anything else through ``make_scenario_policy``."""
-    text = spec.strip()
-    if tracking_uri and text.startswith("model:models:/"):
-        from linkwise.models.registry import load_policy
-
-        return load_policy(
-            text.removeprefix("model:"),
-            model=AnalyticModel(scenario.calibration),
-            tracking_uri=tracking_uri,
-        )
-    from linkwise.evaluation.compare import make_scenario_policy
-
-    return make_scenario_policy(scenario, spec)
+    """The policy a spec names on a scenario (``models.policy_spec``): a learned policy's
+    encoder uses the scenario's calibrated analytic model; registry models are looked up at
+    ``tracking_uri`` (default: the environment's)."""
+    return PolicySpec.parse(spec).build(
+        AnalyticModel(scenario.calibration), tracking_uri=tracking_uri
+    )
 
 
 @dataclass

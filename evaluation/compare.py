@@ -24,7 +24,7 @@ from linkwise.cluster.domain import Job, Policy, Topology
 from linkwise.cluster.metrics import RunMetrics, summarize
 from linkwise.cluster.profiles import Calibration
 from linkwise.cluster.simulator import SimConfig, simulate
-from linkwise.models.heuristics import make_policy
+from linkwise.models.policy_spec import PolicySpec
 
 
 @dataclass(frozen=True)
@@ -64,37 +64,10 @@ class PolicyRun:
     jct_s: tuple[float, ...]
 
 
-def parse_policy(spec: str) -> tuple[str, dict[str, float | int | str]]:
-    """``"sjf_bco:kappa=4,lam=1.5"`` -> ``("sjf_bco", {"kappa": 4, "lam": 1.5})``."""
-    name, _, rest = spec.strip().partition(":")
-    params: dict[str, float | int | str] = {}
-    for item in filter(None, (p.strip() for p in rest.split(","))):
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"bad policy parameter {item!r} in {spec!r}: expected key=value")
-        params[key.strip()] = _number(value.strip())
-    return name.strip(), params
-
-
-def _number(text: str) -> float | int | str:
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
-
-
 def make_scenario_policy(scenario: Scenario, spec: str) -> Policy:
-    """A heuristic ``name[:key=value,...]``, or a learned policy ``model:ALIAS`` /
-    ``model:PATH`` (``models.registry.resolve_policy``; its encoder predicts contention with
-    the scenario's calibrated analytic model, as the live scheduler would)."""
-    if spec.strip().startswith("model:"):
-        from linkwise.models.registry import resolve_policy
-
-        return resolve_policy(spec, AnalyticModel(scenario.calibration))
-    name, params = parse_policy(spec)
-    return make_policy(name, **params)
+    """The policy ``spec`` names (``models.policy_spec``); a learned policy's encoder predicts
+    contention with the scenario's calibrated analytic model, as the live scheduler would."""
+    return PolicySpec.parse(spec).build(AnalyticModel(scenario.calibration))
 
 
 def run_policy(scenario: Scenario, spec: str) -> PolicyRun:

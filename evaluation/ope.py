@@ -276,10 +276,10 @@ def _resolve(policy: str | LearnedPolicy, spec: ObsSpec) -> LearnedPolicy:
     if isinstance(policy, LearnedPolicy):
         p = policy
     else:
-        from linkwise.models.registry import resolve_policy
+        from linkwise.models.policy_spec import PolicySpec
 
         text = policy if policy.startswith("model:") else f"model:{policy}"
-        resolved = resolve_policy(text)
+        resolved = PolicySpec.parse(text).build()
         if not isinstance(resolved, LearnedPolicy):
             raise ValueError(f"{policy}: FQE needs a learned policy package")
         p = resolved

@@ -168,7 +168,9 @@ def _metrics_table(rows: Sequence[dict[str, Any]], title: str) -> Any:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from linkwise.evaluation.compare import run_policy
+    from linkwise.models.policy_spec import PolicySpec
 
+    PolicySpec.parse(args.policy)  # a bad spec is refused before the workload is read
     scenario, info = _scenario(args)
     run = run_policy(scenario, args.policy)
     out = run.metrics.to_dict()
@@ -198,12 +200,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     from linkwise.evaluation.compare import compare, plot_jct_cdf
     from linkwise.models.heuristics import policy_names
+    from linkwise.models.policy_spec import PolicySpec
 
     specs = (
         [s.strip() for s in args.policies.split(",") if s.strip()]
         if args.policies
         else policy_names()
     )
+    for spec in specs:
+        PolicySpec.parse(spec)  # a bad spec is refused before the workload is read
     scenario, info = _scenario(args)
     console = Console(stderr=True, quiet=args.json)
     with Progress(
@@ -406,7 +411,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--policy",
         default="backfill",
-        help="policy name[:key=value,...] or model:ALIAS|PATH (default backfill)",
+        help=(
+            "a heuristic name[:key=value,...] (typed parameters) or model:ALIAS, "
+            "model:models:/NAME/N, model:./PATH[#sha256=DIGEST] (default backfill)"
+        ),
     )
     _add_workload_args(p)
     p.set_defaults(func=cmd_simulate)

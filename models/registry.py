@@ -24,7 +24,8 @@ A registry model is verified against the checksum tag recorded when it was regis
 local package is only as trustworthy as the ``checksums.sha256`` beside it: whoever can
 rewrite the folder can rewrite that file too. ``#sha256=DIGEST`` (the SHA-256 of the
 package's ``checksums.sha256``, what ``sha256sum PATH/checksums.sha256`` prints) pins it to
-what the operator reviewed. Anything else is a heuristic (``models.heuristics.make_policy``).
+what the operator reviewed. ``models.policy_spec.PolicySpec`` is the one parser of policy
+strings (heuristics and model sources).
 """
 
 from __future__ import annotations
@@ -43,7 +44,6 @@ if TYPE_CHECKING:
     from mlflow.entities.model_registry import ModelVersion
 
 from linkwise.cluster.contention import ContentionModel
-from linkwise.cluster.domain import Policy
 from linkwise.models.learned import (
     CHECKSUMS,
     LearnedPolicy,
@@ -66,7 +66,7 @@ __all__ = [
     "log_policy",
     "mlflow_env",
     "parse_models_uri",
-    "resolve_policy",
+    "resolve_version",
 ]
 
 MODEL_NAME = "linkwise-policy"
@@ -442,17 +442,3 @@ def load_source(
         expected_obs_spec=expected_obs_spec,
         digest=source.digest,
     )
-
-
-def resolve_policy(spec: str, model: ContentionModel | None = None) -> Policy:
-    """A Policy from a CLI string: a learned policy ``model:...`` (``ModelSource``; the
-    registry at ``MLFLOW_TRACKING_URI`` or the default store), or a heuristic
-    ``name[:key=value,...]``."""
-    text = spec.strip()
-    if text.startswith("model:"):
-        return load_source(ModelSource.parse(text), model=model)
-    from linkwise.evaluation.compare import parse_policy
-    from linkwise.models.heuristics import make_policy
-
-    name, params = parse_policy(text)
-    return make_policy(name, **params)

@@ -477,12 +477,11 @@ class SimShadowBackend(ShadowBackend):
 def _shadow_loader(spec: str, tracking_uri: str, model: AnalyticModel) -> LoadedPolicy:
     """The registry model behind ``model:ALIAS`` with its registry version as provenance
     (what ``deployer.promote.shadow_evidence`` selects the decision log by)."""
-    from linkwise.deployer.promote import current_aliases
-    from linkwise.models.registry import MODEL_NAME, load_policy
+    from linkwise.models.policy_spec import PolicySpec
 
-    alias = spec.removeprefix("model:")
-    version = current_aliases(tracking_uri)[alias]
-    policy = load_policy(f"models:/{MODEL_NAME}/{version}", model=model, tracking_uri=tracking_uri)
+    pinned = PolicySpec.parse(spec).pinned(tracking_uri)
+    version = pinned.registry_version(tracking_uri)
+    policy = pinned.build(model, tracking_uri=tracking_uri)
     obs = getattr(getattr(policy, "spec", None), "version", "")
     return LoadedPolicy(policy, spec, str(version), str(obs))
 

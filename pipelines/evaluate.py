@@ -53,6 +53,7 @@ from linkwise.evaluation.holdout import (
     window_spans,
 )
 from linkwise.evaluation.report import EvaluationReport, log_report, write_report
+from linkwise.models.policy_spec import PolicySpec
 
 __all__ = [
     "DEFAULT_CLUSTER",
@@ -74,59 +75,32 @@ DEFAULT_CLUSTER = "16x8,leaf=4"
 # ------------------------------------------------------------------------ policies
 
 
-def _alias_target(spec: str) -> str | None:
-    """The alias a ``model:ALIAS`` spec names (None for paths, URIs and heuristics)."""
-    from linkwise.models.registry import ModelSource
-
-    text = spec.strip()
-    if not text.startswith("model:"):
-        return None
-    source = ModelSource.parse(text)
-    return source.target if source.kind == "alias" else None
-
-
 def pin_policies(specs: Sequence[str], tracking_uri: str) -> tuple[list[PolicyRef], dict[str, str]]:
-    """Policy refs with ``model:ALIAS`` pinned to the alias's current version, and the
-    versions (label -> version) of every registry model among them."""
-    from mlflow.exceptions import MlflowException
-
-    from linkwise.models.registry import MODEL_NAME, mlflow_env
-
+    """Policy refs with every registry model pinned to the version it names now
+    (``model:ALIAS`` -> ``model:models:/linkwise-policy/N``), and the versions (label ->
+    version) of every registry model among them."""
     refs: list[PolicyRef] = []
     versions: dict[str, str] = {}
-    client: Any = None
     for spec in specs:
-        alias = _alias_target(spec)
-        if alias is None:
-            refs.append(PolicyRef(spec, spec))
-            if spec.strip().startswith("model:models:/"):
-                versions[spec] = spec.rsplit("/", 1)[-1]
-            continue
-        if client is None:
-            mlflow_env()
-            from mlflow.tracking import MlflowClient
-
-            client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+        parsed = PolicySpec.parse(spec)
         try:
-            mv = client.get_model_version_by_alias(MODEL_NAME, alias)
-        except MlflowException as exc:
-            raise ValueError(
-                f"{spec}: no @{alias} in the registry at {tracking_uri} ({exc.message})"
-            ) from None
-        versions[spec] = str(mv.version)
-        refs.append(PolicyRef(spec, f"model:models:/{MODEL_NAME}/{mv.version}"))
+            version = parsed.registry_version(tracking_uri)
+        except ValueError as exc:
+            raise ValueError(f"{spec}: {exc}") from None
+        if version is None:
+            refs.append(PolicyRef(spec, spec))
+            continue
+        versions[spec] = version
+        refs.append(PolicyRef(spec, parsed.pinned(tracking_uri).describe()))
     return refs, versions
 
 
 def model_manifest(spec: str, tracking_uri: str | None = None) -> dict[str, Any] | None:
     """The dataset manifest inside a learned policy's package (``model:PATH`` or
     ``model:models:/...``), None for anything else."""
-    from linkwise.models.registry import ModelSource
-
-    text = spec.strip()
-    if not text.startswith("model:"):
+    source = PolicySpec.parse(spec).source
+    if source is None:
         return None
-    source = ModelSource.parse(text)
     target = source.registry_uri or source.target
     if target.startswith("models:/"):
         from linkwise.models.registry import default_tracking_uri, mlflow_env, resolve_version
@@ -153,10 +127,7 @@ def model_manifest(spec: str, tracking_uri: str | None = None) -> dict[str, Any]
 
 
 def _heuristic(spec: str) -> bool:
-    from linkwise.evaluation.compare import parse_policy
-    from linkwise.models.heuristics import policy_names
-
-    return not spec.strip().startswith("model:") and parse_policy(spec)[0] in policy_names()
+    return not PolicySpec.parse(spec).is_model
 
 
 # ------------------------------------------------------------------------ evaluate

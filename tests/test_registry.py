@@ -42,13 +42,13 @@ from linkwise.models.learned import (
     masked_argmax,
     save_package,
 )
+from linkwise.models.policy_spec import PolicySpec
 from linkwise.models.registry import (
     MODEL_NAME,
     ModelSource,
     ensure_experiment,
     load_policy,
     log_policy,
-    resolve_policy,
 )
 from linkwise.models.training import AlgoConfig, action_values, build_algo, fit, frame_arrays
 from linkwise.pipelines.build_dataset import pick_windows
@@ -58,6 +58,10 @@ PHILLY = DATA / "traces" / "philly_2017-09-04_2017-10-15.csv"
 CONFIG = MdpConfig(k_slots=4)
 SPEC = make_spec(CONFIG)
 TOPO = "8x8,leaf=2"
+
+
+def _resolve(spec: str) -> Any:
+    return PolicySpec.parse(spec).build()
 
 
 def _states(n: int) -> list[ClusterState]:
@@ -232,8 +236,8 @@ def test_a_local_folder_named_like_an_alias_is_never_loaded_silently(
     monkeypatch.chdir(tmp_path)
     _copy(trained["pkg"], tmp_path / "champion")
     with pytest.raises(ValueError, match="ambiguous"):
-        resolve_policy("model:champion")
-    _check_identical(resolve_policy("model:./champion"), trained)
+        _resolve("model:champion")
+    _check_identical(_resolve("model:./champion"), trained)
     # the serve command refuses it before touching Slurm
     out = subprocess.run(
         [
@@ -258,7 +262,7 @@ def test_a_local_folder_named_like_an_alias_is_never_loaded_silently(
 def test_an_operator_digest_pins_a_local_package(trained: dict[str, Any], tmp_path: Path) -> None:
     d = _copy(trained["pkg"], tmp_path / "pkg")
     digest = file_sha256(d / CHECKSUMS)
-    _check_identical(resolve_policy(f"model:{d}#sha256={digest}"), trained)
+    _check_identical(_resolve(f"model:{d}#sha256={digest}"), trained)
     # a package rewritten with self-consistent checksums passes its own checks, not the pin
     meta = json.loads((d / "policy.json").read_text())
     meta["note"] = "rewritten"
@@ -266,7 +270,7 @@ def test_an_operator_digest_pins_a_local_package(trained: dict[str, Any], tmp_pa
     _reseal(d)
     load_package(d)
     with pytest.raises(PackageError, match="the operator gave"):
-        resolve_policy(f"model:{d}#sha256={digest}")
+        _resolve(f"model:{d}#sha256={digest}")
 
 
 # ------------------------------------------------------------------------ registry
@@ -300,7 +304,7 @@ def test_sqlite_registry_round_trip_by_alias(
     assert _log(trained["pkg"], uri).version == "2"
     assert str(client.get_model_version_by_alias(MODEL_NAME, "challenger").version) == "2"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    champion = resolve_policy("model:champion")
+    champion = _resolve("model:champion")
     assert champion.name == f"model:models:/{MODEL_NAME}@champion"
     _check_identical(champion, trained)
     _check_identical(load_policy(f"models:/{MODEL_NAME}/2"), trained)
@@ -312,7 +316,7 @@ def test_sqlite_registry_round_trip_by_alias(
     frame = pd.DataFrame({"obs": list(trained["obs"][:50]), "mask": list(trained["masks"][:50])})
     assert np.array_equal(np.asarray(pyf.predict(frame)), trained["actions"][:50])
     with pytest.raises(ValueError, match="not found in the registry"):
-        resolve_policy("model:nosuchalias")
+        _resolve("model:nosuchalias")
 
 
 def test_an_explicit_tracking_uri_wins_over_the_environment(

@@ -282,13 +282,13 @@ def test_a_registry_model_is_recorded_by_its_version_number(
     """Promotion's shadow evidence looks decisions up by registry version: record that."""
     from types import SimpleNamespace
 
-    import linkwise.models.registry as registry
+    import linkwise.models.policy_spec as policy_spec
     from linkwise.deployer import loop
 
     fake = SimpleNamespace(
         package_dir="models:/linkwise-policy/7", spec=SimpleNamespace(version="obs-x")
     )
-    monkeypatch.setattr(registry, "resolve_policy", lambda spec, model=None: fake)
+    monkeypatch.setattr(policy_spec, "load_source", lambda source, **_kw: fake)
     loaded = loop._learned("model:champion")
     assert (loaded.model_version, loaded.obs_spec_version) == ("7", "obs-x")
     fake.package_dir = "/srv/packages/abc"

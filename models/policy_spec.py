@@ -1,0 +1,195 @@
+"""One policy specification: what ``--policy`` / ``--policies``, configs and the live loop name.
+
+- ``NAME[:key=value,...]``: a heuristic of ``models.heuristics.POLICIES``. Each value is
+  parsed by the parameter's declared type: ``int``, ``float``, ``bool`` (``true``/``false``,
+  ``yes``/``no``, ``1``/``0``), ``str``, ``none`` for an optional one, ``a;b`` for a tuple.
+  An unknown parameter or an ill-typed value is refused.
+- ``model:...``: a learned policy from a ``models.registry.ModelSource`` (a registry alias,
+  a ``models:/`` URI, or a local folder with an optional ``#sha256=`` digest).
+
+``PolicySpec.parse`` checks everything that needs no I/O; ``build`` makes the ``Policy``;
+``pinned`` turns a registry alias into the version it points at now, so that an alias moving
+mid-run changes nothing; ``token`` changes whenever the model behind the spec changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import types
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from linkwise.cluster.contention import ContentionModel
+from linkwise.cluster.domain import Policy
+from linkwise.models.heuristics import POLICIES, make_policy
+from linkwise.models.learned import CHECKSUMS
+from linkwise.models.registry import (
+    ModelSource,
+    default_tracking_uri,
+    load_source,
+    parse_models_uri,
+    resolve_version,
+)
+
+__all__ = ["PolicySpec", "heuristic_parameters"]
+
+_TRUE = frozenset({"true", "yes", "1", "on"})
+_FALSE = frozenset({"false", "no", "0", "off"})
+
+
+def heuristic_parameters(name: str) -> dict[str, Any]:
+    """The declared parameters (name -> type hint) of the heuristic ``name``."""
+    try:
+        factory = POLICIES[name]
+    except KeyError:
+        raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}") from None
+    if not isinstance(factory, type) or not dataclasses.is_dataclass(factory):
+        raise TypeError(f"heuristic {name!r} is not a dataclass: its parameters are unknown")
+    hints = typing.get_type_hints(factory)
+    return {f.name: hints[f.name] for f in dataclasses.fields(factory) if f.name != "name"}
+
+
+def _convert(hint: Any, raw: str) -> Any:
+    """``raw`` as a value of the type ``hint`` (ValueError when it is not one)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if type(None) in args and raw.lower() == "none":
+            return None
+        errors = []
+        for option in (a for a in args if a is not type(None)):
+            try:
+                return _convert(option, raw)
+            except ValueError as exc:
+                errors.append(str(exc))
+        raise ValueError("; ".join(errors))
+    if origin is Literal:
+        if raw not in [str(a) for a in args]:
+            raise ValueError(f"expected one of {', '.join(map(str, args))}")
+        return next(a for a in args if str(a) == raw)
+    if origin is tuple:
+        elem = args[0] if args else str
+        return tuple(_convert(elem, x.strip()) for x in raw.split(";") if x.strip())
+    if hint is bool:
+        if raw.lower() in _TRUE:
+            return True
+        if raw.lower() in _FALSE:
+            return False
+        raise ValueError("expected true or false")
+    if hint is int:
+        try:
+            return int(raw)
+        except ValueError:
+            raise ValueError("expected an integer") from None
+    if hint is float:
+        try:
+            return float(raw)
+        except ValueError:
+            raise ValueError("expected a number") from None
+    if hint is str:
+        return raw
+    raise ValueError(f"parameters of type {hint} cannot be given on the command line")
+
+
+def _parse_heuristic(text: str) -> tuple[str, tuple[tuple[str, Any], ...]]:
+    name, _, rest = text.partition(":")
+    name = name.strip()
+    declared = heuristic_parameters(name)
+    params: dict[str, Any] = {}
+    for item in filter(None, (p.strip() for p in rest.split(","))):
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep:
+            raise ValueError(f"bad policy parameter {item!r} in {text!r}: expected key=value")
+        if key not in declared:
+            known = ", ".join(declared) or "none"
+            raise ValueError(f"{name} has no parameter {key!r} (its parameters: {known})")
+        try:
+            params[key] = _convert(declared[key], value.strip())
+        except ValueError as exc:
+            raise ValueError(f"{name}: {key}={value.strip()!r}: {exc}") from None
+    return name, tuple(params.items())
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """A parsed policy specification: a heuristic with typed parameters, or a model source."""
+
+    heuristic: str | None = None
+    params: tuple[tuple[str, Any], ...] = ()
+    source: ModelSource | None = None
+
+    @classmethod
+    def parse(cls, text: str, cwd: str | Path | None = None) -> PolicySpec:
+        """Parse and check a spec (ValueError naming what is wrong)."""
+        text = text.strip()
+        if not text:
+            raise ValueError("empty policy specification")
+        if text.startswith("model:"):
+            return cls(source=ModelSource.parse(text, cwd=cwd))
+        name, params = _parse_heuristic(text)
+        return cls(heuristic=name, params=params)
+
+    @property
+    def is_model(self) -> bool:
+        """Whether this names a learned policy."""
+        return self.source is not None
+
+    def describe(self) -> str:
+        """The spec as text (parameters in the order given, typed values normalised)."""
+        if self.source is not None:
+            return self.source.describe()
+        items = ",".join(f"{k}={_show(v)}" for k, v in self.params)
+        return f"{self.heuristic}:{items}" if items else str(self.heuristic)
+
+    def build(
+        self, model: ContentionModel | None = None, *, tracking_uri: str | None = None
+    ) -> Policy:
+        """The ``Policy``: a heuristic, or a learned package loaded and verified (its encoder
+        predicts contention with ``model``; registry lookups at ``tracking_uri``)."""
+        if self.source is not None:
+            return load_source(self.source, model=model, tracking_uri=tracking_uri)
+        return make_policy(str(self.heuristic), **dict(self.params))
+
+    def registry_version(self, tracking_uri: str | None = None) -> str | None:
+        """The registry version this spec names now (None for heuristics and folders)."""
+        uri = self.source.registry_uri if self.source is not None else None
+        if uri is None:
+            return None
+        _name, alias, version = parse_models_uri(uri)
+        if alias is None:
+            return str(version)
+        return str(resolve_version(uri, tracking_uri or default_tracking_uri())[0].version)
+
+    def pinned(self, tracking_uri: str | None = None) -> PolicySpec:
+        """This spec with a registry alias replaced by the version it points at now."""
+        if self.source is None or self.source.registry_uri is None:
+            return self
+        name = parse_models_uri(self.source.registry_uri)[0]
+        version = self.registry_version(tracking_uri)
+        return PolicySpec(source=ModelSource("uri", f"models:/{name}/{version}"))
+
+    def token(self, tracking_uri: str | None = None) -> str | None:
+        """Changes when the model behind the spec changes (an alias moved, a package
+        rewritten); None for heuristics. Raises when it cannot be read."""
+        if self.source is None:
+            return None
+        version = self.registry_version(tracking_uri)
+        if version is not None:
+            return version
+        folder = Path(self.source.target)
+        sums = folder / CHECKSUMS
+        if not sums.is_file():
+            found = sorted(folder.rglob(CHECKSUMS))
+            sums = found[0] if found else sums
+        return hashlib.sha256(sums.read_bytes()).hexdigest() if sums.is_file() else "missing"
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, tuple):
+        return ";".join(_show(v) for v in value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "none" if value is None else str(value)

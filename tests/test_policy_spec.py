@@ -1,0 +1,65 @@
+"""One policy specification: heuristics with typed parameters, model sources, pinning."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from linkwise.models.heuristics import Backfill, SjfBco, TiresiasLas
+from linkwise.models.policy_spec import PolicySpec, _convert, heuristic_parameters
+
+
+def test_heuristic_parameters_are_parsed_by_their_declared_type() -> None:
+    spec = PolicySpec.parse("sjf_bco:kappa=4,lam=1.5")
+    assert spec.params == (("kappa", 4), ("lam", 1.5))
+    assert spec.build() == SjfBco(kappa=4, lam=1.5)
+    assert PolicySpec.parse("sjf_bco:kappa=none").build() == SjfBco(kappa=None)
+    assert PolicySpec.parse("backfill:max_job_test=200").build() == Backfill(max_job_test=200)
+    tiresias = PolicySpec.parse("tiresias_las:thresholds=3600;36000").build()
+    assert isinstance(tiresias, TiresiasLas) and tiresias.thresholds == (3600.0, 36000.0)
+    assert PolicySpec.parse(" sjf_bco:lam=2 ").describe() == "sjf_bco:lam=2.0"
+    assert not PolicySpec.parse("fifo").is_model
+
+
+def test_booleans_are_read_as_booleans_not_as_non_empty_strings() -> None:
+    for text, value in (("false", False), ("no", False), ("0", False), ("true", True)):
+        assert _convert(bool, text) is value
+    with pytest.raises(ValueError, match="true or false"):
+        _convert(bool, "maybe")
+    assert _convert(int | None, "none") is None and _convert(int | None, "3") == 3
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("nosuch", "unknown policy"),
+        ("sjf_bco:gamma=1", "no parameter 'gamma'"),
+        ("sjf_bco:kappa=four", "kappa='four'"),
+        ("backfill:max_job_test=1.5", "expected an integer"),
+        ("sjf_bco:lam", "expected key=value"),
+        ("", "empty"),
+    ],
+)
+def test_unknown_or_ill_typed_parameters_are_refused(text: str, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        PolicySpec.parse(text)
+
+
+def test_every_heuristic_declares_command_line_parameters() -> None:
+    from linkwise.models.heuristics import policy_names
+
+    for name in policy_names():
+        PolicySpec.parse(name).build()  # defaults build
+        for key, hint in heuristic_parameters(name).items():
+            assert key != "name" and hint is not None
+
+
+def test_model_specs_carry_their_source_and_pin_nothing_local(tmp_path: Path) -> None:
+    spec = PolicySpec.parse("model:./pkg", cwd=tmp_path)
+    assert spec.is_model and spec.source is not None and spec.source.kind == "path"
+    assert spec.registry_version() is None and spec.pinned() == spec
+    assert spec.token() == "missing"  # no package there (yet)
+    uri = PolicySpec.parse("model:models:/linkwise-policy/4", cwd=tmp_path)
+    assert uri.registry_version() == "4" and uri.pinned() == uri
+    assert uri.describe() == "model:models:/linkwise-policy/4"
