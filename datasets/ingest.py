@@ -1,7 +1,10 @@
 """Accounting ingest: typed JobRun records into the DuckDB store, idempotently.
 
-A batch becomes one Polars frame, is validated column-wise (bad records go to
-``rejected_rows`` with the reason), deduplicated by key, and merged into ``jobs`` and
+A batch becomes one Polars frame, is validated column-wise (each bad record goes to
+``rejected_rows`` with its job id, the field at fault and the reason, and the others are
+stored: missing or ill-typed values, values out of range, negative times, absurd GPU counts,
+and, given the cluster's ``ClusterLimits``, more GPUs or nodes than the cluster has),
+deduplicated by key, and merged into ``jobs`` and
 ``job_nodes`` with DuckDB SQL inside ONE transaction: a failure anywhere leaves the store as
 it was. A settled record replaces an unsettled one; an unsettled one never replaces a
 settled one; re-ingesting identical records changes nothing.
@@ -16,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from itertools import accumulate, chain
@@ -25,7 +29,8 @@ import duckdb
 import polars as pl
 import pyarrow as pa  # type: ignore[import-untyped]
 
-from linkwise.cluster.slurm.records import JobRun, NodeInfo
+from linkwise.cluster.slurm.parse import MAX_GPUS_PER_JOB
+from linkwise.cluster.slurm.records import JobRun, NodeInfo, RejectedRecord
 from linkwise.datasets.store import run_sql, scalar
 
 _FIELDS: tuple[str, ...] = tuple(f.name for f in fields(JobRun))
@@ -56,6 +61,28 @@ _SCHEMA: dict[str, pl.DataType] = {
     "comment": pl.String(),
 }
 _JOB_COLS = tuple(_SCHEMA)  # column order of the jobs table (then source, ingested_at)
+_NULLABLE = frozenset(
+    {"exit_code", "signal", "start_time", "end_time", "time_limit_s"}
+    | {"array_job_id", "array_task_id"}
+)
+_NUMERIC = (pl.Int64(), pl.Int32(), pl.Float64())
+_MAX_RAW = 64 * 1024  # characters of a rejected record kept
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterLimits:
+    """What the cluster has: a record asking for more GPUs or naming more nodes is refused.
+    A zero means unknown (no check)."""
+
+    nodes: int
+    gpus: int
+
+
+def limits_of(nodes: Sequence[NodeInfo]) -> ClusterLimits | None:
+    """The limits of a cluster from its nodes (None when no node is known)."""
+    if not nodes:
+        return None
+    return ClusterLimits(nodes=len({n.name for n in nodes}), gpus=sum(n.gpus_total for n in nodes))
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +126,9 @@ def runs_frame(runs: Sequence[JobRun]) -> pl.DataFrame:
             data[name] = _list_series(name, col, pl.String() if name == "nodes" else pl.Int32())
         else:
             data[name] = pl.Series(name, col, dtype=dtype, strict=False)
+        if name in _NULLABLE:  # a value given but lost in the cast does not fit the column
+            given = pl.Series(f"_given_{name}", [v is not None for v in col], dtype=pl.Boolean())
+            data[given.name] = given
     return pl.DataFrame(data)
 
 
@@ -112,30 +142,57 @@ def _list_series(name: str, rows: Sequence[Sequence[object]], inner: pl.DataType
     return series.alias(name).cast(pl.List(inner))
 
 
-def _reasons() -> pl.Expr:
-    """One expression giving the reason a record is malformed (null when it is fine)."""
+def _checks(limits: ClusterLimits | None) -> list[tuple[pl.Expr, str, str]]:
+    """(condition, field, reason) of every way a record is unfit to store, in order."""
+    checks: list[tuple[pl.Expr, str, str]] = []
+    for name, dtype in _SCHEMA.items():
+        col = pl.col(name)
+        if name in _NULLABLE:
+            checks.append((col.is_null() & pl.col(f"_given_{name}"), name, f"{name} out of range"))
+        elif dtype in _NUMERIC:
+            checks.append((col.is_null(), name, f"{name} out of range"))
+        else:
+            checks.append((col.is_null(), name, f"{name} missing or of the wrong type"))
     n_nodes = pl.col("nodes").list.len()
-    n_gpn = pl.col("gpus_per_node").list.len()
-    checks: list[tuple[pl.Expr, str]] = [
-        (pl.col("cluster").str.len_chars() == 0, "empty cluster"),
-        (pl.col("job_id") <= 0, "job_id <= 0"),
-        (pl.col("run_index") < 0, "negative run_index"),
-        (pl.col("submit_time").is_nan(), "submit_time is NaN"),
-        (
-            pl.col("start_time").is_not_null()
-            & pl.col("end_time").is_not_null()
-            & (pl.col("end_time") < pl.col("start_time")),
-            "end_time before start_time",
-        ),
-        (pl.col("gpus") < 0, "negative gpus"),
-        (n_nodes != n_gpn, "nodes and gpus_per_node differ in length"),
-        (pl.col("gpus_per_node").list.min().fill_null(0) < 0, "negative gpus_per_node"),
-        (pl.col("allocation_nodes") < 0, "negative allocation_nodes"),
-    ]
-    expr: pl.Expr = pl.lit(None, dtype=pl.String())
-    for cond, reason in reversed(checks):
-        expr = pl.when(cond.fill_null(False)).then(pl.lit(reason)).otherwise(expr)
-    return expr
+    checks += [
+        (pl.col("nodes").list.eval(pl.element().is_null()).list.any(), "nodes", "nodes not text"),
+        (pl.col("cluster").str.len_chars() == 0, "cluster", "empty cluster"),
+        (pl.col("job_id") <= 0, "job_id", "job_id <= 0"),
+        (pl.col("run_index") < 0, "run_index", "negative run_index"),
+        (pl.col("submit_time").is_nan(), "submit_time", "submit_time is NaN"),
+        (pl.col("submit_time") < 0, "submit_time", "negative submit_time"),
+        (pl.col("start_time") < 0, "start_time", "negative start_time"),
+        (pl.col("end_time") < 0, "end_time", "negative end_time"),
+        (pl.col("end_time") < pl.col("start_time"), "end_time", "end_time before start_time"),
+        (pl.col("gpus") < 0, "gpus", "negative gpus"),
+        (pl.col("gpus") > MAX_GPUS_PER_JOB, "gpus", "absurd GPU count"),
+        (n_nodes != pl.col("gpus_per_node").list.len(), "gpus_per_node",
+         "nodes and gpus_per_node differ in length"),
+        (pl.col("gpus_per_node").list.min().fill_null(0) < 0, "gpus_per_node",
+         "negative gpus_per_node"),
+        (pl.col("allocation_nodes") < 0, "allocation_nodes", "negative allocation_nodes"),
+    ]  # fmt: skip
+    if limits is not None and limits.gpus > 0:
+        checks.append((pl.col("gpus") > limits.gpus, "gpus", "more GPUs than the cluster has"))
+    if limits is not None and limits.nodes > 0:
+        checks.append((n_nodes > limits.nodes, "nodes", "more nodes than the cluster has"))
+    return checks
+
+
+def _verdicts(df: pl.DataFrame, limits: ClusterLimits | None) -> pl.DataFrame:
+    """``_field`` and ``_reason`` of the first check each record fails (null when fit)."""
+    checks = _checks(limits)
+    first = pl.coalesce(
+        [pl.when(cond.fill_null(False)).then(pl.lit(i)) for i, (cond, _, _) in enumerate(checks)]
+    )
+    fields = {i: f for i, (_, f, _) in enumerate(checks)}
+    reasons = {i: r for i, (_, _, r) in enumerate(checks)}
+    return df.with_columns(first.alias("_check")).with_columns(
+        pl.col("_check").replace_strict(fields, default=None, return_dtype=pl.String())
+        .alias("_field"),
+        pl.col("_check").replace_strict(reasons, default=None, return_dtype=pl.String())
+        .alias("_reason"),
+    ).drop("_check", *[c for c in df.columns if c.startswith("_given_")])  # fmt: skip
 
 
 def _dedupe(df: pl.DataFrame) -> tuple[pl.DataFrame, int]:
@@ -221,20 +278,28 @@ def _replace_job_nodes(con: duckdb.DuckDBPyConnection, changed: pl.DataFrame) ->
 
 def _reject(
     con: duckdb.DuckDBPyConnection,
-    runs: Sequence[JobRun],
-    bad: pl.DataFrame,
+    rows: Sequence[RejectedRecord],
     *,
     source: str,
     now: float,
 ) -> None:
-    """Write the rejected records (their JSON and reason) to ``rejected_rows``."""
-    rows = [
-        (source, json.dumps(asdict(runs[i]), default=str, ensure_ascii=False), reason, now)
-        for i, reason in zip(bad["_row"].to_list(), bad["_reason"].to_list(), strict=True)
-    ]
+    """Write rejected records (job id, field, reason, the record as JSON) to
+    ``rejected_rows``."""
     con.executemany(
-        "INSERT INTO rejected_rows (source, raw, reason, rejected_at) VALUES (?, ?, ?, ?)", rows
+        "INSERT INTO rejected_rows (source, raw, reason, rejected_at, job_id, field) "
+        "VALUES (?, ?, ?, ?, ?, ?)",
+        [(source, r.raw, r.reason, now, r.job_id, r.field) for r in rows],
     )
+
+
+def _rejected_runs(runs: Sequence[JobRun], bad: pl.DataFrame) -> list[RejectedRecord]:
+    """The runs that failed a check, as rejected records."""
+    out: list[RejectedRecord] = []
+    for i, field, reason in bad.select("_row", "_field", "_reason").iter_rows():
+        run = runs[i]
+        raw = json.dumps(asdict(run), default=repr, ensure_ascii=False)[:_MAX_RAW]
+        out.append(RejectedRecord(str(run.job_id), str(field), str(reason), raw))
+    return out
 
 
 def ingest_job_runs(
@@ -243,17 +308,24 @@ def ingest_job_runs(
     *,
     source: str,
     watermark: float | None = None,
+    rejected: Sequence[RejectedRecord] = (),
+    limits: ClusterLimits | None = None,
 ) -> IngestReport:
     """Upsert ``runs`` into ``jobs``/``job_nodes`` in one transaction; report what happened.
 
-    Malformed records go to ``rejected_rows``. With ``watermark``, the source's watermark is
-    set in the same transaction. The connection must not be inside a transaction already.
+    Records unfit to store (see ``_checks``; ``limits`` adds the cluster's size) go to
+    ``rejected_rows`` with the records already ``rejected`` while parsing, the others are
+    stored. With ``watermark``, the source's watermark is set in the same transaction. The
+    connection must not be inside a transaction already.
     """
     t0 = time.perf_counter()
     now = time.time()
-    df = runs_frame(runs).with_row_index("_row").with_columns(_reasons().alias("_reason"))
-    bad = df.filter(pl.col("_reason").is_not_null()).select("_row", "_reason")
-    good, duplicates = _dedupe(df.filter(pl.col("_reason").is_null()).drop("_row", "_reason"))
+    df = _verdicts(runs_frame(runs).with_row_index("_row"), limits)
+    bad = df.filter(pl.col("_reason").is_not_null()).select("_row", "_field", "_reason")
+    refused = [*rejected, *_rejected_runs(runs, bad)]
+    good, duplicates = _dedupe(
+        df.filter(pl.col("_reason").is_null()).drop("_row", "_field", "_reason")
+    )
     con.begin()
     try:
         con.register("stage", good)
@@ -267,8 +339,8 @@ def ingest_job_runs(
         if changed.height:
             _write_jobs(con, changed, source=source, now=now)
             node_rows = _replace_job_nodes(con, changed)
-        if bad.height:
-            _reject(con, runs, bad, source=source, now=now)
+        if refused:
+            _reject(con, refused, source=source, now=now)
         if watermark is not None:
             set_watermark(con, source, watermark)
         con.commit()
@@ -277,17 +349,17 @@ def ingest_job_runs(
         raise
     counts = actions.value_counts().rows()
     by_action = {str(a): int(n) for a, n in counts}
-    reasons = bad.group_by("_reason").len().sort("_reason").rows()
+    reasons = sorted(Counter(r.reason for r in refused).items())
     return IngestReport(
         source=source,
-        received=len(runs),
+        received=len(runs) + len(rejected),
         inserted=by_action.get("insert", 0),
         updated=by_action.get("update", 0),
         unchanged=by_action.get("unchanged", 0),
         kept_settled=by_action.get("kept_settled", 0),
         duplicates=duplicates,
-        rejected=bad.height,
-        rejected_reasons=tuple((str(r), int(n)) for r, n in reasons),
+        rejected=len(refused),
+        rejected_reasons=tuple(reasons),
         job_node_rows=node_rows,
         seconds=time.perf_counter() - t0,
     )

@@ -153,10 +153,17 @@ _V3 = (
     )""",
 )
 
+# Rejected rows say which job (as written, when readable) and which field was at fault.
+_V4 = (
+    "ALTER TABLE rejected_rows ADD COLUMN job_id VARCHAR",
+    "ALTER TABLE rejected_rows ADD COLUMN field VARCHAR",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "jobs, job_nodes, nodes, telemetry, link_load, rejected_rows, ingest_state", _V1),
     Migration(2, "telemetry_samples.labels as VARCHAR (JSON text, not validated)", _V2),
     Migration(3, "decisions and audit of the live loop", _V3),
+    Migration(4, "rejected_rows.job_id and rejected_rows.field", _V4),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

@@ -43,11 +43,12 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from linkwise.cluster.slurm.errors import SlurmError
-from linkwise.cluster.slurm.records import JobRun, NodeInfo
+from linkwise.cluster.slurm.records import AccountingBatch, JobRun, NodeInfo
 from linkwise.datasets.ingest import (
     get_watermark,
     ingest_job_runs,
     ingest_nodes,
+    limits_of,
     next_window_start,
     windows,
 )
@@ -99,7 +100,7 @@ class Log(Protocol):
 class AccountingSource(Protocol):
     """What accounting collection reads (``SlurmClient`` is one)."""
 
-    def jobs(self, since: float, until: float | None = None) -> list[JobRun]: ...
+    def accounting(self, since: float, until: float | None = None) -> AccountingBatch: ...
     def nodes(self) -> list[NodeInfo]: ...
 
 
@@ -284,27 +285,36 @@ def collect_accounting(
 
         n_nodes = 0
         try:
-            n_nodes = ingest_nodes(con, cluster, client.nodes())
+            nodes = client.nodes()
         except SlurmError as exc:
             raise CollectError(f"reading nodes: {exc}", report(previous)) from exc
+        n_nodes = ingest_nodes(con, cluster, nodes)
+        limits = limits_of(nodes)
         log.info("stored %d nodes of cluster %s", n_nodes, cluster)
         watermark = previous
         hold = float("inf")  # unsettled records seen so far keep the watermark behind them
         for i, (w_start, w_end) in enumerate(plan, 1):
             tw = time.perf_counter()
             try:
-                runs = client.jobs(w_start, w_end)
+                batch = client.accounting(w_start, w_end)
             except SlurmError as exc:
                 raise CollectError(
                     f"window {i}/{len(plan)} [{_iso(w_start)}, {_iso(w_end)}): {exc}; "
                     f"{len(done)} earlier window(s) stored, this one left unchanged",
                     report(watermark),
                 ) from exc
-            runs = _keep_known_exit_codes(con, runs)
+            runs = _keep_known_exit_codes(con, list(batch.runs))
             hold = min(hold, _unsettled_since(runs))
             candidate = min(w_end, hold)
             watermark = candidate if watermark is None else max(watermark, candidate)
-            ing = ingest_job_runs(con, runs, source=src, watermark=watermark)
+            ing = ingest_job_runs(
+                con,
+                runs,
+                source=src,
+                watermark=watermark,
+                rejected=batch.rejected,
+                limits=limits,
+            )
             window = WindowReport(
                 start=w_start,
                 end=w_end,
@@ -408,8 +418,9 @@ class TelemetryCollectReport:
 
 def _rate_dict(r: RateReport) -> dict[str, Any]:
     names = ("intervals", "rates", "first_samples", "gaps", "resets", "wraps", "saturated")
-    names += ("non_increasing_time", "capped", "port_directions", "ports_without_rate")
-    return {**{n: int(getattr(r, n)) for n in names}, "without_rate": dict(r.without_rate)}
+    names2 = ("non_increasing_time", "capped", "port_directions", "ports_without_rate")
+    counts = {n: int(getattr(r, n)) for n in (*names, *names2)}
+    return {**counts, "without_rate": dict(r.without_rate)}
 
 
 def _url_host(url: str) -> str:
@@ -552,9 +563,9 @@ def _rejected_since(con: Any, source: str, since: float) -> tuple[tuple[str, int
 
 
 @task(retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
-def read_jobs(client: AccountingSource, since: float, until: float | None) -> list[JobRun]:
-    """Slurm accounting records of a window (a pure read: retried)."""
-    return client.jobs(since, until)
+def read_accounting(client: AccountingSource, since: float, until: float | None) -> AccountingBatch:
+    """Slurm accounting records of a window, and those rejected (a pure read: retried)."""
+    return client.accounting(since, until)
 
 
 @task(retries=2, retry_delay_seconds=2, cache_policy=NO_CACHE)
@@ -581,8 +592,8 @@ class _TaskReads:
 
     client: AccountingSource
 
-    def jobs(self, since: float, until: float | None = None) -> list[JobRun]:
-        return read_jobs(self.client, since, until)
+    def accounting(self, since: float, until: float | None = None) -> AccountingBatch:
+        return read_accounting(self.client, since, until)
 
     def nodes(self) -> list[NodeInfo]:
         return read_nodes(self.client)

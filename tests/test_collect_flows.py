@@ -18,7 +18,7 @@ import duckdb
 import pytest
 
 from linkwise.cluster.slurm.parse import parse_accounting, parse_acct_lines, run_indexes
-from linkwise.cluster.slurm.records import JobRun, NodeInfo
+from linkwise.cluster.slurm.records import AccountingBatch, JobRun, NodeInfo
 
 REPO = Path(__file__).resolve().parents[1]
 TELEMETRY = REPO.parent / "shared" / "data" / "telemetry"
@@ -110,13 +110,14 @@ class Recorded:
     runs: list[JobRun]
     calls: list[tuple[float, float | None]] = dataclasses.field(default_factory=list)
 
-    def jobs(self, since: float, until: float | None = None) -> list[JobRun]:
+    def accounting(self, since: float, until: float | None = None) -> AccountingBatch:
         self.calls.append((since, until))
         end = float("inf") if until is None else until
-        return [r for r in self.runs if r.submit_time < end and (r.end_time or end) >= since]
+        runs = [r for r in self.runs if r.submit_time < end and (r.end_time or end) >= since]
+        return AccountingBatch(tuple(runs))
 
     def nodes(self) -> list[NodeInfo]:
-        return [NodeInfo("gpu01", "IDLE", ("gpu",), 8, 4, 0)]
+        return [NodeInfo(f"gpu0{i}", "IDLE", ("gpu",), 8, 4, 0) for i in range(1, 5)]
 
 
 def test_known_exit_code_is_not_forgotten_and_unsettled_holds_the_watermark(

@@ -21,7 +21,7 @@ import pytest
 from linkwise.cli import main
 from linkwise.cluster.slurm.cli_transport import CliTransport, CommandRunner
 from linkwise.cluster.slurm.client import SlurmClient, read_env_file
-from linkwise.cluster.slurm.records import JobRun, NodeInfo
+from linkwise.cluster.slurm.records import AccountingBatch, NodeInfo
 from linkwise.pipelines.collect import CollectError, collect_accounting
 
 pytestmark = pytest.mark.services
@@ -213,9 +213,10 @@ class _DiesAfterFirstWindow:
     def __init__(self, live: SlurmClient, dead: CliTransport) -> None:
         self.live, self.dead, self.calls = live, dead, 0
 
-    def jobs(self, since: float, until: float | None = None) -> list[JobRun]:
+    def accounting(self, since: float, until: float | None = None) -> AccountingBatch:
         self.calls += 1
-        return self.live.jobs(since, until) if self.calls == 1 else self.dead.jobs(since, until)
+        source = self.live if self.calls == 1 else self.dead
+        return source.accounting(since, until)
 
     def nodes(self) -> list[NodeInfo]:
         return self.live.nodes()

@@ -230,3 +230,53 @@ def test_watermarks_and_nodes() -> None:
         ("gpu01", "IDLE", 4, 0, ["gpu"]),
         ("gpu02", "ALLOCATED", 4, 4, ["gpu", "debug"]),
     ]
+
+
+def test_impossible_records_are_rejected_one_by_one_and_the_rest_stored() -> None:
+    from linkwise.cluster.slurm.records import RejectedRecord
+    from linkwise.datasets.ingest import ClusterLimits
+
+    con = _store()
+    many = tuple(f"gpu{i:07d}" for i in range(1, 1001))
+    bad = [
+        dataclasses.replace(BASE, job_id=401, gpus=20, gpus_per_node=(10, 10)),  # > 16 GPUs
+        dataclasses.replace(BASE, job_id=402, nodes=many, gpus=0, gpus_per_node=(0,) * 1000),
+        dataclasses.replace(BASE, job_id=403, submit_time=-5.0),
+        dataclasses.replace(BASE, job_id=404, start_time=-1.0, end_time=10.0),
+        dataclasses.replace(BASE, job_id=405, gpus=2_000_000, gpus_per_node=(10**6, 10**6)),
+        dataclasses.replace(BASE, job_id=408, gpus=5_000_000_000),
+        dataclasses.replace(BASE, job_id=2**70),
+        dataclasses.replace(BASE, job_id=406, name=b"\xff"),  # type: ignore[arg-type]
+        dataclasses.replace(BASE, job_id=407, exit_code=2**40),
+    ]
+    parsed = RejectedRecord("abc", "job_id", "job_id is not an integer", '{"job_id": "abc"}')
+    rep = ingest_job_runs(
+        con,
+        [BASE, *bad],
+        source="sacct",
+        watermark=50.0,
+        rejected=(parsed,),
+        limits=ClusterLimits(nodes=4, gpus=16),
+    )
+    assert (rep.inserted, rep.rejected) == (1, 10)
+    assert get_watermark(con, "sacct") == 50.0
+    rows = con.execute(
+        "SELECT job_id, field, reason FROM rejected_rows ORDER BY rejected_at, job_id"
+    ).fetchall()
+    assert sorted(rows, key=str) == sorted(
+        [
+            ("401", "gpus", "more GPUs than the cluster has"),
+            ("402", "nodes", "more nodes than the cluster has"),
+            ("403", "submit_time", "negative submit_time"),
+            ("404", "start_time", "negative start_time"),
+            ("405", "gpus", "absurd GPU count"),
+            ("408", "gpus", "gpus out of range"),
+            (str(2**70), "job_id", "job_id out of range"),
+            ("406", "name", "name missing or of the wrong type"),
+            ("407", "exit_code", "exit_code out of range"),
+            ("abc", "job_id", "job_id is not an integer"),
+        ],
+        key=str,
+    )
+    assert _count(con, "jobs") == 1 and _count(con, "job_nodes") == 2
+    assert dict(rep.rejected_reasons)["more GPUs than the cluster has"] == 1

@@ -271,3 +271,80 @@ def test_gc_paused_restores_the_collector_state() -> None:
         assert not gc.isenabled()  # left off as it was found
     finally:
         gc.enable()
+
+
+def _one(**changes: Any) -> dict[str, Any]:
+    """The fixture's first accounting record with some fields replaced (None deletes)."""
+    rec = copy.deepcopy(load("sacct.json")["jobs"][0])
+    for path, value in changes.items():
+        node = rec
+        *parents, last = path.split("__")
+        for p in parents:
+            node = node[p]
+        if value is None:
+            node.pop(last, None)
+        else:
+            node[last] = value
+    return rec
+
+
+def _gpu_tres(count: object) -> dict[str, Any]:
+    return {"allocated": [{"type": "gres", "name": "gpu", "id": 1001, "count": count}]}
+
+
+def test_each_bad_accounting_record_is_rejected_with_its_job_field_and_reason() -> None:
+    from linkwise.cluster.slurm.parse import parse_accounting_batch
+
+    good = _one()
+    bad = [
+        _one(job_id="abc"),
+        _one(job_id=None),
+        _one(job_id=True),
+        _one(time="yesterday"),
+        _one(time__submission="x"),
+        _one(time__start=-5),
+        _one(tres=_gpu_tres(5_000_000_000)),
+        _one(tres=_gpu_tres(99999999999999999999)),
+        _one(tres=_gpu_tres("many")),
+        _one(nodes="gpu[1-"),
+        _one(name={"not": "text"}),
+        _one(state="COMPLETED"),
+        _one(allocation_nodes=-1),
+        "not a record",
+    ]
+    batch = parse_accounting_batch({"jobs": [good, *bad], "errors": []})
+    assert [r.job_id for r in batch.runs] == [good["job_id"]]
+    got = [(r.job_id, r.field) for r in batch.rejected]
+    jid = str(good["job_id"])
+    assert got == [
+        ("abc", "job_id"),
+        (None, "job_id"),
+        ("True", "job_id"),
+        (jid, "time"),
+        (jid, "time.submission"),
+        (jid, "time.start"),
+        (jid, "tres.allocated"),
+        (jid, "tres.allocated"),
+        (jid, "tres.allocated"),
+        (jid, "nodes"),
+        (jid, "name"),
+        (jid, "state"),
+        (jid, "allocation_nodes"),
+        (None, "record"),
+    ]
+    reasons = [r.reason for r in batch.rejected]
+    assert reasons[0] == "job_id is not an integer" and reasons[5] == "time.start is negative"
+    assert reasons[6] == reasons[7] == "tres.allocated: absurd GPU count"
+    assert all(r.raw for r in batch.rejected)
+    assert json.loads(batch.rejected[0].raw)["job_id"] == "abc"
+    with pytest.raises(SlurmError, match=r"job abc: job_id is not an integer"):
+        parse_accounting({"jobs": [good, bad[0]], "errors": []})
+
+
+def test_non_utf8_bytes_in_a_job_name_become_replacement_characters() -> None:
+    from linkwise.cluster.slurm.parse import parse_accounting_batch_json
+
+    text = json.dumps({"jobs": [_one(name="NAME")], "errors": []}).encode()
+    raw = text.replace(b"NAME", b"bad \xff\xfe name")
+    batch = parse_accounting_batch_json(raw)
+    assert not batch.rejected and batch.runs[0].name == "bad \ufffd\ufffd name"

@@ -17,14 +17,21 @@ from typing import Any
 from linkwise.cluster.slurm.errors import SlurmError, SlurmTimeout, SlurmUnavailable
 from linkwise.cluster.slurm.parse import (
     ACCT_LINE_FIELDS,
-    parse_accounting_json,
+    parse_accounting_batch_json,
     parse_acct_lines,
     parse_nodes,
     parse_queue,
     parse_scontrol_partitions,
     run_indexes,
 )
-from linkwise.cluster.slurm.records import JobRun, NodeInfo, PartitionInfo, QueuedJob
+from linkwise.cluster.slurm.records import (
+    AccountingBatch,
+    JobRun,
+    NodeInfo,
+    PartitionInfo,
+    QueuedJob,
+    RejectedRecord,
+)
 
 DEFAULT_TIMEOUT_S = 30.0
 ID_CHUNK = 500  # job ids per ``sacct -j`` call
@@ -68,7 +75,8 @@ class CommandRunner:
         extra_env: Mapping[str, str] | None = None,
         secret_output: bool = False,
     ) -> str:
-        """Run ``args`` and return its stdout (UTF-8); raise on failure or timeout.
+        """Run ``args`` and return its stdout (UTF-8, undecodable bytes as U+FFFD: names are
+        user-controlled); raise on failure or timeout.
 
         ``secret_output`` keeps stdout out of error messages (``scontrol token``).
         """
@@ -98,7 +106,7 @@ class CommandRunner:
             cls = SlurmUnavailable if any(h in lowered for h in _UNAVAILABLE_HINTS) else SlurmError
             raise cls(f"{name}: exit status {proc.returncode}: {detail or 'no message'}")
         self._last_stderr = stderr
-        return proc.stdout.decode("utf-8")
+        return proc.stdout.decode("utf-8", "replace")
 
     def run_json(self, args: Sequence[str], *, timeout: float | None = None) -> dict[str, Any]:
         """Run a ``--json`` command and decode its output."""
@@ -166,8 +174,18 @@ class CliTransport:
         return sorted({int(x) for x in out.split() if x.isdigit()})
 
     def jobs(self, since: float, until: float | None = None) -> list[JobRun]:
-        """Every run of every job that has an accounting record in ``[since, until]``."""
+        """Every run of every job that has an accounting record in ``[since, until]``; a
+        record that cannot be read raises ``SlurmError`` (``accounting`` keeps the others)."""
+        batch = self.accounting(since, until)
+        if batch.rejected:
+            bad = batch.rejected[0]
+            raise SlurmError(f"accounting record of job {bad.job_id}: {bad.reason}")
+        return list(batch.runs)
+
+    def accounting(self, since: float, until: float | None = None) -> AccountingBatch:
+        """The runs with an accounting record in ``[since, until]`` and the records rejected."""
         runs: list[JobRun] = []
+        rejected: list[RejectedRecord] = []
         for ids in chunks(self.job_ids(since, until), ID_CHUNK):
             id_arg = ",".join(str(i) for i in ids)
             json_args = ["sacct", "-a", "-D", "--json", "-j", id_arg]
@@ -180,8 +198,10 @@ class CliTransport:
             codes = {(x.job_id, x.submit_time): (x.exit_code, x.signal) for x in lines}
             indexes = run_indexes((x.job_id, x.submit_time, x.state) for x in lines)
             check = partial(self.runner.check_json, json_args)
-            runs.extend(parse_accounting_json(doc_text, codes, indexes, check=check))
-        return runs
+            batch = parse_accounting_batch_json(doc_text, codes, indexes, check=check)
+            runs.extend(batch.runs)
+            rejected.extend(batch.rejected)
+        return AccountingBatch(tuple(runs), tuple(rejected))
 
     def queue(self) -> list[QueuedJob]:
         """Pending and running jobs (``squeue --json``)."""

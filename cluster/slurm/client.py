@@ -20,7 +20,13 @@ from typing import Any, Literal, Protocol
 
 from linkwise.cluster.slurm.cli_transport import DEFAULT_TIMEOUT_S, CliTransport, CommandRunner
 from linkwise.cluster.slurm.errors import SlurmError, SlurmTimeout, SlurmUnavailable
-from linkwise.cluster.slurm.records import JobRun, NodeInfo, PartitionInfo, QueuedJob
+from linkwise.cluster.slurm.records import (
+    AccountingBatch,
+    JobRun,
+    NodeInfo,
+    PartitionInfo,
+    QueuedJob,
+)
 from linkwise.cluster.slurm.rest_transport import RestTransport, scontrol_token_source
 
 __all__ = [
@@ -43,6 +49,7 @@ class Transport(Protocol):
     name: str
 
     def jobs(self, since: float, until: float | None = None) -> list[JobRun]: ...
+    def accounting(self, since: float, until: float | None = None) -> AccountingBatch: ...
     def queue(self) -> list[QueuedJob]: ...
     def nodes(self) -> list[NodeInfo]: ...
     def partitions(self) -> list[PartitionInfo]: ...
@@ -107,6 +114,11 @@ class SlurmClient:
     def jobs(self, since: float, until: float | None = None) -> list[JobRun]:
         """Every run of every job with an accounting record in ``[since, until]``."""
         return self.transport.jobs(since, until)
+
+    def accounting(self, since: float, until: float | None = None) -> AccountingBatch:
+        """The runs with an accounting record in ``[since, until]``, and the records that
+        could not be read (each with its job id, field and reason)."""
+        return self.transport.accounting(since, until)
 
     def queue(self) -> list[QueuedJob]:
         """Jobs pending or running now."""
@@ -222,6 +234,10 @@ class PyslurmTransport:
     def jobs(self, since: float, until: float | None = None) -> list[JobRun]:
         """Not implemented (see the class docstring)."""
         raise self._unsupported("jobs")
+
+    def accounting(self, since: float, until: float | None = None) -> AccountingBatch:
+        """Not implemented (see the class docstring)."""
+        raise self._unsupported("accounting")
 
     def queue(self) -> list[QueuedJob]:
         """Not implemented (see the class docstring)."""

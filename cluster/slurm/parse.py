@@ -31,7 +31,14 @@ import orjson
 
 from linkwise.cluster.hostlist import expand
 from linkwise.cluster.slurm.errors import SlurmError
-from linkwise.cluster.slurm.records import JobRun, NodeInfo, PartitionInfo, QueuedJob
+from linkwise.cluster.slurm.records import (
+    AccountingBatch,
+    JobRun,
+    NodeInfo,
+    PartitionInfo,
+    QueuedJob,
+    RejectedRecord,
+)
 
 ExitStatus = tuple[int | None, int | None]  # (exit code, signal)
 RunKey = tuple[int, int]  # (job id, submit time in epoch seconds): one run of a job
@@ -55,6 +62,10 @@ FINISHED_STATES = frozenset(
     }
 )
 _GPU_TRES = re.compile(r"(?:^|,)gres/gpu=(\d+)(?=,|$)")
+MAX_GPUS_PER_JOB = 1 << 20
+"""More GPUs than this in one accounting record is absurd (the largest machines have ~10^5)."""
+_MAX_ID = (1 << 63) - 1
+_MAX_RAW = 64 * 1024  # characters of a rejected record kept in ``RejectedRecord.raw``
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,12 +143,14 @@ def ctld_exit_codes(doc: Mapping[str, Any]) -> dict[RunKey, ExitStatus]:
     return out
 
 
-def parse_accounting(
+def parse_accounting_batch(
     doc: Mapping[str, Any],
     exit_codes: Mapping[RunKey, ExitStatus] | None = None,
     run_index: Mapping[RunKey, int] | None = None,
-) -> list[JobRun]:
-    """Job runs of a ``sacct --json`` / ``/slurmdb/v0.0.38/jobs`` document.
+) -> AccountingBatch:
+    """Job runs of a ``sacct --json`` / ``/slurmdb/v0.0.38/jobs`` document, record by record:
+    a record that cannot become a ``JobRun`` (a field missing, of the wrong type, unparseable
+    or impossible) is a ``RejectedRecord`` naming its job id, the field and the reason.
 
     ``exit_codes`` corrects the exit code of FAILED runs (the 22.05 defect); ``run_index``
     gives each run's index (default 0).
@@ -146,8 +159,51 @@ def parse_accounting(
     codes = exit_codes or {}
     indexes = run_index or {}
     placements: dict[tuple[str, int], tuple[tuple[str, ...], tuple[int, ...]]] = {}
+    runs: list[JobRun] = []
+    rejected: list[RejectedRecord] = []
     with gc_paused():
-        return [_job_run(rec, codes, indexes, placements) for rec in _list(doc, "jobs")]
+        for rec in _list(doc, "jobs"):
+            try:
+                runs.append(_job_run(rec, codes, indexes, placements))
+            except _BadField as bad:
+                rejected.append(_rejected(rec, bad))
+    return AccountingBatch(tuple(runs), tuple(rejected))
+
+
+def parse_accounting(
+    doc: Mapping[str, Any],
+    exit_codes: Mapping[RunKey, ExitStatus] | None = None,
+    run_index: Mapping[RunKey, int] | None = None,
+) -> list[JobRun]:
+    """Job runs of an accounting document, every record valid: raises ``SlurmError`` naming
+    the first bad record's job and field (``parse_accounting_batch`` keeps the rest)."""
+    return list(_strict(parse_accounting_batch(doc, exit_codes, run_index)).runs)
+
+
+def parse_accounting_batch_json(
+    text: str | bytes,
+    exit_codes: Mapping[RunKey, ExitStatus] | None = None,
+    run_index: Mapping[RunKey, int] | None = None,
+    check: Callable[[dict[str, Any]], object] | None = None,
+) -> AccountingBatch:
+    """``parse_accounting_batch`` of ``sacct --json`` output text in one pass.
+
+    Bytes that are not UTF-8 (user-controlled names) become U+FFFD replacement characters.
+    The decoded document lives only inside this call, with the garbage collector paused.
+    ``check`` sees the decoded document first (to raise on Slurm's ``errors``). Raises
+    ``SlurmError`` if the text is not a JSON object.
+    """
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", errors="replace")
+    with gc_paused():
+        doc = decode_json(text, "accounting")
+        if not isinstance(doc, dict):
+            raise SlurmError("accounting: JSON output is not an object")
+        if check is not None:
+            check(doc)
+        batch = parse_accounting_batch(doc, exit_codes, run_index)
+        del doc
+    return batch
 
 
 def parse_accounting_json(
@@ -156,21 +212,73 @@ def parse_accounting_json(
     run_index: Mapping[RunKey, int] | None = None,
     check: Callable[[dict[str, Any]], object] | None = None,
 ) -> list[JobRun]:
-    """Job runs of ``sacct --json`` output text: decode and ``parse_accounting`` in one pass.
+    """``parse_accounting_batch_json``, every record valid (else ``SlurmError``)."""
+    return list(_strict(parse_accounting_batch_json(text, exit_codes, run_index, check)).runs)
 
-    The decoded document lives only inside this call, with the garbage collector paused.
-    ``check`` sees the decoded document first (to raise on Slurm's ``errors``). Raises
-    ``SlurmError`` if the text is not a JSON object.
-    """
-    with gc_paused():
-        doc = decode_json(text, "accounting")
-        if not isinstance(doc, dict):
-            raise SlurmError("accounting: JSON output is not an object")
-        if check is not None:
-            check(doc)
-        runs = parse_accounting(doc, exit_codes, run_index)
-        del doc
-    return runs
+
+def _strict(batch: AccountingBatch) -> AccountingBatch:
+    if batch.rejected:
+        bad = batch.rejected[0]
+        more = f" (and {len(batch.rejected) - 1} more)" if len(batch.rejected) > 1 else ""
+        raise SlurmError(f"accounting record of job {bad.job_id}: {bad.reason}{more}")
+    return batch
+
+
+class _BadField(ValueError):
+    """A field of an accounting record that cannot be read."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(reason)
+        self.field = field
+        self.reason = reason
+
+
+def _rejected(rec: object, bad: _BadField) -> RejectedRecord:
+    job = rec.get("job_id") if isinstance(rec, Mapping) else None
+    try:
+        raw = orjson.dumps(rec, option=orjson.OPT_NON_STR_KEYS).decode()
+    except TypeError:
+        raw = repr(rec)
+    return RejectedRecord(
+        job_id=None if job is None else str(job)[:100],
+        field=bad.field,
+        reason=bad.reason,
+        raw=raw[:_MAX_RAW],
+    )
+
+
+def _as_int(value: Any, field: str, *, lo: int = 0, hi: int = _MAX_ID) -> int:
+    """An integer field: ints, integral floats and decimal strings; bools and other types
+    are refused, as are values outside ``[lo, hi]``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise _BadField(field, f"{field} is not an integer")
+    try:
+        number = int(value) if not isinstance(value, float) or value.is_integer() else None
+    except (ValueError, OverflowError):
+        number = None
+    if number is None:
+        raise _BadField(field, f"{field} is not an integer")
+    if number < lo:
+        raise _BadField(field, f"{field} is negative" if lo == 0 else f"{field} is below {lo}")
+    if number > hi:
+        raise _BadField(field, f"{field} is out of range")
+    return number
+
+
+def _as_text(value: Any, field: str) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise _BadField(field, f"{field} is not text")
+    return value
+
+
+def _as_map(value: Any, field: str) -> Mapping[str, Any]:
+    if value is None:
+        return _EMPTY
+    if not isinstance(value, Mapping):
+        raise _BadField(field, f"{field} is not an object")
+    return value
 
 
 def decode_json(text: str | bytes, what: str = "Slurm") -> Any:
@@ -181,7 +289,10 @@ def decode_json(text: str | bytes, what: str = "Slurm") -> Any:
     try:
         return orjson.loads(text)
     except json.JSONDecodeError as exc:  # orjson.JSONDecodeError subclasses it
-        raise SlurmError(f"{what}: output is not JSON: {exc}") from exc
+        try:  # integers beyond 64 bits are JSON that orjson refuses: let the records say
+            return json.loads(text)
+        except ValueError:
+            raise SlurmError(f"{what}: output is not JSON: {exc}") from exc
 
 
 @contextmanager
@@ -204,52 +315,91 @@ _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 
 def _job_run(
-    rec: Mapping[str, Any],
+    rec: Any,
     codes: Mapping[RunKey, ExitStatus],
     indexes: Mapping[RunKey, int],
     placements: dict[tuple[str, int], tuple[tuple[str, ...], tuple[int, ...]]],
 ) -> JobRun:
+    """One record as a ``JobRun``; raises ``_BadField`` naming the field that is unreadable."""
+    if not isinstance(rec, Mapping):
+        raise _BadField("record", "record is not an object")
     get = rec.get
-    t = get("time") or _EMPTY
-    job_id = int(rec["job_id"])
-    submit = _int(t.get("submission"))
+    if get("job_id") is None:
+        raise _BadField("job_id", "job_id is missing")
+    job_id = _as_int(get("job_id"), "job_id", lo=1)
+    t = _as_map(get("time"), "time")
+    submit = _as_int(t.get("submission") or 0, "time.submission")
     key = (job_id, submit)
-    state = str((get("state") or _EMPTY).get("current", "UNKNOWN")).split(" ")[0]
-    node_expr = str(get("nodes") or "")
-    gpus = tres_gpus((get("tres") or _EMPTY).get("allocated") or ())
+    state = _as_text(_as_map(get("state"), "state").get("current") or "UNKNOWN", "state")
+    state = state.split(" ")[0]
+    node_expr = _as_text(get("nodes"), "nodes")
+    gpus = _tres_gpus(_as_map(get("tres"), "tres").get("allocated") or ())
     placement = placements.get((node_expr, gpus))
     if placement is None:  # node lists repeat: expand each (list, gpus) once per batch
-        nodes = tuple(expand(node_expr)) if node_expr and node_expr != NO_NODES else ()
+        try:
+            nodes = tuple(expand(node_expr)) if node_expr and node_expr != NO_NODES else ()
+        except ValueError as exc:
+            raise _BadField("nodes", f"nodes is not a hostlist: {exc}"[:200]) from exc
         placement = placements[(node_expr, gpus)] = (nodes, even_split(gpus, len(nodes)))
-    allocation_nodes = int(get("allocation_nodes") or 0)
-    array = get("array") or _EMPTY
-    array_job = int(array.get("job_id") or 0)
+    allocation_nodes = _as_int(get("allocation_nodes") or 0, "allocation_nodes")
+    array = _as_map(get("array"), "array")
+    array_job = _as_int(array.get("job_id") or 0, "array.job_id")
     task = array.get("task_id")
-    code, signal = _accounting_exit(state, get("exit_code"), codes.get(key))
+    try:
+        code, signal = _accounting_exit(state, get("exit_code"), codes.get(key))
+    except (TypeError, ValueError, AttributeError, OverflowError) as exc:
+        raise _BadField("exit_code", "exit_code is not readable") from exc
     return JobRun(
-        cluster=str(get("cluster") or ""),
+        cluster=_as_text(get("cluster"), "cluster"),
         job_id=job_id,
         run_index=indexes.get(key, 0),
-        name=str(get("name") or ""),
-        user=str(get("user") or ""),
-        account=str(get("account") or ""),
-        partition=str(get("partition") or ""),
+        name=_as_text(get("name"), "name"),
+        user=_as_text(get("user"), "user"),
+        account=_as_text(get("account"), "account"),
+        partition=_as_text(get("partition"), "partition"),
         state=state,
         exit_code=code,
         signal=signal,
         submit_time=float(submit),
-        start_time=_epoch(t.get("start")),
-        end_time=_epoch(t.get("end")),
-        time_limit_s=_limit_s(t.get("limit")),
+        start_time=_epoch_field(t.get("start"), "time.start"),
+        end_time=_epoch_field(t.get("end"), "time.end"),
+        time_limit_s=_limit_field(t.get("limit")),
         nodes=placement[0],
         gpus=gpus,
         gpus_per_node=placement[1],
         allocation_nodes=allocation_nodes,
         settled=allocation_nodes > 0 or node_expr in (NO_NODES, ""),
         array_job_id=array_job or None,
-        array_task_id=int(task) if array_job and task is not None else None,
-        comment=str((get("comment") or _EMPTY).get("job") or ""),
+        array_task_id=_as_int(task, "array.task_id") if array_job and task is not None else None,
+        comment=_as_text(_as_map(get("comment"), "comment").get("job"), "comment.job"),
     )
+
+
+def _epoch_field(value: Any, field: str) -> float | None:
+    """An accounting time: 0 or absent is unset, a negative one is refused."""
+    v = _as_int(value or 0, field)
+    return float(v) if v > 0 else None
+
+
+def _limit_field(value: Any) -> float | None:
+    try:
+        return _limit_s(value)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise _BadField("time.limit", "time.limit is not an integer") from exc
+
+
+def _tres_gpus(tres: Any) -> int:
+    """``tres_gpus`` of a record's allocated TRES, refusing unreadable or absurd counts."""
+    field = "tres.allocated"
+    if not isinstance(tres, (list, tuple)) or not all(isinstance(i, Mapping) for i in tres):
+        raise _BadField(field, f"{field} is not a list of objects")
+    try:
+        gpus = tres_gpus(tres)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise _BadField(field, f"{field}: GPU count is not an integer") from exc
+    if gpus < 0 or gpus > MAX_GPUS_PER_JOB:
+        raise _BadField(field, f"{field}: absurd GPU count")
+    return gpus
 
 
 _NOT_ENDED = frozenset({"PENDING", "RUNNING", "SUSPENDED", "CONFIGURING", "COMPLETING"})
@@ -277,7 +427,10 @@ def tres_gpus(tres: Sequence[Mapping[str, Any]]) -> int:
     total = 0
     for item in tres:
         if item.get("type") == "gres" and item.get("name") == "gpu":
-            total += int(item.get("count") or 0)
+            count = item.get("count") or 0
+            if isinstance(count, bool) or not isinstance(count, int):
+                raise ValueError(f"GPU count {count!r} is not an integer")
+            total += count
     return total
 
 

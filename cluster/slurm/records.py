@@ -81,3 +81,22 @@ class QueuedJob:
     held: bool
     req_nodes: tuple[str, ...] = ()
     admin_comment: str = ""  # set by administrators (and job_submit plugins) only
+
+
+@dataclass(frozen=True, slots=True)
+class RejectedRecord:
+    """An accounting record that could not become a ``JobRun``: its job id as written (None
+    when unreadable), the field at fault, why, and the record as JSON text."""
+
+    job_id: str | None
+    field: str
+    reason: str
+    raw: str
+
+
+@dataclass(frozen=True, slots=True)
+class AccountingBatch:
+    """The job runs read from Slurm's accounting and the records rejected beside them."""
+
+    runs: tuple[JobRun, ...]
+    rejected: tuple[RejectedRecord, ...] = ()

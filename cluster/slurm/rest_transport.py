@@ -17,13 +17,19 @@ from linkwise.cluster.slurm.cli_transport import CommandRunner, slurm_time
 from linkwise.cluster.slurm.errors import SlurmError, SlurmTimeout, SlurmUnavailable
 from linkwise.cluster.slurm.parse import (
     ctld_exit_codes,
-    parse_accounting,
+    parse_accounting_batch,
     parse_nodes,
     parse_partitions,
     parse_queue,
     run_indexes,
 )
-from linkwise.cluster.slurm.records import JobRun, NodeInfo, PartitionInfo, QueuedJob
+from linkwise.cluster.slurm.records import (
+    AccountingBatch,
+    JobRun,
+    NodeInfo,
+    PartitionInfo,
+    QueuedJob,
+)
 
 API = "v0.0.38"
 DEFAULT_TIMEOUT_S = 30.0
@@ -108,7 +114,7 @@ class RestTransport:
         except (ConnectionError, OSError) as exc:
             raise SlurmUnavailable(f"{what}: {exc}") from None
         try:
-            doc = json.loads(body)
+            doc = json.loads(body.decode("utf-8", "replace"))  # names are user-controlled
         except json.JSONDecodeError as exc:
             raise SlurmError(f"{what}: answer is not JSON: {exc}") from None
         if not isinstance(doc, dict):
@@ -120,10 +126,20 @@ class RestTransport:
         params = {"start_time": slurm_time(since), "end_time": slurm_time(until or time.time())}
         doc = self.get(f"/slurmdb/{API}/jobs", params)
         _check(doc, "accounting")
-        return sorted({int(j["job_id"]) for j in doc.get("jobs") or []})
+        ids = (j.get("job_id") for j in doc.get("jobs") or [] if isinstance(j, Mapping))
+        return sorted({int(i) for i in ids if isinstance(i, int) and not isinstance(i, bool)})
 
     def jobs(self, since: float, until: float | None = None) -> list[JobRun]:
-        """Every run of every job that has an accounting record in ``[since, until]``.
+        """Every run of every job that has an accounting record in ``[since, until]``; a
+        record that cannot be read raises ``SlurmError`` (``accounting`` keeps the others)."""
+        batch = self.accounting(since, until)
+        if batch.rejected:
+            bad = batch.rejected[0]
+            raise SlurmError(f"accounting record of job {bad.job_id}: {bad.reason}")
+        return list(batch.runs)
+
+    def accounting(self, since: float, until: float | None = None) -> AccountingBatch:
+        """The runs with an accounting record in ``[since, until]`` and the records rejected.
 
         The v0.0.38 job list omits earlier runs of requeued jobs, so each job's full record
         set is read from ``/slurmdb/v0.0.38/job/{id}`` (one request per job). Exit codes of
@@ -136,15 +152,8 @@ class RestTransport:
             _check(doc, f"accounting job {job_id}")
             records.extend(doc.get("jobs") or [])
         codes = ctld_exit_codes(self.get(f"/slurm/{API}/jobs"))
-        indexes = run_indexes(
-            (
-                int(r["job_id"]),
-                int((r.get("time") or {}).get("submission") or 0),
-                str((r.get("state") or {}).get("current", "")).split(" ")[0],
-            )
-            for r in records
-        )
-        return parse_accounting({"jobs": records, "errors": []}, codes, indexes)
+        indexes = run_indexes(_run_keys(records))
+        return parse_accounting_batch({"jobs": records, "errors": []}, codes, indexes)
 
     def queue(self) -> list[QueuedJob]:
         """Pending and running jobs."""
@@ -175,3 +184,17 @@ def _error_text(body: bytes) -> str:
     if errors:
         return "; ".join(str(e.get("error") or e.get("description") or e) for e in errors)[:500]
     return "no message"
+
+
+def _run_keys(records: list[Any]) -> list[tuple[int, int, str]]:
+    """(job id, submit time, state) of the records whose id and time are integers (the
+    others are rejected by the parse)."""
+    out: list[tuple[int, int, str]] = []
+    for r in records:
+        if not isinstance(r, Mapping):
+            continue
+        t, state, job = r.get("time"), r.get("state"), r.get("job_id")
+        submit = (t.get("submission") or 0) if isinstance(t, Mapping) else None
+        if isinstance(job, int) and isinstance(submit, int) and isinstance(state, Mapping):
+            out.append((job, submit, str(state.get("current", "")).split(" ")[0]))
+    return out
