@@ -50,16 +50,17 @@ def _hermetic() -> None:
 
 
 def _tasks(n_windows: int) -> list[Any]:
+    from linkwise.cluster.topology import from_spec
     from linkwise.datasets.rollouts import cut_windows, jobs_from_trace, make_tasks
-    from linkwise.pipelines.build_dataset import pick_windows
+    from linkwise.datasets.windows import choose_windows
 
     wins = [
         w
         for w in cut_windows(jobs_from_trace(PHILLY), 6 * 3600.0, max_gpus=128)
         if len(w.jobs) <= 400
     ]
-    chosen = pick_windows(wins, n_windows, min_jobs=100)
-    return make_tasks(chosen, ["best_fit", "sjf_bco"], [0], TOPO, epsilons=(0.0, 0.1))
+    chosen = choose_windows(wins, n=n_windows, min_jobs=100)
+    return make_tasks(chosen, ["best_fit", "sjf_bco"], [0], from_spec(TOPO), epsilons=(0.0, 0.1))
 
 
 def _row(name: str, seconds: float, n: int, extra: str = "") -> dict[str, Any]:

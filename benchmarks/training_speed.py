@@ -38,14 +38,19 @@ def training_speed(steps: int, batches: list[int]) -> list[dict[str, Any]]:
     from d3rlpy.logging import NoopAdapterFactory
 
     from linkwise.cluster.mdp import MdpConfig, make_spec
+    from linkwise.cluster.topology import from_spec
     from linkwise.datasets.export import to_mdp_dataset
     from linkwise.datasets.rollouts import cut_windows, jobs_from_trace, make_tasks, run_rollouts
+    from linkwise.datasets.windows import choose_windows
     from linkwise.models.training import AlgoConfig, build_algo, fit, quiet_d3rlpy
-    from linkwise.pipelines.build_dataset import pick_windows
 
     spec = make_spec(MdpConfig(k_slots=4))
-    wins = pick_windows(cut_windows(jobs_from_trace(PHILLY), 3600.0, max_gpus=64), 6, min_jobs=20)
-    df = run_rollouts(make_tasks(wins, ["best_fit"], [0, 1], "8x8,leaf=2", config=spec.config))
+    wins = choose_windows(
+        cut_windows(jobs_from_trace(PHILLY), 3600.0, max_gpus=64), n=6, min_jobs=20
+    )
+    df = run_rollouts(
+        make_tasks(wins, ["best_fit"], [0, 1], from_spec("8x8,leaf=2"), config=spec.config)
+    )
     with quiet_d3rlpy():
         ds = to_mdp_dataset(df, spec)
     out = []

@@ -29,6 +29,8 @@ DEFAULT_NIC_GBPS = 12.5  # 100 Gb/s (EDR InfiniBand / 100GbE)
 DEFAULT_INTRA_GBPS = 150.0  # NVLink (V100-class aggregate)
 PCIE_GBPS = 12.0  # PCIe Gen3 x16, effective
 DEFAULT_NODES_PER_LEAF = 16
+# the one default cluster of every command, experiment and deployment that needs one
+DEFAULT_TOPOLOGY = "16x8,leaf=4"
 
 _SPEC_KEYS = {"leaf", "nic", "intra", "oversub", "pcie", "nvlink", "agg", "agg_oversub"}
 

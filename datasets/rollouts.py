@@ -44,7 +44,6 @@ from linkwise.cluster.domain import Job, Placement, Topology
 from linkwise.cluster.env import ClusterEnv, Workload
 from linkwise.cluster.mdp import MdpConfig, StepPolicyAdapter, make_spec
 from linkwise.cluster.profiles import Calibration, assign_profiles, load_calibration
-from linkwise.cluster.topology import load_topology
 from linkwise.datasets.backlog import Backlog, warm_jobs
 from linkwise.datasets.traces import load_trace
 from linkwise.datasets.transitions import TransitionBuffer, empty_frame
@@ -94,9 +93,8 @@ class RolloutTask:
     """One rollout: a behaviour policy on a resampled window, with everything it needs
     (picklable, so it can travel to a process pool or a Dask worker).
 
-    ``topology`` is a ``load_topology`` argument (e.g. ``"8x8,leaf=2"``) or a ``Topology``
-    (e.g. ``decisions.topology_from_store``); ``calibration`` a
-    calibration file (None: the shipped one); ``max_steps`` cuts the episode (a timeout);
+    ``topology`` and ``calibration`` are resolved once where the run starts (the task carries
+    the values, never a string to parse again); ``max_steps`` cuts the episode (a timeout);
     ``backlog`` warm-starts the window from the history's state at its start
     (``window_workload``).
     """
@@ -105,9 +103,9 @@ class RolloutTask:
     epsilon: float
     seed: int
     window: Window
-    topology: str | Topology
+    topology: Topology
     config: MdpConfig = field(default_factory=MdpConfig)
-    calibration: str | None = None
+    calibration: Calibration = field(default_factory=load_calibration)
     block_s: float = 1800.0
     max_steps: int | None = None
     backlog: Backlog | None = None
@@ -320,8 +318,7 @@ def rollout(task: RolloutTask) -> pl.DataFrame:
     The last step is ``terminal`` when every job finished, a ``timeout`` when ``max_steps``
     cut the episode or the behaviour waited on an idle cluster with nothing left to arrive.
     """
-    topo = load_topology(task.topology) if isinstance(task.topology, str) else task.topology
-    cal = load_calibration(task.calibration)
+    topo, cal = task.topology, task.calibration
     jobs, running = window_workload(
         task.window, task.seed, task.block_s, cal, topo.total_gpus, task.backlog
     )
@@ -375,18 +372,20 @@ def make_tasks(
     windows: Sequence[Window],
     policies: Sequence[str],
     seeds: Sequence[int],
-    topology: str | Topology,
+    topology: Topology,
     *,
     epsilons: Sequence[float] = (0.0,),
     config: MdpConfig | None = None,
-    calibration: str | None = None,
+    calibration: Calibration | None = None,
     block_s: float = 1800.0,
     max_steps: int | None = None,
     backlogs: Mapping[int, Backlog] | None = None,
 ) -> list[RolloutTask]:
     """The grid (policy, epsilon) x window x seed, in that nesting order; ``backlogs``
-    (window id -> the history's state at its start) warm-starts the windows it names."""
+    (window id -> the history's state at its start) warm-starts the windows it names;
+    ``calibration`` None is the shipped one."""
     cfg = config or MdpConfig()
+    cal = calibration if calibration is not None else load_calibration()
     return [
         RolloutTask(
             policy=p,
@@ -395,7 +394,7 @@ def make_tasks(
             window=w,
             topology=topology,
             config=cfg,
-            calibration=calibration,
+            calibration=cal,
             block_s=block_s,
             max_steps=max_steps,
             backlog=(backlogs or {}).get(w.window_id),

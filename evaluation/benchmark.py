@@ -54,6 +54,7 @@ import polars as pl
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import ClusterState, Decision, Job, Placement, Policy, Topology
 from linkwise.cluster.metrics import BOUNDED_SLOWDOWN_FLOOR_S, summarize
+from linkwise.cluster.profiles import Calibration, load_calibration
 from linkwise.cluster.simulator import SimConfig, simulate
 from linkwise.datasets.backlog import Backlog
 from linkwise.datasets.rollouts import Window, make_task_runner, window_workload
@@ -99,8 +100,8 @@ class PolicyRef:
 class EvalCase:
     """One evaluation workload: a window resampled with a seed, on a cluster (picklable).
 
-    ``topology`` is a ``load_topology`` argument or a ``Topology``; ``calibration`` a
-    calibration file (None: the shipped one); ``block_s`` the bootstrap block (<= 0: replay
+    ``topology`` and ``calibration`` are resolved values (parsed once, where the run
+    starts); ``block_s`` the bootstrap block (<= 0: replay
     the window as it was); ``tick_s`` periodic decision points (None: events only);
     ``backlog`` the history's state at the window's start (a warm start: its running jobs hold
     their GPUs from the start, its pending jobs arrive at the start and are scheduled and
@@ -108,8 +109,8 @@ class EvalCase:
 
     window: Window
     seed: int
-    topology: str | Topology
-    calibration: str | None = None
+    topology: Topology
+    calibration: Calibration = field(default_factory=load_calibration)
     contention: str = "analytic"
     block_s: float = 1800.0
     tick_s: float | None = None
@@ -221,30 +222,23 @@ def case_running(case: EvalCase) -> tuple[tuple[Job, Placement], ...]:
 
 
 def _case_workload(case: EvalCase) -> tuple[tuple[Job, ...], tuple[tuple[Job, Placement], ...]]:
-    from linkwise.cluster.profiles import load_calibration
-    from linkwise.cluster.topology import load_topology
-
-    topo = load_topology(case.topology) if isinstance(case.topology, str) else case.topology
     return window_workload(
         case.window,
         case.seed,
         case.block_s,
-        load_calibration(case.calibration),
-        topo.total_gpus,
+        case.calibration,
+        case.topology.total_gpus,
         case.backlog,
     )
 
 
 def _scenario(case: EvalCase, jobs: tuple[Job, ...] | None = None) -> Any:
-    from linkwise.cluster.profiles import load_calibration
-    from linkwise.cluster.topology import load_topology
     from linkwise.evaluation.compare import Scenario
 
-    topo = load_topology(case.topology) if isinstance(case.topology, str) else case.topology
     return Scenario(
-        topology=topo,
+        topology=case.topology,
         jobs=case_jobs(case) if jobs is None else jobs,
-        calibration=load_calibration(case.calibration),
+        calibration=case.calibration,
         contention=case.contention,
         config=SimConfig(tick_s=case.tick_s),
         data_dir=case.data_dir,
@@ -374,9 +368,9 @@ def run_batch(tasks: Sequence[BenchTask], label: str = "") -> list[CaseResult | 
 def make_cases(
     windows: Sequence[Window],
     seeds: Sequence[int],
-    topology: str | Topology,
+    topology: Topology,
     *,
-    calibration: str | None = None,
+    calibration: Calibration | None = None,
     contention: str = "analytic",
     block_s: float = 1800.0,
     tick_s: float | None = None,
@@ -384,13 +378,15 @@ def make_cases(
     backlogs: Mapping[int, Backlog] | None = None,
 ) -> list[EvalCase]:
     """Every window x seed, in that nesting order; ``backlogs`` (window id -> the history's
-    state at its start) warm-starts the windows it names."""
+    state at its start) warm-starts the windows it names; ``calibration`` None is the
+    shipped one."""
+    cal = calibration if calibration is not None else load_calibration()
     return [
         EvalCase(
             window=w,
             seed=int(s),
             topology=topology,
-            calibration=calibration,
+            calibration=cal,
             contention=contention,
             block_s=block_s,
             tick_s=tick_s,

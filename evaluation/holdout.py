@@ -10,13 +10,14 @@ submit time of the jobs that fit the dataset's cluster).
 
 ``check_heldout`` refuses (``HoldoutError``, a ValueError) any evaluation span of the same
 source that overlaps a dataset span; spans are half-open ``[start, end)``.
-``heldout_windows`` picks the last windows of a workload that overlap nothing used.
+``overlaps_any`` tells which windows of a workload overlap something used (held-out
+selection excludes them).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ __all__ = [
     "check_heldout",
     "dataset_spans",
     "file_sha256",
-    "heldout_windows",
+    "overlaps_any",
     "trace_source",
     "window_spans",
 ]
@@ -161,15 +162,11 @@ def check_heldout(evaluation: Sequence[Span], used: Sequence[Span]) -> None:
         )
 
 
-def heldout_windows(
-    windows: Sequence[Window], source: str, used: Sequence[Span], n: int, *, min_jobs: int = 1
-) -> list[Window]:
-    """The last ``n`` windows with at least ``min_jobs`` jobs that overlap no used span, in
-    time order."""
-    free = [
-        w
-        for w in windows
-        if len(w.jobs) >= min_jobs
-        and not any(s.overlaps(Span(source, w.start, w.end, "")) for s in used)
-    ]
-    return free[-n:] if n > 0 else []
+def overlaps_any(source: str, used: Sequence[Span]) -> Callable[[Window], bool]:
+    """Whether a window of ``source`` overlaps any ``used`` span (what held-out selection
+    excludes, ``datasets.windows.choose_windows``)."""
+
+    def overlaps(w: Window) -> bool:
+        return any(s.overlaps(Span(source, w.start, w.end, "")) for s in used)
+
+    return overlaps

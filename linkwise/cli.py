@@ -14,8 +14,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from linkwise.cluster.topology import DEFAULT_TOPOLOGY
+
 EXIT_OK, EXIT_FAIL, EXIT_INPUT = 0, 1, 2
-DEFAULT_CLUSTER = "64x8"
 DEFAULT_SYNTHETIC_JOBS = 2000
 
 
@@ -51,9 +52,9 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
     c = p.add_argument_group("cluster and contention")
     c.add_argument(
         "--cluster",
-        default=DEFAULT_CLUSTER,
+        default=DEFAULT_TOPOLOGY,
         help="NODESxGPUS[,leaf=..,nic=..,oversub=..], a slurm.conf/topology.conf folder, "
-        f"or the Alibaba topology CSV (default {DEFAULT_CLUSTER})",
+        f"or the Alibaba topology CSV (default {DEFAULT_TOPOLOGY})",
     )
     c.add_argument(
         "--contention",
@@ -282,7 +283,7 @@ def cmd_collect_accounting(args: argparse.Namespace) -> int:
     until = _parse_time(args.until, "--until")
     env_file = args.slurm_env or os.environ.get("LINKWISE_SLURM_ENV")
     env = read_env_file(env_file) if env_file else dict(os.environ)
-    cluster = args.cluster or env.get("LINKWISE_SLURM_CLUSTER")
+    cluster = args.slurm_cluster or env.get("LINKWISE_SLURM_CLUSTER")
     if not cluster:
         raise ValueError("no cluster name: pass --cluster (or LINKWISE_SLURM_CLUSTER)")
     try:
@@ -329,7 +330,7 @@ def cmd_collect_telemetry(args: argparse.Namespace) -> int:
         endpoints=args.endpoint or [],
         sysfs_roots=args.sysfs or [],
         host=args.host,
-        cluster=args.cluster,
+        cluster=args.slurm_cluster,
         timeout=args.timeout,
         interval_s=args.interval,
     )
@@ -377,7 +378,9 @@ def _add_collect_parser(sub: Any) -> None:
         help="env file with SLURM_CONF, LINKWISE_SLURM_REST_URL, LINKWISE_SLURM_CLUSTER "
         "(default: $LINKWISE_SLURM_ENV, else the environment)",
     )
-    a.add_argument("--cluster", help="cluster name (default: LINKWISE_SLURM_CLUSTER)")
+    a.add_argument(
+        "--slurm-cluster", help="the Slurm cluster's name (default: LINKWISE_SLURM_CLUSTER)"
+    )
     a.add_argument("--window", type=float, default=6 * 3600.0, help="window length, seconds")
     a.add_argument("--overlap", type=float, default=600.0, help="window overlap, seconds")
     a.add_argument("--timeout", type=float, default=30.0, help="per Slurm call, seconds")
@@ -389,7 +392,9 @@ def _add_collect_parser(sub: Any) -> None:
     t.add_argument("--endpoint", action="append", metavar="URL", help="exporter URL (repeatable)")
     t.add_argument("--sysfs", action="append", metavar="PATH", help="sysfs root (repeatable)")
     t.add_argument("--host", help="node name for samples without a host label")
-    t.add_argument("--cluster", default="", help="cluster name stored with link_load rows")
+    t.add_argument(
+        "--slurm-cluster", default="", help="the Slurm cluster's name stored with link_load rows"
+    )
     t.add_argument("--timeout", type=float, default=5.0, help="per scrape, seconds")
     t.add_argument("--interval", type=float, default=30.0, help="scrape interval, seconds")
     t.add_argument("--json", action="store_true", help="print machine-readable JSON only")

@@ -46,8 +46,9 @@ from linkwise.cluster.env import ClusterEnv, Workload
 from linkwise.cluster.mdp import MdpConfig, ObsSpec, StepPolicyAdapter
 from linkwise.cluster.profiles import Calibration, assign_profiles, load_calibration
 from linkwise.cluster.simulator import SimConfig
-from linkwise.cluster.topology import load_topology
+from linkwise.cluster.topology import DEFAULT_TOPOLOGY, load_topology
 from linkwise.datasets.rollouts import Window, cut_windows, jobs_from_trace, resample_window
+from linkwise.datasets.windows import choose_windows
 from linkwise.models.config import check_keys, config_digest, resolve_path
 from linkwise.models.learned import (
     CHECKSUMS,
@@ -126,7 +127,7 @@ class PpoEnvConfig:
     (or the ids in ``windows``), each episode block-bootstrapped with ``block_s``."""
 
     trace: str
-    topology: str = "8x8,leaf=2"
+    topology: str = DEFAULT_TOPOLOGY
     window_s: float = 3600.0
     block_s: float = 600.0
     min_jobs: int = 20
@@ -226,26 +227,19 @@ class PpoConfig:
 # ------------------------------------------------------------------------ workloads
 
 
-def select_windows(env: PpoEnvConfig) -> tuple[Window, ...]:
-    """The training windows of the configuration (deterministic)."""
-    topo = load_topology(env.topology)
+def select_windows(env: PpoEnvConfig, topology: Topology) -> tuple[Window, ...]:
+    """The training windows of the configuration on ``topology`` (deterministic): those
+    within ``train_days`` of the trace's first submit and at most ``max_jobs`` jobs, by id or
+    spread evenly (``datasets.windows.choose_windows``)."""
     jobs = jobs_from_trace(env.trace)
-    wins = cut_windows(jobs, env.window_s, max_gpus=topo.total_gpus, min_jobs=env.min_jobs)
+    wins = cut_windows(jobs, env.window_s, max_gpus=topology.total_gpus, min_jobs=env.min_jobs)
     if env.train_days is not None and wins:
         # days from the trace's first submit (window 0's start), whichever windows are kept
         t0 = min(w.start - w.window_id * env.window_s for w in wins)
         wins = [w for w in wins if w.end <= t0 + env.train_days * 86400.0 + 1e-6]
     if env.max_jobs is not None:
         wins = [w for w in wins if len(w.jobs) <= env.max_jobs]
-    if env.windows:
-        by_id = {w.window_id: w for w in wins}
-        missing = [i for i in env.windows if i not in by_id]
-        if missing:
-            raise ValueError(f"windows {missing} are not eligible (min_jobs, train_days, ...)")
-        chosen = [by_id[i] for i in env.windows]
-    else:
-        k = min(env.n_windows, len(wins))
-        chosen = [wins[int((i + 0.5) * len(wins) / k)] for i in range(k)] if k else []
+    chosen = choose_windows(wins, ids=env.windows, n=env.n_windows)
     if not chosen:
         raise ValueError(f"{env.trace}: no window matches the configuration")
     return tuple(chosen)
@@ -273,9 +267,10 @@ class WindowWorkloads:
 
 def workloads(env: PpoEnvConfig) -> WindowWorkloads:
     """The configuration's workload factory."""
+    topo = load_topology(env.topology)
     return WindowWorkloads(
-        windows=select_windows(env),
-        topology=load_topology(env.topology),
+        windows=select_windows(env, topo),
+        topology=topo,
         calibration=load_calibration(env.calibration),
         block_s=env.block_s,
         sim_config=SimConfig(tick_s=env.tick_s),

@@ -26,7 +26,7 @@ import math
 import time
 import tomllib
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ import numpy.typing as npt
 import polars as pl
 
 from linkwise.cluster.mdp import MdpConfig, ObsSpec
+from linkwise.cluster.topology import DEFAULT_TOPOLOGY
 from linkwise.models.config import check_keys, config_digest, resolve_path
 from linkwise.models.learned import masked_argmax
 
@@ -96,11 +97,16 @@ class AlgoConfig:
 class DatasetConfig:
     """The training data: ``path`` (an exported dataset's Parquet or manifest) or rollouts of
     ``policies`` on ``rollouts`` windows of ``trace`` (``pipelines.build_dataset``); the
-    ``holdout`` share of episodes is kept for evaluation."""
+    ``holdout`` share of episodes is kept for evaluation.
+
+    ``mdp`` holds the ``[dataset.mdp]`` fields the experiment asks for (a partial
+    ``MdpConfig``): a dataset is built with them; an existing dataset's manifest is the
+    authority, and one that disagrees with any given field is refused. What training logs
+    is the manifest's full configuration (``TrainConfig.with_mdp``)."""
 
     path: str | None = None
     trace: str | None = None
-    topology: str = "8x8,leaf=2"
+    topology: str = DEFAULT_TOPOLOGY
     policies: tuple[str, ...] = ("best_fit",)
     epsilons: tuple[float, ...] = (0.0,)
     seeds: tuple[int, ...] = (0,)
@@ -111,7 +117,7 @@ class DatasetConfig:
     min_jobs: int = 10
     max_steps: int | None = None
     calibration: str | None = None
-    mdp: MdpConfig = field(default_factory=MdpConfig)
+    mdp: Mapping[str, Any] = field(default_factory=dict)
     holdout: float = 0.25
 
     def __post_init__(self) -> None:
@@ -119,6 +125,24 @@ class DatasetConfig:
             raise ValueError("dataset: give a path or a trace to build rollouts from")
         if not 0 <= self.holdout < 1:
             raise ValueError("dataset.holdout must be in [0, 1)")
+        MdpConfig.from_json(self.mdp)  # unknown or invalid fields are refused here
+
+    def mdp_config(self) -> MdpConfig:
+        """The MDP configuration to build a dataset with (the given fields, defaults else)."""
+        return MdpConfig.from_json(self.mdp)
+
+    def check_manifest(self, used: MdpConfig, where: str) -> None:
+        """Refuse a dataset whose MDP configuration ``used`` disagrees with a given field."""
+        have = used.to_json()
+        clash = {k: (have.get(k), v) for k, v in self.mdp.items() if _norm(have.get(k)) != _norm(v)}
+        if clash:
+            lines = ", ".join(
+                f"{k}: dataset {a!r}, experiment {b!r}" for k, (a, b) in clash.items()
+            )
+            raise ValueError(
+                f"{where} was built with another MDP configuration than [dataset.mdp] asks "
+                f"({lines}): drop those fields (the dataset's manifest decides) or rebuild it"
+            )
 
 
 @dataclass(frozen=True)
@@ -158,7 +182,7 @@ class TrainConfig:
         train = dict(top.pop("train", {}))
         ds = dict(top.pop("dataset", {}))
         ml = dict(top.pop("mlflow", {}))
-        mdp = MdpConfig.from_json(ds.pop("mdp", {}))
+        mdp = dict(ds.pop("mdp", {}))
         check_keys(top, {"name", "algo", "seed", "device"}, "top level")
         check_keys(train, {f.name for f in fields(AlgoConfig)}, "[train]")
         check_keys(ds, {f.name for f in fields(DatasetConfig)} - {"mdp"}, "[dataset]")
@@ -190,8 +214,13 @@ class TrainConfig:
     def to_json(self) -> dict[str, Any]:
         """A JSON-serialisable description (what is logged as the run's parameters)."""
         d = asdict(self)
-        d["dataset"]["mdp"] = self.dataset.mdp.to_json()
+        d["dataset"]["mdp"] = dict(self.dataset.mdp)
         return d
+
+    def with_mdp(self, used: MdpConfig) -> TrainConfig:
+        """This configuration with the MDP configuration the dataset was built with (every
+        field), after ``DatasetConfig.check_manifest``: what is logged is what was used."""
+        return replace(self, dataset=replace(self.dataset, mdp=used.to_json()))
 
     def digest(self) -> str:
         """SHA-256 of the configuration's canonical JSON (without ``source``)."""
@@ -442,3 +471,8 @@ def fit(
             callback=callback,
         )
     return list(out)
+
+
+def _norm(value: Any) -> Any:
+    """JSON-ish values compared as equal whether lists or tuples."""
+    return tuple(value) if isinstance(value, list | tuple) else value

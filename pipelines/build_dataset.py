@@ -33,13 +33,13 @@ import polars as pl
 
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import Topology
-from linkwise.cluster.mdp import MdpConfig, ObsSpec, make_spec
+from linkwise.cluster.mdp import SLOT_ORDERS, MdpConfig, ObsSpec, make_spec
 from linkwise.cluster.profiles import load_calibration
-from linkwise.cluster.topology import load_topology
+from linkwise.cluster.topology import DEFAULT_TOPOLOGY, load_topology
 from linkwise.datasets.backlog import Backlog, backlog_from_store
+from linkwise.datasets.decisions import build_log_transitions
 from linkwise.datasets.export import export_dataset, log_to_mlflow
 from linkwise.datasets.rollouts import (
-    Window,
     cut_windows,
     jobs_from_store,
     jobs_from_trace,
@@ -48,31 +48,19 @@ from linkwise.datasets.rollouts import (
 )
 from linkwise.datasets.store import open_store
 from linkwise.datasets.transitions import empty_frame
+from linkwise.datasets.windows import choose_windows
 
 __all__ = [
     "DEFAULT_EPSILONS",
     "DEFAULT_POLICIES",
-    "DEFAULT_TOPOLOGY",
     "add_build_dataset_parser",
     "build_dataset",
     "build_dataset_flow",
     "cmd_build_dataset",
-    "pick_windows",
 ]
 
 DEFAULT_POLICIES: tuple[str, ...] = ("backfill", "best_fit", "sjf_bco", "tiresias_las")
 DEFAULT_EPSILONS: tuple[float, ...] = (0.0, 0.1)
-DEFAULT_TOPOLOGY = "16x8,leaf=4"  # for trace rollouts without a store or --topology
-
-
-def pick_windows(windows: Sequence[Window], n: int, *, min_jobs: int = 10) -> list[Window]:
-    """``n`` windows with at least ``min_jobs`` jobs, evenly spread over the workload (the
-    middle one of each of ``n`` equal runs of eligible windows; deterministic)."""
-    eligible = [w for w in windows if len(w.jobs) >= min_jobs]
-    if n <= 0 or not eligible:
-        return []
-    k = min(n, len(eligible))
-    return [eligible[int((i + 0.5) * len(eligible) / k)] for i in range(k)]
 
 
 def _file_digest(path: str | Path) -> str:
@@ -89,26 +77,19 @@ def _log_transitions(
     spec: ObsSpec,
     model: AnalyticModel,
     *,
-    cluster: str | None,
+    slurm_cluster: str | None,
     since: float | None,
     until: float | None,
     log_window_s: float | None,
     seed: int,
 ) -> tuple[pl.DataFrame, dict[str, Any]]:
-    try:
-        from linkwise.datasets.decisions import build_log_transitions
-    except ImportError as exc:  # pragma: no cover - while decisions.py is being written
-        raise RuntimeError(
-            "transitions from logs need linkwise.datasets.decisions.build_log_transitions, "
-            f"which could not be imported ({exc}); build from rollouts only (no db)"
-        ) from exc
     with closing(open_store(db_path)) as con:
         frame, report = build_log_transitions(
             con,
             topology=topo,
             spec=spec,
             model=model,
-            cluster=cluster,
+            cluster=slurm_cluster,
             since=since,
             until=until,
             window_s=log_window_s,
@@ -132,7 +113,7 @@ def build_dataset(
     block_s: float = 1800.0,
     min_jobs: int = 10,
     topology: str | None = None,
-    cluster: str | None = None,
+    slurm_cluster: str | None = None,
     since: float | None = None,
     until: float | None = None,
     log_window_s: float | None = None,
@@ -166,7 +147,7 @@ def build_dataset(
         from linkwise.datasets.decisions import topology_from_store
 
         with closing(open_store(db)) as con:
-            topo = topology_from_store(con, cluster)
+            topo = topology_from_store(con, slurm_cluster)
     if topo is None:
         topo = load_topology(DEFAULT_TOPOLOGY)
     sources: dict[str, Any] = {
@@ -186,7 +167,7 @@ def build_dataset(
             topo,
             spec,
             model,
-            cluster=cluster,
+            slurm_cluster=slurm_cluster,
             since=since,
             until=until,
             log_window_s=log_window_s,
@@ -202,7 +183,7 @@ def build_dataset(
         )
         sources["accounting"] = {
             "db": db,
-            "cluster": cluster or log_report.get("cluster"),
+            "cluster": slurm_cluster or log_report.get("cluster"),
             "since": since,
             "until": until,
             "window_s": log_window_s,
@@ -217,32 +198,25 @@ def build_dataset(
         else:
             assert db is not None
             with closing(open_store(db)) as con:
-                jobs = jobs_from_store(con, cluster=cluster, since=since, until=until)
-            origin = {"db": db, "cluster": cluster, "since": since, "until": until}
+                jobs = jobs_from_store(con, cluster=slurm_cluster, since=since, until=until)
+            origin = {"db": db, "cluster": slurm_cluster, "since": since, "until": until}
         cut = cut_windows(jobs, window_s, max_gpus=topo.total_gpus)
-        if windows:
-            wanted = set(windows)
-            chosen = [w for w in cut if w.window_id in wanted]
-            missing = wanted - {w.window_id for w in chosen}
-            if missing:
-                raise ValueError(f"no jobs in windows {sorted(missing)}")
-        else:
-            chosen = pick_windows(cut, rollouts, min_jobs=min_jobs)
+        chosen = choose_windows(cut, ids=windows, n=rollouts, min_jobs=min_jobs)
         backlogs: dict[int, Backlog] = {}
         if warm_start:
             if trace is not None or db is None:
                 raise ValueError("warm_start needs rollouts from the store (no trace)")
             with closing(open_store(db)) as con:
-                backlogs = {w.window_id: backlog_from_store(con, topo, cluster, w.start)
+                backlogs = {w.window_id: backlog_from_store(con, topo, slurm_cluster, w.start)
                             for w in chosen}  # fmt: skip
         tasks = make_tasks(
             chosen,
             policies,
             seeds,
-            topology if topology else topo,
+            topo,
             epsilons=epsilons,
             config=spec.config,
-            calibration=calibration,
+            calibration=cal,
             block_s=block_s,
             max_steps=max_steps,
             backlogs=backlogs,
@@ -334,6 +308,13 @@ def format_report(m: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def mdp_from_args(args: argparse.Namespace) -> MdpConfig:
+    """The MDP configuration the options ask for (defaults for the rest); it is written into
+    the dataset's manifest, which training then follows."""
+    given = {"k_slots": args.k_slots, "slot_order": args.slot_order}
+    return MdpConfig.from_json({k: v for k, v in given.items() if v is not None})
+
+
 def cmd_build_dataset(args: argparse.Namespace) -> int:
     """``linkwise build-dataset``: build, export, print the report (or JSON)."""
     manifest = build_dataset(
@@ -347,9 +328,10 @@ def cmd_build_dataset(args: argparse.Namespace) -> int:
         seeds=_csv(args.seeds, int) or [0],
         window_s=args.window,
         block_s=args.block,
-        topology=args.topology,
-        cluster=args.cluster,
+        topology=args.cluster,
+        slurm_cluster=args.slurm_cluster,
         calibration=str(args.calibration) if args.calibration else None,
+        config=mdp_from_args(args),
         executor=args.executor,
         batch=args.batch,
         max_steps=args.max_steps,
@@ -378,10 +360,20 @@ def add_build_dataset_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--window", type=float, default=6 * 3600.0, help="window length, seconds")
     p.add_argument("--block", type=float, default=1800.0, help="bootstrap block, seconds (0: off)")
     p.add_argument(
-        "--topology", help=f"cluster for rollouts (default: store nodes, else {DEFAULT_TOPOLOGY})"
+        "--cluster",
+        help=f"topology for rollouts, as in simulate (default: the store's nodes, else "
+        f"{DEFAULT_TOPOLOGY})",
     )
-    p.add_argument("--cluster", help="cluster name in the store (if it holds several)")
+    p.add_argument("--slurm-cluster", help="the Slurm cluster's name in the store (if several)")
     p.add_argument("--calibration", type=Path, help="calibration JSON (default: shipped)")
+    p.add_argument(
+        "--k-slots", type=int, help=f"queue slots of the decision (default {MdpConfig.k_slots})"
+    )
+    p.add_argument(
+        "--slot-order",
+        choices=SLOT_ORDERS,
+        help=f"which queued jobs fill the slots (default {MdpConfig.slot_order})",
+    )
     p.add_argument(
         "--executor",
         default="local",

@@ -931,7 +931,7 @@ def _pipeline(
         block_s=budget.block_s,
         min_jobs=budget.min_jobs,
         topology=topology_spec,
-        cluster=slurm_cluster,
+        slurm_cluster=slurm_cluster,
         until=until,
         log_window_s=budget.log_window_s,
         config=MdpConfig(k_slots=budget.k_slots, slot_order=budget.slot_order),

@@ -13,6 +13,8 @@ from typing import Any
 
 from prefect import flow
 
+from linkwise.cluster.topology import DEFAULT_TOPOLOGY
+
 __all__ = ["build_dataset_deployment", "evaluate_deployment", "train_deployment"]
 
 
@@ -29,7 +31,7 @@ def build_dataset_deployment(
     block_s: float = 1800.0,
     min_jobs: int = 10,
     topology: str | None = None,
-    cluster: str | None = None,
+    slurm_cluster: str | None = None,
     calibration: str | None = None,
     executor: str = "local",
     max_steps: int | None = None,
@@ -56,7 +58,7 @@ def build_dataset_deployment(
         block_s=block_s,
         min_jobs=min_jobs,
         topology=topology,
-        cluster=cluster,
+        slurm_cluster=slurm_cluster,
         calibration=calibration,
         executor=executor,
         max_steps=max_steps,
@@ -91,7 +93,7 @@ def evaluate_deployment(
     slurm_cluster: str | None = None,
     n_windows: int = 4,
     seeds: list[int] | None = None,
-    cluster: str = "16x8,leaf=4",
+    cluster: str = DEFAULT_TOPOLOGY,
     window_s: float = 6 * 3600.0,
     block_s: float = 1800.0,
     min_jobs: int = 10,

@@ -32,7 +32,9 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+from linkwise.cluster.topology import DEFAULT_TOPOLOGY
 from linkwise.datasets.backlog import Backlog
+from linkwise.datasets.windows import choose_windows
 from linkwise.evaluation.benchmark import Benchmark, PolicyRef, load_benchmark, make_cases
 from linkwise.evaluation.gates import (
     ChallengerEvidence,
@@ -48,7 +50,7 @@ from linkwise.evaluation.holdout import (
     check_heldout,
     dataset_spans,
     file_sha256,
-    heldout_windows,
+    overlaps_any,
     trace_source,
     window_spans,
 )
@@ -69,7 +71,7 @@ __all__ = [
     "promote_from_shadow",
 ]
 
-DEFAULT_CLUSTER = "16x8,leaf=4"
+DEFAULT_CLUSTER = DEFAULT_TOPOLOGY  # the --cluster default
 
 
 # ------------------------------------------------------------------------ policies
@@ -163,6 +165,7 @@ def evaluate(
     the report and the MLflow run id (None when ``log`` is False). ``warm_start`` (store
     only): every window starts from the cluster's state in the accounting at its start
     (``datasets.backlog``), not from an empty cluster."""
+    from linkwise.cluster.profiles import load_calibration
     from linkwise.cluster.topology import load_topology
     from linkwise.datasets.rollouts import cut_windows, jobs_from_store, jobs_from_trace
     from linkwise.models.registry import default_tracking_uri
@@ -201,18 +204,16 @@ def evaluate(
     used: list[Span] = [s for m in manifests for s in dataset_spans(m, traces=traces)]
     cut = cut_windows(jobs, window_s, max_gpus=topo.total_gpus)
     if windows:
-        wanted = set(windows)
-        chosen = [w for w in cut if w.window_id in wanted]
-        missing = wanted - {w.window_id for w in chosen}
-        if missing:
-            raise ValueError(f"no jobs in windows {sorted(missing)}")
+        chosen = choose_windows(cut, ids=windows)
         check_heldout(window_spans(chosen, source), used)
-    elif used:
-        chosen = heldout_windows(cut, source, used, n_windows, min_jobs=min_jobs)
     else:
-        from linkwise.pipelines.build_dataset import pick_windows
-
-        chosen = pick_windows(cut, n_windows, min_jobs=min_jobs)
+        chosen = choose_windows(
+            cut,
+            n=n_windows,
+            min_jobs=min_jobs,
+            excluded=overlaps_any(source, used),
+            where="last" if used else "spread",
+        )
     if not chosen:
         raise ValueError(
             "no evaluation windows left (all overlap the training data or are "
@@ -229,8 +230,8 @@ def evaluate(
     cases = make_cases(
         chosen,
         seeds,
-        cluster,
-        calibration=calibration,
+        topo,
+        calibration=load_calibration(calibration),
         contention=contention,
         block_s=block_s,
         tick_s=tick_s,

@@ -102,7 +102,7 @@ def load_training_data(
             block_s=ds.block_s,
             min_jobs=ds.min_jobs,
             topology=ds.topology,
-            config=ds.mdp,
+            config=ds.mdp_config(),
             calibration=ds.calibration,
             executor="serial",
             max_steps=ds.max_steps,
@@ -110,8 +110,7 @@ def load_training_data(
         path = str(built["path"])
     df, manifest = read_dataset(path)
     spec = ObsSpec.from_json(manifest["obs_spec"])
-    if spec.config != ds.mdp and not ds.path:  # pragma: no cover - build_dataset's contract
-        raise ValueError("the built dataset has another MDP configuration than asked")
+    ds.check_manifest(spec.config, f"the dataset {path}")
     return df, {**manifest, "path": str(Path(path).resolve())}, spec
 
 
@@ -192,6 +191,7 @@ def train(
     out = Path(out_dir).resolve()
     uri = tracking_uri or default_tracking_uri()
     df, manifest, spec = load_training_data(cfg, out)
+    cfg = cfg.with_mdp(spec.config)  # the manifest's configuration is what was used
 
     import d3rlpy  # type: ignore[import-untyped]
 

@@ -11,6 +11,7 @@ import polars as pl
 import pytest
 
 from linkwise.cluster.mdp import MdpConfig
+from linkwise.cluster.topology import from_spec
 from linkwise.datasets.export import read_dataset
 from linkwise.datasets.ingest import ingest_job_runs
 from linkwise.datasets.rollouts import (
@@ -43,7 +44,13 @@ def tasks() -> list:
         if 15 <= len(w.jobs) <= 30
     ][:2]
     return make_tasks(
-        wins, ["fifo", "best_fit"], [0], TOPO, epsilons=(0.0, 0.2), config=CONFIG, block_s=600.0
+        wins,
+        ["fifo", "best_fit"],
+        [0],
+        from_spec(TOPO),
+        epsilons=(0.0, 0.2),
+        config=CONFIG,
+        block_s=600.0,
     )
 
 
@@ -135,7 +142,7 @@ def test_cli_prints_the_report(tmp_path: Path, capsys: pytest.CaptureFixture[str
         "0",
         "--window",
         "3600",
-        "--topology",
+        "--cluster",
         TOPO,
         "--executor",
         "serial",
@@ -157,3 +164,9 @@ def test_cli_prints_the_report(tmp_path: Path, capsys: pytest.CaptureFixture[str
     with pytest.raises(ValueError, match="nothing to build"):
         build_dataset(out_dir=tmp_path)
     assert pl.read_parquet(m["path"]).height == n
+    # the MDP options reach the manifest, which training follows
+    assert m["obs_spec"]["config"]["k_slots"] == MdpConfig().k_slots
+    args = parser.parse_args([*base, "--k-slots", "3", "--slot-order", "smallest", "--json"])
+    assert args.func(args) == 0
+    asked = json.loads(capsys.readouterr().out)["obs_spec"]["config"]
+    assert (asked["k_slots"], asked["slot_order"]) == (3, "smallest")

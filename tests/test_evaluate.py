@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from linkwise.cluster.topology import from_spec
 from linkwise.datasets.rollouts import cut_windows, jobs_from_trace
 from linkwise.evaluation.benchmark import (
     UNFAIR_SLOWDOWN,
@@ -161,7 +162,7 @@ def test_saved_benchmark_reloads_to_the_same_statistics(evaluated: dict[str, Any
 def test_prefect_executor_gives_the_serial_results(
     windows: list[Any], prefect_harness: None
 ) -> None:
-    cases = make_cases(windows[:2], [0], CLUSTER, block_s=600.0)
+    cases = make_cases(windows[:2], [0], from_spec(CLUSTER), block_s=600.0)
     serial = run_benchmark(["backfill", "sjf_bco"], cases, executor="serial")
     threads = run_benchmark(["backfill", "sjf_bco"], cases, executor="threads:2")
     assert [(r.policy, r.case_id, r.jct_s) for r in serial.results] == [

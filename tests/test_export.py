@@ -10,6 +10,7 @@ import polars as pl
 import pytest
 
 from linkwise.cluster.mdp import MdpConfig, make_spec
+from linkwise.cluster.topology import from_spec
 from linkwise.datasets.export import (
     canonical_frame,
     content_hash,
@@ -36,12 +37,14 @@ def frame() -> pl.DataFrame:
         for w in cut_windows(jobs_from_trace(PHILLY), 3600.0, max_gpus=64)
         if 15 <= len(w.jobs) <= 25
     ][:2]
-    tasks = make_tasks(wins, ["fifo"], [0, 1], "8x8,leaf=2", config=CONFIG, block_s=600.0)
+    tasks = make_tasks(
+        wins, ["fifo"], [0, 1], from_spec("8x8,leaf=2"), config=CONFIG, block_s=600.0
+    )
     tasks += make_tasks(
         wins,
         ["best_fit"],
         [0, 1],
-        "8x8,leaf=2",
+        from_spec("8x8,leaf=2"),
         epsilons=(0.3,),
         config=CONFIG,
         block_s=600.0,

@@ -14,8 +14,10 @@ import pytest
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.mdp import MdpConfig, make_spec
 from linkwise.cluster.profiles import load_calibration
+from linkwise.cluster.topology import from_spec
 from linkwise.datasets.export import export_dataset
 from linkwise.datasets.rollouts import cut_windows, jobs_from_trace, make_tasks, run_rollouts
+from linkwise.datasets.windows import choose_windows
 from linkwise.evaluation.ope import (
     BEHAVIOUR,
     FqeParams,
@@ -27,7 +29,6 @@ from linkwise.evaluation.ope import (
     run_ope,
 )
 from linkwise.models.learned import LearnedPolicy
-from linkwise.pipelines.build_dataset import pick_windows
 
 REPO = Path(__file__).resolve().parents[1]
 PHILLY = REPO.parent / "shared" / "data" / "traces" / "philly_2017-09-04_2017-10-15.csv"
@@ -47,10 +48,18 @@ FQE = FqeParams(
 @pytest.fixture(scope="module")
 def frame() -> pl.DataFrame:
     """best_fit with 30% random exploration on four real hours, three seeds each."""
-    wins = pick_windows(cut_windows(jobs_from_trace(PHILLY), 3600.0, max_gpus=64), 8, min_jobs=20)
+    wins = choose_windows(
+        cut_windows(jobs_from_trace(PHILLY), 3600.0, max_gpus=64), n=8, min_jobs=20
+    )
     wins = [w for w in wins if len(w.jobs) <= 150][:4]
     tasks = make_tasks(
-        wins, ["best_fit"], [0, 1, 2], "8x8,leaf=2", epsilons=[0.3], config=CONFIG, block_s=600.0
+        wins,
+        ["best_fit"],
+        [0, 1, 2],
+        from_spec("8x8,leaf=2"),
+        epsilons=[0.3],
+        config=CONFIG,
+        block_s=600.0,
     )
     return run_rollouts(tasks)
 

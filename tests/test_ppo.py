@@ -16,6 +16,7 @@ import pytest
 
 from linkwise.cluster.env import ClusterEnv
 from linkwise.cluster.mdp import MdpConfig, make_spec
+from linkwise.cluster.topology import from_spec
 from linkwise.models.learned import load_package, verify_checksums
 from linkwise.models.ppo import (
     PpoConfig,
@@ -191,7 +192,7 @@ def test_train_days_count_from_the_traces_first_submit() -> None:
     first = float(jobs_from_trace(PHILLY)["submit_time"].min())  # type: ignore[arg-type]
     for days in (21.0, 28.0):
         env = dataclasses.replace(ENV, train_days=days, n_windows=50, max_jobs=None)
-        wins = select_windows(env)
+        wins = select_windows(env, from_spec(env.topology))
         assert wins and max(w.end for w in wins) <= first + days * 86400.0 + 1e-6
     with pytest.raises(ValueError, match="no window"):
-        select_windows(dataclasses.replace(ENV, train_days=5.0))
+        select_windows(dataclasses.replace(ENV, train_days=5.0), from_spec(ENV.topology))

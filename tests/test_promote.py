@@ -12,9 +12,11 @@ from typing import Any
 import pytest
 
 from linkwise.cluster.mdp import MdpConfig, make_spec
+from linkwise.cluster.topology import from_spec
 from linkwise.datasets.export import export_dataset, read_dataset, to_mdp_dataset
 from linkwise.datasets.rollouts import cut_windows, jobs_from_trace, make_tasks, run_rollouts
 from linkwise.datasets.store import open_store
+from linkwise.datasets.windows import choose_windows
 from linkwise.deployer.promote import (
     current_aliases,
     promote_challenger,
@@ -24,7 +26,6 @@ from linkwise.deployer.promote import (
 from linkwise.evaluation.gates import Check, GateReport, ShadowGates
 from linkwise.models.registry import MODEL_NAME, ensure_experiment, log_policy
 from linkwise.models.training import AlgoConfig, build_algo, fit
-from linkwise.pipelines.build_dataset import pick_windows
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 PHILLY = DATA / "traces" / "philly_2017-09-04_2017-10-15.csv"
@@ -41,8 +42,10 @@ def package(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from linkwise.models.learned import save_package
 
     root = tmp_path_factory.mktemp("pkg")
-    wins = pick_windows(cut_windows(jobs_from_trace(PHILLY), 3600.0, max_gpus=64), 1, min_jobs=20)
-    tasks = make_tasks(wins, ["best_fit"], [0], "8x8", epsilons=(0.2,), config=CONFIG,
+    wins = choose_windows(
+        cut_windows(jobs_from_trace(PHILLY), 3600.0, max_gpus=64), n=1, min_jobs=20
+    )
+    tasks = make_tasks(wins, ["best_fit"], [0], from_spec("8x8"), epsilons=(0.2,), config=CONFIG,
                        block_s=600)  # fmt: skip
     manifest = export_dataset(run_rollouts(tasks), SPEC, {"test": "promote"}, root / "data")
     df, _ = read_dataset(manifest["path"])

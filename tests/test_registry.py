@@ -30,9 +30,10 @@ from linkwise.cluster.mdp import (
     make_spec,
 )
 from linkwise.cluster.profiles import assign_profiles, load_calibration
-from linkwise.cluster.topology import load_topology
+from linkwise.cluster.topology import from_spec, load_topology
 from linkwise.datasets.export import export_dataset, read_dataset, to_mdp_dataset
 from linkwise.datasets.rollouts import cut_windows, jobs_from_trace, make_tasks, run_rollouts
+from linkwise.datasets.windows import choose_windows
 from linkwise.models.heuristics import make_policy
 from linkwise.models.learned import (
     CHECKSUMS,
@@ -51,7 +52,6 @@ from linkwise.models.registry import (
     log_policy,
 )
 from linkwise.models.training import AlgoConfig, action_values, build_algo, fit, frame_arrays
-from linkwise.pipelines.build_dataset import pick_windows
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 PHILLY = DATA / "traces" / "philly_2017-09-04_2017-10-15.csv"
@@ -68,7 +68,9 @@ def _states(n: int) -> list[ClusterState]:
     """States along a best_fit episode on a busy hour (each step's state, several starts)."""
     cal = load_calibration(None)
     model = AnalyticModel(cal)
-    win = pick_windows(cut_windows(jobs_from_trace(PHILLY), 3600.0, max_gpus=64), 1, min_jobs=40)
+    win = choose_windows(
+        cut_windows(jobs_from_trace(PHILLY), 3600.0, max_gpus=64), n=1, min_jobs=40
+    )
     jobs = assign_profiles(win[0].jobs, cal, seed=0)
     workload = Workload(load_topology(TOPO), jobs, model)
     env = ClusterEnv(lambda _s: workload, SPEC)
@@ -90,8 +92,12 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     from d3rlpy.logging import NoopAdapterFactory
 
     root = tmp_path_factory.mktemp("cql")
-    wins = pick_windows(cut_windows(jobs_from_trace(PHILLY), 3600.0, max_gpus=64), 3, min_jobs=20)
-    tasks = make_tasks(wins, ["best_fit"], [0], TOPO, epsilons=(0.2,), config=CONFIG, block_s=600)
+    wins = choose_windows(
+        cut_windows(jobs_from_trace(PHILLY), 3600.0, max_gpus=64), n=3, min_jobs=20
+    )
+    tasks = make_tasks(
+        wins, ["best_fit"], [0], from_spec(TOPO), epsilons=(0.2,), config=CONFIG, block_s=600
+    )
     manifest = export_dataset(run_rollouts(tasks), SPEC, {"test": "registry"}, root / "data")
     df, _ = read_dataset(manifest["path"])
     d3rlpy.seed(0)

@@ -12,6 +12,7 @@ import pytest
 
 from linkwise.cluster.mdp import MdpConfig, make_spec
 from linkwise.cluster.slurm.records import JobRun
+from linkwise.cluster.topology import from_spec
 from linkwise.datasets.ingest import ingest_job_runs
 from linkwise.datasets.rollouts import (
     RolloutTask,
@@ -132,7 +133,7 @@ def _task(
         epsilon=eps,
         seed=seed,
         window=window,
-        topology=TOPO,
+        topology=from_spec(TOPO),
         config=CONFIG,
         block_s=600.0,
         max_steps=max_steps,
@@ -179,7 +180,7 @@ def test_max_steps_cuts_the_episode_as_a_timeout(window: Window) -> None:
 
 def test_task_grid_and_validation(windows: list[Window]) -> None:
     ws = windows[:2]
-    tasks = make_tasks(ws, ["fifo", "sjf_bco"], [0, 1], TOPO, epsilons=(0.0, 0.5))
+    tasks = make_tasks(ws, ["fifo", "sjf_bco"], [0, 1], from_spec(TOPO), epsilons=(0.0, 0.5))
     assert len(tasks) == 2 * 2 * 2 * 2
     assert len({t.episode for t in tasks}) == len(tasks)
     assert behaviour_name("fifo", 0.0) == "fifo" and behaviour_name("fifo", 0.5) == "fifo+eps0.5"

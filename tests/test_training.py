@@ -16,9 +16,10 @@ import pytest
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.mdp import MdpConfig, MdpPolicy, make_spec
 from linkwise.cluster.profiles import assign_profiles, load_calibration
-from linkwise.cluster.topology import load_topology
+from linkwise.cluster.topology import from_spec, load_topology
 from linkwise.datasets.export import export_dataset
 from linkwise.datasets.rollouts import cut_windows, jobs_from_trace, make_tasks, run_rollouts
+from linkwise.datasets.windows import choose_windows
 from linkwise.evaluation.compare import Scenario, run_policy
 from linkwise.models.learned import load_package, masked_argmax
 from linkwise.models.training import (
@@ -27,7 +28,6 @@ from linkwise.models.training import (
     TrainConfig,
     split_episodes,
 )
-from linkwise.pipelines.build_dataset import pick_windows
 from linkwise.pipelines.train import TrainResult, train
 
 REPO = Path(__file__).resolve().parents[1]
@@ -44,8 +44,10 @@ SMALL = AlgoConfig(
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """best_fit rollouts on six busy hours of the real Philly arrivals, two seeds each."""
-    wins = pick_windows(cut_windows(jobs_from_trace(PHILLY), 3600.0, max_gpus=64), 6, min_jobs=20)
-    tasks = make_tasks(wins, ["best_fit"], [0, 1], TOPO, config=CONFIG, block_s=600.0)
+    wins = choose_windows(
+        cut_windows(jobs_from_trace(PHILLY), 3600.0, max_gpus=64), n=6, min_jobs=20
+    )
+    tasks = make_tasks(wins, ["best_fit"], [0, 1], from_spec(TOPO), config=CONFIG, block_s=600.0)
     df = run_rollouts(tasks)
     sources = {"rollouts": {"policies": ["best_fit"], "seeds": [0, 1], "trace": "philly"}}
     return export_dataset(df, SPEC, sources, tmp_path_factory.mktemp("data"))
@@ -55,7 +57,7 @@ def _config(dataset: dict[str, Any], algo: str, **params: Any) -> TrainConfig:
     return TrainConfig(
         name=f"test-{algo}",
         algo=algo,
-        dataset=DatasetConfig(path=dataset["path"], mdp=CONFIG, holdout=0.25),
+        dataset=DatasetConfig(path=dataset["path"], holdout=0.25),
         params=dataclasses.replace(SMALL, **params),
         seed=0,
         device="cpu",
@@ -84,12 +86,33 @@ def bc_run(
     return result, root, cwd
 
 
+def test_the_dataset_manifest_decides_the_mdp_configuration(
+    dataset: dict[str, Any], tmp_path: Path
+) -> None:
+    from linkwise.pipelines.train import load_training_data
+
+    asks_more = DatasetConfig(path=dataset["path"], mdp={"k_slots": 8, "slot_order": "head"})
+    cfg = dataclasses.replace(_config(dataset, "bc"), dataset=asks_more)
+    with pytest.raises(ValueError, match="k_slots: dataset 4, experiment 8"):
+        load_training_data(cfg, tmp_path)
+    agrees = dataclasses.replace(
+        cfg, dataset=DatasetConfig(path=dataset["path"], mdp={"k_slots": 4})
+    )
+    _df, _manifest, spec = load_training_data(agrees, tmp_path)
+    assert spec.config == CONFIG
+    # what is logged is the manifest's whole configuration, not the partial one asked
+    logged = agrees.with_mdp(spec.config).to_json()["dataset"]["mdp"]
+    assert logged == CONFIG.to_json() and logged["slot_order"] == CONFIG.slot_order
+    with pytest.raises(ValueError, match="unknown MdpConfig fields"):
+        DatasetConfig(path=dataset["path"], mdp={"k_slot": 4})
+
+
 def test_checked_in_configs_load_with_explicit_cql_hyperparameters() -> None:
     bc = TrainConfig.from_toml(REPO / "models" / "experiments" / "bc.toml")
     cql = TrainConfig.from_toml(REPO / "models" / "experiments" / "cql.toml")
     assert (bc.algo, cql.algo) == ("bc", "cql")
     assert bc.dataset.trace is not None and Path(bc.dataset.trace).is_file()
-    assert bc.dataset.mdp == CONFIG and "best_fit" in bc.dataset.policies
+    assert bc.dataset.mdp_config() == CONFIG and "best_fit" in bc.dataset.policies
     p = cql.params
     # not d3rlpy's Atari defaults (batch 32, lr 6.25e-5, target update every 8000 steps)
     assert p.batch_size != 32 and p.learning_rate != 6.25e-5 and p.target_update_interval < 8000
@@ -203,7 +226,9 @@ def test_learned_policy_runs_in_the_simulator_without_masked_actions(
         return a
 
     checked_policy = MdpPolicy(act=checked, spec=policy.spec, model=policy.model)
-    win = pick_windows(cut_windows(jobs_from_trace(PHILLY), 3600.0, max_gpus=32), 1, min_jobs=15)
+    win = choose_windows(
+        cut_windows(jobs_from_trace(PHILLY), 3600.0, max_gpus=32), n=1, min_jobs=15
+    )
     jobs = assign_profiles(win[0].jobs, cal, seed=0)
     from linkwise.cluster.simulator import simulate
 
