@@ -1,39 +1,78 @@
 --[[
 linkwise job_submit.lua: hold new jobs of the partitions a live `linkwise serve --mode active`
-manages, so the loop can place them (ReqNodeList + NumNodes) and release them.
+manages, tagged so that the loop (and only the loop) places and releases them.
 
-Install: copy beside slurm.conf, set `JobSubmitPlugins=lua` in slurm.conf, point LEASE_EXPIRES
-below at the loop's lease file plus ".expires" (`<state-dir>/lease-<partitions>.json.expires`,
-written by the loop every cycle: line 1 the lease's expiry in epoch seconds, 0 once released;
-line 2 the managed partitions, comma-separated), then `scontrol reconfigure`.
+Install: copy beside slurm.conf, set `JobSubmitPlugins=lua` in slurm.conf, set LEASE_DIR below
+to the cluster's lease directory (the loop logs it as `job_submit_lua_lease_dir` when it takes
+its lease: `<lease root>/<ClusterName>-<SlurmctldHost>-<SlurmctldPort>`, by default below
+/var/lib/linkwise/leases), then `scontrol reconfigure`. The loop must run on this host (the
+plugin checks that the lease's owner process still runs).
 
-Fail-open: a job is held only while the lease is fresh. When the loop stops, crashes or is
-killed, the lease expires, nothing new is held, and the watchdog releases what was held:
-Slurm's own scheduler takes over. Jobs submitted with an explicit --nodelist are left alone.
+What it does:
+- on submit, a job of a partition whose lease is live (`<LEASE_DIR>/<partition>.expires`:
+  "expiry pid start host"; live while not expired, not released (expiry 0), and its owner
+  process runs with that start time) is held (priority 0; Slurm shows JobHeldUser) and its
+  AdminComment set to "linkwise:held", which users cannot set or change. A job with an explicit
+  --nodelist, a user's own --hold and a job with an administrator's comment are left alone.
+- on modify, a release of a job tagged "linkwise:held" by an operator in LOOP_UIDS ends the
+  tag with the release ("linkwise:released"); a release by anyone else is refused while the
+  job's partition has a live lease (so a user cannot bypass the loop), allowed otherwise.
+
+Fail-open: with no live loop nothing new is held, and the loop's watchdog releases what was
+held for it (its lease is marked released first, then it sweeps twice), so Slurm's own
+scheduler takes over even after `kill -9` of the loop.
 ]]
 
-local LEASE_EXPIRES = "/var/lib/linkwise/serve/lease-gpu.json.expires"
+local LEASE_DIR = "/var/lib/linkwise/leases/CLUSTER-HOST-PORT"
 local DEFAULT_PARTITION = "gpu" -- the partition a job without --partition lands in
+local LOOP_UIDS = { [0] = true } -- operators whose releases are the loop's (root by default)
+local HOLD_TAG = "linkwise:held"
+local RELEASED_TAG = "linkwise:released"
+local ESLURM_ACCESS_DENIED = 2002
 
-local function read_lease()
-  local fh = io.open(LEASE_EXPIRES, "r")
-  if fh == nil then return 0, {} end
-  local expiry = tonumber(fh:read("*l") or "0") or 0
-  local parts = {}
-  for p in string.gmatch(fh:read("*l") or "", "[^,]+") do parts[p] = true end
+local function read_line(path)
+  local fh = io.open(path, "r")
+  if fh == nil then return nil end
+  local line = fh:read("*l")
   fh:close()
-  return expiry, parts
+  return line
+end
+
+-- the start time (clock ticks since boot) of a running, non-zombie process; nil otherwise
+local function proc_start(pid)
+  local stat = read_line("/proc/" .. pid .. "/stat")
+  if stat == nil then return nil end
+  local rest = string.match(stat, ".*%)%s+(.*)")
+  if rest == nil then return nil end
+  local fields = {}
+  for f in string.gmatch(rest, "%S+") do fields[#fields + 1] = f end
+  if fields[1] == "Z" or fields[1] == "X" then return nil end
+  return fields[20]
+end
+
+local function lease_live(partition)
+  if not string.match(partition, "^[%w_][%w_%.%-]*$") then return false end
+  local line = read_line(LEASE_DIR .. "/" .. partition .. ".expires")
+  if line == nil then return false end
+  local expiry, pid, start, host = string.match(line, "^(%d+) (%d+) (%d+) (%S+)")
+  if expiry == nil or tonumber(expiry) <= os.time() then return false end
+  local here = read_line("/proc/sys/kernel/hostname")
+  if here ~= nil and here ~= host then return false end -- the owner cannot be checked
+  return proc_start(pid) == start
 end
 
 function slurm_job_submit(job_desc, part_list, submit_uid)
-  local expiry, managed = read_lease()
-  if expiry <= os.time() then
-    return slurm.SUCCESS -- no live loop: Slurm schedules as usual
+  if job_desc.req_nodes ~= nil or job_desc.priority == 0 then
+    return slurm.SUCCESS -- placed by its user, or the user's own hold: not the loop's
+  end
+  if job_desc.admin_comment ~= nil and job_desc.admin_comment ~= "" then
+    return slurm.SUCCESS -- an administrator's job: left alone
   end
   local partition = job_desc.partition or DEFAULT_PARTITION
   for p in string.gmatch(partition, "[^,]+") do
-    if managed[p] and job_desc.req_nodes == nil then
+    if lease_live(p) then
       job_desc.priority = 0 -- held: the loop places and releases it
+      job_desc.admin_comment = HOLD_TAG
       slurm.log_info("linkwise: holding a job of partition %s for the live loop", p)
       return slurm.SUCCESS
     end
@@ -42,7 +81,24 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
 end
 
 function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
-  return slurm.SUCCESS
+  if job_rec.admin_comment ~= HOLD_TAG or job_desc.priority ~= slurm.INFINITE then
+    return slurm.SUCCESS
+  end
+  if LOOP_UIDS[modify_uid] then
+    job_desc.admin_comment = RELEASED_TAG -- the release and the end of the claim, at once
+    return slurm.SUCCESS
+  end
+  local partition = job_rec.partition or DEFAULT_PARTITION
+  for p in string.gmatch(partition, "[^,]+") do
+    if lease_live(p) then
+      slurm.log_info("linkwise: refused uid %d's release of job %s held for the live loop",
+        modify_uid, tostring(job_rec.job_id))
+      slurm.log_user("linkwise: this job is held for the live scheduling loop, which places "
+        .. "and releases it; cancel it or ask an administrator")
+      return ESLURM_ACCESS_DENIED
+    end
+  end
+  return slurm.SUCCESS -- no live loop: the user may release it (the loop counts a bypass)
 end
 
 slurm.log_info("linkwise job_submit.lua loaded")

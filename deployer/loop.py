@@ -8,14 +8,17 @@ mode only, validates each start against the free GPUs and the job's shape, audit
 ``scontrol`` argument lists, then sets ``ReqNodeList``/``NumNodes`` and releases the job;
 ``advance`` waits for the next cycle. ``ShadowBackend`` changes nothing in Slurm.
 
-Active mode manages only held, pending jobs of the named partitions (they arrive held: the
-user's ``sbatch --hold``, or the shipped ``job_submit.lua``). Jobs without GPUs are released
-unchanged; held requests that can never fit are refused (left as their user made them and
-reported); a job held longer than ``max_hold_s`` is released unchanged to Slurm.
+Active mode manages only jobs of the named partitions held for it (``safety.held_for_loop``:
+held by the shipped ``job_submit.lua``, which tags them ``linkwise:held``); an
+administrator's hold, a user's own hold and untagged jobs are left alone. Jobs without
+GPUs, held requests that can never fit (reported) and jobs held longer than ``max_hold_s``
+are released unchanged to Slurm. A tagged job found no longer held that the loop did not
+release was bypassed (released by someone else): counted, logged and untagged.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -26,7 +29,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
@@ -47,19 +50,26 @@ from linkwise.cluster.loop import drive
 from linkwise.cluster.slurm.client import SlurmClient, read_env_file
 from linkwise.cluster.slurm.errors import SlurmError
 from linkwise.cluster.slurm.records import NodeInfo, QueuedJob
-from linkwise.cluster.topology import from_slurm_conf
+from linkwise.cluster.topology import load_topology
 from linkwise.deployer.metrics import ServeMetrics
 from linkwise.deployer.safety import (
     Lease,
+    PartitionLocks,
     Recorder,
     RecordError,
+    bypassed,
+    hand_back,
+    held_for_loop,
+    lease_dir_for,
+    lock_partitions,
     log_event,
     new_id,
-    pid_alive,
     pid_start_time,
     read_lease,
     release_held,
     renewed,
+    untag_command,
+    valid_name,
     write_lease,
 )
 from linkwise.models.policy_spec import PolicySpec
@@ -80,6 +90,7 @@ __all__ = [
 Mode = Literal["shadow", "active"]
 LOG = logging.getLogger("linkwise.serve")
 DEFAULT_DURATION_S = 3600.0
+DEFAULT_LEASE_ROOT = "/var/lib/linkwise/leases"
 _UNUSABLE_FLAGS = frozenset(
     {"DRAIN", "DRAINING", "DRAINED", "NOT_RESPONDING", "MAINTENANCE", "FAIL", "POWERED_DOWN"}
 )
@@ -109,28 +120,35 @@ class ServeConfig:
     max_cycles: int | None = None
     watchdog: bool = True
     load_window_s: float = 120.0
+    lease_root: str = DEFAULT_LEASE_ROOT  # one per host: every loop and job_submit.lua share it
 
     def __post_init__(self) -> None:
         if self.mode not in ("shadow", "active"):
             raise ValueError(f"mode must be shadow or active, got {self.mode!r}")
         if not self.partitions:
             raise ValueError("name at least one partition")
+        bad = [p for p in self.partitions if not valid_name(p)]
+        if bad:
+            raise ValueError(f"invalid partition name(s): {', '.join(map(repr, bad))}")
         if self.interval_s <= 0 or self.lease_s <= 0:
             raise ValueError("interval and lease must be positive")
         if self.mode == "active" and self.lease_s < 2 * self.interval_s:
             raise ValueError("the lease must last at least two cycles")
 
     @property
-    def lease_path(self) -> Path:
-        """The lease file (read by the watchdog and by job_submit.lua via ``.expires``)."""
-        return Path(self.state_dir) / f"lease-{'_'.join(self.partitions)}.json"
+    def partition_key(self) -> str:
+        """The partition set, sorted: the same lease whatever order they were named in."""
+        return "_".join(sorted(set(self.partitions)))
+
+    @property
+    def lease_name(self) -> str:
+        """The lease file's name inside the cluster's lease directory."""
+        return f"lease-{self.partition_key}.json"
 
     @property
     def spool_path(self) -> Path:
         """Where records wait while the store is unavailable."""
-        if self.mode == "active":
-            return self.lease_path.with_name(self.lease_path.name + ".spool.jsonl")
-        return Path(self.state_dir) / f"shadow-{'_'.join(self.partitions)}.spool.jsonl"
+        return Path(self.state_dir) / f"{self.mode}-{self.partition_key}.spool.jsonl"
 
 
 # ------------------------------------------------------------------------ observation
@@ -149,22 +167,21 @@ class Observation:
     """A ClusterState and what the loop needs beside it to act on Slurm."""
 
     state: ClusterState
-    managed: Mapping[int, QueuedJob]  # jobs the policy may start (active: held ones)
+    managed: Mapping[int, QueuedJob]  # jobs the policy may start (active: held for the loop)
     shapes: Mapping[int, Shape]
-    no_gpu: tuple[QueuedJob, ...]  # held jobs without GPUs: released unchanged
-    refused: Mapping[int, str]  # held requests that can never fit -> why
+    no_gpu: tuple[QueuedJob, ...]  # held for the loop, no GPUs or never fits: handed back
+    refused: Mapping[int, str]  # held for the loop, can never fit -> why (released unchanged)
     running_ids: frozenset[int]
     started: Mapping[int, tuple[float, str]]  # running job -> (start time, nodes)
-    held_total: int
+    held_total: int  # held for the loop
+    bypassed: tuple[QueuedJob, ...] = ()  # tagged as held for the loop, no longer held
+    foreign_held: int = 0  # held, but not for the loop (an admin's, a user's own): left alone
 
 
 def slurm_topology(slurm_conf: str | os.PathLike[str], name: str = "slurm") -> Topology:
-    """The topology of a slurm.conf (and a topology.conf beside it, if any)."""
-    conf = Path(slurm_conf)
-    topo = conf.parent / "topology.conf"
-    return from_slurm_conf(
-        conf.read_text(), topo.read_text() if topo.is_file() else None, name=name
-    )
+    """The topology of a slurm.conf (and a topology.conf beside it, if any), named ``name``
+    (``cluster.topology.load_topology``)."""
+    return dataclasses.replace(load_topology(os.fspath(slurm_conf)), name=name)
 
 
 def node_usable(info: NodeInfo) -> bool:
@@ -231,8 +248,12 @@ def build_observation(
     shapes: dict[int, Shape] = {}
     no_gpu: list[QueuedJob] = []
     refused: dict[int, str] = {}
-    held_total = 0
+    refused_jobs: dict[int, QueuedJob] = {}
+    gone: list[QueuedJob] = []
+    held_total = foreign = 0
     for q in queue:
+        if q.partition in managed_parts and bypassed(q):
+            gone.append(q)
         if q.state == "RUNNING" and q.nodes:
             started[q.job_id] = (q.start_time or now, compress(q.nodes))
             idx = [index[n] for n in q.nodes if n in index]
@@ -253,17 +274,20 @@ def build_observation(
             continue
         if q.state != "PENDING" or q.partition not in managed_parts:
             continue
-        held_total += q.held
-        if q.held != (mode == "active"):
-            continue  # active: only held jobs are ours; shadow: held ones are not schedulable
+        ours = held_for_loop(q)
+        held_total += ours
+        foreign += q.held and not ours
+        if (mode == "active" and not ours) or (mode == "shadow" and q.held):
+            continue  # active: only jobs held for the loop; shadow: held ones wait anyway
         if q.gpus <= 0:
-            if q.held:
+            if ours:
                 no_gpu.append(q)
             continue
         shape = job_shape(q)
         why = never_fits(shape, topo, part_nodes)
         if why is not None:
             refused[q.job_id] = why
+            refused_jobs[q.job_id] = q
             continue
         managed[q.job_id] = q
         shapes[q.job_id] = shape
@@ -290,11 +314,13 @@ def build_observation(
         state=state,
         managed=managed,
         shapes=shapes,
-        no_gpu=tuple(no_gpu),
+        no_gpu=tuple(no_gpu) + tuple(refused_jobs.values()),
         refused=refused,
         running_ids=frozenset(started),
         started=started,
         held_total=held_total,
+        bypassed=tuple(gone),
+        foreign_held=foreign,
     )
 
 
@@ -522,6 +548,7 @@ class SlurmBackend:
         logger: logging.Logger = LOG,
         stop: threading.Event | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        lease_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self.client = client
         self.topo = topology
@@ -538,6 +565,10 @@ class SlurmBackend:
         self.cycle_started = 0.0
         self.obs: Observation | None = None
         self.lease: Lease | None = None
+        folder = Path(lease_dir) if lease_dir is not None else Path(config.lease_root) / "_"
+        self.lease_path = folder / config.lease_name
+        self.locks: PartitionLocks | None = None
+        self.released_ids: set[int] = set()  # released by this loop (not bypasses)
         self.watchdog_proc: subprocess.Popen[bytes] | None = None
         self.first_seen: dict[int, float] = {}
         self.inflight: dict[int, tuple[tuple[int, ...], int, float]] = {}
@@ -596,6 +627,7 @@ class SlurmBackend:
         self._renew()
         self.metrics.pending_jobs.set(len(self.obs.state.pending))
         self.metrics.held_jobs.set(self.obs.held_total)
+        self.metrics.foreign_held_jobs.set(self.obs.foreign_held)
         self.metrics.infeasible_jobs.set(len(self.obs.refused))
         return self.obs.state
 
@@ -657,70 +689,68 @@ class SlurmBackend:
     # -- lifecycle
 
     def start(self) -> None:
-        """Take the lease and start the watchdog (active mode)."""
+        """Lock the partitions, take the lease and start the watchdog (active mode); raises
+        ``LeaseTaken`` when another loop manages any of the partitions."""
         self._load_awaiting()
         if self.mode != "active":
             return
-        path = self.cfg.lease_path
-        old = read_lease(path)
-        if (
-            old is not None
-            and not old.released
-            and pid_alive(old.owner_pid, old.owner_start)
-            and old.owner_pid != os.getpid()
-        ):
-            raise RuntimeError(
-                f"another loop (pid {old.owner_pid}) holds the lease {path} for "
-                f"{','.join(old.partitions)}"
-            )
         pid = os.getpid()
+        path = self.lease_path
+        self.locks = lock_partitions(
+            path.parent,
+            self.cfg.partitions,
+            f"pid {pid} on {os.uname().nodename}, run {self.run_id}, lease {path}",
+        )
         self.lease = Lease(
             owner_pid=pid,
             owner_start=pid_start_time(pid),
             expires_at=time.time(),
-            partitions=self.cfg.partitions,
+            partitions=tuple(sorted(set(self.cfg.partitions))),
             slurm_conf=self.client.runner.slurm_conf,
             db=self.recorder.db,
             run_id=self.run_id,
+            spool=str(self.recorder.spool),
         )
         self._renew()
         self._ensure_watchdog()
-        log_event(self.log, "lease_taken", lease=str(path), lease_s=self.cfg.lease_s)
+        log_event(
+            self.log,
+            "lease_taken",
+            lease=str(path),
+            lease_s=self.cfg.lease_s,
+            job_submit_lua_lease_dir=str(path.parent),
+        )
 
     def shutdown(self) -> list[int]:
-        """Release what we hold (audited) and give the lease up; the released job ids."""
+        """Hand the partitions back (``safety.hand_back``: no new holds, release what is held
+        for the loop, again after a grace period) and drop the locks; the released ids."""
         if self.mode != "active" or self.lease is None:
             return []
         released: list[int] = []
-        for attempt in range(3):
-            try:
-                held = [
-                    q
-                    for q in self.client.queue()
-                    if q.held
-                    and q.partition in self.cfg.partitions
-                    and q.job_id not in set(self.lease.refused)
-                ]
-                released = release_held(
-                    self.client,
-                    held,
-                    recorder=self.recorder,
-                    run_id=self.run_id,
-                    cycle_id=self.cycle_id,
-                    actor="loop:shutdown",
-                    model_version=str(self.policy.last.get("model_version", "")),
-                    logger=self.log,
-                )
-                break
-            except SlurmError as exc:
-                log_event(self.log, "shutdown_release_failed", logging.ERROR, error=str(exc))
-                if attempt == 2:
-                    # leave the lease to expire: the watchdog releases them
-                    return released
-                time.sleep(1.0)
-        self.lease = replace(self.lease, released=True, held=())
-        write_lease(self.cfg.lease_path, self.lease)
-        log_event(self.log, "lease_released", released=released)
+        lease, self.lease = self.lease, None  # no more renewals
+        try:
+            for attempt in range(3):
+                try:
+                    released = hand_back(
+                        self.client,
+                        self.lease_path,
+                        lease,
+                        self.recorder,
+                        actor="loop:shutdown",
+                        logger=self.log,
+                        grace_s=min(2.0, self.cfg.lease_s / 2),
+                        sleep=self.sleep,
+                    )
+                    break
+                except SlurmError as exc:
+                    # the lease stays "releasing": once we exit, the watchdog finishes the job
+                    log_event(self.log, "shutdown_release_failed", logging.ERROR, error=str(exc))
+                    if attempt < 2:
+                        time.sleep(1.0)
+        finally:
+            if self.locks is not None:
+                self.locks.close()
+                self.locks = None
         return released
 
     # -- internals
@@ -732,7 +762,10 @@ class SlurmBackend:
             if left <= 0:
                 return
             self.sleep(min(left, 0.2))
-            if self.mode == "active":
+            lease = self.lease if self.mode == "active" else None
+            if lease is not None and time.time() - lease.renewed_at >= min(
+                1.0, self.cfg.lease_s / 10
+            ):
                 self._renew()
 
     def _renew(self) -> None:
@@ -740,9 +773,8 @@ class SlurmBackend:
             return
         obs = self.obs
         held = tuple(sorted(obs.managed)) if obs else self.lease.held
-        refused = tuple(sorted(obs.refused)) if obs else self.lease.refused
-        self.lease = renewed(self.lease, time.time(), self.cfg.lease_s, held=held, refused=refused)
-        write_lease(self.cfg.lease_path, self.lease)
+        self.lease = renewed(self.lease, time.time(), self.cfg.lease_s, held=held)
+        write_lease(self.lease_path, self.lease)
         self.metrics.lease_expires.set(self.lease.expires_at)
         self._ensure_watchdog()
 
@@ -755,7 +787,7 @@ class SlurmBackend:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         poll = max(0.2, min(1.0, self.cfg.lease_s / 5))
         args = [sys.executable, "-m", "linkwise.deployer.watchdog"]
-        args += ["--lease", str(self.cfg.lease_path), "--poll", str(poll)]
+        args += ["--lease", str(self.lease_path), "--poll", str(poll)]
         with open(log_path, "ab") as log_fh:
             self.watchdog_proc = subprocess.Popen(
                 args,
@@ -769,11 +801,11 @@ class SlurmBackend:
     def _lease_ok(self, margin: float = 0.5) -> bool:
         if self.mode != "active" or self.lease is None:
             return False
-        on_disk = read_lease(self.cfg.lease_path)
+        on_disk = read_lease(self.lease_path)
         return (
             on_disk is not None
             and on_disk.owner_pid == os.getpid()
-            and not on_disk.released
+            and on_disk.state == "active"
             and time.time() + margin < on_disk.expires_at
         )
 
@@ -785,7 +817,7 @@ class SlurmBackend:
             logging.WARNING,
             job_id=job_id,
             reason=why,
-            action="left held, not started",
+            action="released unchanged to Slurm, not started",
         )
 
     def _row(
@@ -863,9 +895,17 @@ class SlurmBackend:
             if j not in seen and now - self.first_seen[j] > self.cfg.max_hold_s
         ]
         for q in [*obs.no_gpu, *over]:
-            reason = "no GPUs requested" if q.gpus <= 0 else f"held over {self.cfg.max_hold_s:g} s"
+            reason = (
+                "no GPUs requested"
+                if q.gpus <= 0
+                else f"can never fit: {obs.refused[q.job_id]}"
+                if q.job_id in obs.refused
+                else f"held over {self.cfg.max_hold_s:g} s"
+            )
             log_event(self.log, "handing_to_slurm", job_id=q.job_id, reason=reason)
+        self._untag(obs, str(info.get("model_version", "")))
         if obs.no_gpu or over:
+            self.released_ids.update(q.job_id for q in [*obs.no_gpu, *over])
             release_held(
                 self.client,
                 [*obs.no_gpu, *over],
@@ -919,11 +959,35 @@ class SlurmBackend:
             results[job_id] = result
             if result == "applied":
                 self.inflight[job_id] = (nodes_idx, per, time.time())
+                self.released_ids.add(job_id)
             log_event(self.log, "start", job_id=job_id, command=cmds[0], outcome=result)
         self.recorder.write(outcomes=outcomes)
         return results
 
+    def _untag(self, obs: Observation, model_version: str) -> None:
+        """End the claim on tagged jobs no longer held; count those the loop did not release
+        (bypasses: released by someone else, e.g. by their user while no live loop held)."""
+        if not obs.bypassed:
+            return
+        others = [q for q in obs.bypassed if q.job_id not in self.released_ids]
+        for q in others:
+            self.metrics.hold_bypasses.inc()
+            log_event(self.log, "hold_bypassed", logging.WARNING, job_id=q.job_id, user=q.user)
+        release_held(
+            self.client,
+            obs.bypassed,
+            recorder=self.recorder,
+            run_id=self.run_id,
+            cycle_id=self.cycle_id,
+            actor="loop:untag",
+            model_version=model_version,
+            logger=self.log,
+            command=untag_command,
+        )
+
     def _forget_inflight(self, queue: Sequence[QueuedJob], now: float) -> None:
+        in_queue = {q.job_id for q in queue}
+        self.released_ids &= in_queue
         pending = {q.job_id for q in queue if q.state == "PENDING"}
         for j in list(self.inflight):
             if j not in pending or now - self.inflight[j][2] > 60:
@@ -1009,6 +1073,7 @@ def serve(
         raise ValueError(f"{config.slurm_env}: no SLURM_CONF")
     cluster = env.get("LINKWISE_SLURM_CLUSTER", "slurm")
     topo = slurm_topology(slurm_conf, name=cluster)
+    lease_dir = lease_dir_for(config.lease_root, Path(slurm_conf).read_text(encoding="utf-8"))
     metrics = ServeMetrics()
     if config.metrics_port is not None:
         metrics.serve_http(config.metrics_port)
@@ -1049,6 +1114,7 @@ def serve(
         cluster=cluster,
         logger=logger,
         stop=stop,
+        lease_dir=lease_dir,
     )
     log_event(
         logger,

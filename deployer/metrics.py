@@ -16,7 +16,8 @@ _CYCLE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
 class ServeMetrics:
-    """Cycle time, decision latency, decisions, fallbacks, held jobs, errors, records."""
+    """Cycle time, decision latency, decisions, fallbacks, held jobs (the loop's and others'),
+    hold bypasses, errors, records."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -56,6 +57,16 @@ class ServeMetrics:
             "linkwise_serve_held_jobs", "Held jobs of the managed partitions", registry=r
         )
         self.pending_jobs = Gauge("linkwise_serve_pending_jobs", "Pending jobs seen", registry=r)
+        self.foreign_held_jobs = Gauge(
+            "linkwise_serve_foreign_held_jobs",
+            "Held jobs of the managed partitions not held for the loop (left alone)",
+            registry=r,
+        )
+        self.hold_bypasses = Counter(
+            "linkwise_serve_hold_bypasses",
+            "Jobs held for the loop found released by someone else (e.g. their user)",
+            registry=r,
+        )
         self.infeasible_jobs = Gauge(
             "linkwise_serve_infeasible_jobs", "Held requests that can never fit", registry=r
         )

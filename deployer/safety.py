@@ -1,31 +1,45 @@
-"""Safety of the live loop: the lease, the records (store or spool) and the release of held jobs.
+"""Safety of the live loop: whose holds are whose, the lease, the records (store or spool) and
+handing held jobs back to Slurm.
 
-The lease is a small JSON file the loop rewrites every cycle: who holds it (pid and its
-start time), until when, which partitions it manages, which jobs it holds and which held
-jobs it refuses (requests that can never fit, left as their user made them). The watchdog
-(``python -m linkwise.deployer.watchdog``, a separate process in its own session) and the
-shipped ``job_submit.lua`` both read it: once it expires or its owner is gone, the watchdog
-releases every held job of the managed partitions unchanged, and job_submit.lua stops
-holding new jobs, so Slurm's own scheduler takes over even after ``kill -9`` of the loop.
+Ownership: the loop manages only jobs held for it, recognisable in Slurm itself: held
+(priority 0, reason ``JobHeldUser``) with the administrator comment ``linkwise:held``, which
+the shipped ``job_submit.lua`` sets when it holds a job (users cannot set or change an admin
+comment). A job held by an administrator (``JobHeldAdmin``), a user's own hold and every
+untagged job are left alone by the loop, its clean shutdown and the watchdog.
+
+The lease: one per (cluster, sorted partition set), in a directory derived from slurm.conf
+(ClusterName, SlurmctldHost, SlurmctldPort) under a lease root, never from ``--state-dir``.
+Each partition has an OS lock (``flock``) there: a second loop on any overlapping partition
+is refused (``LeaseTaken``). The lease JSON (who holds it: pid, its start time, host; until
+when; its state) is the watchdog's input; ``<partition>.expires`` files (expiry, owner pid,
+start time, host) are ``job_submit.lua``'s: it holds new jobs only while the lease is
+active, unexpired and its owner process still runs.
+
+Handing back (clean shutdown, or the watchdog once the owner is gone): mark the lease
+``releasing`` first (the plugin holds nothing new), release every job held for the loop,
+wait, release again (a submission that read the lease just before), mark it ``released``.
 
 Records (decisions, audit rows, their outcomes) go to the DuckDB store, opened per batch so
 other writers (collection) can interleave; when the store cannot be opened they are appended
-(and fsync'ed) to a JSONL spool beside the lease and replayed into the store later. A record
-that can be neither stored nor spooled is counted as lost and logged; an audit row that
-cannot be persisted stops the action it describes (``RecordError``).
+(and fsync'ed) to a JSONL spool and replayed into the store later. A record that can be
+neither stored nor spooled is counted as lost and logged; an audit row that cannot be
+persisted stops the action it describes (``RecordError``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from linkwise.cluster.slurm.client import SlurmClient
 from linkwise.cluster.slurm.errors import SlurmError
@@ -34,17 +48,33 @@ from linkwise.cluster.slurm.records import QueuedJob
 __all__ = [
     "AUDIT_COLUMNS",
     "DECISION_COLUMNS",
+    "HOLD_TAG",
+    "RELEASED_TAG",
     "Lease",
+    "LeaseTaken",
+    "PartitionLocks",
     "RecordError",
     "Recorder",
+    "bypassed",
+    "hand_back",
+    "held_for_loop",
+    "lease_dir_for",
     "lease_expired",
+    "lease_live",
+    "lock_partitions",
     "log_event",
     "pid_alive",
     "pid_start_time",
     "read_lease",
     "release_held",
+    "sweep",
     "write_lease",
 ]
+
+HOLD_TAG = "linkwise:held"  # AdminComment of a job held for the loop (job_submit.lua)
+RELEASED_TAG = "linkwise:released"  # ... once released (job_submit.lua, with the release)
+LeaseState = Literal["active", "releasing", "released"]
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
 DECISION_COLUMNS = (
     "decision_id",
@@ -106,9 +136,14 @@ def pid_alive(pid: int, start_time: int | None = None) -> bool:
     return now is not None and (start_time is None or now == start_time)
 
 
+def valid_name(name: str) -> bool:
+    """Whether ``name`` is safe as a partition or file name part (no path, no spaces)."""
+    return bool(_NAME.match(name)) and len(name) <= 100
+
+
 @dataclass(frozen=True)
 class Lease:
-    """What the loop holds and until when (the watchdog's and job_submit.lua's input)."""
+    """What the loop holds and until when (the watchdog's input; see the module)."""
 
     owner_pid: int
     owner_start: int | None
@@ -118,20 +153,51 @@ class Lease:
     db: str | None
     run_id: str
     held: tuple[int, ...] = ()
-    refused: tuple[int, ...] = ()  # held by their users and never startable: left alone
-    released: bool = False  # set on a clean shutdown once everything was released
+    state: LeaseState = "active"
     renewed_at: float = field(default_factory=time.time)
+    host: str = field(default_factory=lambda: os.uname().nodename)
+    spool: str | None = None  # where the watchdog's records go when the store is unavailable
+
+    @property
+    def released(self) -> bool:
+        """Handed back completely (swept twice after new holds stopped)."""
+        return self.state == "released"
+
+
+def lease_dir_for(root: str | os.PathLike[str], slurm_conf_text: str) -> Path:
+    """The lease directory of a cluster: ``root/<ClusterName>-<SlurmctldHost>-<port>``, the
+    same for every loop of that cluster whatever its ``--state-dir`` (job_submit.lua's
+    ``LEASE_DIR``)."""
+    keys: dict[str, str] = {}
+    for raw in slurm_conf_text.splitlines():
+        line = raw.split("#", 1)[0].strip()
+        key, eq, value = line.partition("=")
+        if eq and key.strip().lower() not in keys:
+            keys[key.strip().lower()] = value.strip().split()[0] if value.strip() else ""
+    host = (keys.get("slurmctldhost") or keys.get("controlmachine") or "").split("(")[0]
+    parts = (keys.get("clustername", ""), host, keys.get("slurmctldport") or "6817")
+    return Path(root) / "-".join(re.sub(r"[^A-Za-z0-9_.]", "_", x) or "_" for x in parts)
+
+
+def _expires_line(lease: Lease) -> str:
+    expiry = int(lease.expires_at) if lease.state == "active" else 0
+    return f"{expiry} {lease.owner_pid} {lease.owner_start or 0} {lease.host}\n"
 
 
 def write_lease(path: str | os.PathLike[str], lease: Lease) -> None:
-    """Atomically (write, fsync, rename) write the lease file; also ``<path>.expires``, one
-    integer line (epoch seconds, 0 once released) for ``job_submit.lua``."""
+    """Atomically (write, fsync, rename) write the lease file and, beside it, one
+    ``<partition>.expires`` per partition for ``job_submit.lua``: one line, ``expiry pid
+    start host`` (expiry 0 unless the lease is active)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
+    line = _expires_line(lease)
+    if lease.state != "active":  # the plugin stops holding before anything else changes
+        for p in lease.partitions:
+            _atomic_write(target.with_name(f"{p}.expires"), line)
     _atomic_write(target, json.dumps(asdict(lease)))
-    expiry = 0 if lease.released else int(lease.expires_at)
-    parts = ",".join(lease.partitions)
-    _atomic_write(target.with_name(target.name + ".expires"), f"{expiry}\n{parts}\n")
+    if lease.state == "active":
+        for p in lease.partitions:
+            _atomic_write(target.with_name(f"{p}.expires"), line)
 
 
 def _atomic_write(target: Path, text: str) -> None:
@@ -150,33 +216,102 @@ def read_lease(path: str | os.PathLike[str]) -> Lease | None:
     except (OSError, ValueError):
         return None
     try:
+        state = str(data.get("state", "active"))
+        if state not in ("active", "releasing", "released"):
+            return None
         return Lease(
             owner_pid=int(data["owner_pid"]),
             owner_start=data.get("owner_start"),
             expires_at=float(data["expires_at"]),
-            partitions=tuple(data.get("partitions") or ()),
+            partitions=tuple(str(p) for p in data.get("partitions") or ()),
             slurm_conf=data.get("slurm_conf"),
             db=data.get("db"),
             run_id=str(data.get("run_id", "")),
             held=tuple(int(x) for x in data.get("held") or ()),
-            refused=tuple(int(x) for x in data.get("refused") or ()),
-            released=bool(data.get("released", False)),
+            state=state,  # type: ignore[arg-type]
             renewed_at=float(data.get("renewed_at", 0.0)),
+            host=str(data.get("host", "")),
+            spool=data.get("spool"),
         )
     except (KeyError, TypeError, ValueError):
         return None
 
 
+def lease_live(lease: Lease, now: float) -> bool:
+    """Active, unexpired and renewed by a live owner: what job_submit.lua holds jobs under."""
+    return (
+        lease.state == "active"
+        and now < lease.expires_at
+        and pid_alive(lease.owner_pid, lease.owner_start)
+    )
+
+
 def lease_expired(lease: Lease, now: float) -> bool:
-    """True once the lease ran out or its owner process is gone (not after a clean release)."""
-    if lease.released:
-        return False
-    return now >= lease.expires_at or not pid_alive(lease.owner_pid, lease.owner_start)
+    """True once an active lease ran out or its owner process is gone."""
+    return lease.state == "active" and not lease_live(lease, now)
 
 
 def renewed(lease: Lease, now: float, lease_s: float, **changes: Any) -> Lease:
     """The lease extended to ``now + lease_s`` with ``changes`` applied."""
     return replace(lease, expires_at=now + lease_s, renewed_at=now, **changes)
+
+
+class LeaseTaken(RuntimeError):
+    """Another loop (or its watchdog) holds a partition's lock."""
+
+
+@dataclass(frozen=True)
+class PartitionLocks:
+    """``flock``-ed ``<dir>/<partition>.lock`` files, held until ``close()`` or the process
+    ends (``kill -9`` included: the kernel drops them; children do not inherit them)."""
+
+    fds: tuple[int, ...]
+
+    def close(self) -> None:
+        """Release every lock (call once: a closed descriptor's number is reused)."""
+        for fd in self.fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def lock_partitions(
+    lease_dir: str | os.PathLike[str],
+    partitions: Iterable[str],
+    holder: str,
+    *,
+    wait_s: float = 0.0,
+) -> PartitionLocks:
+    """Lock every partition (sorted, so two takers never deadlock) or none: ``LeaseTaken``
+    names the partition and its holder. ``holder`` is written into each lock file."""
+    folder = Path(lease_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + wait_s
+    fds: list[int] = []
+    try:
+        for p in sorted(set(partitions)):
+            if not valid_name(p):
+                raise ValueError(f"invalid partition name {p!r}")
+            path = folder / f"{p}.lock"
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fds.append(fd)
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        other = path.read_text(encoding="utf-8", errors="replace").strip()
+                        raise LeaseTaken(
+                            f"partition {p} is managed by another loop ({other or 'unknown'}; "
+                            f"lock {path}): stop it first"
+                        ) from None
+                    time.sleep(0.1)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, holder.encode("utf-8"), 0)
+    except BaseException:
+        PartitionLocks(tuple(fds)).close()
+        raise
+    return PartitionLocks(tuple(fds))
 
 
 # ------------------------------------------------------------------------ records
@@ -393,9 +528,26 @@ def _join(con: Any, joins: Sequence[tuple[int, float, str]]) -> None:
 # ------------------------------------------------------------------------ releasing
 
 
+def held_for_loop(job: QueuedJob) -> bool:
+    """Held for the loop: held as job_submit.lua holds (``JobHeldUser``) and tagged so. An
+    administrator's hold on top (``JobHeldAdmin``) or an untagged hold is not the loop's."""
+    return job.held and job.reason == "JobHeldUser" and job.admin_comment == HOLD_TAG
+
+
+def bypassed(job: QueuedJob) -> bool:
+    """Tagged as held for the loop but no longer held: released by someone else (or by a
+    release that did not go through job_submit.lua, which ends the tag with it)."""
+    return not job.held and job.admin_comment == HOLD_TAG and job.state in ("PENDING", "RUNNING")
+
+
 def release_command(job_id: int) -> list[str]:
     """The argument list that releases a held job."""
     return ["scontrol", "release", str(int(job_id))]
+
+
+def untag_command(job_id: int) -> list[str]:
+    """The argument list that ends the loop's claim on a job no longer held."""
+    return ["scontrol", "update", f"JobId={int(job_id)}", f"AdminComment={RELEASED_TAG}"]
 
 
 def release_held(
@@ -408,12 +560,11 @@ def release_held(
     actor: str,
     model_version: str,
     logger: logging.Logger,
+    command: Callable[[int], list[str]] = release_command,
 ) -> list[int]:
-    """Release ``jobs`` unchanged (each audited first); returns the ids released.
-
-    A job that is no longer held (a race with its user or the loop) counts as released.
-    """
-    targets = [j for j in jobs if j.held]
+    """Run ``command`` (by default: release unchanged) on ``jobs``, each audited first;
+    returns the ids it succeeded on. Releasing skips jobs no longer held."""
+    targets = [j for j in jobs if j.held or command is not release_command]
     if not targets:
         return []
     now = time.time()
@@ -425,7 +576,7 @@ def release_held(
             "cycle_id": cycle_id,
             "actor": actor,
             "job_id": j.job_id,
-            "command": json.dumps(release_command(j.job_id)),
+            "command": json.dumps(command(j.job_id)),
             "model_version": model_version,
             "outcome": "pending",
         }
@@ -435,17 +586,65 @@ def release_held(
         recorder.write(audits=audits, must_persist=True)
     except RecordError as exc:
         # releasing hands jobs back to Slurm: safer to do it unaudited than to strand them
-        log_event(logger, "audit_unavailable_releasing_anyway", logging.ERROR, error=str(exc))
+        log_event(logger, "audit_unavailable_acting_anyway", logging.ERROR, error=str(exc))
     done: list[int] = []
     outcomes: list[tuple[str, str, float]] = []
     for job, row in zip(targets, audits, strict=True):
+        cmd = command(job.job_id)
         try:
-            client.release(job.job_id)
+            client.runner.run(cmd)
             outcome = "ok"
             done.append(job.job_id)
         except SlurmError as exc:
             outcome = f"error: {str(exc)[:200]}"
         outcomes.append((str(row["audit_id"]), outcome, time.time()))
-        log_event(logger, "released", job_id=job.job_id, actor=actor, outcome=outcome)
+        log_event(logger, cmd[1] + "d", job_id=job.job_id, actor=actor, outcome=outcome)
     recorder.write(outcomes=outcomes)
     return done
+
+
+def sweep(
+    client: SlurmClient,
+    lease: Lease,
+    recorder: Recorder,
+    *,
+    actor: str,
+    logger: logging.Logger,
+    cycle_id: int = -1,
+) -> list[int]:
+    """Release (unchanged) every job of the lease's partitions held for the loop."""
+    managed = set(lease.partitions)
+    jobs = [q for q in client.queue() if q.partition in managed and held_for_loop(q)]
+    return release_held(
+        client,
+        jobs,
+        recorder=recorder,
+        run_id=lease.run_id,
+        cycle_id=cycle_id,
+        actor=actor,
+        model_version="",
+        logger=logger,
+    )
+
+
+def hand_back(
+    client: SlurmClient,
+    lease_path: str | os.PathLike[str],
+    lease: Lease,
+    recorder: Recorder,
+    *,
+    actor: str,
+    logger: logging.Logger,
+    grace_s: float = 2.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> list[int]:
+    """Give the partitions back to Slurm: mark the lease releasing (job_submit.lua holds
+    nothing new), sweep, wait ``grace_s`` for a submission that read the lease before, sweep
+    again, mark it released. Raises ``SlurmError`` with the lease left ``releasing``."""
+    write_lease(lease_path, replace(lease, state="releasing", held=()))
+    released = sweep(client, lease, recorder, actor=actor, logger=logger)
+    sleep(grace_s)
+    released += sweep(client, lease, recorder, actor=actor, logger=logger)
+    write_lease(lease_path, replace(lease, state="released", held=()))
+    log_event(logger, "lease_released", actor=actor, released=released)
+    return released

@@ -16,7 +16,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from linkwise.deployer.loop import ServeConfig, serve
+from linkwise.deployer.loop import DEFAULT_LEASE_ROOT, ServeConfig, serve
+from linkwise.deployer.safety import LeaseTaken
 from linkwise.models.registry import ModelSource
 
 
@@ -89,6 +90,14 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-port", type=int, default=None, help="Prometheus /metrics port")
     p.add_argument("--max-cycles", type=int, default=None, help="stop after N cycles")
     p.add_argument(
+        "--lease-root",
+        default=DEFAULT_LEASE_ROOT,
+        help=(
+            "where leases and partition locks live (one per cluster below it, derived from "
+            "slurm.conf; job_submit.lua's LEASE_DIR): the same for every loop of this host"
+        ),
+    )
+    p.add_argument(
         "--no-watchdog",
         action="store_true",
         help="do not start the watchdog process (active mode; not recommended)",
@@ -116,6 +125,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         metrics_port=args.metrics_port,
         max_cycles=args.max_cycles,
         watchdog=not args.no_watchdog,
+        lease_root=args.lease_root,
     )
 
 
@@ -127,7 +137,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"linkwise serve: {exc}", file=sys.stderr)
         return 2
-    summary = serve(config, install_signals=True)
+    try:
+        summary = serve(config, install_signals=True)
+    except LeaseTaken as exc:
+        print(f"linkwise serve: refusing to start: {exc}", file=sys.stderr)
+        return 2
     summary.pop("metrics", None)
     print(json.dumps(summary))
     return 0

@@ -1,11 +1,14 @@
 """The watchdog: a separate process that hands held jobs back to Slurm when the loop's lease
 lapses (the loop crashed, was killed with ``kill -9``, hung, or could not decide in time).
 
-``python -m linkwise.deployer.watchdog --lease PATH [--poll S]``. It polls the lease file;
-once the lease expires or its owner process is gone, it releases (audited, unchanged) every
-held job of the managed partitions except the refused ones, and repeats that while the lease
-stays expired. It exits when the lease was released cleanly, when the lease file is gone,
-or after a final sweep once the owner is dead (job_submit.lua stops holding new jobs then).
+``python -m linkwise.deployer.watchdog --lease PATH [--poll S]``. It polls the lease file.
+While the owner runs but the lease ran out (a hung loop; job_submit.lua holds nothing new
+then), it releases the jobs held for the loop, and again while it stays expired. Once the
+owner process is gone it takes the partitions' locks (so no new loop starts meanwhile), marks
+the lease releasing, sweeps, waits, sweeps again and marks it released (``hand_back``). It
+only ever releases jobs held for the loop (``safety.held_for_loop``): never an
+administrator's or a user's own hold. It exits when the lease was released, when the lease
+file is gone, or when a new loop already took the partitions (it manages those jobs).
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ import logging
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 
 from linkwise.cluster.slurm.cli_transport import CliTransport, CommandRunner
@@ -23,79 +25,96 @@ from linkwise.cluster.slurm.client import SlurmClient
 from linkwise.cluster.slurm.errors import SlurmError
 from linkwise.deployer.safety import (
     Lease,
+    LeaseTaken,
     Recorder,
-    lease_expired,
+    hand_back,
+    lock_partitions,
     log_event,
     pid_alive,
     read_lease,
-    release_held,
-    write_lease,
+    sweep,
 )
 
 LOG = logging.getLogger("linkwise.watchdog")
 
 
-def sweep(lease: Lease, client: SlurmClient, recorder: Recorder) -> list[int]:
-    """Release every held job of the lease's partitions except the refused ones."""
-    managed = set(lease.partitions)
-    refused = set(lease.refused)
-    queue = client.queue()
-    jobs = [j for j in queue if j.held and j.partition in managed and j.job_id not in refused]
-    return release_held(
-        client,
-        jobs,
-        recorder=recorder,
-        run_id=lease.run_id,
-        cycle_id=-1,
-        actor="watchdog",
-        model_version="",
-        logger=LOG,
-    )
+def _tools(lease: Lease, lease_path: Path) -> tuple[SlurmClient, Recorder]:
+    runner = CommandRunner(lease.slurm_conf, timeout=20)
+    spool = lease.spool or str(lease_path.with_name(lease_path.name + ".spool.jsonl"))
+    return SlurmClient(CliTransport(runner), runner), Recorder(lease.db, spool, logger=LOG)
+
+
+def take_over(lease_path: Path, lease: Lease, *, poll_s: float) -> int:
+    """The owner is gone: hand its partitions back to Slurm under their locks."""
+    try:
+        locks = lock_partitions(
+            lease_path.parent,
+            lease.partitions,
+            f"the watchdog of a stopped loop (pid {lease.owner_pid}, run {lease.run_id}), "
+            "releasing its jobs; retry in a few seconds",
+            wait_s=5.0,
+        )
+    except LeaseTaken as exc:
+        log_event(LOG, "watchdog_exit", reason=f"a new loop took over: {exc}")
+        return 0
+    try:
+        current = read_lease(lease_path)
+        if current is None or current.run_id != lease.run_id or current.released:
+            log_event(LOG, "watchdog_exit", reason="the lease changed hands meanwhile")
+            return 0
+        client, recorder = _tools(current, lease_path)
+        for attempt in range(30):
+            try:
+                released = hand_back(
+                    client,
+                    lease_path,
+                    current,
+                    recorder,
+                    actor="watchdog",
+                    logger=LOG,
+                    grace_s=max(2.0, 2 * poll_s),
+                )
+                log_event(
+                    LOG, "watchdog_exit", reason="owner gone, jobs released", released=released
+                )
+                return 0
+            except SlurmError as exc:
+                log_event(
+                    LOG, "sweep_failed", logging.WARNING, attempt=attempt, error=str(exc)[:300]
+                )
+                time.sleep(min(10.0, 1.0 + attempt))
+        log_event(LOG, "watchdog_gave_up", logging.ERROR, lease=str(lease_path))
+        return 1
+    finally:
+        locks.close()
 
 
 def watch(lease_path: Path, *, poll_s: float = 1.0, max_s: float | None = None) -> int:
     """Watch ``lease_path`` until the loop is gone and its jobs are released; exit status."""
     started = time.time()
-    client: SlurmClient | None = None
-    recorder: Recorder | None = None
+    tools: tuple[SlurmClient, Recorder] | None = None
     while max_s is None or time.time() - started < max_s:
         lease = read_lease(lease_path)
         if lease is None:
             log_event(LOG, "watchdog_exit", reason="no lease file", lease=str(lease_path))
             return 0
         if lease.released:
-            log_event(LOG, "watchdog_exit", reason="lease released cleanly")
+            log_event(LOG, "watchdog_exit", reason="lease released")
             return 0
+        if not pid_alive(lease.owner_pid, lease.owner_start):
+            log_event(LOG, "owner_gone", owner_pid=lease.owner_pid, state=lease.state)
+            return take_over(lease_path, lease, poll_s=poll_s)
         now = time.time()
-        if lease_expired(lease, now):
-            if client is None:
-                runner = CommandRunner(lease.slurm_conf, timeout=20)
-                client = SlurmClient(CliTransport(runner), runner)
-            if recorder is None:
-                spool = lease_path.with_name(lease_path.name + ".spool.jsonl")
-                recorder = Recorder(lease.db, spool, logger=LOG)
-            owner_gone = not pid_alive(lease.owner_pid, lease.owner_start)
+        if lease.state == "active" and now >= lease.expires_at:
             log_event(
-                LOG,
-                "lease_expired",
-                owner_pid=lease.owner_pid,
-                owner_gone=owner_gone,
-                late_s=round(now - lease.expires_at, 3),
+                LOG, "lease_expired", owner_pid=lease.owner_pid, late_s=now - lease.expires_at
             )
+            tools = tools or _tools(lease, lease_path)
             try:
-                released = sweep(lease, client, recorder)
+                released = sweep(tools[0], lease, tools[1], actor="watchdog", logger=LOG)
+                log_event(LOG, "sweep", released=released)
             except SlurmError as exc:
                 log_event(LOG, "sweep_failed", logging.WARNING, error=str(exc)[:300])
-                time.sleep(poll_s)
-                continue
-            log_event(LOG, "sweep", released=released)
-            if owner_gone:
-                # a later loop may have taken the lease meanwhile: only mark ours released
-                current = read_lease(lease_path)
-                if current is not None and current.owner_pid == lease.owner_pid:
-                    write_lease(lease_path, replace(current, released=True))
-                log_event(LOG, "watchdog_exit", reason="owner gone, jobs released")
-                return 0
         time.sleep(poll_s)
     return 0
 

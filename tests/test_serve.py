@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +32,19 @@ from linkwise.deployer.loop import (
     check_start,
 )
 from linkwise.deployer.metrics import ServeMetrics
-from linkwise.deployer.safety import Lease, Recorder, lease_expired, read_lease, write_lease
+from linkwise.deployer.safety import (
+    HOLD_TAG,
+    Lease,
+    LeaseTaken,
+    Recorder,
+    hand_back,
+    lease_dir_for,
+    lease_expired,
+    lock_partitions,
+    read_lease,
+    untag_command,
+    write_lease,
+)
 from linkwise.models.heuristics import make_policy
 
 LOG = logging.getLogger("test.serve")
@@ -42,6 +57,7 @@ def qjob(job_id: int, gpus: int, n_nodes: int = 1, *, held: bool = True, **kw: A
         job_id=job_id, name=f"j{job_id}", user="u", partition="gpu", state="PENDING",
         reason="JobHeldUser" if held else "Priority", submit_time=100.0 + job_id,
         start_time=None, time_limit_s=600.0, num_nodes=n_nodes, gpus=gpus, nodes=(), held=held,
+        admin_comment=HOLD_TAG if held else "",  # held by job_submit.lua for the loop
     )  # fmt: skip
     base.update(kw)
     return QueuedJob(**base)
@@ -90,6 +106,9 @@ def test_observation_keeps_held_gpu_jobs_and_refuses_impossible_ones() -> None:
         qjob(4, 0),  # no GPUs: handed back to Slurm
         qjob(5, 1, held=False),  # not held: Slurm's, not ours
         qjob(6, 4, state="RUNNING", nodes=(NAMES[0],), start_time=90.0, held=False),
+        qjob(7, 1, reason="JobHeldAdmin"),  # an administrator held it on top: not ours
+        qjob(8, 1, admin_comment=""),  # its user's own hold: not ours
+        qjob(10, 1, held=False, admin_comment=HOLD_TAG),  # released by someone else
     ]
     nodes = [
         ninfo(NAMES[0], 4),
@@ -104,12 +123,13 @@ def test_observation_keeps_held_gpu_jobs_and_refuses_impossible_ones() -> None:
     assert sorted(obs.managed) == [1, 2]
     assert obs.shapes[2] == Shape(2, 4)
     assert list(obs.refused) == [3] and "needs 6 node(s)" in obs.refused[3]
-    assert [q.job_id for q in obs.no_gpu] == [4]
+    assert [q.job_id for q in obs.no_gpu] == [4, 3]  # both handed back unchanged
+    assert obs.foreign_held == 2 and [q.job_id for q in obs.bypassed] == [10]
     assert obs.state.free_gpus == (0, 1, 0, 4)  # busy, in flight, drained, idle
     assert [r.job.job_id for r in obs.state.running] == [6]
     assert obs.state.link_flows[3] == round(60e9 / (TOPO.nodes[3].nic_gbps * 1e9))
     shadow = build_observation(queue, nodes, TOPO, ["gpu"], 200.0, mode="shadow")
-    assert [p.job.job_id for p in shadow.state.pending] == [5]
+    assert [p.job.job_id for p in shadow.state.pending] == [5, 10]
 
 
 def test_check_start_validates_shape_and_free_gpus() -> None:
@@ -129,7 +149,7 @@ def make_backend(tmp_path: Path, client: FakeClient, **cfg: Any) -> SlurmBackend
     recorder = Recorder(config.db, config.spool_path, logger=LOG)
     return SlurmBackend(
         client, TOPO, config, GuardedPolicy(holder, metrics, LOG), recorder, metrics,  # type: ignore[arg-type]
-        logger=LOG, sleep=lambda s: None,
+        logger=LOG, sleep=lambda s: None, lease_dir=tmp_path / "leases",
     )  # fmt: skip
 
 
@@ -163,19 +183,20 @@ def test_active_audits_before_acting_and_releases_on_shutdown(tmp_path: Path) ->
         ["scontrol", "update", "JobId=2", f"ReqNodeList={NAMES[0]},{NAMES[1]}", "NumNodes=2"],
         ["scontrol", "release", "2"],
     ]
-    lease = read_lease(backend.cfg.lease_path)
-    assert lease is not None and sorted(lease.held) == [1, 2, 3] and not lease.released
+    lease = read_lease(backend.lease_path)
+    assert lease is not None and sorted(lease.held) == [1, 2, 3] and lease.state == "active"
     con = open_store(db)
     notes = dict(con.execute("SELECT job_id, note FROM decisions").fetchall())
     assert notes[1] == notes[2] == "applied" and notes[3].startswith("rejected: busy")
     assert con.execute("SELECT count(*) FROM audit WHERE outcome = 'ok'").fetchone() == (4,)
     con.close()
     runner.commands.clear()
-    runner.on_run = None
-    client._queue = [qjob(3, 4)]
-    assert backend.shutdown() == [3]
+    runner.on_run = lambda args: client._queue.clear()  # released: no longer held
+    admin = qjob(4, 4, reason="JobHeldAdmin")
+    client._queue = [qjob(3, 4), admin, qjob(5, 1, admin_comment="")]
+    assert backend.shutdown() == [3]  # neither the admin's hold nor the user's own
     assert runner.commands == [["scontrol", "release", "3"]]
-    lease = read_lease(backend.cfg.lease_path)
+    lease = read_lease(backend.lease_path)
     assert lease is not None and lease.released
 
 
@@ -261,14 +282,17 @@ def test_lease_expires_when_its_owner_is_gone(tmp_path: Path) -> None:
     assert lease_expired(lease, time.time())
     import os
 
-    mine = Lease(os.getpid(), None, time.time() + 60, ("gpu",), None, None, "r")
+    mine = Lease(os.getpid(), None, time.time() + 60, ("gpu", "b"), None, None, "r")
     assert not lease_expired(mine, time.time())
     assert lease_expired(mine, time.time() + 61)
     path = tmp_path / "lease.json"
     write_lease(path, mine)
     assert read_lease(path) == mine
-    expires = (tmp_path / "lease.json.expires").read_text().split()
-    assert expires == [str(int(mine.expires_at)), "gpu"]
+    line = [str(int(mine.expires_at)), str(os.getpid()), "0", os.uname().nodename]
+    for part in ("gpu", "b"):  # job_submit.lua's input, one file per partition
+        assert (tmp_path / f"{part}.expires").read_text().split() == line
+    write_lease(path, replace(mine, state="releasing"))
+    assert (tmp_path / "gpu.expires").read_text().split()[0] == "0"
 
 
 def test_serve_config_rejects_a_lease_shorter_than_two_cycles() -> None:
@@ -293,3 +317,76 @@ def test_a_registry_model_is_recorded_by_its_version_number(
     assert (loaded.model_version, loaded.obs_spec_version) == ("7", "obs-x")
     fake.package_dir = "/srv/packages/abc"
     assert loop._learned("model:/srv/packages/abc").model_version == "/srv/packages/abc"
+
+
+# ---------------------------------------------------------------- issue 12
+
+
+def test_partition_locks_refuse_any_overlap_and_free_on_kill(tmp_path: Path) -> None:
+    first = lock_partitions(tmp_path, ["b", "a"], "loop one")
+    with pytest.raises(LeaseTaken, match=r"partition a is managed by another loop \(loop one"):
+        lock_partitions(tmp_path, ["zz", "a"], "loop two")
+    lock_partitions(tmp_path, ["zz"], "loop three").close()  # disjoint: fine (and freed)
+    first.close()
+    code = "import sys, time; from linkwise.deployer.safety import lock_partitions as L; "
+    code += f"L({str(tmp_path)!r}, ['a'], 'child'); print('locked', flush=True); time.sleep(60)"
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None and child.stdout.readline().strip() == "locked"
+    with pytest.raises(LeaseTaken, match="child"):
+        lock_partitions(tmp_path, ["a"], "me")
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    lock_partitions(tmp_path, ["a", "b"], "me", wait_s=2).close()  # the kernel dropped it
+
+
+def test_the_lease_is_per_cluster_and_sorted_partition_set() -> None:
+    conf = "ClusterName=c1\nSlurmctldHost=ctl(10.0.0.1)\nSlurmctldPort=6817\n"
+    assert lease_dir_for("/r", conf) == Path("/r/c1-ctl-6817")
+    assert lease_dir_for("/r", conf.replace("6817", "7817")) != lease_dir_for("/r", conf)
+    one = ServeConfig(mode="active", partitions=("b", "a"), state_dir="/x")
+    two = ServeConfig(mode="active", partitions=("a", "b"), state_dir="/y")
+    assert one.lease_name == two.lease_name == "lease-a_b.json"
+    with pytest.raises(ValueError, match="invalid partition"):
+        ServeConfig(mode="active", partitions=("../etc",))
+
+
+def test_hand_back_stops_new_holds_before_each_sweep(tmp_path: Path) -> None:
+    path = tmp_path / "lease-gpu.json"
+    lease = Lease(os.getpid(), None, time.time() + 60, ("gpu",), None, None, "r")
+    write_lease(path, lease)
+    seen: list[str] = []
+
+    class Watching(FakeClient):
+        def queue(self) -> list[QueuedJob]:
+            seen.append((tmp_path / "gpu.expires").read_text().split()[0])
+            return super().queue()
+
+    runner = FakeRunner()
+    client = Watching([qjob(1, 1), qjob(2, 1, reason="JobHeldAdmin")], [], runner)
+    recorder = Recorder(None, tmp_path / "spool.jsonl", logger=LOG)
+    sleeps: list[float] = []
+    released = hand_back(
+        client, path, lease, recorder, actor="t", logger=LOG, grace_s=1.5,  # type: ignore[arg-type]
+        sleep=sleeps.append,
+    )  # fmt: skip
+    assert seen == ["0", "0"] and sleeps == [1.5]  # marked first, swept twice
+    assert released == [1, 1] and ["scontrol", "release", "2"] not in runner.commands
+    assert (read_lease(path) or lease).state == "released"
+
+
+def test_a_bypassed_hold_is_counted_and_untagged(tmp_path: Path) -> None:
+    runner = FakeRunner()
+    gone = qjob(5, 2, held=False, admin_comment=HOLD_TAG, reason="Priority")
+    client = FakeClient([gone], [ninfo(n) for n in NAMES], runner)
+    backend = make_backend(tmp_path, client)
+    backend.start()
+    backend.observe()
+    backend.apply(Decision())
+    assert runner.commands == [untag_command(5)]
+    assert "linkwise_serve_hold_bypasses_total 1.0" in backend.metrics.text()
+    backend.released_ids.add(6)  # one the loop released itself: untagged, not counted
+    client._queue = [replace(gone, job_id=6)]
+    backend.observe()
+    backend.apply(Decision())
+    assert "linkwise_serve_hold_bypasses_total 1.0" in backend.metrics.text()
+    backend.shutdown()

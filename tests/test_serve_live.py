@@ -45,6 +45,14 @@ def client(cluster: dict[str, str]) -> SlurmClient:
     return SlurmClient.from_env(cluster, "cli")
 
 
+HOLD_TAG = "linkwise:held"  # what job_submit.lua sets (AdminComment) when it holds a job
+
+
+def hand_over(client: SlurmClient, job_id: int) -> None:
+    """Tag a held job the way job_submit.lua does: an administrator hands it to the loop."""
+    client.runner.run(["scontrol", "update", f"JobId={job_id}", f"AdminComment={HOLD_TAG}"])
+
+
 def wait_for(cond: Callable[[], bool], timeout: float, what: str, step: float = 0.3) -> None:
     deadline = time.time() + timeout
     while not cond():
@@ -102,8 +110,10 @@ def test_active_places_jobs_on_the_policy_nodes(client: SlurmClient, tmp_path: P
         client.submit("sleep 1", name="two", gpus_per_node=2, hold=True),
         client.submit("sleep 1", name="wide", nodes=2, gpus_per_node=4, hold=True),
     ]
-    # held by its user, and can never fit (6 nodes in a 4-node partition): not ours to start
+    # held for the loop, and can never fit (6 nodes in a 4-node partition): handed back
     bad = client.submit("sleep 1", name="too-big", nodes=6, gpus_per_node=1, hold=True)
+    for j in [*ids, bad]:
+        hand_over(client, j)
     try:
         cfg = ServeConfig(
             mode="active", partitions=("gpu",), slurm_env=str(Path(LIVE_DIR) / "env"),
@@ -125,16 +135,22 @@ def test_active_places_jobs_on_the_policy_nodes(client: SlurmClient, tmp_path: P
             assert ran[job][1] == chosen[job], (job, ran[job], chosen[job])
         assert chosen[ids[0]] == chosen[ids[1]] == "gpu04" and chosen[ids[2]] == "gpu[02-03]"
         # every command audited (before it ran: outcome recorded after) with the model version
-        audit = con.execute("SELECT job_id, command, model_version, outcome FROM audit").fetchall()
+        audit = con.execute(
+            "SELECT job_id, command, model_version, outcome FROM audit WHERE actor = 'loop'"
+        ).fetchall()
         assert {(j, json.loads(c)[1]) for j, c, _, _ in audit} == {
             (j, verb) for j in ids for verb in ("update", "release")
         }
         assert all(v == "test:last_fit" and o == "ok" for _, _, v, o in audit)
-        # the infeasible request: reported, not started, left as its user made it
+        # the infeasible request: reported, not placed, released unchanged to Slurm
         note = con.execute("SELECT note FROM decisions WHERE job_id = ?", [bad]).fetchall()
         assert len(note) == 1 and note[0][0].startswith("infeasible: needs 6 node(s)")
+        handed = con.execute(
+            "SELECT command FROM audit WHERE job_id = ? AND actor = 'loop:unmanaged'", [bad]
+        ).fetchall()
+        assert [json.loads(c)[:2] for (c,) in handed] == [["scontrol", "release"]]
         q = {j.job_id: j for j in client.queue()}
-        assert q[bad].held and q[bad].state == "PENDING"
+        assert not q[bad].held and q[bad].state == "PENDING"
         con.close()
     finally:
         client.cancel(bad)
@@ -207,6 +223,8 @@ def test_kill9_with_held_jobs_releases_within_the_lease(
 ) -> None:
     blocker = client.submit("sleep 4", name="blocker", nodes=4, gpus_per_node=4, hold=True)
     waiting = [client.submit("sleep 1", name=f"w{i}", gpus_per_node=4, hold=True) for i in range(3)]
+    for j in [blocker, *waiting]:
+        hand_over(client, j)
     lease = 4.0
     cmd = serve_cmd(
         str(Path(LIVE_DIR) / "env"), tmp_path, "--mode", "active", "--policy", "fifo",
@@ -259,6 +277,8 @@ def test_slurmctld_restart_mid_cycle_loop_survives(client: SlurmClient, tmp_path
         ids = [
             client.submit("sleep 1", name=f"after{i}", gpus_per_node=2, hold=True) for i in range(2)
         ]
+        for j in ids:
+            hand_over(client, j)
         wait_for(lambda: all_done(client, ids), 40, "jobs submitted after the restart to run")
         proc.send_signal(signal.SIGTERM)
         proc.wait(20)
@@ -272,3 +292,90 @@ def test_slurmctld_restart_mid_cycle_loop_survives(client: SlurmClient, tmp_path
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def submit_as(user: str, *args: str) -> int:
+    """sbatch as another (non-root) user of the cluster; its job id."""
+    conf = read_env_file(Path(LIVE_DIR) / "env")["SLURM_CONF"]
+    cmd = ["setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups"]
+    cmd += ["env", f"SLURM_CONF={conf}", "sbatch", "--parsable", "--chdir=/tmp", "-o", "/dev/null"]
+    out = subprocess.run([*cmd, *args], check=True, capture_output=True, text=True, timeout=30)
+    return int(out.stdout.strip().split(";")[0])
+
+
+def reasons(client: SlurmClient, ids: list[int]) -> dict[int, str]:
+    """job -> squeue's reason while it is pending ("" once it left the queue or runs)."""
+    out = client.runner.run(["squeue", "-h", "-t", "PD", "-o", "%i|%r"])
+    got = dict(line.split("|", 1) for line in out.splitlines() if "|" in line)
+    return {j: got.get(str(j), "") for j in ids}
+
+
+def test_holds_the_loop_did_not_place_are_left_alone(client: SlurmClient, tmp_path: Path) -> None:
+    admin = client.submit("sleep 1", name="i12-admin", gpus_per_node=1, hold=True)
+    client.runner.run(["scontrol", "hold", str(admin)])  # an administrator's hold
+    user = submit_as("slurm", "--hold", "-J", "i12-user", "--gres=gpu:1", "--wrap=sleep 1")
+    tagged_admin = client.submit("sleep 1", name="i12-tag-admin", gpus_per_node=1, hold=True)
+    hand_over(client, tagged_admin)
+    client.runner.run(["scontrol", "hold", str(tagged_admin)])  # an admin held it on top
+    ours = client.submit("sleep 1", name="i12-ours", gpus_per_node=1, hold=True)
+    hand_over(client, ours)
+    theirs = [admin, user, tagged_admin]
+    before = reasons(client, theirs)
+    assert before == {admin: "JobHeldAdmin", user: "JobHeldUser", tagged_admin: "JobHeldAdmin"}
+    try:
+        cfg = ServeConfig(
+            mode="active", partitions=("gpu",), slurm_env=str(Path(LIVE_DIR) / "env"),
+            db=str(tmp_path / "store.duckdb"), state_dir=str(tmp_path / "state"),
+            interval_s=0.5, lease_s=5.0, max_cycles=3,
+        )  # fmt: skip
+        summary = serve(cfg, policy=LoadedPolicy(LastFit(), "last_fit", "test:last_fit", ""))
+        wait_for(lambda: all_done(client, [ours]), 30, "the loop's own job to run")
+        assert reasons(client, theirs) == before, summary  # the clean shutdown left them alone
+        # kill -9: the watchdog sweeps; it too leaves every hold it did not place alone
+        errf = tmp_path / "serve.log"
+        cmd = serve_cmd(
+            str(Path(LIVE_DIR) / "env"), tmp_path, "--mode", "active", "--policy", "fifo",
+            "--interval", "0.5", "--lease", "2",
+        )  # fmt: skip
+        with open(errf, "wb") as fh:
+            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=fh, cwd=tmp_path)
+        wait_for(lambda: b'"event": "cycle"' in errf.read_bytes(), 30, "a cycle")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(5)
+        wlog = tmp_path / "state" / "watchdog.log"
+        wait_for(lambda: b"watchdog_exit" in wlog.read_bytes(), 20, "the watchdog to finish")
+        assert reasons(client, theirs) == before
+    finally:
+        for j in theirs:
+            client.cancel(j)
+
+
+def test_a_second_loop_on_an_overlapping_partition_is_refused(
+    client: SlurmClient, tmp_path: Path
+) -> None:
+    env_file = str(Path(LIVE_DIR) / "env")
+    sleeper = client.submit("sleep 60", name="i12-sleeper", gpus_per_node=1)
+    wait_for(lambda: any(q.job_id == sleeper and q.state == "RUNNING" for q in client.queue()),
+             30, "the sleeper to run")  # fmt: skip
+    wide = client.submit("sleep 1", name="i12-wide", nodes=4, gpus_per_node=4, hold=True)
+    hand_over(client, wide)  # the first loop holds it: a GPU is busy
+    errf = tmp_path / "a.log"
+    first = serve_cmd(env_file, tmp_path / "a", "--mode", "active", "--interval", "1")
+    with open(errf, "wb") as fh:
+        proc = subprocess.Popen(first, stdout=subprocess.DEVNULL, stderr=fh, cwd=tmp_path)
+    try:
+        wait_for(lambda: errf.read_bytes().count(b'"event": "cycle"') >= 1, 30, "a cycle")
+        for parts in ("gpu", "zzz,gpu"):  # another state dir; the same partition in a set
+            second = serve_cmd(env_file, tmp_path / "b", "--mode", "active", "--max-cycles", "2")
+            second[second.index("--partition") + 1] = parts
+            out = subprocess.run(second, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+            assert out.returncode == 2, (parts, out.returncode, out.stderr[-1500:])
+            assert "gpu" in out.stderr and "another loop" in out.stderr, out.stderr[-1500:]
+        assert proc.poll() is None
+        assert reasons(client, [wide]) == {wide: "JobHeldUser"}  # still held by the first loop
+    finally:
+        client.cancel(sleeper)
+        client.cancel(wide)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(30)
