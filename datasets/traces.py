@@ -26,7 +26,9 @@ Formats (the names of the ``--trace-format`` option):
     5 is -1) are used; processors are read as GPUs. ``-1`` (unknown) rejects the row.
 
 Every row that cannot become a job is kept as a :class:`RejectedRow` (file, 1-based line,
-reason, raw text); nothing is dropped silently. Jobs come sorted by ``(submit_time, job_id)``
+reason, raw text); nothing is dropped silently. A text file with a line longer than
+:data:`MAX_LINE_BYTES` (header included) or bytes that are not UTF-8 is refused whole, with
+the line, before it is read into memory. Jobs come sorted by ``(submit_time, job_id)``
 and shifted so the first one submits at 0; :attr:`Trace.origin_epoch` keeps the time that
 became 0 (Unix seconds for dated formats, wall times read as UTC).
 
@@ -48,6 +50,8 @@ from linkwise.cluster.domain import Job
 
 __all__ = [
     "FORMATS",
+    "MAX_GPUS",
+    "MAX_LINE_BYTES",
     "RejectedRow",
     "Trace",
     "TraceFormatError",
@@ -55,6 +59,7 @@ __all__ = [
     "detect_format",
     "load_trace",
     "write_native",
+    "write_rejected",
 ]
 
 FORMATS: tuple[str, ...] = ("native", "philly", "helios", "alibaba", "swf")
@@ -69,6 +74,11 @@ _REQUIRED: Mapping[str, tuple[str, ...]] = {
 _PARQUET_SUFFIXES = (".parquet", ".pq")
 _CSV_SUFFIXES = (".csv", ".txt")
 _SWF_FIELDS = 18
+MAX_LINE_BYTES = 1 << 20
+"""A trace line (the header too) longer than this is refused: real ones are < 1 KiB."""
+MAX_GPUS = 1 << 20
+"""A job asking for more GPUs than this is rejected as absurd."""
+_SCAN_CHUNK = 1 << 22
 _DATETIME_FORMATS = ("%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M:%S")
 
 
@@ -143,8 +153,12 @@ def load_trace(path: str | Path, fmt: str = "auto", *, max_jobs: int | None = No
     path = Path(path)
     if max_jobs is not None and max_jobs <= 0:
         raise ValueError(f"max_jobs must be positive, got {max_jobs}")
+    if path.is_dir():
+        raise TraceFormatError(f"{path} is a directory, not a trace file")
     if not path.is_file():
         raise FileNotFoundError(f"trace file not found: {path}")
+    if not _is_parquet(path):
+        _check_line_lengths(path)
     fmt = detect_format(path) if fmt == "auto" else fmt
     if fmt not in FORMATS:
         raise ValueError(f"unknown trace format {fmt!r}; choose one of {', '.join(FORMATS)}")
@@ -217,6 +231,17 @@ def write_native(jobs: Iterable[Job], path: str | Path) -> None:
         raise ValueError(f"{path}: write_native writes .csv, .parquet or .pq files")
 
 
+def write_rejected(rows: Iterable[RejectedRow], path: str | Path) -> int:
+    """Write rejected rows as CSV (``file,line,reason,raw``); returns how many."""
+    frame = pl.DataFrame(
+        [(r.source, r.line, r.reason, r.raw) for r in rows],
+        schema={"file": pl.String, "line": pl.Int64, "reason": pl.String, "raw": pl.String},
+        orient="row",
+    )
+    frame.write_csv(path)
+    return frame.height
+
+
 # --------------------------------------------------------------------------- reading tables
 
 
@@ -224,12 +249,31 @@ def _is_parquet(path: Path) -> bool:
     return path.suffix.lower() in _PARQUET_SUFFIXES
 
 
+def _check_line_lengths(path: Path) -> None:
+    """Refuse a file holding a line longer than ``MAX_LINE_BYTES``, reading it in chunks."""
+    line, run = 1, 0  # the current line's number and its bytes so far
+    with path.open("rb") as handle:
+        while chunk := handle.read(_SCAN_CHUNK):
+            parts = chunk.split(b"\n")
+            lengths = [run + len(parts[0]), *map(len, parts[1:])]
+            if max(lengths) > MAX_LINE_BYTES:
+                at = next(i for i, n in enumerate(lengths) if n > MAX_LINE_BYTES)
+                raise TraceFormatError(
+                    f"{path}: line {line + at} is longer than {MAX_LINE_BYTES} bytes; "
+                    "not a trace this loader reads"
+                )
+            line += len(parts) - 1
+            run = lengths[-1]
+
+
 def _read_text(path: Path) -> str:
+    data = path.read_bytes()
     try:
-        return path.read_bytes().decode("utf-8-sig")
+        return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
         raise TraceFormatError(
-            f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})"
+            f"{path}: not UTF-8 text ({exc.reason} at line {line}, byte {exc.start})"
         ) from exc
 
 
@@ -493,6 +537,7 @@ def _helios(table: pl.DataFrame) -> pl.DataFrame:
         user=_opt_text(table, "user"),
         name=pl.lit("") if numeric_ids else _text("job_id").fill_null(""),
         profile=pl.lit(""),
+        extra={"_id_text": _text("job_id")},
     )
 
 
@@ -593,6 +638,7 @@ def _finish(
         (gpus != gpus.floor(), "non-integer GPU count"),
         (gpus == 0, "no GPUs"),
         (gpus < 0, "negative GPU count"),
+        (gpus > MAX_GPUS, "absurd GPU count"),
         (duration.is_null(), "missing duration"),
         (duration <= 0, "duration <= 0"),
         (submit < 0, "negative time"),
@@ -600,7 +646,9 @@ def _finish(
     checked = std.with_columns(
         _reason=pl.coalesce(pl.col("_reason"), _first_reason(common)),
     )
-    valid_id = pl.when(pl.col("_reason").is_null()).then(pl.col("job_id"))
+    # ids as written where a format keeps them (Helios ids that are not all integers)
+    id_key = pl.col("_id_text") if "_id_text" in checked.columns else pl.col("job_id")
+    valid_id = pl.when(pl.col("_reason").is_null()).then(id_key)
     checked = checked.with_columns(
         _reason=pl.when(pl.col("_reason").is_null() & ~valid_id.is_first_distinct())
         .then(pl.lit("duplicate job_id"))

@@ -71,6 +71,12 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
         "--restart-cost", type=float, default=0.0, help="seconds added to a preempted job's work"
     )
     p.add_argument("--json", action="store_true", help="print machine-readable JSON only")
+    p.add_argument(
+        "--rejected-out",
+        type=Path,
+        metavar="CSV",
+        help="write every rejected trace row (file, line, reason, raw text) to this CSV",
+    )
 
 
 def _scenario(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
@@ -93,6 +99,11 @@ def _scenario(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
         trace = load_trace(args.trace, args.trace_format, max_jobs=args.max_jobs)
         jobs = trace.jobs
         info.update(trace=str(args.trace), format=trace.format, rejected_rows=len(trace.rejected))
+        if args.rejected_out is not None:
+            from linkwise.datasets.traces import write_rejected
+
+            write_rejected(trace.rejected, args.rejected_out)
+            info["rejected_rows_file"] = str(args.rejected_out)
         if trace.rejected:
             info["rejected_by_reason"] = trace.summary().get("rejected_by_reason", {})
     else:
@@ -176,7 +187,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     run = run_policy(scenario, args.policy)
     out = run.metrics.to_dict()
     if args.json:
-        print(json.dumps(out))
+        counts = {"rejected_rows": 0, "left_out_too_big": 0}
+        counts |= {k: info[k] for k in (*counts, "rejected_rows_file") if k in info}
+        print(json.dumps({**out, **counts}))
         return EXIT_OK
     console = _stdout_console()
     console.print(_describe_scenario(info))

@@ -361,3 +361,82 @@ def test_a_file_without_valid_jobs_is_an_error(tmp_path: Path) -> None:
     header_only = _write(tmp_path, "header.csv", [NATIVE_LINES[0]])
     with pytest.raises(TraceFormatError, match="no valid jobs"):
         load_trace(header_only)
+
+
+# --------------------------------------------------------------------------- hostile files
+
+
+def test_a_huge_header_line_is_refused_without_reading_the_file_whole(tmp_path: Path) -> None:
+    import resource
+
+    from linkwise.datasets.traces import MAX_LINE_BYTES
+
+    path = tmp_path / "huge.csv"
+    with path.open("wb") as f:
+        f.write(b"job_id,submit_time,num_gpus,duration,")
+        chunk = b"x" * (1 << 20)
+        for _ in range(64):  # a 64 MiB header line
+            f.write(chunk)
+        f.write(b"\n1,0,1,10\n")
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(TraceFormatError, match=r"line 1 is longer than"):
+        load_trace(path)
+    grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert grown_kib < 32 * 1024  # far less than the file
+    long_row = tmp_path / "row.csv"
+    long_row.write_text(
+        "job_id,submit_time,num_gpus,duration\n1,0,1,10\n2,0,1," + "9" * (MAX_LINE_BYTES + 5) + "\n"
+    )
+    with pytest.raises(TraceFormatError, match=r"line 3 is longer than"):
+        load_trace(long_row, "native")
+
+
+def test_a_directory_is_not_a_trace(tmp_path: Path) -> None:
+    with pytest.raises(TraceFormatError, match=r"is a directory, not a trace file"):
+        load_trace(tmp_path)
+    with pytest.raises(FileNotFoundError, match="not found"):
+        load_trace(tmp_path / "missing.csv")
+
+
+def test_non_utf8_text_is_refused_with_its_line_and_byte(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.csv"
+    path.write_bytes(b"job_id,submit_time,num_gpus,duration\n1,0,1,10\n2,0,1,10 caf\xe9\n")
+    with pytest.raises(TraceFormatError, match=r"not UTF-8 text .* line 3, byte 58"):
+        load_trace(path, "native")
+
+
+def test_helios_duplicate_ids_are_caught_when_ids_are_not_integers(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        "acme.csv",
+        [
+            HELIOS_HEADER,
+            "dlc-a,u1,vc,1,4,1,COMPLETED,2023-05-01 00:00:10,,,30,0",
+            "17,u1,vc,2,4,1,COMPLETED,2023-05-01 00:00:00,,,40,0",
+            "dlc-a,u2,vc,1,4,1,COMPLETED,2023-05-01 00:00:20,,,30,0",
+        ],
+    )
+    trace = load_trace(path, "helios")
+    assert _rejections(trace) == {4: "duplicate job_id"}
+    assert [j.name for j in trace.jobs] == ["17", "dlc-a"]
+
+
+def test_absurd_gpu_counts_are_rejected(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        "n.csv",
+        [
+            "job_id,submit_time,num_gpus,duration",
+            "1,0,1,10",
+            "2,0,99999999999999999999,10",
+            "3,0,2000000,10",
+            "4,0,1e300,10",
+        ],
+    )
+    trace = load_trace(path, "native")
+    assert [j.job_id for j in trace.jobs] == [1]
+    assert _rejections(trace) == {
+        3: "absurd GPU count",
+        4: "absurd GPU count",
+        5: "absurd GPU count",
+    }
