@@ -9,6 +9,7 @@ Times are epoch seconds (DOUBLE), rates bytes per second, like the rest of linkw
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,10 @@ class Migration:
 
 class StoreVersionError(RuntimeError):
     """The store's schema is newer than this code knows (or its version table is broken)."""
+
+
+class StoreLockedError(RuntimeError):
+    """Another process holds the store's file (DuckDB lets one process write a file)."""
 
 
 _V1 = (
@@ -240,19 +245,43 @@ def apply_migrations(
     return tuple(applied)
 
 
-def open_store(path: str | Path) -> duckdb.DuckDBPyConnection:
+def open_store(path: str | Path, *, lock_wait_s: float = 0.0) -> duckdb.DuckDBPyConnection:
     """Open (creating if needed) the DuckDB store at ``path`` and bring its schema up to date.
 
     ``":memory:"`` gives a private in-memory store. Idempotent: opening an up-to-date store
-    changes nothing. Raises StoreVersionError for a store newer than this code.
+    changes nothing. A file another process holds is tried again for ``lock_wait_s``
+    seconds, then refused with ``StoreLockedError``. Raises StoreVersionError for a store
+    newer than this code.
     """
     target = str(path)
     if target != ":memory:":
         Path(target).parent.mkdir(parents=True, exist_ok=True)
-    con = duckdb.connect(target)
+    con = _connect(target, lock_wait_s)
     try:
         apply_migrations(con)
     except BaseException:
         con.close()
         raise
     return con
+
+
+def _connect(target: str, lock_wait_s: float) -> duckdb.DuckDBPyConnection:
+    """``duckdb.connect``, retried with backoff while another process holds the file."""
+    deadline = time.monotonic() + max(lock_wait_s, 0.0)
+    delay = 0.05
+    while True:
+        try:
+            return duckdb.connect(target)
+        except duckdb.IOException as exc:
+            if "lock" not in str(exc).lower():
+                raise
+            left = deadline - time.monotonic()
+            if left <= 0:
+                held = str(exc).split("Conflicting lock is held in", 1)[-1].split(". See")[0]
+                raise StoreLockedError(
+                    f"{target} is locked by another process ({held.strip()}); tried for "
+                    f"{lock_wait_s:g} s. DuckDB lets one process write a store: wait for it "
+                    "to finish or stop it"
+                ) from None
+            time.sleep(min(delay, left))
+            delay = min(delay * 2, 1.0)

@@ -290,6 +290,7 @@ def _parse_time(text: str | None, flag: str) -> float | None:
 def cmd_collect_accounting(args: argparse.Namespace) -> int:
     from linkwise.cluster.slurm.client import SlurmClient, read_env_file
     from linkwise.cluster.slurm.errors import SlurmError
+    from linkwise.datasets.store import StoreLockedError
     from linkwise.pipelines.collect import CollectError, collect_accounting
 
     since = _parse_time(args.since, "--since")
@@ -309,6 +310,7 @@ def cmd_collect_accounting(args: argparse.Namespace) -> int:
             until=until,
             window_s=args.window,
             overlap_s=args.overlap,
+            lock_wait_s=args.lock_wait,
         )
     except CollectError as exc:
         done = exc.report.to_dict()
@@ -316,7 +318,7 @@ def cmd_collect_accounting(args: argparse.Namespace) -> int:
             print(json.dumps({"error": str(exc), **done}, default=str))
         print(f"linkwise collect accounting: error: {exc}", file=sys.stderr)
         return EXIT_FAIL
-    except SlurmError as exc:
+    except (SlurmError, StoreLockedError) as exc:
         print(f"linkwise collect accounting: error: {exc}", file=sys.stderr)
         return EXIT_FAIL
     out = report.to_dict()
@@ -336,17 +338,23 @@ def cmd_collect_accounting(args: argparse.Namespace) -> int:
 
 
 def cmd_collect_telemetry(args: argparse.Namespace) -> int:
+    from linkwise.datasets.store import StoreLockedError
     from linkwise.pipelines.collect import collect_telemetry
 
-    report = collect_telemetry(
-        args.db,
-        endpoints=args.endpoint or [],
-        sysfs_roots=args.sysfs or [],
-        host=args.host,
-        cluster=args.slurm_cluster,
-        timeout=args.timeout,
-        interval_s=args.interval,
-    )
+    try:
+        report = collect_telemetry(
+            args.db,
+            endpoints=args.endpoint or [],
+            sysfs_roots=args.sysfs or [],
+            host=args.host,
+            cluster=args.slurm_cluster,
+            timeout=args.timeout,
+            interval_s=args.interval,
+            lock_wait_s=args.lock_wait,
+        )
+    except StoreLockedError as exc:
+        print(f"linkwise collect telemetry: error: {exc}", file=sys.stderr)
+        return EXIT_FAIL
     out = report.to_dict()
     if args.json:
         print(json.dumps(out, default=str))
@@ -376,6 +384,16 @@ def cmd_collect_telemetry(args: argparse.Namespace) -> int:
     return EXIT_FAIL if out["errors"] else EXIT_OK
 
 
+def _add_lock_wait(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--lock-wait",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="wait up to S seconds for a store another process holds (default 10)",
+    )
+
+
 def _add_collect_parser(sub: Any) -> None:
     p = sub.add_parser("collect", help="collect Slurm accounting or telemetry into DuckDB")
     csub = p.add_subparsers(dest="collect_what", required=True, metavar="WHAT")
@@ -397,6 +415,7 @@ def _add_collect_parser(sub: Any) -> None:
     a.add_argument("--window", type=float, default=6 * 3600.0, help="window length, seconds")
     a.add_argument("--overlap", type=float, default=600.0, help="window overlap, seconds")
     a.add_argument("--timeout", type=float, default=30.0, help="per Slurm call, seconds")
+    _add_lock_wait(a)
     a.add_argument("--json", action="store_true", help="print machine-readable JSON only")
     a.set_defaults(func=cmd_collect_accounting)
 
@@ -410,6 +429,7 @@ def _add_collect_parser(sub: Any) -> None:
     )
     t.add_argument("--timeout", type=float, default=5.0, help="per scrape, seconds")
     t.add_argument("--interval", type=float, default=30.0, help="scrape interval, seconds")
+    _add_lock_wait(t)
     t.add_argument("--json", action="store_true", help="print machine-readable JSON only")
     t.set_defaults(func=cmd_collect_telemetry)
 

@@ -21,9 +21,11 @@ reads only.
 Retries in the flows: the Slurm reads (``sacct``/``sinfo`` or slurmrestd), the HTTP scrapes
 and the sysfs reads are pure reads, so they are Prefect tasks with retries. The DuckDB
 writes are not retried inside a run: each is one idempotent transaction, so a retry would be
-safe, but what makes a write fail (disk full, the file locked by another process, a schema
-newer than this code) does not go away in seconds; the failed window is rolled back and the
-next scheduled run starts again from the watermark.
+safe, but what makes a write fail (disk full, a schema newer than this code) does not go
+away in seconds; the failed window is rolled back and the next scheduled run starts again
+from the watermark. Only opening a store that another process holds is retried, for
+``lock_wait_s`` seconds (DuckDB lets one process write a file), then refused with
+``StoreLockedError``.
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ from linkwise.datasets.telemetry import (
 )
 
 __all__ = [
+    "DEFAULT_LOCK_WAIT_S",
     "DEFAULT_LOOKBACK_S",
     "DEFAULT_OVERLAP_S",
     "DEFAULT_WINDOW_S",
@@ -86,6 +89,8 @@ DEFAULT_WINDOW_S = 6 * 3600.0
 DEFAULT_OVERLAP_S = 600.0
 DEFAULT_LOOKBACK_S = 86400.0
 """The first collection of a cluster (no watermark, no ``since``) reads this far back."""
+DEFAULT_LOCK_WAIT_S = 10.0
+"""How long a collection waits for a store another process holds before it gives up."""
 
 _module_log = logging.getLogger(__name__)
 
@@ -244,6 +249,7 @@ def collect_accounting(
     overlap_s: float = DEFAULT_OVERLAP_S,
     source: str | None = None,
     lookback_s: float = DEFAULT_LOOKBACK_S,
+    lock_wait_s: float = DEFAULT_LOCK_WAIT_S,
     logger: Log | None = None,
 ) -> AccountingReport:
     """Collect the cluster's nodes and accounting records in ``[since, until)`` into the store.
@@ -251,14 +257,16 @@ def collect_accounting(
     ``since`` defaults to ``overlap_s`` before the stored watermark (or ``lookback_s`` ago on
     the first collection), ``until`` to now. Each window is read, then written with its
     watermark in one transaction. Raises ``CollectError`` (its ``report`` lists the windows
-    already committed) when Slurm fails part-way; ``ValueError`` on bad arguments.
+    already committed) when Slurm fails part-way; ``ValueError`` on bad arguments;
+    ``StoreLockedError`` when another process holds the store for longer than
+    ``lock_wait_s``.
     """
     log = logger or _module_log
     t0 = time.perf_counter()
     now = time.time()
     src = source or accounting_source_name(cluster)
     end = now if until is None else float(until)
-    con = open_store(store_path)
+    con = open_store(store_path, lock_wait_s=lock_wait_s)
     done: list[WindowReport] = []
     try:
         previous = get_watermark(con, src)
@@ -438,6 +446,7 @@ def collect_telemetry(
     interval_s: float = 30.0,
     scrape: Callable[[str, float], Scrape] = scrape_http,
     read: Callable[[str | Path, str], SysfsReading] | None = None,
+    lock_wait_s: float = DEFAULT_LOCK_WAIT_S,
     logger: Log | None = None,
 ) -> TelemetryCollectReport:
     """Scrape ``endpoints`` and read ``sysfs_roots`` into the store, then derive IB rates.
@@ -446,7 +455,8 @@ def collect_telemetry(
     ``errors`` (and its ``SourceReport.error``) while the others are stored. ``host`` names
     the node for samples without a host label (default: the endpoint's host name, or this
     machine for sysfs). ``scrape``/``read`` replace the readers (the flows pass retrying
-    tasks). Raises ``ValueError`` when there is no source at all.
+    tasks). Raises ``ValueError`` when there is no source at all, ``StoreLockedError`` when
+    another process holds the store for longer than ``lock_wait_s``.
     """
     if not endpoints and not sysfs_roots:
         raise ValueError("no telemetry source: give at least one endpoint or sysfs root")
@@ -455,7 +465,7 @@ def collect_telemetry(
     t0 = time.perf_counter()
     first_ts = time.time()
     reports: list[SourceReport] = []
-    con = open_store(store_path)
+    con = open_store(store_path, lock_wait_s=lock_wait_s)
     try:
         for url in endpoints:
             source = f"prometheus:{url}"
