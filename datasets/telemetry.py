@@ -6,8 +6,8 @@ Formats (real fixtures in ../shared/data/telemetry/):
   maps a GPU to a Slurm job, DCGM's blank values such as 9223372036854775794 = "not
   supported" are dropped and counted) and node_exporter's InfiniBand metrics.
   ``DCGM_FI_PROF_{PCIE,NVLINK}_{TX,RX}_BYTES`` are rates in B/s and
-  ``DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL`` is a rate despite its counter declaration, so
-  they become ``link_load`` rows directly.
+  ``DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL`` is a rate in MB/s despite its counter declaration,
+  so they become ``link_load`` rows directly (``DCGM_FIELDS``: each field's unit and why).
 - ``/sys/class/infiniband`` (``read_sysfs``) and ``perfquery -x`` (``parse_perfquery``):
   ``port_{xmit,rcv}_data`` / ``Port{Xmit,Rcv}Data`` count 4-byte words; legacy 32-bit
   counters saturate at 2**32-1.
@@ -61,17 +61,45 @@ _DCGM_SENTINELS: dict[str, str] = {
 }
 _INT64_BLANK_AS_FLOAT = float(9223372036854775794)  # the whole int64 family rounds to 2**63
 
-NVLINK_TOTAL_BYTES_PER_UNIT = 1e6
-"""Bytes per unit of DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL (taken as MB/s; not verified here)."""
+UNIT_BYTES_PER_S: dict[str, float] = {"B/s": 1.0, "KB/s": 1e3, "MB/s": 1e6}
+"""Bytes per second in one unit of each rate unit a DCGM field is read in."""
 
-# DCGM rate gauges -> (link_class, direction, bytes per unit)
-DCGM_RATE_FIELDS: dict[str, tuple[str, str, float]] = {
-    "DCGM_FI_PROF_PCIE_TX_BYTES": ("pcie", "tx", 1.0),
-    "DCGM_FI_PROF_PCIE_RX_BYTES": ("pcie", "rx", 1.0),
-    "DCGM_FI_PROF_NVLINK_TX_BYTES": ("nvlink", "tx", 1.0),
-    "DCGM_FI_PROF_NVLINK_RX_BYTES": ("nvlink", "rx", 1.0),
-    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": ("nvlink", "total", NVLINK_TOTAL_BYTES_PER_UNIT),
+
+@dataclass(frozen=True, slots=True)
+class DcgmField:
+    """A DCGM field read as a link rate: its link class and direction, its unit, bytes per
+    second per unit (``UNIT_BYTES_PER_S[unit]``), and where the unit comes from."""
+
+    link_class: str
+    direction: str
+    unit: str
+    bytes_per_s: float
+    evidence: str
+
+
+def _dcgm(link_class: str, direction: str, unit: str, evidence: str) -> DcgmField:
+    return DcgmField(link_class, direction, unit, UNIT_BYTES_PER_S[unit], evidence)
+
+
+_PROF = "DCGM profiling field: a rate in B/s (dcgm-exporter's field list: 'in bytes per second')"
+DCGM_FIELDS: dict[str, DcgmField] = {
+    "DCGM_FI_PROF_PCIE_TX_BYTES": _dcgm("pcie", "tx", "B/s", _PROF),
+    "DCGM_FI_PROF_PCIE_RX_BYTES": _dcgm("pcie", "rx", "B/s", _PROF),
+    "DCGM_FI_PROF_NVLINK_TX_BYTES": _dcgm("nvlink", "tx", "B/s", _PROF),
+    "DCGM_FI_PROF_NVLINK_RX_BYTES": _dcgm("nvlink", "rx", "B/s", _PROF),
+    # dcgm_fields.h (field 449) names no unit and dcgm-exporter declares it a counter; a
+    # dcgm-exporter maintainer wrote "as far as I can tell the units are KB/s"
+    # (NVIDIA/dcgm-exporter#472, 2025), but on 4 x H200 under FSDP it reads ~200,000 per GPU
+    # while nvidia-smi's NVLink counters give ~202 GB/s (KempnerInstitute/kempnerpulse#11,
+    # 2026): MB/s, and KB/s would be 200 MB/s. Whether MB means 10^6 or 2^20 is not said.
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": _dcgm(
+        "nvlink",
+        "total",
+        "MB/s",
+        "a rate despite its counter declaration; MB/s as measured against nvidia-smi",
+    ),
 }
+"""Every DCGM field that becomes ``link_load``, with its unit (one table: change it here)."""
 
 _W32 = float(2**32 - 1)
 _M64 = float(2**64)
@@ -743,10 +771,10 @@ def dcgm_link_load(samples: pl.DataFrame, *, interval_s: float) -> tuple[pl.Data
     also the number of negative or NaN rates dropped."""
     spec = pl.DataFrame(
         {
-            "metric": list(DCGM_RATE_FIELDS),
-            "link_class": [v[0] for v in DCGM_RATE_FIELDS.values()],
-            "direction": [v[1] for v in DCGM_RATE_FIELDS.values()],
-            "factor": [v[2] for v in DCGM_RATE_FIELDS.values()],
+            "metric": list(DCGM_FIELDS),
+            "link_class": [f.link_class for f in DCGM_FIELDS.values()],
+            "direction": [f.direction for f in DCGM_FIELDS.values()],
+            "factor": [f.bytes_per_s for f in DCGM_FIELDS.values()],
         }
     )
     lbl = pl.col("labels")
