@@ -53,7 +53,9 @@ from linkwise.cluster.slurm.records import NodeInfo, QueuedJob
 from linkwise.cluster.topology import load_topology
 from linkwise.deployer.metrics import ServeMetrics
 from linkwise.deployer.safety import (
+    WATCHDOG_HOLDER,
     Lease,
+    LeaseTaken,
     PartitionLocks,
     Recorder,
     RecordError,
@@ -696,11 +698,15 @@ class SlurmBackend:
             return
         pid = os.getpid()
         path = self.lease_path
-        self.locks = lock_partitions(
-            path.parent,
-            self.cfg.partitions,
-            f"pid {pid} on {os.uname().nodename}, run {self.run_id}, lease {path}",
-        )
+        holder = f"pid {pid} on {os.uname().nodename}, run {self.run_id}, lease {path}"
+        try:
+            self.locks = lock_partitions(path.parent, self.cfg.partitions, holder)
+        except LeaseTaken as exc:
+            if not exc.holder.startswith(WATCHDOG_HOLDER):
+                raise
+            # a killed loop's watchdog is handing its jobs back: seconds, then they are ours
+            log_event(self.log, "waiting_for_watchdog", holder=exc.holder)
+            self.locks = lock_partitions(path.parent, self.cfg.partitions, holder, wait_s=30.0)
         self.lease = Lease(
             owner_pid=pid,
             owner_start=pid_start_time(pid),

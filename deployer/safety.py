@@ -50,6 +50,7 @@ __all__ = [
     "DECISION_COLUMNS",
     "HOLD_TAG",
     "RELEASED_TAG",
+    "WATCHDOG_HOLDER",
     "Lease",
     "LeaseTaken",
     "PartitionLocks",
@@ -256,8 +257,16 @@ def renewed(lease: Lease, now: float, lease_s: float, **changes: Any) -> Lease:
     return replace(lease, expires_at=now + lease_s, renewed_at=now, **changes)
 
 
+WATCHDOG_HOLDER = "the watchdog of a stopped loop"  # how a handing-back watchdog signs
+
+
 class LeaseTaken(RuntimeError):
-    """Another loop (or its watchdog) holds a partition's lock."""
+    """Another loop (or its watchdog) holds a partition's lock: ``holder`` says who."""
+
+    def __init__(self, message: str, *, partition: str = "", holder: str = "") -> None:
+        super().__init__(message)
+        self.partition = partition
+        self.holder = holder
 
 
 @dataclass(frozen=True)
@@ -303,7 +312,9 @@ def lock_partitions(
                         other = path.read_text(encoding="utf-8", errors="replace").strip()
                         raise LeaseTaken(
                             f"partition {p} is managed by another loop ({other or 'unknown'}; "
-                            f"lock {path}): stop it first"
+                            f"lock {path}): stop it first",
+                            partition=p,
+                            holder=other,
                         ) from None
                     time.sleep(0.1)
             os.ftruncate(fd, 0)

@@ -24,6 +24,7 @@ from linkwise.cluster.slurm.cli_transport import CliTransport, CommandRunner
 from linkwise.cluster.slurm.client import SlurmClient
 from linkwise.cluster.slurm.errors import SlurmError
 from linkwise.deployer.safety import (
+    WATCHDOG_HOLDER,
     Lease,
     LeaseTaken,
     Recorder,
@@ -50,8 +51,8 @@ def take_over(lease_path: Path, lease: Lease, *, poll_s: float) -> int:
         locks = lock_partitions(
             lease_path.parent,
             lease.partitions,
-            f"the watchdog of a stopped loop (pid {lease.owner_pid}, run {lease.run_id}), "
-            "releasing its jobs; retry in a few seconds",
+            f"{WATCHDOG_HOLDER} (pid {lease.owner_pid}, run {lease.run_id}), releasing its "
+            "jobs; retry in a few seconds",
             wait_s=5.0,
         )
     except LeaseTaken as exc:

@@ -34,6 +34,7 @@ from linkwise.deployer.loop import (
 from linkwise.deployer.metrics import ServeMetrics
 from linkwise.deployer.safety import (
     HOLD_TAG,
+    WATCHDOG_HOLDER,
     Lease,
     LeaseTaken,
     Recorder,
@@ -389,4 +390,19 @@ def test_a_bypassed_hold_is_counted_and_untagged(tmp_path: Path) -> None:
     backend.observe()
     backend.apply(Decision())
     assert "linkwise_serve_hold_bypasses_total 1.0" in backend.metrics.text()
+    backend.shutdown()
+
+
+def test_a_new_loop_waits_for_a_watchdog_handing_back(tmp_path: Path) -> None:
+    import threading
+
+    backend = make_backend(tmp_path, FakeClient([], [ninfo(n) for n in NAMES], FakeRunner()))
+    locks = lock_partitions(backend.lease_path.parent, ["gpu"], f"{WATCHDOG_HOLDER} (pid 1)")
+    threading.Timer(0.5, locks.close).start()
+    t0 = time.monotonic()
+    backend.start()  # waits instead of refusing
+    assert time.monotonic() - t0 >= 0.4 and backend.lease is not None
+    other = make_backend(tmp_path, FakeClient([], [], FakeRunner()))
+    with pytest.raises(LeaseTaken, match="another loop"):
+        other.start()  # a live loop: refused at once
     backend.shutdown()

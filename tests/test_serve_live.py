@@ -334,7 +334,7 @@ def test_holds_the_loop_did_not_place_are_left_alone(client: SlurmClient, tmp_pa
         # kill -9: the watchdog sweeps; it too leaves every hold it did not place alone
         errf = tmp_path / "serve.log"
         cmd = serve_cmd(
-            str(Path(LIVE_DIR) / "env"), tmp_path, "--mode", "active", "--policy", "fifo",
+            str(Path(LIVE_DIR) / "env"), tmp_path / "k", "--mode", "active", "--policy", "fifo",
             "--interval", "0.5", "--lease", "2",
         )  # fmt: skip
         with open(errf, "wb") as fh:
@@ -342,8 +342,8 @@ def test_holds_the_loop_did_not_place_are_left_alone(client: SlurmClient, tmp_pa
         wait_for(lambda: b'"event": "cycle"' in errf.read_bytes(), 30, "a cycle")
         proc.send_signal(signal.SIGKILL)
         proc.wait(5)
-        wlog = tmp_path / "state" / "watchdog.log"
-        wait_for(lambda: b"watchdog_exit" in wlog.read_bytes(), 20, "the watchdog to finish")
+        wlog = tmp_path / "k" / "state" / "watchdog.log"
+        wait_for(lambda: b"owner gone, jobs released" in wlog.read_bytes(), 20, "the watchdog")
         assert reasons(client, theirs) == before
     finally:
         for j in theirs:
