@@ -43,7 +43,7 @@ class _Plan:
     topo: Topology
     free: list[int]
     releases: list[tuple[float, Placement]]  # expected end, sorted
-    reserved: list[tuple[float, float, frozenset[int]]]  # [start, end) and nodes
+    reserved: list[tuple[float, float, frozenset[int]]]  # [start, end] and nodes
 
     def earliest(
         self, now: float, job: Job, est: float, horizon: float
@@ -65,7 +65,8 @@ class _Plan:
                 k += 1
             if total < shape.num_gpus:
                 continue
-            blocked = {n for s, e, nodes in self.reserved if s < t + est and e > t for n in nodes}
+            end = t + est
+            blocked = {n for s, e, nodes in self.reserved if s <= end and e > t for n in nodes}
             masked = [0 if i in blocked else f for i, f in enumerate(avail)] if blocked else avail
             placement = slurm_select(self.topo, masked, shape)
             if placement is not None:
@@ -84,8 +85,10 @@ class Backfill:
     release at their expected ends (start + estimate), minus the nodes reserved for the
     jobs planned before it. A job whose earliest start is now starts; one that must wait
     reserves its nodes, whole (as Slurm's backfill does), from that start for its
-    estimated run time, if the start is within ``window_s`` (``bf_window``). So a later
-    job starts only where it delays no earlier one, by the estimates. Estimates come from
+    estimated run time, both ends rounded down to ``resolution_s`` (``bf_resolution``),
+    if the start is within ``window_s`` (``bf_window``); a job whose run would reach a
+    reservation's start may not use its nodes. So a later job starts only where it delays
+    no earlier one, by the estimates. Estimates come from
     time limits (``runtime_estimate``, ``default_limit_s`` where a job has none); an
     overdue job is expected to end within ``OVERDUE_S``. Jobs larger than the whole
     cluster are ignored.
@@ -95,6 +98,7 @@ class Backfill:
     max_job_test: int = 100
     default_limit_s: float = DEFAULT_LIMIT_S
     window_s: float = DEFAULT_LIMIT_S
+    resolution_s: float = 60.0
 
     def decide(self, state: ClusterState) -> Decision:
         """Start the fitting queue prefix, then backfill around the planned reservations."""
@@ -147,7 +151,9 @@ class Backfill:
                 starts.append(Start(p.job.job_id, placement))
                 _insort(releases, (now + est, placement))
             else:
-                plan.reserved.append((t, t + est, frozenset(placement.nodes)))
+                res = self.resolution_s
+                span = (t // res * res, (t + est) // res * res) if res > 0 else (t, t + est)
+                plan.reserved.append((*span, frozenset(placement.nodes)))
         return Decision(starts=tuple(starts))
 
 
