@@ -319,10 +319,16 @@ class Start:
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """What a policy does at a decision point: preempt some running jobs, then start some."""
+    """What a policy does at a decision point: preempt some running jobs, then start some.
+
+    ``wake_at``: when the policy wants its next decision point even if nothing arrives or
+    ends (e.g. a job crossing a Tiresias threshold); a backend that decides periodically
+    anyway may ignore it.
+    """
 
     starts: tuple[Start, ...] = ()
     preempt: tuple[int, ...] = field(default=())
+    wake_at: float = float("inf")
 
     @property
     def is_wait(self) -> bool:

@@ -1,6 +1,7 @@
 """A discrete-event cluster simulator: one of the Backends a policy drives.
 
-Events are arrivals, completions and optional periodic ticks. Between events every
+Events are arrivals, completions, optional periodic ticks and the wake-ups policies ask
+for (``Decision.wake_at``). Between events every
 running job progresses at the rate the contention model gives for the current
 placement of everything (a fluid model). Rates are recomputed at every event that
 changes the set of jobs split across nodes (single-node jobs never contend, so their
@@ -176,6 +177,7 @@ class Simulator:
         self._acc: dict[int, _Acc] = {}
         self._records: list[JobRecord] = []
         self._next_tick = math.inf
+        self._wake = math.inf  # the decision point a policy asked for (Decision.wake_at)
         self._events = 0
         self._state: ClusterState | None = None
         self._pending_view: tuple[PendingJob, ...] = ()
@@ -217,6 +219,8 @@ class Simulator:
 
     def apply(self, decision: Decision) -> None:
         """Preempt, then start, as the decision says; raise InvalidDecision if impossible."""
+        # each decision says when its policy wants the next one (inf: at the next event)
+        self._wake = decision.wake_at if decision.wake_at > self.time else math.inf
         if decision.is_wait:
             return
         split_changed = False
@@ -236,7 +240,12 @@ class Simulator:
             if self._next_arrival < len(self._arrivals)
             else math.inf
         )
-        t = min(next_end, next_arrival, self._next_tick if self._pending else math.inf)
+        t = min(
+            next_end,
+            next_arrival,
+            self._next_tick if self._pending else math.inf,
+            self._wake if self._running or self._pending else math.inf,
+        )
         if t == math.inf:
             if self._pending:
                 stuck = list(self._pending)[:5]
@@ -246,6 +255,8 @@ class Simulator:
                 )
             return False
         self.time = max(self.time, t)
+        if self._wake <= self.time + _EPS:
+            self._wake = math.inf
         self._events += 1
         split_changed = self._complete_due()
         self._admit_arrivals()

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from linkwise.cluster.contention import NoContention
 from linkwise.cluster.domain import (
     ClusterState,
     Decision,
@@ -20,6 +21,7 @@ from linkwise.cluster.domain import (
     Start,
     requested_shape,
 )
+from linkwise.cluster.loop import drive
 from linkwise.cluster.placement import (
     apply_placement,
     best_fit,
@@ -27,6 +29,7 @@ from linkwise.cluster.placement import (
     least_busy,
     slurm_select,
 )
+from linkwise.cluster.simulator import Simulator
 from linkwise.cluster.topology import from_spec
 from linkwise.models.heuristics import (
     POLICIES,
@@ -47,7 +50,8 @@ VARIANTS: list[Policy] = [make_policy(name) for name in policy_names()] + [
     SjfBco(kappa=1, lam=math.inf),
     SjfBco(kappa=2, lam=1.5),
     TiresiasLas(thresholds=(50.0, 500.0, 5000.0), starve_factor=0.0),
-    TiresiasLas(thresholds=(10.0,), starve_factor=2.0, running_first=False),
+    TiresiasLas(thresholds=(10.0,), starve_factor=2.0, running_first=False, order="submit"),
+    TiresiasLas(order="submit", thresholds=(3600.0,), starve_factor=10.0),
     RandomPolicy(seed=1, start_prob=1.0),
     RandomPolicy(seed=2, start_prob=0.0),
 ]
@@ -398,6 +402,52 @@ def test_tiresias_keeps_fifo_inside_a_queue_and_never_preempts_for_nothing() -> 
     assert TiresiasLas().decide(state).is_wait
 
 
+# the earlier stateless Tiresias-LAS with its earlier defaults (``order="submit"``)
+LEGACY = TiresiasLas(order="submit", thresholds=(3600.0,), starve_factor=10.0)
+
+
+def _tiresias_rounds(jobs: list[Job], thresholds: tuple[float, ...], order: str) -> list[tuple]:
+    """(time, started, preempted) of every decision that did something, in the simulator."""
+    rounds: list[tuple] = []
+
+    def record(state: ClusterState, d: Decision) -> None:
+        if not d.is_wait:
+            rounds.append((state.time, [s.job_id for s in d.starts], list(d.preempt)))
+
+    sim = Simulator(from_spec("1x4"), jobs, NoContention())
+    drive(sim, TiresiasLas(thresholds=thresholds, order=order), on_decision=record)
+    return rounds
+
+
+def test_tiresias_reference_order_round_robins_demoted_jobs() -> None:
+    # three 4-GPU jobs on 4 GPUs, thresholds 100 and 10000 GPU-s: each job is demoted 25 s
+    # after it starts (a threshold crossing is an event) and goes to the tail of queue 1,
+    # behind the jobs already waiting there, so A runs again before C continues
+    jobs = [Job(0, 0.0, 4, 1000.0), Job(1, 10.0, 4, 1000.0), Job(2, 30.0, 4, 1000.0)]
+    rounds = _tiresias_rounds(jobs, (100.0, 10_000.0), "entry")
+    assert rounds[:4] == [
+        (0.0, [0], []),
+        (25.0, [1], [0]),
+        (50.0, [2], [1]),
+        (75.0, [0], [2]),  # the tail of queue 1 was [A, B, C]: A first
+    ]
+    # the earlier order keeps the running job first inside a queue: C keeps its GPUs
+    assert _tiresias_rounds(jobs, (100.0, 10_000.0), "submit")[3][0] > 75.0
+
+
+def test_tiresias_asks_to_decide_when_a_job_crosses_its_threshold() -> None:
+    running = [_running(0, ((0, 4),), remaining=1e4, attained=20.0, since=10.0)]
+    state = _state("1x4", running, [], now=10.0)
+    assert TiresiasLas(thresholds=(100.0, 1000.0)).decide(state).wake_at == 30.0  # 80 / 4
+    with pytest.raises(ValueError, match="order=submit"):
+        TiresiasLas(starve_factor=10.0)
+
+
+def test_tiresias_defaults_are_the_reference_dlas_gpu() -> None:
+    assert TiresiasLas().thresholds == (3250.0, 7200.0)
+    assert TiresiasLas().starve_factor == 0.0 and TiresiasLas().order == "entry"
+
+
 def test_tiresias_starvation_guard_promotes_a_long_waiting_job() -> None:
     # job 1 ran 1000 s on 8 GPUs (queue 1) and has waited 20000 s since: promoted to queue 0,
     # it takes the GPUs from job 2 (queue 1: 8 x 1000 GPU-s in its 1000 s in the system)
@@ -406,17 +456,17 @@ def test_tiresias_starvation_guard_promotes_a_long_waiting_job() -> None:
     ]
     pending = [_pending(1, 8, 100.0, submit=0.0, attained=8 * 1000.0)]
     state = _state("1x8", running, pending, now=21_000.0)
-    decision = TiresiasLas().decide(state)
+    decision = LEGACY.decide(state)
     assert decision.preempt == (2,)
     assert [s.job_id for s in decision.starts] == [1]
     # without the guard both are in queue 1, where the running job keeps its GPUs
-    assert TiresiasLas(starve_factor=0.0).decide(state).is_wait
+    assert replace(LEGACY, starve_factor=0.0).decide(state).is_wait
 
 
 def test_tiresias_guard_keeps_a_promoted_job_running_a_while() -> None:
     # ran 1000 s, waited 6000 s: a pending job would not be promoted (< 10x), a running one
     # stays in queue 0 (>= 5x) and keeps its GPUs against a queue-1 job waiting behind it
-    tiresias = TiresiasLas()
+    tiresias = LEGACY
     assert tiresias.queue_of(8000.0, 8, 6000.0) == 1
     assert tiresias.queue_of(8000.0, 8, 6000.0, running=True) == 0
     assert tiresias.queue_of(8000.0, 8, 4000.0, running=True) == 1
@@ -426,8 +476,8 @@ def test_tiresias_running_first_avoids_preempting_within_a_queue() -> None:
     # both in queue 0; the pending job is older: only a pure (queue, submit) order preempts
     running = [_running(2, ((0, 8),), remaining=1e4, attained=80.0, submit=90.0, since=100.0)]
     state = _state("1x8", running, [_pending(1, 8, 100.0, submit=10.0)], now=110.0)
-    assert TiresiasLas().decide(state).is_wait
-    decision = TiresiasLas(running_first=False).decide(state)
+    assert LEGACY.decide(state).is_wait
+    decision = replace(LEGACY, running_first=False).decide(state)
     assert decision.preempt == (2,)
     assert [s.job_id for s in decision.starts] == [1]
 
@@ -479,10 +529,12 @@ def test_tiresias_fast_ranking_matches_the_plain_rule(state: ClusterState) -> No
     # decide() admits queue by queue without sorting every job; it must decide exactly as
     # the full (queue, running first, submit, id) sort does
     for policy in (
-        TiresiasLas(),
-        TiresiasLas(thresholds=(50.0, 500.0, 5000.0), starve_factor=0.0),
-        TiresiasLas(thresholds=(10.0, 3000.0), starve_factor=2.0, running_first=False),
-        TiresiasLas(thresholds=(100.0,), running_first=False),
+        LEGACY,
+        TiresiasLas(thresholds=(50.0, 500.0, 5000.0), order="submit"),
+        TiresiasLas(
+            thresholds=(10.0, 3000.0), starve_factor=2.0, running_first=False, order="submit"
+        ),
+        TiresiasLas(thresholds=(100.0,), running_first=False, order="submit"),
     ):
         assert policy.decide(state) == _tiresias_by_the_rule(policy, state)
 
