@@ -348,3 +348,9 @@ def test_non_utf8_bytes_in_a_job_name_become_replacement_characters() -> None:
     raw = text.replace(b"NAME", b"bad \xff\xfe name")
     batch = parse_accounting_batch_json(raw)
     assert not batch.rejected and batch.runs[0].name == "bad \ufffd\ufffd name"
+
+
+def test_unreadable_exit_code_lines_are_skipped_not_fatal() -> None:
+    text = "12|1795976332|FAILED|3:0\n13|soon|COMPLETED|0:0\n14|1795976333|FAILED|x:y\n"
+    lines = parse_acct_lines(text)
+    assert [(x.job_id, x.exit_code) for x in lines] == [(12, 3)]

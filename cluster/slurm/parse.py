@@ -83,7 +83,8 @@ ACCT_LINE_FIELDS = "JobIDRaw,Submit,State,ExitCode"
 
 
 def parse_acct_lines(text: str) -> list[AcctLine]:
-    """Parse ``sacct -P`` lines of ``ACCT_LINE_FIELDS`` run with ``SLURM_TIME_FORMAT=%s``."""
+    """Parse ``sacct -P`` lines of ``ACCT_LINE_FIELDS`` run with ``SLURM_TIME_FORMAT=%s``
+    (a line whose time or exit code cannot be read is skipped)."""
     lines: list[AcctLine] = []
     for raw in text.splitlines():
         if not raw.strip():
@@ -94,8 +95,12 @@ def parse_acct_lines(text: str) -> list[AcctLine]:
         job, submit, state, exit_pair = parts
         if not job.isdigit():  # a step (123.batch) if -X was not honoured
             continue
-        code, signal = parse_exit_pair(exit_pair)
-        lines.append(AcctLine(int(job), _int(submit), state.split(" ")[0], code, signal))
+        try:
+            code, signal = parse_exit_pair(exit_pair)
+            submit_time = _int(submit)
+        except ValueError:  # only corrects exit codes: the JSON record stands on its own
+            continue
+        lines.append(AcctLine(int(job), submit_time, state.split(" ")[0], code, signal))
     return lines
 
 
