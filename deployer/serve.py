@@ -2,9 +2,10 @@
 
     linkwise serve --mode shadow|active --partition NAME [--policy model:champion|HEURISTIC]
                    [--fallback HEURISTIC] [--slurm-env FILE] [--db PATH] [--interval S]
-                   [--lease S] [--metrics-port N] [--max-cycles N]
+                   [--lease S] [--lease-root DIR] [--metrics-port N] [--max-cycles N]
 
 Also runnable as ``python -m linkwise.deployer.serve ...``. Logs are JSON lines on stderr.
+Exit status 2 on bad options and when another loop manages any of the named partitions.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         "--mode",
         choices=("shadow", "active"),
         default="shadow",
-        help="shadow (default): record only; active: place and release held jobs",
+        help="shadow (default): record only; active: place and release jobs held for the loop",
     )
     p.add_argument(
         "--partition",
@@ -69,7 +70,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--transport", choices=("cli", "rest"), default="cli")
     p.add_argument("--db", default="linkwise-out/linkwise.duckdb", help="the DuckDB store")
     p.add_argument(
-        "--state-dir", default="linkwise-out/serve", help="lease, spool and watchdog log"
+        "--state-dir", default="linkwise-out/serve", help="spool and watchdog log (not the lease)"
     )
     p.add_argument("--interval", type=float, default=2.0, help="seconds between cycles")
     p.add_argument(
@@ -82,7 +83,7 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         "--max-hold",
         type=float,
         default=900.0,
-        help="release a held job unchanged after this many seconds",
+        help="release a job held for the loop unchanged after this many seconds",
     )
     p.add_argument(
         "--reload", type=float, default=30.0, help="seconds between checks of the model alias"
