@@ -354,3 +354,16 @@ def test_unreadable_exit_code_lines_are_skipped_not_fatal() -> None:
     text = "12|1795976332|FAILED|3:0\n13|soon|COMPLETED|0:0\n14|1795976333|FAILED|x:y\n"
     lines = parse_acct_lines(text)
     assert [(x.job_id, x.exit_code) for x in lines] == [(12, 3)]
+
+
+def test_an_integer_beyond_64_bits_rejects_its_record_not_the_document() -> None:
+    from linkwise.cluster.slurm.parse import parse_accounting_batch_json
+
+    good = _one()
+    text = json.dumps({"jobs": [good, _one(job_id=77, tres=_gpu_tres(12345))], "errors": []})
+    text = text.replace('"count": 12345', '"count": 99999999999999999999')
+    batch = parse_accounting_batch_json(text)
+    assert [r.job_id for r in batch.runs] == [good["job_id"]]
+    assert [(r.job_id, r.reason) for r in batch.rejected] == [
+        ("77", "tres.allocated: absurd GPU count")
+    ]

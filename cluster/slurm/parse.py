@@ -294,7 +294,7 @@ def decode_json(text: str | bytes, what: str = "Slurm") -> Any:
     try:
         return orjson.loads(text)
     except json.JSONDecodeError as exc:  # orjson.JSONDecodeError subclasses it
-        try:  # integers beyond 64 bits are JSON that orjson refuses: let the records say
+        try:  # what orjson refuses but Python reads (NaN, lone surrogates): records decide
             return json.loads(text)
         except ValueError:
             raise SlurmError(f"{what}: output is not JSON: {exc}") from exc
@@ -433,6 +433,8 @@ def tres_gpus(tres: Sequence[Mapping[str, Any]]) -> int:
     for item in tres:
         if item.get("type") == "gres" and item.get("name") == "gpu":
             count = item.get("count") or 0
+            if isinstance(count, float) and count.is_integer():  # orjson: ints past 64 bits
+                count = int(count)
             if isinstance(count, bool) or not isinstance(count, int):
                 raise ValueError(f"GPU count {count!r} is not an integer")
             total += count
