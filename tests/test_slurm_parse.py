@@ -348,6 +348,8 @@ def test_non_utf8_bytes_in_a_job_name_become_replacement_characters() -> None:
     raw = text.replace(b"NAME", b"bad \xff\xfe name")
     batch = parse_accounting_batch_json(raw)
     assert not batch.rejected and batch.runs[0].name == "bad \ufffd\ufffd name"
+    lone = text.replace(b"NAME", b"half \\ud800 pair")  # an escape that is no character
+    assert parse_accounting_batch_json(lone).runs[0].name == "half \ufffd pair"
 
 
 def test_unreadable_exit_code_lines_are_skipped_not_fatal() -> None:

@@ -271,10 +271,17 @@ def _as_int(value: Any, field: str, *, lo: int = 0, hi: int = _MAX_ID) -> int:
 
 
 def _as_text(value: Any, field: str) -> str:
+    """A text field; lone surrogates (JSON escapes that are no character) become U+FFFD."""
     if value is None:
         return ""
     if not isinstance(value, str):
         raise _BadField(field, f"{field} is not text")
+    if value.isascii():
+        return value
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "".join("\ufffd" if 0xD800 <= ord(c) <= 0xDFFF else c for c in value)
     return value
 
 
