@@ -24,7 +24,7 @@ demo: install
 # The same pipeline with the history collected from the real local Slurm (root only).
 demo-slurm: install
 	scripts/local-slurm start
-	$(BIN)/python -c 'from linkwise.pipelines.demo import run_demo_slurm; run_demo_slurm("$(DEMO_OUT)/demo-slurm")'; \
+	$(BIN)/python -c 'from linkwise.pipelines.demo_slurm import run_demo_slurm; run_demo_slurm("$(DEMO_OUT)/demo-slurm")'; \
 	rc=$$?; scripts/local-slurm stop; exit $$rc
 
 lint: install

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> DemoResult:
     out = tmp_path_factory.mktemp("demo")
-    return run_demo(out, budget="ci", progress=False)
+    return run_demo(out, experiment="ci", progress=False)
 
 
 def test_history_is_stored_as_accounting(demo: DemoResult) -> None:

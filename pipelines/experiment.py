@@ -1,0 +1,219 @@
+"""The experiments, each written once: the cluster, the decision problem and the budgets of
+every step (dataset, training, evaluation) that ``linkwise demo``, the headline run and the
+Prefect deployments run with.
+
+``DEMO_CI`` and ``DEMO_FULL`` are ``linkwise demo --experiment ci|full`` (``make demo`` runs
+``full``); ``HEADLINE`` is ``run_headline`` on the Philly slice (``benchmarks/headline.md``);
+``DAILY`` is what ``prefect.yaml``'s daily dataset build and evaluation run with
+(``pipelines.deployments``). Every number is plain data here: to change an experiment, change
+it here and nowhere else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from linkwise.cluster.mdp import MdpConfig
+from linkwise.cluster.topology import DEFAULT_TOPOLOGY
+
+__all__ = [
+    "DAILY",
+    "DEMO_CI",
+    "DEMO_EXPERIMENTS",
+    "DEMO_FULL",
+    "EXPERIMENTS",
+    "HEADLINE",
+    "DatasetPlan",
+    "EvaluationPlan",
+    "Experiment",
+    "SyntheticWorkload",
+    "TrainingPlan",
+    "Windows",
+    "get_experiment",
+]
+
+
+@dataclass(frozen=True)
+class SyntheticWorkload:
+    """The embedded default workload replayed as the history when no trace is given."""
+
+    jobs: int
+    load_scale: float = 1.0
+
+
+@dataclass(frozen=True)
+class Windows:
+    """The grid the history is cut into, for rollouts and for evaluation cases."""
+
+    window_s: float
+    block_s: float  # block bootstrap of a window's arrivals (0: replayed as they were)
+    min_jobs: int  # windows with fewer jobs are not used
+    # windows start from the accounting's state at their start (jobs running and queued
+    # then, ``datasets.backlog``) rather than from an empty cluster
+    warm_start: bool = True
+
+
+@dataclass(frozen=True)
+class DatasetPlan:
+    """The dataset: log transitions from the accounting plus heuristic rollouts."""
+
+    rollouts: int  # rollout windows
+    policies: tuple[str, ...]  # behaviour heuristics
+    epsilons: tuple[float, ...]  # exploration of each behaviour policy
+    seeds: tuple[int, ...]
+    max_steps: int | None = None  # per rollout episode
+    log_window_s: float | None = None  # episodes of the log transitions
+
+
+@dataclass(frozen=True)
+class TrainingPlan:
+    """Training steps (the TOMLs in ``models/experiments`` hold the hyperparameters)."""
+
+    bc_steps: int
+    cql_steps: int
+    steps_per_epoch: int
+    # MaskablePPO (the DeepShare-style online baseline) timesteps on the workload's training
+    # days in the simulator; 0: not trained
+    ppo_steps: int = 0
+
+
+@dataclass(frozen=True)
+class EvaluationPlan:
+    """Evaluation on the held-out last windows of the history, and the gate's evidence."""
+
+    heldout_windows: int  # the last windows of the history, never used for the dataset
+    seeds: tuple[int, ...]
+    n_boot: int  # bootstrap resamples of the paired intervals
+    ope_steps: int = 0  # FQE steps per learned policy
+    ope_seeds: tuple[int, ...] = (0,)
+    shadow_cycles: int = 0  # cycles of the shadow loop over the simulator
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One experiment: where, what decision problem, and the budget of every step."""
+
+    name: str
+    topology: str  # a spec (``16x8,leaf=4``), a slurm.conf folder or the Alibaba CSV
+    # the decision problem: one ObsSpec for building, training and serving
+    mdp: MdpConfig
+    windows: Windows
+    dataset: DatasetPlan
+    evaluation: EvaluationPlan
+    training: TrainingPlan | None = None  # None: the training TOML's own budget
+    workload: SyntheticWorkload | None = None  # None: a trace or a real cluster's history
+
+
+# The demo's slots are the first K pending jobs that fit the free GPUs ("fitting") rather than
+# the head of the queue ("head"), so fewer of a backfilling history's starts fall outside the
+# K slots (unslotted: applied without a step).
+DEMO_CI = Experiment(
+    name="ci",
+    topology="8x8,leaf=2",
+    mdp=MdpConfig(k_slots=4, slot_order="fitting"),
+    windows=Windows(window_s=3 * 3600.0, block_s=1800.0, min_jobs=5),
+    dataset=DatasetPlan(
+        rollouts=2,
+        policies=("best_fit", "sjf_bco"),
+        epsilons=(0.0, 0.2),
+        seeds=(0,),
+        max_steps=400,
+        log_window_s=3 * 3600.0,
+    ),
+    training=TrainingPlan(bc_steps=100, cql_steps=100, steps_per_epoch=50, ppo_steps=1024),
+    evaluation=EvaluationPlan(
+        heldout_windows=2,
+        seeds=(0, 1),
+        n_boot=200,
+        ope_steps=100,
+        ope_seeds=(0,),
+        shadow_cycles=120,
+    ),
+    workload=SyntheticWorkload(jobs=500),
+)
+
+DEMO_FULL = Experiment(
+    name="full",
+    topology="16x8,leaf=4",
+    mdp=MdpConfig(k_slots=4, slot_order="fitting"),
+    windows=Windows(window_s=24 * 3600.0, block_s=3600.0, min_jobs=20),
+    dataset=DatasetPlan(
+        rollouts=6,
+        policies=("backfill", "best_fit", "sjf_bco", "tiresias_las"),
+        epsilons=(0.0, 0.1),
+        seeds=(0, 1),
+        max_steps=None,
+        log_window_s=24 * 3600.0,
+    ),
+    training=TrainingPlan(bc_steps=1000, cql_steps=2000, steps_per_epoch=250, ppo_steps=10_240),
+    evaluation=EvaluationPlan(
+        heldout_windows=3,
+        seeds=(0, 1, 2),
+        n_boot=2000,
+        ope_steps=1000,
+        ope_seeds=(0, 1),
+        shadow_cycles=400,
+    ),
+    workload=SyntheticWorkload(jobs=3000),
+)
+
+# The headline (``benchmarks/headline.md``): the Philly slice's history on 104x8, daily
+# windows, the last week held out; slots are the K smallest fitting jobs (measured better
+# than "fitting" for BC and CQL).
+HEADLINE = Experiment(
+    name="headline",
+    topology="104x8,leaf=8",
+    mdp=MdpConfig(k_slots=4, slot_order="smallest"),
+    windows=Windows(window_s=86400.0, block_s=3600.0, min_jobs=20),
+    dataset=DatasetPlan(
+        rollouts=3,
+        policies=("backfill", "best_fit", "sjf_bco"),
+        epsilons=(0.0, 0.1),
+        seeds=(0,),
+        max_steps=3000,
+        log_window_s=86400.0,
+    ),
+    training=TrainingPlan(bc_steps=3000, cql_steps=10_000, steps_per_epoch=1000, ppo_steps=102_400),
+    evaluation=EvaluationPlan(
+        heldout_windows=7,
+        seeds=(0, 1, 2),
+        n_boot=2000,
+        ope_steps=1000,
+        ope_seeds=(0,),
+        shadow_cycles=150,
+    ),
+)
+
+# The Prefect deployments (``prefect.yaml``): the daily dataset build from the store and the
+# evaluation of @challenger; training runs the TOML named in its deployment. The dataset
+# build takes the cluster's topology from the store; the evaluation runs on ``topology``.
+# The MDP is ``MdpConfig()``'s default (K=8, head of the queue), what the deployed build has
+# always used.
+DAILY = Experiment(
+    name="daily",
+    topology=DEFAULT_TOPOLOGY,
+    mdp=MdpConfig(k_slots=8, slot_order="head"),
+    windows=Windows(window_s=6 * 3600.0, block_s=1800.0, min_jobs=10),
+    dataset=DatasetPlan(
+        rollouts=8,
+        policies=("backfill", "best_fit", "sjf_bco", "tiresias_las"),
+        epsilons=(0.0, 0.1),
+        seeds=(0,),
+    ),
+    evaluation=EvaluationPlan(heldout_windows=4, seeds=(0, 1, 2), n_boot=2000),
+)
+
+EXPERIMENTS: Mapping[str, Experiment] = {e.name: e for e in (DEMO_CI, DEMO_FULL, HEADLINE, DAILY)}
+DEMO_EXPERIMENTS: tuple[str, ...] = (DEMO_CI.name, DEMO_FULL.name)  # ``linkwise demo``'s
+
+
+def get_experiment(name_or_experiment: str | Experiment) -> Experiment:
+    """The experiment of that name (ValueError naming the known ones), or the one given."""
+    if isinstance(name_or_experiment, Experiment):
+        return name_or_experiment
+    try:
+        return EXPERIMENTS[name_or_experiment]
+    except KeyError:
+        known = ", ".join(sorted(EXPERIMENTS))
+        raise ValueError(f"unknown experiment {name_or_experiment!r} (known: {known})") from None

@@ -1,0 +1,218 @@
+"""The live loop's shadow mode over the simulator instead of Slurm: ``run_shadow`` runs the
+loop's own ``ShadowBackend`` code (decision rows, joins, the ``decisions`` table through its
+``Recorder``) while a Slurm-like heuristic schedules the simulated cluster."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+from linkwise.cluster.contention import AnalyticModel
+from linkwise.cluster.domain import ClusterState, Job, Policy, Topology
+from linkwise.cluster.hostlist import compress
+from linkwise.cluster.loop import drive
+from linkwise.cluster.profiles import assign_profiles, load_calibration
+from linkwise.cluster.simulator import Simulator
+from linkwise.cluster.slurm.records import QueuedJob
+from linkwise.datasets.store import open_store
+from linkwise.deployer.loop import (
+    GuardedPolicy,
+    LoadedPolicy,
+    Observation,
+    PolicyHolder,
+    ServeConfig,
+    ShadowBackend,
+)
+from linkwise.deployer.metrics import ServeMetrics
+from linkwise.deployer.safety import Recorder
+from linkwise.models.heuristics import make_policy
+from linkwise.models.policy_spec import PolicySpec
+from linkwise.pipelines.history import PARTITION
+
+__all__ = ["SimShadowBackend", "run_shadow"]
+
+LOG = logging.getLogger("linkwise.demo")
+
+
+class SimShadowBackend(ShadowBackend):
+    """The live loop's ``ShadowBackend`` over the simulator instead of Slurm.
+
+    ``observe`` reads the simulator (pending jobs are the ones the shadow policy may start);
+    ``apply`` is the live loop's own (decision rows, joins with what "Slurm" did, the
+    ``decisions`` table through the ``Recorder``), with rows stamped in simulated time;
+    ``advance`` lets ``scheduler`` (the Slurm-like heuristic) act on the simulator, then moves
+    it to its next event. Nothing the shadow policy decides changes the simulation."""
+
+    def __init__(
+        self,
+        sim: Simulator,
+        scheduler: Policy,
+        config: ServeConfig,
+        policy: GuardedPolicy,
+        recorder: Recorder,
+        metrics: ServeMetrics,
+        *,
+        cluster: str,
+        logger: logging.Logger = LOG,
+    ) -> None:
+        super().__init__(
+            None,  # type: ignore[arg-type]  # no Slurm: every client use is overridden
+            sim.topology,
+            config,
+            policy,
+            recorder,
+            metrics,
+            cluster=cluster,
+            logger=logger,
+            stop=threading.Event(),
+            sleep=lambda _s: None,
+        )
+        self.sim = sim
+        self.scheduler = scheduler
+        self.slurm_starts = 0
+
+    def observe(self) -> ClusterState:
+        """The simulator's state, and the loop's ``Observation`` of it."""
+        self.cycle_id += 1
+        self.cycle_started = time.perf_counter()
+        state = self.sim.observe()
+        topo = self.sim.topology
+        managed = {
+            p.job.job_id: QueuedJob(
+                p.job.job_id, p.job.name, p.job.user, PARTITION, "PENDING", "Priority",
+                p.job.submit_time, None, None, 0, p.job.num_gpus, (), False,
+            )
+            for p in state.pending
+        }  # fmt: skip
+        started = {
+            r.job.job_id: (
+                r.start_time,
+                compress(topo.nodes[i].name for i in r.placement.nodes),
+            )
+            for r in state.running
+        }
+        self.obs = Observation(
+            state=state,
+            managed=managed,
+            shapes={},
+            no_gpu=(),
+            refused={},
+            running_ids=frozenset(started),
+            started=started,
+            held_total=0,
+        )
+        self.metrics.pending_jobs.set(len(state.pending))
+        return state
+
+    def _row(
+        self,
+        now: float,
+        job_id: int | None,
+        action: str,
+        nodes: str,
+        gpus: int,
+        note: str,
+        info: Mapping[str, Any],
+    ) -> dict[str, Any]:
+        return super()._row(self.sim.time, job_id, action, nodes, gpus, note, info)
+
+    def _sacct_joins(self, ids: Sequence[int]) -> list[tuple[int, float, str]]:
+        """Jobs that started and ended between two observations (the simulator's records)."""
+        want = set(ids)
+        return [(r.job.job_id, r.first_start, "") for r in self.sim.records if r.job.job_id in want]
+
+    def advance(self) -> bool:
+        """Slurm (the scheduler) acts, then the simulator moves to its next event."""
+        if self.cfg.max_cycles is not None and self.cycles_ok >= self.cfg.max_cycles:
+            return False
+        decision = self.scheduler.decide(self.sim.observe())
+        self.slurm_starts += len(decision.starts)
+        self.sim.apply(decision)
+        return self.sim.advance()
+
+
+def _shadow_loader(spec: str, tracking_uri: str, model: AnalyticModel) -> LoadedPolicy:
+    """The registry model behind ``model:ALIAS`` with its registry version as provenance
+    (what ``deployer.promote.shadow_evidence`` selects the decision log by)."""
+    pinned = PolicySpec.parse(spec).pinned(tracking_uri)
+    version = pinned.registry_version(tracking_uri)
+    policy = pinned.build(model, tracking_uri=tracking_uri)
+    obs = getattr(getattr(policy, "spec", None), "version", "")
+    return LoadedPolicy(policy, spec, str(version), str(obs))
+
+
+def run_shadow(
+    db: str | Path,
+    jobs: Sequence[Job],
+    topology: Topology,
+    *,
+    spec: str,
+    tracking_uri: str,
+    cluster: str,
+    state_dir: str | Path,
+    scheduler: str = "backfill",
+    max_cycles: int = 200,
+    calibration: str | None = None,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Run the shadow loop (``spec``: ``model:ALIAS``) against the simulator over ``jobs``
+    scheduled by ``scheduler``; a summary (cycles, decision rows, joined starts)."""
+    cal = load_calibration(calibration)
+    model = AnalyticModel(cal)
+    sim = Simulator(topology, assign_profiles(jobs, cal, seed=seed), model)
+    cfg = ServeConfig(
+        mode="shadow",
+        partitions=(PARTITION,),
+        policy=spec,
+        fallback=scheduler,
+        db=str(db),
+        state_dir=str(state_dir),
+        max_cycles=max_cycles,
+        watchdog=False,
+    )
+    metrics = ServeMetrics()
+    holder = PolicyHolder(
+        spec,
+        scheduler,
+        metrics=metrics,
+        logger=LOG,
+        loader=lambda s: _shadow_loader(s, tracking_uri, model),
+        probe=lambda _s: "fixed",
+    )
+    guarded = GuardedPolicy(holder, metrics, LOG)
+    recorder = Recorder(str(db), cfg.spool_path, logger=LOG)
+    backend = SimShadowBackend(
+        sim, make_policy(scheduler), cfg, guarded, recorder, metrics, cluster=cluster
+    )
+    backend.start()
+    t0 = time.perf_counter()
+    drive(backend, guarded)
+    seconds = time.perf_counter() - t0
+    with closing(open_store(db)) as con:
+        row = con.execute(
+            "SELECT count(*), count(DISTINCT cycle_id), count(*) FILTER (action = 'start'), "
+            "count(actual_start), min(ts), max(ts) FROM decisions WHERE run_id = ?",
+            [backend.run_id],
+        ).fetchone()
+    assert row is not None
+    return {
+        "run_id": backend.run_id,
+        "policy": spec,
+        "model_version": holder.active.model_version,
+        "fallback_reason": holder.fallback_reason,
+        "cycles": backend.cycles_ok,
+        "decisions": int(row[0]),
+        "decision_cycles": int(row[1]),
+        "shadow_starts": int(row[2]),
+        "joined_starts": int(row[3]),
+        "slurm_starts": backend.slurm_starts,
+        "since": row[4],
+        "until": row[5],
+        "spooled": recorder.spooled(),
+        "seconds": seconds,
+    }
