@@ -5,17 +5,32 @@ must be JSON values. The collection flows (``pipelines.collect``) already are; t
 build, training and evaluation are plain functions wrapped into flows at call time, so this
 module gives them deployable flows with JSON-typed parameters and JSON results. Each one
 only translates arguments and calls the plain function.
+
+The dataset build and the evaluation run one experiment of ``pipelines.experiment`` (by name,
+``daily`` unless the ``experiment`` parameter says otherwise): its windows, MDP, rollouts,
+held-out windows, seeds and topology. A parameter given explicitly (in ``prefect.yaml`` or
+per run) overrides the experiment's value.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 from prefect import flow
 
-from linkwise.cluster.topology import DEFAULT_TOPOLOGY
+from linkwise.pipelines.build_dataset import build_dataset
+from linkwise.pipelines.evaluate import evaluate_and_promote
+from linkwise.pipelines.experiment import get_experiment
+from linkwise.pipelines.train import train
 
 __all__ = ["build_dataset_deployment", "evaluate_deployment", "train_deployment"]
+
+T = TypeVar("T")
+
+
+def _or(value: T | None, default: T) -> T:
+    """The parameter when given, else the experiment's value."""
+    return default if value is None else value
 
 
 @flow(name="build-dataset", log_prints=False)
@@ -23,46 +38,45 @@ def build_dataset_deployment(
     db: str | None = None,
     trace: str | None = None,
     out_dir: str = "linkwise-out/datasets",
-    rollouts: int = 0,
+    experiment: str = "daily",
+    rollouts: int | None = None,
     policies: list[str] | None = None,
     epsilons: list[float] | None = None,
     seeds: list[int] | None = None,
-    window_s: float = 6 * 3600.0,
-    block_s: float = 1800.0,
-    min_jobs: int = 10,
+    window_s: float | None = None,
+    block_s: float | None = None,
+    min_jobs: int | None = None,
     topology: str | None = None,
     slurm_cluster: str | None = None,
     calibration: str | None = None,
     executor: str = "local",
     max_steps: int | None = None,
     tracking_uri: str | None = None,
-    warm_start: bool = False,
+    warm_start: bool | None = None,
 ) -> dict[str, Any]:
-    """``pipelines.build_dataset.build_dataset``: the manifest (path, hash, counts);
-    ``warm_start`` for rollouts from the store (windows start from its backlog)."""
-    from linkwise.pipelines.build_dataset import (
-        DEFAULT_EPSILONS,
-        DEFAULT_POLICIES,
-        build_dataset,
-    )
-
+    """``pipelines.build_dataset.build_dataset`` with the experiment's numbers and MDP: the
+    manifest (path, hash, counts); ``warm_start`` for rollouts from the store (windows start
+    from its backlog). ``topology`` None: the cluster's nodes in the store."""
+    exp = get_experiment(experiment)
     manifest = build_dataset(
         db,
         trace,
         out_dir=out_dir,
-        rollouts=rollouts,
-        policies=policies or list(DEFAULT_POLICIES),
-        epsilons=list(DEFAULT_EPSILONS) if epsilons is None else epsilons,
-        seeds=seeds or [0],
-        window_s=window_s,
-        block_s=block_s,
-        min_jobs=min_jobs,
+        rollouts=_or(rollouts, exp.dataset.rollouts),
+        policies=_or(policies, list(exp.dataset.policies)),
+        epsilons=_or(epsilons, list(exp.dataset.epsilons)),
+        seeds=_or(seeds, list(exp.dataset.seeds)),
+        window_s=_or(window_s, exp.windows.window_s),
+        block_s=_or(block_s, exp.windows.block_s),
+        min_jobs=_or(min_jobs, exp.windows.min_jobs),
         topology=topology,
         slurm_cluster=slurm_cluster,
+        log_window_s=exp.dataset.log_window_s,
+        config=exp.mdp,
         calibration=calibration,
         executor=executor,
-        max_steps=max_steps,
-        warm_start=warm_start,
+        max_steps=_or(max_steps, exp.dataset.max_steps),
+        warm_start=_or(warm_start, exp.windows.warm_start),
         tracking_uri=tracking_uri,
     )
     keys = ("path", "hash", "counts", "mlflow_run_id", "seconds")
@@ -77,8 +91,6 @@ def train_deployment(
     register: bool | None = None,
 ) -> dict[str, Any]:
     """``pipelines.train.train`` on a TOML configuration (registers ``@challenger``)."""
-    from linkwise.pipelines.train import train
-
     result = train(
         config, tracking_uri=tracking_uri, out_dir=out_dir, register=register, progress=False
     )
@@ -91,26 +103,27 @@ def evaluate_deployment(
     trace: str | None = None,
     db: str | None = None,
     slurm_cluster: str | None = None,
-    n_windows: int = 4,
+    experiment: str = "daily",
+    n_windows: int | None = None,
     seeds: list[int] | None = None,
-    cluster: str = DEFAULT_TOPOLOGY,
-    window_s: float = 6 * 3600.0,
-    block_s: float = 1800.0,
-    min_jobs: int = 10,
+    cluster: str | None = None,
+    window_s: float | None = None,
+    block_s: float | None = None,
+    min_jobs: int | None = None,
     calibration: str | None = None,
     executor: str = "serial",
     out_dir: str = "linkwise-out/evaluation",
     tracking_uri: str | None = None,
-    n_boot: int = 2000,
+    n_boot: int | None = None,
     gates: str | None = None,
     promote: bool = True,
-    warm_start: bool = False,
+    warm_start: bool | None = None,
 ) -> dict[str, Any]:
-    """``pipelines.evaluate.evaluate_and_promote``: benchmark, gate ``@challenger`` and
-    promote it to ``@shadow`` when it passes (a refusal is logged, the run completes);
-    ``warm_start`` with ``db``: windows start from the accounting's backlog."""
-    from linkwise.pipelines.evaluate import evaluate_and_promote
-
+    """``pipelines.evaluate.evaluate_and_promote`` with the experiment's numbers: benchmark
+    on its held-out windows, gate ``@challenger`` and promote it to ``@shadow`` when it passes
+    (a refusal is logged, the run completes); ``warm_start`` with ``db``: windows start from
+    the accounting's backlog. ``cluster``: a topology spec (default: the experiment's)."""
+    exp = get_experiment(experiment)
     return evaluate_and_promote(
         policies,
         gates=gates,
@@ -118,16 +131,16 @@ def evaluate_deployment(
         trace=trace,
         db=db,
         slurm_cluster=slurm_cluster,
-        n_windows=n_windows,
-        seeds=seeds or [0, 1, 2],
-        cluster=cluster,
-        window_s=window_s,
-        block_s=block_s,
-        min_jobs=min_jobs,
+        n_windows=_or(n_windows, exp.evaluation.heldout_windows),
+        seeds=_or(seeds, list(exp.evaluation.seeds)),
+        cluster=_or(cluster, exp.topology),
+        window_s=_or(window_s, exp.windows.window_s),
+        block_s=_or(block_s, exp.windows.block_s),
+        min_jobs=_or(min_jobs, exp.windows.min_jobs),
         calibration=calibration,
         executor=executor,
         out_dir=out_dir,
         tracking_uri=tracking_uri,
-        n_boot=n_boot,
-        warm_start=warm_start,
+        n_boot=_or(n_boot, exp.evaluation.n_boot),
+        warm_start=_or(warm_start, exp.windows.warm_start),
     )
