@@ -82,6 +82,7 @@ __all__ = [
     "apply_start",
     "candidates",
     "contention_term",
+    "decide_by_steps",
     "decision_steps",
     "decode",
     "encode",
@@ -982,18 +983,29 @@ class MdpPolicy:
 
     def decide(self, state: ClusterState) -> Decision:
         """All starts the function chooses at this decision point."""
-        starts: list[Start] = []
-        s = state
-        wait = self.spec.config.wait_action
-        while True:
-            c = candidates(s, self.spec.config, self.model)
-            if not c.mask[:wait].any():
-                break
-            a = int(self.act(encode(c, self.spec), action_mask(c)))
-            if a == wait:
-                break
-            decision = decode(c, a)
-            start = decision.starts[0]
-            starts.append(start)
-            s = apply_start(s, start, self.model)
-        return Decision(starts=tuple(starts))
+        return decide_by_steps(state, self.act, self.spec, self.model)
+
+
+def decide_by_steps(
+    state: ClusterState,
+    act: Callable[[FloatArray, BoolArray], int],
+    spec: ObsSpec,
+    model: ContentionModel,
+) -> Decision:
+    """The starts ``act`` chooses at one decision point: observe, act, apply the start to a
+    local copy of the state, until it waits or nothing can start (the one stepping loop of
+    every step policy)."""
+    starts: list[Start] = []
+    s = state
+    wait = spec.config.wait_action
+    while True:
+        c = candidates(s, spec.config, model)
+        if not c.mask[:wait].any():
+            break
+        a = int(act(encode(c, spec), action_mask(c)))
+        if a == wait:
+            break
+        start = decode(c, a).starts[0]  # InvalidAction if masked
+        starts.append(start)
+        s = apply_start(s, start, model)
+    return Decision(starts=tuple(starts))

@@ -26,7 +26,7 @@ import numpy as np
 import polars as pl
 
 from linkwise.cluster.mdp import ObsSpec
-from linkwise.datasets.transitions import TRANSITION_SCHEMA, check_frame
+from linkwise.datasets.transitions import TRANSITION_SCHEMA, check_frame, list_column_array
 
 __all__ = [
     "EXPORT_VERSION",
@@ -34,6 +34,7 @@ __all__ = [
     "content_hash",
     "dataset_report",
     "export_dataset",
+    "file_sha256",
     "log_to_mlflow",
     "read_dataset",
     "to_mdp_dataset",
@@ -73,6 +74,15 @@ def _column_bytes(col: pl.Series) -> list[bytes]:
     if dtype == pl.Int64:
         return [col.to_numpy().astype("<i8").tobytes()]
     return [col.to_numpy().astype("<f8").tobytes()]
+
+
+def file_sha256(path: str | Path) -> str:
+    """SHA-256 (hex) of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def content_hash(df: pl.DataFrame, inputs: Mapping[str, Any]) -> str:
@@ -246,8 +256,7 @@ def to_mdp_dataset(df: pl.DataFrame, spec: ObsSpec) -> Any:
     if df.is_empty():
         raise ValueError("cannot build an MDPDataset from no transitions")
     canon = canonical_frame(df)
-    _, flat = _list_parts(canon["obs"])
-    observations = flat.astype(np.float32).reshape(canon.height, spec.dim)
+    observations = list_column_array(canon, "obs", spec.dim, np.float32)
     return d3rlpy.dataset.MDPDataset(
         observations=observations,
         actions=canon["action"].to_numpy().astype(np.int64),

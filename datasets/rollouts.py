@@ -55,6 +55,7 @@ __all__ = [
     "Window",
     "behaviour_name",
     "cut_windows",
+    "frame_jobs",
     "jobs_from_store",
     "jobs_from_trace",
     "make_task_runner",
@@ -64,6 +65,7 @@ __all__ = [
     "rollout_batch",
     "rollouts_flow",
     "run_rollouts",
+    "runs_from_store",
     "window_workload",
 ]
 
@@ -150,7 +152,8 @@ def _jobs_frame(jobs: Sequence[Job]) -> pl.DataFrame:
     )
 
 
-def _frame_jobs(df: pl.DataFrame) -> tuple[Job, ...]:
+def frame_jobs(df: pl.DataFrame) -> tuple[Job, ...]:
+    """The ``Job``s of a jobs frame (``JOB_COLUMNS``)."""
     return tuple(
         Job(
             job_id=int(r["job_id"]),
@@ -172,17 +175,18 @@ def jobs_from_trace(
     return _jobs_frame(load_trace(path, fmt, max_jobs=max_jobs).jobs)
 
 
-def jobs_from_store(
+def runs_from_store(
     con: duckdb.DuckDBPyConnection,
     *,
     cluster: str | None = None,
     since: float | None = None,
     until: float | None = None,
 ) -> pl.DataFrame:
-    """Finished jobs of the store's ``jobs`` table (``JOB_COLUMNS``): one row per Slurm job,
-    submitted at its first submit time, asking its largest GPU count, lasting the sum of its
-    runs (``end - start`` of every requeued run). Jobs without GPUs or run time are left out.
-    """
+    """Finished jobs of the store's ``jobs`` table, one row per Slurm job (``JOB_COLUMNS``
+    plus ``last_end``, when its last run ended): submitted at its first submit time, asking
+    its largest GPU count, lasting the sum of its runs (``end - start`` of every requeued
+    run). Jobs without GPUs or run time are left out; ``since`` / ``until`` bound the first
+    submit time (``[since, until)``). The one query of finished jobs in the store."""
     q = """
         SELECT job_id,
                min(submit_time) AS submit_time,
@@ -190,18 +194,31 @@ def jobs_from_store(
                sum(end_time - start_time) AS duration,
                '' AS profile,
                any_value(user_name) AS user,
-               any_value(name) AS name
+               any_value(name) AS name,
+               max(end_time) AS last_end
         FROM jobs
         WHERE start_time IS NOT NULL AND end_time IS NOT NULL AND end_time > start_time
           AND gpus > 0
           AND (CAST(? AS VARCHAR) IS NULL OR cluster = ?)
-          AND (CAST(? AS DOUBLE) IS NULL OR submit_time >= ?)
-          AND (CAST(? AS DOUBLE) IS NULL OR submit_time < ?)
         GROUP BY cluster, job_id
+        HAVING (CAST(? AS DOUBLE) IS NULL OR min(submit_time) >= ?)
+           AND (CAST(? AS DOUBLE) IS NULL OR min(submit_time) < ?)
         ORDER BY submit_time, job_id
     """
     df: pl.DataFrame = con.sql(q, params=[cluster, cluster, since, since, until, until]).pl()
-    return df.cast(pl.Schema(JOB_COLUMNS)).select(list(JOB_COLUMNS))
+    return df.cast(pl.Schema({**JOB_COLUMNS, "last_end": pl.Float64}))
+
+
+def jobs_from_store(
+    con: duckdb.DuckDBPyConnection,
+    *,
+    cluster: str | None = None,
+    since: float | None = None,
+    until: float | None = None,
+) -> pl.DataFrame:
+    """``runs_from_store`` as a jobs frame (``JOB_COLUMNS``)."""
+    runs = runs_from_store(con, cluster=cluster, since=since, until=until)
+    return runs.select(list(JOB_COLUMNS))
 
 
 def cut_windows(
@@ -231,7 +248,7 @@ def cut_windows(
                 window_id=w,
                 start=t0 + w * window_s,
                 end=t0 + (w + 1) * window_s,
-                jobs=_frame_jobs(part.drop("window")),
+                jobs=frame_jobs(part.drop("window")),
             )
         )
     return out
@@ -272,7 +289,7 @@ def resample_window(window: Window, seed: int, block_s: float) -> tuple[Job, ...
         .with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("job_id"))
         .select(list(JOB_COLUMNS))
     )
-    return _frame_jobs(out)
+    return frame_jobs(out)
 
 
 def window_workload(

@@ -115,3 +115,14 @@ def check_frame(df: pl.DataFrame) -> None:
             f"{bad.height} episodes without exactly one end or with repeated steps, "
             f"e.g. {bad['episode'][0]!r}"
         )
+
+
+def list_column_array(df: pl.DataFrame, column: str, width: int, dtype: Any) -> np.ndarray:
+    """A list column of fixed ``width`` (``obs``, ``mask``, ``next_mask``) as an ``(N, width)``
+    array of ``dtype``: the one conversion of stored observations and masks to arrays."""
+    if df.is_empty():
+        return np.zeros((0, width), dtype=dtype)
+    flat = np.asarray(df[column].explode().to_numpy(), dtype=dtype)
+    if flat.size != df.height * width:
+        raise ValueError(f"{column}: {flat.size} values for {df.height} rows of width {width}")
+    return flat.reshape(df.height, width)

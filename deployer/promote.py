@@ -36,7 +36,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import polars as pl
 
+from linkwise.datasets.rollouts import JOB_COLUMNS, frame_jobs, runs_from_store
 from linkwise.evaluation.gates import GateReport, ShadowEvidence
 
 __all__ = [
@@ -342,15 +344,14 @@ def shadow_evidence(
     """The shadow gate's evidence from a live store (see the module docstring): the evidence
     and a JSON-able description (window, approximations)."""
     from linkwise.cluster.contention import AnalyticModel
-    from linkwise.cluster.domain import Job
     from linkwise.cluster.profiles import assign_profiles
     from linkwise.cluster.simulator import simulate
 
-    row = con.execute(
+    (row,) = con.execute(
         "SELECT count(DISTINCT cycle_id), min(ts), max(ts) FROM decisions "
         "WHERE mode = 'shadow' AND model_version = ?",
         [str(version)],
-    ).fetchone()
+    ).fetchall()
     cycles = int(row[0]) if row else 0
     since = float(row[1]) if row and row[1] is not None else None
     until = float(row[2]) if row and row[2] is not None else None
@@ -365,25 +366,19 @@ def shadow_evidence(
     )
     if since is None or until is None:
         return empty, info
-    q = """
-        SELECT job_id, min(submit_time) AS submit, max(gpus) AS gpus,
-               sum(end_time - start_time) AS run_s, max(end_time) AS last_end
-        FROM jobs
-        WHERE start_time IS NOT NULL AND end_time IS NOT NULL AND end_time > start_time
-          AND gpus > 0 AND (CAST(? AS VARCHAR) IS NULL OR cluster = ?)
-        GROUP BY cluster, job_id
-        HAVING min(submit_time) >= ? AND min(submit_time) <= ?
-        ORDER BY submit, job_id
-    """
-    rows = con.execute(q, [cluster, cluster, since, until]).fetchall()
-    jobs = [
-        Job(job_id=int(r[0]), submit_time=float(r[1]), num_gpus=int(r[2]), duration=float(r[3]))
-        for r in rows
-        if int(r[2]) <= topology.total_gpus
-    ]
+    # until is inclusive here: the last shadow decision's jobs count
+    runs = runs_from_store(con, cluster=cluster, since=since, until=math.nextafter(until, math.inf))
+    runs = runs.filter(pl.col("num_gpus") <= topology.total_gpus)
+    jobs = list(frame_jobs(runs.select(list(JOB_COLUMNS))))
     if not jobs:
         return empty, info
-    actual = {int(r[0]): float(r[4]) - float(r[1]) for r in rows}
+    actual = dict(
+        zip(
+            runs["job_id"].to_list(),
+            (runs["last_end"] - runs["submit_time"]).to_list(),
+            strict=True,
+        )
+    )
     jobs = list(assign_profiles(jobs, calibration, seed=seed))
     result = simulate(topology, jobs, AnalyticModel(calibration), policy)
     sim = {r.job.job_id: r.jct for r in result.records}

@@ -16,7 +16,6 @@ selection excludes them).
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any
 
 import polars as pl
 
+from linkwise.datasets.export import file_sha256
 from linkwise.datasets.rollouts import Window
 
 __all__ = [
@@ -31,7 +31,6 @@ __all__ = [
     "Span",
     "check_heldout",
     "dataset_spans",
-    "file_sha256",
     "overlaps_any",
     "trace_source",
     "window_spans",
@@ -56,15 +55,6 @@ class Span:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def file_sha256(path: str | Path) -> str:
-    """SHA-256 (hex) of a file."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def trace_source(sha256: str) -> str:

@@ -37,6 +37,7 @@ import numpy.typing as npt
 import polars as pl
 
 from linkwise.cluster.mdp import ObsSpec
+from linkwise.datasets.transitions import list_column_array
 from linkwise.models.learned import LearnedPolicy, masked_argmax
 
 __all__ = [
@@ -134,10 +135,7 @@ def _canonical(df: pl.DataFrame) -> pl.DataFrame:
 
 
 def _obs(df: pl.DataFrame, spec: ObsSpec) -> FloatArray:
-    if df.is_empty():
-        return np.zeros((0, spec.dim), dtype=np.float32)
-    flat = np.asarray(df["obs"].explode().to_numpy(), dtype=np.float32)
-    return flat.reshape(df.height, spec.dim)
+    return list_column_array(df, "obs", spec.dim, np.float32)
 
 
 def initial_observations(df: pl.DataFrame, spec: ObsSpec) -> FloatArray:

@@ -34,11 +34,10 @@ in ``wait_overrides``; the guard never picks a masked action. It lives in ``act`
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,9 +46,10 @@ import numpy as np
 import numpy.typing as npt
 
 from linkwise.cluster.contention import AnalyticModel, ContentionModel
-from linkwise.cluster.domain import ClusterState, Decision, Start
-from linkwise.cluster.mdp import ObsSpec, action_mask, apply_start, candidates, decode, encode
+from linkwise.cluster.domain import ClusterState, Decision
+from linkwise.cluster.mdp import ObsSpec, decide_by_steps
 from linkwise.cluster.profiles import load_calibration
+from linkwise.datasets.export import file_sha256
 
 __all__ = [
     "CHECKSUMS",
@@ -59,11 +59,11 @@ __all__ = [
     "LearnedPolicy",
     "PackageError",
     "export_network",
-    "file_sha256",
     "load_package",
     "masked_argmax",
     "save_package",
     "verify_checksums",
+    "write_package",
 ]
 
 PACKAGE_FORMAT = "linkwise-policy/1"
@@ -83,15 +83,6 @@ BoolArray = npt.NDArray[np.bool_]
 class PackageError(ValueError):
     """A policy package that must not be served: tampered, incomplete, or built for another
     observation spec."""
-
-
-def file_sha256(path: str | Path) -> str:
-    """SHA-256 (hex) of a file's bytes."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def masked_argmax(values: npt.NDArray[Any], mask: BoolArray) -> npt.NDArray[np.int64]:
@@ -180,6 +171,50 @@ def _write_json(path: Path, data: Mapping[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
+def write_package(
+    out_dir: str | Path,
+    spec: ObsSpec,
+    manifest: Mapping[str, Any],
+    *,
+    export: Callable[[Path], str],
+    algo: str,
+    versions: Mapping[str, str],
+    meta: Mapping[str, Any] | None = None,
+) -> Path:
+    """The one package writer (BC/CQL and PPO): ``export`` writes the TorchScript network to
+    the path it is given and returns what its outputs are (``"q"`` or ``"logits"``); then the
+    spec, the dataset manifest, the metadata (with ``versions`` of the libraries) and the
+    checksums. ``out_dir`` is created and must be empty or absent; returns the folder."""
+    import torch
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if any(out.iterdir()):
+        raise FileExistsError(f"{out} is not empty")
+    kind = export(out / NETWORK)
+    _write_json(out / OBS_SPEC, spec.to_json())
+    dataset = {k: v for k, v in manifest.items() if k not in ("path", "manifest_path")}
+    _write_json(out / DATASET, dataset)
+    _write_json(
+        out / META,
+        {
+            **(meta or {}),
+            "format": PACKAGE_FORMAT,
+            "algo": algo,
+            "values": kind,
+            "obs_spec_version": spec.version,
+            "dim": spec.dim,
+            "n_actions": spec.n_actions,
+            "dataset_hash": manifest.get("hash"),
+            "torch": torch.__version__,
+            **versions,
+        },
+    )
+    lines = [f"{file_sha256(out / name)}  {name}\n" for name in FILES]
+    (out / CHECKSUMS).write_text("".join(lines))
+    return out
+
+
 def save_package(
     algo: Any,
     spec: ObsSpec,
@@ -191,34 +226,16 @@ def save_package(
     """Write a policy package for a fitted d3rlpy algorithm into ``out_dir`` (created; must
     be empty or absent); returns the folder."""
     import d3rlpy  # type: ignore[import-untyped]
-    import torch
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    if any(out.iterdir()):
-        raise FileExistsError(f"{out} is not empty")
-    kind = export_network(algo, spec, out / NETWORK)
-    _write_json(out / OBS_SPEC, spec.to_json())
-    dataset = {k: v for k, v in manifest.items() if k not in ("path", "manifest_path")}
-    _write_json(out / DATASET, dataset)
-    _write_json(
-        out / META,
-        {
-            **(meta or {}),
-            "format": PACKAGE_FORMAT,
-            "algo": type(algo).__name__,
-            "values": kind,
-            "obs_spec_version": spec.version,
-            "dim": spec.dim,
-            "n_actions": spec.n_actions,
-            "dataset_hash": manifest.get("hash"),
-            "torch": torch.__version__,
-            "d3rlpy": d3rlpy.__version__,
-        },
+    return write_package(
+        out_dir,
+        spec,
+        manifest,
+        export=lambda path: export_network(algo, spec, path),
+        algo=type(algo).__name__,
+        versions={"d3rlpy": d3rlpy.__version__},
+        meta=meta,
     )
-    lines = [f"{file_sha256(out / name)}  {name}\n" for name in FILES]
-    (out / CHECKSUMS).write_text("".join(lines))
-    return out
 
 
 # ------------------------------------------------------------------------ load
@@ -349,21 +366,7 @@ class LearnedPolicy:
     def decide(self, state: ClusterState) -> Decision:
         """All starts the model chooses at this decision point (steps until it waits), each
         applied to a local copy of the state before the next observation."""
-        cfg = self.spec.config
-        wait = cfg.wait_action
-        starts: list[Start] = []
-        s = state
-        while True:
-            c = candidates(s, cfg, self.model)
-            if not c.mask[:wait].any():
-                break
-            a = self.act(encode(c, self.spec), action_mask(c))
-            if a == wait:
-                break
-            start = decode(c, a).starts[0]  # InvalidAction if masked: never emitted
-            starts.append(start)
-            s = apply_start(s, start, self.model)
-        return Decision(starts=tuple(starts))
+        return decide_by_steps(state, self.act, self.spec, self.model)
 
 
 def _load_network(path: Path) -> Any:

@@ -47,20 +47,11 @@ from linkwise.cluster.mdp import MdpConfig, ObsSpec, StepPolicyAdapter
 from linkwise.cluster.profiles import Calibration, assign_profiles, load_calibration
 from linkwise.cluster.simulator import SimConfig
 from linkwise.cluster.topology import DEFAULT_TOPOLOGY, load_topology
+from linkwise.datasets.export import file_sha256
 from linkwise.datasets.rollouts import Window, cut_windows, jobs_from_trace, resample_window
 from linkwise.datasets.windows import choose_windows
 from linkwise.models.config import check_keys, config_digest, resolve_path
-from linkwise.models.learned import (
-    CHECKSUMS,
-    DATASET,
-    FILES,
-    META,
-    NETWORK,
-    OBS_SPEC,
-    PACKAGE_FORMAT,
-    file_sha256,
-    masked_argmax,
-)
+from linkwise.models.learned import masked_argmax, write_package
 
 __all__ = [
     "PpoConfig",
@@ -426,38 +417,23 @@ def save_ppo_package(
     trained MaskablePPO into ``out_dir`` (created; must be empty or absent)."""
     import sb3_contrib
     import stable_baselines3
-    import torch
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    if any(out.iterdir()):
-        raise FileExistsError(f"{out} is not empty")
-    export_ppo_network(model, spec, out / NETWORK)
-    _write_json(out / OBS_SPEC, spec.to_json())
-    _write_json(out / DATASET, dict(manifest))
-    _write_json(
-        out / META,
-        {
-            **(meta or {}),
-            "format": PACKAGE_FORMAT,
-            "algo": ALGO_NAME,
-            "values": "logits",
-            "obs_spec_version": spec.version,
-            "dim": spec.dim,
-            "n_actions": spec.n_actions,
-            "dataset_hash": manifest.get("hash"),
-            "torch": torch.__version__,
+    def export(path: Path) -> str:
+        export_ppo_network(model, spec, path)
+        return "logits"
+
+    return write_package(
+        out_dir,
+        spec,
+        manifest,
+        export=export,
+        algo=ALGO_NAME,
+        versions={
             "stable_baselines3": stable_baselines3.__version__,
             "sb3_contrib": sb3_contrib.__version__,
         },
+        meta=meta,
     )
-    lines = [f"{file_sha256(out / name)}  {name}\n" for name in FILES]
-    (out / CHECKSUMS).write_text("".join(lines))
-    return out
-
-
-def _write_json(path: Path, data: Mapping[str, Any]) -> None:
-    path.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
 
 
 # ------------------------------------------------------------------------ evaluation

@@ -44,11 +44,11 @@ if TYPE_CHECKING:
     from mlflow.entities.model_registry import ModelVersion
 
 from linkwise.cluster.contention import ContentionModel
+from linkwise.datasets.export import file_sha256
 from linkwise.models.learned import (
     CHECKSUMS,
     LearnedPolicy,
     PackageError,
-    file_sha256,
     load_package,
     masked_argmax,
 )

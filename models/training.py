@@ -36,6 +36,7 @@ import polars as pl
 
 from linkwise.cluster.mdp import MdpConfig, ObsSpec
 from linkwise.cluster.topology import DEFAULT_TOPOLOGY
+from linkwise.datasets.transitions import list_column_array
 from linkwise.models.config import check_keys, config_digest, resolve_path
 from linkwise.models.learned import masked_argmax
 
@@ -262,9 +263,8 @@ def frame_arrays(
     df: pl.DataFrame, spec: ObsSpec
 ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.bool_], npt.NDArray[np.int64]]:
     """Observations ``(N, dim)``, masks ``(N, n_actions)`` and actions ``(N,)`` of a frame."""
-    n = df.height
-    obs = np.array(df["obs"].explode().to_numpy(), dtype=np.float32).reshape(n, spec.dim)
-    masks = np.array(df["mask"].explode().to_numpy(), dtype=bool).reshape(n, spec.n_actions)
+    obs = list_column_array(df, "obs", spec.dim, np.float32)
+    masks = list_column_array(df, "mask", spec.n_actions, np.bool_)
     return obs, masks, df["action"].to_numpy().astype(np.int64)
 
 

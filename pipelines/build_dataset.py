@@ -20,7 +20,6 @@
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import time
@@ -38,7 +37,7 @@ from linkwise.cluster.profiles import load_calibration
 from linkwise.cluster.topology import DEFAULT_TOPOLOGY, load_topology
 from linkwise.datasets.backlog import Backlog, backlog_from_store
 from linkwise.datasets.decisions import build_log_transitions
-from linkwise.datasets.export import export_dataset, log_to_mlflow
+from linkwise.datasets.export import export_dataset, file_sha256, log_to_mlflow
 from linkwise.datasets.rollouts import (
     cut_windows,
     jobs_from_store,
@@ -61,14 +60,6 @@ __all__ = [
 
 DEFAULT_POLICIES: tuple[str, ...] = ("backfill", "best_fit", "sjf_bco", "tiresias_las")
 DEFAULT_EPSILONS: tuple[float, ...] = (0.0, 0.1)
-
-
-def _file_digest(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _log_transitions(
@@ -194,7 +185,7 @@ def build_dataset(
     if want:
         if trace is not None:
             jobs = jobs_from_trace(trace)
-            origin: dict[str, Any] = {"trace": str(trace), "sha256": _file_digest(trace)}
+            origin: dict[str, Any] = {"trace": str(trace), "sha256": file_sha256(trace)}
         else:
             assert db is not None
             with closing(open_store(db)) as con:

@@ -34,6 +34,7 @@ from typing import Any
 
 from linkwise.cluster.topology import DEFAULT_TOPOLOGY
 from linkwise.datasets.backlog import Backlog
+from linkwise.datasets.export import file_sha256
 from linkwise.datasets.windows import choose_windows
 from linkwise.evaluation.benchmark import Benchmark, PolicyRef, load_benchmark, make_cases
 from linkwise.evaluation.gates import (
@@ -49,7 +50,6 @@ from linkwise.evaluation.holdout import (
     Span,
     check_heldout,
     dataset_spans,
-    file_sha256,
     overlaps_any,
     trace_source,
     window_spans,

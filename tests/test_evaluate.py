@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from linkwise.cluster.topology import from_spec
+from linkwise.datasets.export import file_sha256
 from linkwise.datasets.rollouts import cut_windows, jobs_from_trace
 from linkwise.evaluation.benchmark import (
     UNFAIR_SLOWDOWN,
@@ -20,7 +21,7 @@ from linkwise.evaluation.benchmark import (
     make_cases,
     run_benchmark,
 )
-from linkwise.evaluation.holdout import HoldoutError, file_sha256
+from linkwise.evaluation.holdout import HoldoutError
 from linkwise.evaluation.stats import bootstrap_ratio, paired_ratio
 from linkwise.pipelines.evaluate import evaluate
 

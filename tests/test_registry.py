@@ -31,14 +31,13 @@ from linkwise.cluster.mdp import (
 )
 from linkwise.cluster.profiles import assign_profiles, load_calibration
 from linkwise.cluster.topology import from_spec, load_topology
-from linkwise.datasets.export import export_dataset, read_dataset, to_mdp_dataset
+from linkwise.datasets.export import export_dataset, file_sha256, read_dataset, to_mdp_dataset
 from linkwise.datasets.rollouts import cut_windows, jobs_from_trace, make_tasks, run_rollouts
 from linkwise.datasets.windows import choose_windows
 from linkwise.models.heuristics import make_policy
 from linkwise.models.learned import (
     CHECKSUMS,
     PackageError,
-    file_sha256,
     load_package,
     masked_argmax,
     save_package,
