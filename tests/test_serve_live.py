@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "local-slurm"
 LIVE_DIR = "/tmp/lw-slurm-live"
 LIVE_ENV = {"LINKWISE_SLURM_DIR": LIVE_DIR, "LINKWISE_SLURM_PORT_BASE": "18800"}
+LEASE_ROOT = "/tmp/lw-slurm-live-leases"  # shared by every loop of these tests (not per state dir)
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +81,7 @@ def serve_cmd(env_file: str, tmp: Path, *args: str) -> list[str]:
     return [
         sys.executable, "-m", "linkwise.deployer.serve", "--partition", "gpu",
         "--slurm-env", env_file, "--db", str(tmp / "store.duckdb"),
-        "--state-dir", str(tmp / "state"), *args,
+        "--state-dir", str(tmp / "state"), "--lease-root", LEASE_ROOT, *args,
     ]  # fmt: skip
 
 
@@ -118,7 +119,7 @@ def test_active_places_jobs_on_the_policy_nodes(client: SlurmClient, tmp_path: P
         cfg = ServeConfig(
             mode="active", partitions=("gpu",), slurm_env=str(Path(LIVE_DIR) / "env"),
             db=str(tmp_path / "store.duckdb"), state_dir=str(tmp_path / "state"),
-            interval_s=0.5, lease_s=5.0, max_cycles=4,
+            lease_root=LEASE_ROOT, interval_s=0.5, lease_s=5.0, max_cycles=4,
         )  # fmt: skip
         summary = serve(cfg, policy=LoadedPolicy(LastFit(), "last_fit", "test:last_fit", ""))
         assert summary["cycles"] == 4
@@ -326,7 +327,7 @@ def test_holds_the_loop_did_not_place_are_left_alone(client: SlurmClient, tmp_pa
         cfg = ServeConfig(
             mode="active", partitions=("gpu",), slurm_env=str(Path(LIVE_DIR) / "env"),
             db=str(tmp_path / "store.duckdb"), state_dir=str(tmp_path / "state"),
-            interval_s=0.5, lease_s=5.0, max_cycles=3,
+            lease_root=LEASE_ROOT, interval_s=0.5, lease_s=5.0, max_cycles=3,
         )  # fmt: skip
         summary = serve(cfg, policy=LoadedPolicy(LastFit(), "last_fit", "test:last_fit", ""))
         wait_for(lambda: all_done(client, [ours]), 30, "the loop's own job to run")
