@@ -369,3 +369,45 @@ def test_an_integer_beyond_64_bits_rejects_its_record_not_the_document() -> None
     assert [(r.job_id, r.reason) for r in batch.rejected] == [
         ("77", "tres.allocated: absurd GPU count")
     ]
+
+
+def test_rest_accounting_keeps_good_records_beside_hostile_ones() -> None:
+    """slurmrestd answers served over HTTP: a name with bytes that are not UTF-8 and a
+    record whose id is not an integer (read per record, never the whole answer refused)."""
+    import http.server
+    import threading
+
+    good = _one(name="NAME")
+    bad = _one(job_id="x1")
+    jobs = json.dumps({"jobs": [good, bad], "errors": []}).encode()
+    jobs = jobs.replace(b"NAME", b"caf\xe9")
+    one = json.dumps({"jobs": [good], "errors": []}).encode().replace(b"NAME", b"caf\xe9")
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if "/slurm/" in self.path:
+                body = b'{"jobs": [], "errors": []}'
+            elif "/job/" in self.path:
+                body = one
+            else:
+                body = jobs
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        rest = RestTransport(f"http://127.0.0.1:{httpd.server_address[1]}", "root", lambda: "t")
+        batch = rest.accounting(0.0, 1.0)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert [r.name for r in batch.runs] == ["caf\ufffd"]
+    assert batch.rejected == ()  # the bad id is not listed by job_ids: never fetched
+    with pytest.raises(SlurmError):
+        RestTransport("http://127.0.0.1:1", "root", lambda: "t", timeout=1.0).accounting(0, 1)
