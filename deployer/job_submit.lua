@@ -13,7 +13,8 @@ What it does:
   "expiry pid start host"; live while not expired, not released (expiry 0), and its owner
   process runs with that start time) is held (priority 0; Slurm shows JobHeldUser) and its
   AdminComment set to "linkwise:held", which users cannot set or change. A job with an explicit
-  --nodelist, a user's own --hold and a job with an administrator's comment are left alone.
+  --nodelist, a user's own --hold, a job submitted to several partitions and a job with an
+  administrator's comment are left alone.
 - on modify, a release of a job tagged "linkwise:held" by an operator in LOOP_UIDS ends the
   tag with the release ("linkwise:released"); a release by anyone else is refused while the
   job's partition has a live lease (so a user cannot bypass the loop), allowed otherwise.
@@ -69,13 +70,10 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
     return slurm.SUCCESS -- an administrator's job: left alone
   end
   local partition = job_desc.partition or DEFAULT_PARTITION
-  for p in string.gmatch(partition, "[^,]+") do
-    if lease_live(p) then
-      job_desc.priority = 0 -- held: the loop places and releases it
-      job_desc.admin_comment = HOLD_TAG
-      slurm.log_info("linkwise: holding a job of partition %s for the live loop", p)
-      return slurm.SUCCESS
-    end
+  if lease_live(partition) then -- one partition only: with several, Slurm chooses
+    job_desc.priority = 0 -- held: the loop places and releases it
+    job_desc.admin_comment = HOLD_TAG
+    slurm.log_info("linkwise: holding a job of partition %s for the live loop", partition)
   end
   return slurm.SUCCESS
 end

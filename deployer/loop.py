@@ -62,6 +62,7 @@ from linkwise.deployer.safety import (
     bypassed,
     hand_back,
     held_for_loop,
+    in_partitions,
     lease_dir_for,
     lock_partitions,
     log_event,
@@ -254,7 +255,7 @@ def build_observation(
     gone: list[QueuedJob] = []
     held_total = foreign = 0
     for q in queue:
-        if q.partition in managed_parts and bypassed(q):
+        if in_partitions(q, managed_parts) and bypassed(q):
             gone.append(q)
         if q.state == "RUNNING" and q.nodes:
             started[q.job_id] = (q.start_time or now, compress(q.nodes))
@@ -274,7 +275,14 @@ def build_observation(
                     )
                 )
             continue
-        if q.state != "PENDING" or q.partition not in managed_parts:
+        if q.state != "PENDING":
+            continue
+        if q.partition not in managed_parts:
+            if mode == "active" and held_for_loop(q) and in_partitions(q, managed_parts):
+                # held for the loop but submitted to several partitions: Slurm chooses
+                refused[q.job_id] = f"several partitions ({q.partition}): left to Slurm"
+                refused_jobs[q.job_id] = q
+                held_total += 1
             continue
         ours = held_for_loop(q)
         held_total += ours

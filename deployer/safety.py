@@ -59,6 +59,7 @@ __all__ = [
     "bypassed",
     "hand_back",
     "held_for_loop",
+    "in_partitions",
     "lease_dir_for",
     "lease_expired",
     "lease_live",
@@ -545,6 +546,12 @@ def held_for_loop(job: QueuedJob) -> bool:
     return job.held and job.reason == "JobHeldUser" and job.admin_comment == HOLD_TAG
 
 
+def in_partitions(job: QueuedJob, partitions: Iterable[str]) -> bool:
+    """Whether any of the job's partitions (``gpu`` or a submitted list ``gpu,cpu``) is one
+    of ``partitions``."""
+    return not set(job.partition.split(",")).isdisjoint(partitions)
+
+
 def bypassed(job: QueuedJob) -> bool:
     """Tagged as held for the loop but no longer held: released by someone else (or by a
     release that did not go through job_submit.lua, which ends the tag with it)."""
@@ -625,7 +632,7 @@ def sweep(
 ) -> list[int]:
     """Release (unchanged) every job of the lease's partitions held for the loop."""
     managed = set(lease.partitions)
-    jobs = [q for q in client.queue() if q.partition in managed and held_for_loop(q)]
+    jobs = [q for q in client.queue() if in_partitions(q, managed) and held_for_loop(q)]
     return release_held(
         client,
         jobs,

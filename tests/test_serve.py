@@ -110,6 +110,8 @@ def test_observation_keeps_held_gpu_jobs_and_refuses_impossible_ones() -> None:
         qjob(7, 1, reason="JobHeldAdmin"),  # an administrator held it on top: not ours
         qjob(8, 1, admin_comment=""),  # its user's own hold: not ours
         qjob(10, 1, held=False, admin_comment=HOLD_TAG),  # released by someone else
+        qjob(11, 1, partition="gpu,cpu"),  # held for the loop, several partitions: handed back
+        qjob(12, 1, partition="cpu,gpu", admin_comment=""),  # not ours
     ]
     nodes = [
         ninfo(NAMES[0], 4),
@@ -123,8 +125,8 @@ def test_observation_keeps_held_gpu_jobs_and_refuses_impossible_ones() -> None:
     )  # fmt: skip
     assert sorted(obs.managed) == [1, 2]
     assert obs.shapes[2] == Shape(2, 4)
-    assert list(obs.refused) == [3] and "needs 6 node(s)" in obs.refused[3]
-    assert [q.job_id for q in obs.no_gpu] == [4, 3]  # both handed back unchanged
+    assert list(obs.refused) == [3, 11] and "needs 6 node(s)" in obs.refused[3]
+    assert [q.job_id for q in obs.no_gpu] == [4, 3, 11]  # handed back unchanged
     assert obs.foreign_held == 2 and [q.job_id for q in obs.bypassed] == [10]
     assert obs.state.free_gpus == (0, 1, 0, 4)  # busy, in flight, drained, idle
     assert [r.job.job_id for r in obs.state.running] == [6]
