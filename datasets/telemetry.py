@@ -338,9 +338,10 @@ def _label_table(sets: pl.DataFrame, host: str | None) -> pl.DataFrame:
     """Add labels (a JSON object string; null when the set is malformed), host and job to a
     frame of distinct label sets (``lbl``).
 
-    Sets as exporters write them (no blank, escape or control character, no repeated name)
-    are converted with vectorised rewrites, which give exactly what ``parse_label_set`` and
-    ``json.dumps`` would; every other set goes through ``parse_label_set``.
+    Sets as exporters write them (no blank between tokens, no escape, '=' or control
+    character in a value, no repeated name) are converted with vectorised rewrites, which
+    give exactly what ``parse_label_set`` and ``json.dumps`` would; every other set goes
+    through ``parse_label_set``.
     """
     lbl = pl.col("lbl")
     names = (
@@ -361,26 +362,23 @@ def _label_table(sets: pl.DataFrame, host: str | None) -> pl.DataFrame:
         ).alias("host"),
         lbl.str.extract(r'[{,]hpc_job="([^"]*)"', 1).alias("job"),
     )
-    hard = sets.filter(~pl.col("_simple"))
-    labels: list[str | None] = []
-    hosts: list[str | None] = []
-    jobs: list[str | None] = []
-    for text in hard["lbl"].to_list():
+    hard = _parsed_label_table(sets.filter(~pl.col("_simple")), host)
+    return pl.concat([easy, hard]).drop("_simple")
+
+
+def _parsed_label_table(sets: pl.DataFrame, host: str | None) -> pl.DataFrame:
+    """``_label_table`` set by set with ``parse_label_set``."""
+    rows: list[tuple[str | None, str | None, str | None]] = []
+    for text in sets["lbl"].to_list():
         parsed = parse_label_set(text)
         if parsed is None:
-            labels.append(None)
-            hosts.append(None)
-            jobs.append(None)
+            rows.append((None, None, None))
             continue
-        labels.append(json.dumps(parsed, ensure_ascii=False, separators=(",", ":")))
-        hosts.append(parsed.get("Hostname", parsed.get("hostname", host)))
-        jobs.append(parsed.get("hpc_job"))
-    hard = hard.with_columns(
-        pl.Series("labels", labels, dtype=pl.String()),
-        pl.Series("host", hosts, dtype=pl.String()),
-        pl.Series("job", jobs, dtype=pl.String()),
-    )
-    return pl.concat([easy, hard]).drop("_simple")
+        as_json = json.dumps(parsed, ensure_ascii=False, separators=(",", ":"))
+        name = parsed.get("Hostname", parsed.get("hostname", host))
+        rows.append((as_json, name, parsed.get("hpc_job")))
+    schema = {"labels": pl.String(), "host": pl.String(), "job": pl.String()}
+    return pl.concat([sets, pl.DataFrame(rows, schema=schema, orient="row")], how="horizontal")
 
 
 def _label_columns(
