@@ -25,7 +25,7 @@ scheduler takes over even after `kill -9` of the loop.
 ]]
 
 local LEASE_DIR = "/var/lib/linkwise/leases/CLUSTER-HOST-PORT"
-local DEFAULT_PARTITION = "gpu" -- the partition a job without --partition lands in
+local DEFAULT_PARTITION = "gpu" -- used only if slurm.conf names no Default=YES partition
 local LOOP_UIDS = { [0] = true } -- operators whose releases are the loop's (root by default)
 local HOLD_TAG = "linkwise:held"
 local RELEASED_TAG = "linkwise:released"
@@ -62,6 +62,14 @@ local function lease_live(partition)
   return proc_start(pid) == start
 end
 
+-- the partition a job without --partition lands in (Default=YES in slurm.conf)
+local function default_partition(part_list)
+  for name, part in pairs(part_list or {}) do
+    if part.flag_default == 1 then return name end
+  end
+  return DEFAULT_PARTITION
+end
+
 function slurm_job_submit(job_desc, part_list, submit_uid)
   if job_desc.req_nodes ~= nil or job_desc.priority == 0 then
     return slurm.SUCCESS -- placed by its user, or the user's own hold: not the loop's
@@ -69,7 +77,7 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
   if job_desc.admin_comment ~= nil and job_desc.admin_comment ~= "" then
     return slurm.SUCCESS -- an administrator's job: left alone
   end
-  local partition = job_desc.partition or DEFAULT_PARTITION
+  local partition = job_desc.partition or default_partition(part_list)
   if lease_live(partition) then -- one partition only: with several, Slurm chooses
     job_desc.priority = 0 -- held: the loop places and releases it
     job_desc.admin_comment = HOLD_TAG

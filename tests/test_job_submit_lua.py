@@ -44,6 +44,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
     source = (ROOT / "deployer" / "job_submit.lua").read_text()
     assert MARKER in source  # the installed default, replaced by this cluster's directory
     lua = tmp_path_factory.mktemp("lua") / "job_submit.lua"
+    # the fallback renamed: jobs without --partition must be found in slurm.conf's default
+    source = source.replace('local DEFAULT_PARTITION = "gpu"', 'local DEFAULT_PARTITION = "none"')
     lua.write_text(source.replace(MARKER, f'local LEASE_DIR = "{lease_dir}"'))
     env["LINKWISE_SLURM_JOB_SUBMIT_LUA"] = str(lua)
     subprocess.run([str(SCRIPT), "start"], env=env, check=True, capture_output=True, timeout=120)
