@@ -629,20 +629,20 @@ def sweep(
     actor: str,
     logger: logging.Logger,
     cycle_id: int = -1,
+    untag: Iterable[int] = (),
 ) -> list[int]:
-    """Release (unchanged) every job of the lease's partitions held for the loop."""
+    """Release (unchanged) every job of the lease's partitions held for the loop; end the
+    tag of the ``untag`` jobs found released but still tagged (no job_submit.lua ended it)."""
     managed = set(lease.partitions)
-    jobs = [q for q in client.queue() if in_partitions(q, managed) and held_for_loop(q)]
-    return release_held(
-        client,
-        jobs,
-        recorder=recorder,
-        run_id=lease.run_id,
-        cycle_id=cycle_id,
-        actor=actor,
-        model_version="",
-        logger=logger,
+    queue = [q for q in client.queue() if in_partitions(q, managed)]
+    done = set(untag)
+    stale = [q for q in queue if bypassed(q) and q.job_id in done]
+    common: dict[str, Any] = dict(
+        recorder=recorder, run_id=lease.run_id, cycle_id=cycle_id, model_version="", logger=logger
     )
+    if stale:
+        release_held(client, stale, actor=actor + ":untag", command=untag_command, **common)
+    return release_held(client, [q for q in queue if held_for_loop(q)], actor=actor, **common)
 
 
 def hand_back(
@@ -662,7 +662,7 @@ def hand_back(
     write_lease(lease_path, replace(lease, state="releasing", held=()))
     released = sweep(client, lease, recorder, actor=actor, logger=logger)
     sleep(grace_s)
-    released += sweep(client, lease, recorder, actor=actor, logger=logger)
+    released += sweep(client, lease, recorder, actor=actor, logger=logger, untag=released)
     write_lease(lease_path, replace(lease, state="released", held=()))
     log_event(logger, "lease_released", actor=actor, released=released)
     return released

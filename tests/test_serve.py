@@ -374,6 +374,21 @@ def test_hand_back_stops_new_holds_before_each_sweep(tmp_path: Path) -> None:
     )  # fmt: skip
     assert seen == ["0", "0"] and sleeps == [1.5]  # marked first, swept twice
     assert released == [1, 1] and ["scontrol", "release", "2"] not in runner.commands
+    # without job_submit.lua nothing ends the tag with the release: the second sweep does
+    client._queue = [qjob(1, 1, held=False, admin_comment=HOLD_TAG, reason="Priority")]
+    runner.commands.clear()
+    hand_back(
+        client, path, lease, recorder, actor="t", logger=LOG, sleep=sleeps.append,  # type: ignore[arg-type]
+    )  # fmt: skip
+    assert runner.commands == []  # not released by this hand-back: not its to untag
+    client._queue = [qjob(1, 1)]
+    runner.on_run = lambda args: client._queue.__setitem__(
+        0, qjob(1, 1, held=False, admin_comment=HOLD_TAG, reason="Priority")
+    )
+    hand_back(
+        client, path, lease, recorder, actor="t", logger=LOG, sleep=sleeps.append,  # type: ignore[arg-type]
+    )  # fmt: skip
+    assert runner.commands == [["scontrol", "release", "1"], untag_command(1)]
     assert (read_lease(path) or lease).state == "released"
 
 
