@@ -38,8 +38,12 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from linkwise.cluster.contention import AnalyticModel
+from linkwise.cluster.profiles import assign_profiles
+from linkwise.cluster.simulator import simulate
 from linkwise.datasets.rollouts import JOB_COLUMNS, frame_jobs, runs_from_store
 from linkwise.evaluation.gates import GateReport, ShadowEvidence
+from linkwise.models.registry import MODEL_NAME, ensure_experiment, mlflow_env
 
 __all__ = [
     "CHALLENGER",
@@ -91,7 +95,6 @@ class PromotionDecision:
 
 
 def _client(tracking_uri: str) -> Any:
-    from linkwise.models.registry import mlflow_env
 
     mlflow_env()
     from mlflow.tracking import MlflowClient
@@ -102,8 +105,6 @@ def _client(tracking_uri: str) -> Any:
 def current_aliases(tracking_uri: str, name: str | None = None) -> dict[str, str]:
     """The registered model's aliases (alias -> version); empty when it does not exist."""
     from mlflow.exceptions import MlflowException
-
-    from linkwise.models.registry import MODEL_NAME
 
     client = _client(tracking_uri)
     try:
@@ -117,7 +118,6 @@ def log_decision(
     decision: PromotionDecision, *, tracking_uri: str, experiment: str = EXPERIMENT
 ) -> str:
     """Record a decision as an MLflow run (see the module docstring); the run id."""
-    from linkwise.models.registry import ensure_experiment
 
     client = _client(tracking_uri)
     exp = ensure_experiment(client, experiment, tracking_uri=tracking_uri)
@@ -198,7 +198,6 @@ def _promote(
 ) -> PromotionDecision:
     """Apply ``move`` (client, model, version, aliases before -> reasons) if ``version`` still
     holds the alias ``holder`` and its gate report passed; log the decision either way."""
-    from linkwise.models.registry import MODEL_NAME
 
     model = name or MODEL_NAME
     before = current_aliases(tracking_uri, model)
@@ -295,7 +294,6 @@ def promote_shadow(
 
 def rollback(*, tracking_uri: str, name: str | None = None, log: bool = True) -> PromotionDecision:
     """Move ``champion`` back to ``previous`` (refused, and logged, when there is none)."""
-    from linkwise.models.registry import MODEL_NAME
 
     model = name or MODEL_NAME
     before = current_aliases(tracking_uri, model)
@@ -343,9 +341,6 @@ def shadow_evidence(
 ) -> tuple[ShadowEvidence, dict[str, Any]]:
     """The shadow gate's evidence from a live store (see the module docstring): the evidence
     and a JSON-able description (window, approximations)."""
-    from linkwise.cluster.contention import AnalyticModel
-    from linkwise.cluster.profiles import assign_profiles
-    from linkwise.cluster.simulator import simulate
 
     (row,) = con.execute(
         "SELECT count(DISTINCT cycle_id), min(ts), max(ts) FROM decisions "

@@ -53,11 +53,13 @@ import polars as pl
 
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import ClusterState, Decision, Job, Placement, Policy, Topology
+from linkwise.cluster.mdp import MdpPolicy
 from linkwise.cluster.metrics import BOUNDED_SLOWDOWN_FLOOR_S, summarize
 from linkwise.cluster.profiles import Calibration, load_calibration
-from linkwise.cluster.simulator import SimConfig, simulate
+from linkwise.cluster.simulator import InvalidDecision, SimConfig, SimulationStalled, simulate
 from linkwise.datasets.backlog import Backlog
 from linkwise.datasets.rollouts import Window, make_task_runner, window_workload
+from linkwise.evaluation.compare import Scenario
 from linkwise.models.policy_spec import PolicySpec
 
 __all__ = [
@@ -233,7 +235,6 @@ def _case_workload(case: EvalCase) -> tuple[tuple[Job, ...], tuple[tuple[Job, Pl
 
 
 def _scenario(case: EvalCase, jobs: tuple[Job, ...] | None = None) -> Any:
-    from linkwise.evaluation.compare import Scenario
 
     return Scenario(
         topology=case.topology,
@@ -267,8 +268,6 @@ class _Probe:
     def __post_init__(self) -> None:
         inner: Any = self.inner
         if all(hasattr(inner, a) for a in ("act", "spec", "model")) and callable(inner.act):
-            from linkwise.cluster.mdp import MdpPolicy
-
             self.masked = 0
             wait = int(inner.spec.config.wait_action)
 
@@ -343,7 +342,6 @@ def run_task(task: BenchTask) -> CaseResult:
 
 def try_task(task: BenchTask) -> CaseResult | CaseFailure:
     """``run_task``, with a policy's failure (a stall, an impossible start) as a value."""
-    from linkwise.cluster.simulator import InvalidDecision, SimulationStalled
 
     try:
         return run_task(task)

@@ -44,12 +44,13 @@ class Scenario:
         if self.contention == "none":
             return NoContention()
         if self.contention == "empirical":
-            from linkwise.cluster.calibration import load_deepshare
-
             if self.data_dir is None:
                 raise ValueError(
                     "the empirical contention model needs --data pointing at shared/data"
                 )
+            # cluster.calibration imports scipy (about 1 s): only the empirical model needs it
+            from linkwise.cluster.calibration import load_deepshare
+
             return EmpiricalModel(load_deepshare(Path(self.data_dir)))
         raise ValueError(
             f"unknown contention model {self.contention!r} (analytic, empirical, none)"

@@ -24,7 +24,8 @@ from typing import Any
 import polars as pl
 
 from linkwise.datasets.export import file_sha256
-from linkwise.datasets.rollouts import Window
+from linkwise.datasets.rollouts import Window, jobs_from_store, jobs_from_trace
+from linkwise.datasets.store import open_store
 
 __all__ = [
     "HoldoutError",
@@ -77,7 +78,6 @@ def _t0(jobs: pl.DataFrame, max_gpus: int | None) -> float:
 def _rollout_jobs(
     roll: Mapping[str, Any], traces: Mapping[str, str | Path]
 ) -> tuple[str, pl.DataFrame]:
-    from linkwise.datasets.rollouts import jobs_from_store, jobs_from_trace
 
     if roll.get("trace") is not None:
         sha = str(roll.get("sha256", ""))
@@ -91,8 +91,6 @@ def _rollout_jobs(
             raise HoldoutError(f"{path} is not the trace the dataset was built from (sha256)")
         return trace_source(sha or file_sha256(path)), jobs_from_trace(path)
     from contextlib import closing
-
-    from linkwise.datasets.store import open_store
 
     with closing(open_store(roll["db"])) as con:
         jobs = jobs_from_store(

@@ -37,8 +37,11 @@ import numpy.typing as npt
 import polars as pl
 
 from linkwise.cluster.mdp import ObsSpec
+from linkwise.datasets.export import read_dataset, to_mdp_dataset
 from linkwise.datasets.transitions import list_column_array
 from linkwise.models.learned import LearnedPolicy, masked_argmax
+from linkwise.models.policy_spec import PolicySpec
+from linkwise.models.training import quiet_d3rlpy
 
 __all__ = [
     "BEHAVIOUR",
@@ -231,8 +234,6 @@ def fqe_values(
     from d3rlpy.models.q_functions import MeanQFunctionFactory  # type: ignore[import-untyped]
     from d3rlpy.optimizers import AdamFactory  # type: ignore[import-untyped]
 
-    from linkwise.models.training import quiet_d3rlpy
-
     config = d3rlpy.ope.FQEConfig(
         learning_rate=params.learning_rate,
         optim_factory=AdamFactory(weight_decay=0.0),
@@ -264,7 +265,6 @@ def fqe_values(
 def _frame(transitions: pl.DataFrame | str | Path) -> tuple[pl.DataFrame, ObsSpec | None]:
     if isinstance(transitions, pl.DataFrame):
         return transitions, None
-    from linkwise.datasets.export import read_dataset
 
     df, manifest = read_dataset(transitions)
     return df, ObsSpec.from_json(manifest["obs_spec"])
@@ -274,8 +274,6 @@ def _resolve(policy: str | LearnedPolicy, spec: ObsSpec) -> LearnedPolicy:
     if isinstance(policy, LearnedPolicy):
         p = policy
     else:
-        from linkwise.models.policy_spec import PolicySpec
-
         text = policy if policy.startswith("model:") else f"model:{policy}"
         resolved = PolicySpec.parse(text).build()
         if not isinstance(resolved, LearnedPolicy):
@@ -322,8 +320,6 @@ def _run_ope(
     p: FqeParams,
     device: str,
 ) -> dict[str, OpeResult]:
-    from linkwise.datasets.export import to_mdp_dataset
-    from linkwise.models.training import quiet_d3rlpy
 
     if not seeds:
         raise ValueError("at least one seed is needed")

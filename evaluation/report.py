@@ -29,6 +29,7 @@ import numpy as np
 
 from linkwise.evaluation.benchmark import UNFAIR_SLOWDOWN, Benchmark, save_benchmark
 from linkwise.evaluation.stats import STATS, RatioCI, paired_ratio
+from linkwise.models.registry import ensure_experiment, mlflow_env
 
 __all__ = [
     "EXPERIMENT",
@@ -336,7 +337,6 @@ def log_report(
     """Log the report as an MLflow run (context as params, per-policy metrics as
     ``POLICY.METRIC``, ratios as ``POLICY.avg_ratio[_low|_high]``, the folder as
     artifacts); the run id."""
-    from linkwise.models.registry import ensure_experiment, mlflow_env
 
     mlflow_env()
     from mlflow.tracking import MlflowClient

@@ -51,6 +51,7 @@ from linkwise.datasets.export import file_sha256
 from linkwise.datasets.rollouts import Window, cut_windows, jobs_from_trace, resample_window
 from linkwise.datasets.windows import choose_windows
 from linkwise.models.config import check_keys, config_digest, resolve_path
+from linkwise.models.heuristics import make_policy
 from linkwise.models.learned import masked_argmax, write_package
 
 __all__ = [
@@ -454,7 +455,6 @@ def episode_return(
 
     ``act`` is ``(obs, mask) -> action`` or a heuristic name (driven step by step through
     ``StepPolicyAdapter``, as in the rollouts; ``"random"`` is seeded)."""
-    from linkwise.models.heuristics import make_policy
 
     env = ClusterEnv(factory, spec, invalid_action="raise", max_steps=max_steps)
     adapter: StepPolicyAdapter | None = None

@@ -38,7 +38,7 @@ from linkwise.cluster.mdp import MdpConfig, ObsSpec
 from linkwise.cluster.topology import DEFAULT_TOPOLOGY
 from linkwise.datasets.transitions import list_column_array
 from linkwise.models.config import check_keys, config_digest, resolve_path
-from linkwise.models.learned import masked_argmax
+from linkwise.models.learned import _value_module, masked_argmax
 
 __all__ = [
     "ALGOS",
@@ -320,8 +320,6 @@ def action_values(algo: Any, obs: npt.NDArray[np.float32]) -> npt.NDArray[np.flo
     """All action values of a fitted algorithm for a batch: mean Q over the critics (CQL) or
     log-probabilities (BC), computed by the same module that is exported for serving."""
     import torch
-
-    from linkwise.models.learned import _value_module
 
     module, _ = _value_module(algo)
     device = next(iter(module.parameters())).device

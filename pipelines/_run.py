@@ -20,6 +20,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from linkwise.datasets.export import log_to_mlflow
+from linkwise.models.registry import ensure_experiment, log_policy
+from linkwise.models.training import flatten_params
+
 if TYPE_CHECKING:
     from linkwise.models.registry import RegisteredPolicy
 
@@ -84,7 +88,6 @@ class TrainingRun:
         """Log the package as the run's model; register it as the configuration's
         ``model_name`` with alias ``challenger`` unless ``register`` is False (None: as the
         configuration says)."""
-        from linkwise.models.registry import log_policy
 
         do_register = self.cfg.register if register is None else register
         return log_policy(
@@ -111,9 +114,6 @@ def training_run(
     import mlflow
     from mlflow.tracking import MlflowClient
 
-    from linkwise.models.registry import ensure_experiment
-    from linkwise.models.training import flatten_params
-
     mlflow.set_tracking_uri(tracking_uri)
     client = MlflowClient(tracking_uri=tracking_uri)
     exp_id = ensure_experiment(client, cfg.experiment, tracking_uri=tracking_uri)
@@ -124,8 +124,6 @@ def training_run(
         mlflow.log_params(all_params)
         mlflow.set_tags({"linkwise.algo": algo, "linkwise.dataset_hash": data_hash})
         if dataset is not None:
-            from linkwise.datasets.export import log_to_mlflow
-
             log_to_mlflow(dataset["path"], dataset, tracking_uri=tracking_uri, run_id=run_id)
         if cfg.source and Path(cfg.source).is_file():
             mlflow.log_artifact(cfg.source, artifact_path="config")

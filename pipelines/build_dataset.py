@@ -36,7 +36,7 @@ from linkwise.cluster.mdp import SLOT_ORDERS, MdpConfig, ObsSpec, make_spec
 from linkwise.cluster.profiles import load_calibration
 from linkwise.cluster.topology import DEFAULT_TOPOLOGY, load_topology
 from linkwise.datasets.backlog import Backlog, backlog_from_store
-from linkwise.datasets.decisions import build_log_transitions
+from linkwise.datasets.decisions import build_log_transitions, topology_from_store
 from linkwise.datasets.export import export_dataset, file_sha256, log_to_mlflow
 from linkwise.datasets.rollouts import (
     cut_windows,
@@ -135,8 +135,6 @@ def build_dataset(
     model = AnalyticModel(cal)
     topo: Topology | None = load_topology(topology) if topology else None
     if topo is None and db is not None:
-        from linkwise.datasets.decisions import topology_from_store
-
         with closing(open_store(db)) as con:
             topo = topology_from_store(con, slurm_cluster)
     if topo is None:

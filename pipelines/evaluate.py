@@ -32,11 +32,33 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
-from linkwise.cluster.topology import DEFAULT_TOPOLOGY
-from linkwise.datasets.backlog import Backlog
-from linkwise.datasets.export import file_sha256
+from linkwise.cluster.contention import AnalyticModel
+from linkwise.cluster.mdp import ObsSpec
+from linkwise.cluster.profiles import load_calibration
+from linkwise.cluster.topology import DEFAULT_TOPOLOGY, load_topology
+from linkwise.datasets.backlog import Backlog, backlog_from_store
+from linkwise.datasets.decisions import topology_from_store
+from linkwise.datasets.export import file_sha256, read_dataset
+from linkwise.datasets.rollouts import cut_windows, jobs_from_store, jobs_from_trace
+from linkwise.datasets.store import open_store
 from linkwise.datasets.windows import choose_windows
-from linkwise.evaluation.benchmark import Benchmark, PolicyRef, load_benchmark, make_cases
+from linkwise.deployer.promote import (
+    CHALLENGER,
+    CHAMPION,
+    SHADOW,
+    current_aliases,
+    promote_challenger,
+    promote_shadow,
+    rollback,
+    shadow_evidence,
+)
+from linkwise.evaluation.benchmark import (
+    Benchmark,
+    PolicyRef,
+    load_benchmark,
+    make_cases,
+    run_benchmark,
+)
 from linkwise.evaluation.gates import (
     ChallengerEvidence,
     GateConfig,
@@ -54,8 +76,19 @@ from linkwise.evaluation.holdout import (
     trace_source,
     window_spans,
 )
+from linkwise.evaluation.ope import ope_table, run_ope
 from linkwise.evaluation.report import EvaluationReport, log_report, write_report
+from linkwise.evaluation.stats import paired_ratio
+from linkwise.models.heuristics import policy_names
 from linkwise.models.policy_spec import PolicySpec
+from linkwise.models.registry import (
+    MODEL_NAME,
+    default_tracking_uri,
+    load_policy,
+    mlflow_env,
+    resolve_version,
+)
+from linkwise.models.training import split_episodes
 
 __all__ = [
     "DEFAULT_CLUSTER",
@@ -105,8 +138,6 @@ def model_manifest(spec: str, tracking_uri: str | None = None) -> dict[str, Any]
         return None
     target = source.registry_uri or source.target
     if target.startswith("models:/"):
-        from linkwise.models.registry import default_tracking_uri, mlflow_env, resolve_version
-
         mlflow_env()
         import mlflow
 
@@ -165,10 +196,6 @@ def evaluate(
     the report and the MLflow run id (None when ``log`` is False). ``warm_start`` (store
     only): every window starts from the cluster's state in the accounting at its start
     (``datasets.backlog``), not from an empty cluster."""
-    from linkwise.cluster.profiles import load_calibration
-    from linkwise.cluster.topology import load_topology
-    from linkwise.datasets.rollouts import cut_windows, jobs_from_store, jobs_from_trace
-    from linkwise.models.registry import default_tracking_uri
 
     if not policies:
         raise ValueError("no policies to evaluate")
@@ -191,8 +218,6 @@ def evaluate(
         traces[sha] = trace
         workload = f"{trace} (sha256 {sha[:16]})"
     else:
-        from linkwise.datasets.store import open_store
-
         with closing(open_store(db)) as con:  # type: ignore[arg-type]
             jobs = jobs_from_store(con, cluster=slurm_cluster)
         source, workload = f"slurm:{slurm_cluster or ''}", f"store {db} ({slurm_cluster or 'all'})"
@@ -221,9 +246,6 @@ def evaluate(
         )
     backlogs: dict[int, Backlog] = {}
     if warm_start:
-        from linkwise.datasets.backlog import backlog_from_store
-        from linkwise.datasets.store import open_store
-
         with closing(open_store(db)) as con:  # type: ignore[arg-type]
             for w in chosen:
                 backlogs[w.window_id] = backlog_from_store(con, topo, slurm_cluster, w.start)
@@ -237,7 +259,6 @@ def evaluate(
         tick_s=tick_s,
         backlogs=backlogs,
     )
-    from linkwise.evaluation.benchmark import run_benchmark
 
     bench = run_benchmark(refs, cases, executor=executor, tracking_uri=uri)
     labels = [r.label for r in refs]
@@ -289,7 +310,6 @@ def gate_evidence(
     """The challenger gate's evidence from a benchmark: paired ratios against the champion
     (a policy label, or None when there is none) and the best heuristic (lowest mean avg
     JCT among the heuristics run), FQE numbers, latency and masked actions."""
-    from linkwise.evaluation.stats import paired_ratio
 
     summary = {r["policy"]: r for r in bench.summary()}
     heur = [p for p in bench.policies if _heuristic(bench.specs.get(p, p))]
@@ -336,7 +356,6 @@ def gate_challenger(
     """Check the current ``@challenger`` against an evaluation folder: the report, the
     evidence and the challenger's version. The evaluation must contain the challenger's
     version (and the champion's when there is one), else the missing comparisons fail."""
-    from linkwise.deployer.promote import CHALLENGER, CHAMPION, current_aliases
 
     cfg = gates or load_gates()
     aliases = current_aliases(tracking_uri)
@@ -387,7 +406,6 @@ def promote_from_evaluation(
 ) -> Any:
     """Gate the current challenger on an evaluation and promote it to ``shadow`` if it
     passes; the ``deployer.promote.PromotionDecision`` (logged in MLflow either way)."""
-    from linkwise.deployer.promote import promote_challenger
 
     report, evidence, version = gate_challenger(
         evaluation_dir, tracking_uri=tracking_uri, gates=gates, ope=ope
@@ -412,12 +430,6 @@ def promote_from_shadow(
 ) -> Any:
     """Gate the current ``@shadow`` on its shadow-mode evidence in the live store and make it
     champion if it passes; the decision (logged in MLflow either way)."""
-    from linkwise.cluster.contention import AnalyticModel
-    from linkwise.cluster.profiles import load_calibration
-    from linkwise.cluster.topology import load_topology
-    from linkwise.datasets.store import open_store
-    from linkwise.deployer.promote import SHADOW, current_aliases, promote_shadow, shadow_evidence
-    from linkwise.models.registry import MODEL_NAME, load_policy
 
     cfg = gates or load_gates()
     aliases = current_aliases(tracking_uri)
@@ -429,12 +441,7 @@ def promote_from_shadow(
         f"models:/{MODEL_NAME}/{version}", model=AnalyticModel(cal), tracking_uri=tracking_uri
     )
     with closing(open_store(db)) as con:
-        if cluster:
-            topo = load_topology(cluster)
-        else:
-            from linkwise.datasets.decisions import topology_from_store
-
-            topo = topology_from_store(con, slurm_cluster)
+        topo = load_topology(cluster) if cluster else topology_from_store(con, slurm_cluster)
         ev, info = shadow_evidence(
             con,
             version,
@@ -463,8 +470,6 @@ def evaluate_and_promote(
     report, run_id = evaluate(policies, **kwargs)
     out: dict[str, Any] = {"evaluation": report.to_json(), "evaluation_run_id": run_id}
     if promote:
-        from linkwise.models.registry import default_tracking_uri
-
         uri = kwargs.get("tracking_uri") or default_tracking_uri()
         decision = promote_from_evaluation(
             report.out_dir, tracking_uri=uri, gates=load_gates(gates), ope=ope
@@ -517,7 +522,6 @@ def format_evaluation(report: EvaluationReport, run_id: str | None) -> str:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     """``linkwise evaluate``."""
-    from linkwise.models.heuristics import policy_names
 
     report, run_id = evaluate(
         _csv(args.policies) or policy_names(),
@@ -550,7 +554,6 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 def cmd_promote(args: argparse.Namespace) -> int:
     """``linkwise promote``: exit 0 when promoted, 3 when the gates refused."""
-    from linkwise.models.registry import default_tracking_uri
 
     uri = args.tracking_uri or default_tracking_uri()
     gates = load_gates(args.gates)
@@ -577,8 +580,6 @@ def cmd_promote(args: argparse.Namespace) -> int:
 
 def cmd_rollback(args: argparse.Namespace) -> int:
     """``linkwise rollback``: champion back to previous (exit 3 when there is none)."""
-    from linkwise.deployer.promote import rollback
-    from linkwise.models.registry import default_tracking_uri
 
     decision = rollback(tracking_uri=args.tracking_uri or default_tracking_uri())
     print(json.dumps(decision.to_json(), default=str) if args.json else decision.format())
@@ -681,7 +682,6 @@ def add_evaluate_parsers(sub: Any) -> None:
 
 def cmd_ope(args: argparse.Namespace) -> int:
     """``linkwise ope``: FQE estimates vs the behaviour policy's return, per policy."""
-    from linkwise.evaluation.ope import ope_table, run_ope
 
     if args.tracking_uri:
         os.environ["MLFLOW_TRACKING_URI"] = args.tracking_uri
@@ -690,10 +690,6 @@ def cmd_ope(args: argparse.Namespace) -> int:
     data: Any = args.dataset
     spec = None
     if args.holdout > 0:  # the held-out episodes, as training split them
-        from linkwise.cluster.mdp import ObsSpec
-        from linkwise.datasets.export import read_dataset
-        from linkwise.models.training import split_episodes
-
         df, manifest = read_dataset(args.dataset)
         spec = ObsSpec.from_json(manifest["obs_spec"])
         _, data = split_episodes(df, args.holdout, args.split_seed)

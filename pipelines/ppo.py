@@ -26,7 +26,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from linkwise.models.ppo import PpoConfig
+from linkwise.cluster.mdp import make_spec
+from linkwise.models.learned import load_package
+from linkwise.models.ppo import (
+    PpoConfig,
+    build_ppo,
+    compare_returns,
+    learn,
+    make_vec_env,
+    save_ppo_package,
+    workload_manifest,
+    workloads,
+)
+from linkwise.models.registry import default_tracking_uri, mlflow_env
 from linkwise.pipelines._run import add_run_options, summary_footer, training_run
 from linkwise.pipelines.train import progress_bar
 
@@ -71,18 +83,6 @@ def train_ppo(
 ) -> PpoResult:
     """Train MaskablePPO as configured, evaluate it, package, log and (unless ``register`` is
     False or the configuration says so) register it with alias ``challenger``."""
-    from linkwise.cluster.mdp import make_spec
-    from linkwise.models.learned import load_package
-    from linkwise.models.ppo import (
-        build_ppo,
-        compare_returns,
-        learn,
-        make_vec_env,
-        save_ppo_package,
-        workload_manifest,
-        workloads,
-    )
-    from linkwise.models.registry import default_tracking_uri, mlflow_env
 
     mlflow_env()
     t0 = time.perf_counter()

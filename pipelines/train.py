@@ -35,8 +35,23 @@ import numpy as np
 import polars as pl
 
 from linkwise.cluster.mdp import ObsSpec
-from linkwise.models.training import TrainConfig
+from linkwise.datasets.export import read_dataset, to_mdp_dataset
+from linkwise.models.learned import masked_argmax, save_package
+from linkwise.models.registry import default_tracking_uri, mlflow_env
+from linkwise.models.training import (
+    MlflowAdapterFactory,
+    TrainConfig,
+    action_values,
+    build_algo,
+    fit,
+    frame_arrays,
+    make_evaluators,
+    pick_device,
+    quiet_d3rlpy,
+    split_episodes,
+)
 from linkwise.pipelines._run import add_run_options, summary_footer, training_run
+from linkwise.pipelines.build_dataset import build_dataset
 
 __all__ = [
     "TrainResult",
@@ -81,14 +96,11 @@ def load_training_data(
     cfg: TrainConfig, out_dir: str | Path
 ) -> tuple[pl.DataFrame, dict[str, Any], ObsSpec]:
     """The configuration's transitions, the dataset manifest (with ``path``) and its spec."""
-    from linkwise.datasets.export import read_dataset
 
     ds = cfg.dataset
     if ds.path:
         path = ds.path
     else:
-        from linkwise.pipelines.build_dataset import build_dataset
-
         assert ds.trace is not None
         built = build_dataset(
             trace=ds.trace,
@@ -120,7 +132,6 @@ def heldout_report(
     """Masked greedy action vs logged action on held-out steps, with baselines: uniform
     choice among allowed actions (expected match) and always the most frequent allowed
     logged action (majority); the same on "choice" steps (more than one allowed action)."""
-    from linkwise.models.learned import masked_argmax
 
     n = len(actions)
     if n == 0:
@@ -183,7 +194,6 @@ def train(
 ) -> TrainResult:
     """Train the configured policy, track it in MLflow and (unless ``register`` is False or
     the configuration says so) register it as ``model_name`` with alias ``challenger``."""
-    from linkwise.models.registry import default_tracking_uri, mlflow_env
 
     mlflow_env()
     t0 = time.perf_counter()
@@ -194,20 +204,6 @@ def train(
     cfg = cfg.with_mdp(spec.config)  # the manifest's configuration is what was used
 
     import d3rlpy  # type: ignore[import-untyped]
-
-    from linkwise.datasets.export import to_mdp_dataset
-    from linkwise.models.learned import save_package
-    from linkwise.models.training import (
-        MlflowAdapterFactory,
-        action_values,
-        build_algo,
-        fit,
-        frame_arrays,
-        make_evaluators,
-        pick_device,
-        quiet_d3rlpy,
-        split_episodes,
-    )
 
     train_df, held_df = split_episodes(df, cfg.dataset.holdout, cfg.seed)
     with quiet_d3rlpy():
