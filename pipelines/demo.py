@@ -58,6 +58,7 @@ from linkwise.pipelines.experiment import (
     DEMO_EXPERIMENTS,
     Experiment,
     SyntheticWorkload,
+    TrainingPlan,
     get_experiment,
 )
 from linkwise.pipelines.history import (
@@ -79,6 +80,7 @@ __all__ = [
     "run_demo",
     "run_pipeline",
     "split_time",
+    "training_plan",
     "workspace",
 ]
 
@@ -145,6 +147,13 @@ def split_time(
     return first_submit + train * window_s
 
 
+def training_plan(exp: Experiment) -> TrainingPlan:
+    """The experiment's training budget; ValueError for one without (``DAILY``)."""
+    if exp.training is None:
+        raise ValueError(f"experiment {exp.name!r} has no training budget to run the demo with")
+    return exp.training
+
+
 # ------------------------------------------------------------------------ steps 2-7
 
 
@@ -162,7 +171,7 @@ def run_pipeline(
     """Steps 2-7 on a store that holds the cluster's accounting (``slurm_cluster``); with
     ``trace`` (the history's trace file) and PPO steps in the experiment, MaskablePPO is
     trained on the trace's training days and evaluated beside BC and CQL."""
-    assert exp.training is not None, f"experiment {exp.name!r} has no training budget"
+    plan = training_plan(exp)
     console, out, db, uri = ws.console, ws.out, ws.db, ws.uri
     topo = load_topology(exp.topology)
     window_s = exp.windows.window_s
@@ -216,10 +225,8 @@ def run_pipeline(
     console.print(f"dataset {str(built['hash'])[:16]}: {built.get('counts')}")
 
     stages.begin("train", "Train BC and CQL (and MaskablePPO when budgeted)")
-    models = train_offline(
-        dataset["path"], exp.training, seed=seed, uri=uri, out=out, console=console
-    )
-    if exp.training.ppo_steps > 0 and trace is not None:
+    models = train_offline(dataset["path"], plan, seed=seed, uri=uri, out=out, console=console)
+    if plan.ppo_steps > 0 and trace is not None:
         train_days = (until - first) / 86400.0
         models["ppo"] = train_online(
             trace, exp, train_days, seed=seed, uri=uri, out=out, console=console
@@ -416,6 +423,7 @@ def run_demo(
         exp = replace(exp, topology=cluster)
     if trace is None and exp.workload is None:
         raise ValueError(f"experiment {exp.name!r} has no synthetic workload: give a trace")
+    ppo = training_plan(exp).ppo_steps > 0
     ws = workspace(out_dir, tracking_uri, progress)
     if ws.db.exists():
         ws.db.unlink()  # the history is replayed afresh: one demo, one cluster history
@@ -444,7 +452,6 @@ def run_demo(
         f"avg {history.avg_queue_s / 60:.1f} min, p99 {history.p99_queue_s / 3600:.2f} h, "
         f"{history.queued_share:.0%} waited > 1 min"
     )
-    ppo = exp.training is not None and exp.training.ppo_steps > 0
     return run_pipeline(
         ws,
         exp,
