@@ -17,7 +17,10 @@ What it does:
   administrator's comment are left alone.
 - on modify, a release of a job tagged "linkwise:held" by an operator in LOOP_UIDS ends the
   tag with the release ("linkwise:released"); a release by anyone else is refused while the
-  job's partition has a live lease (so a user cannot bypass the loop), allowed otherwise.
+  job's partition has a live lease (so a user cannot bypass the loop), allowed otherwise (the
+  loop counts it as a bypass and ends the tag). A user's hold of a tagged job is refused (it
+  would keep the tag, and a loop would release it); an administrator's hold is kept
+  (JobHeldAdmin: the loop leaves it alone). Refusals read "Access/permission denied".
 
 Fail-open: with no live loop nothing new is held, and the loop's watchdog releases what was
 held for it (its lease is marked released first, then it sweeps twice), so Slurm's own
@@ -87,7 +90,17 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
 end
 
 function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
-  if job_rec.admin_comment ~= HOLD_TAG or job_desc.priority ~= slurm.INFINITE then
+  if job_rec.admin_comment ~= HOLD_TAG then
+    return slurm.SUCCESS
+  end
+  if job_desc.priority == 0 and not LOOP_UIDS[modify_uid] then
+    -- a user's hold would keep the tag (users cannot change an admin comment), so the
+    -- loop would take it for its own and release it: refused instead of overridden later
+    slurm.log_info("linkwise: refused uid %d's hold of job %s tagged for the live loop",
+      modify_uid, tostring(job_rec.job_id))
+    return ESLURM_ACCESS_DENIED
+  end
+  if job_desc.priority ~= slurm.INFINITE then
     return slurm.SUCCESS
   end
   if LOOP_UIDS[modify_uid] then

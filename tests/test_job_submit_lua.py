@@ -161,6 +161,8 @@ def test_a_user_cannot_release_a_job_held_for_the_loop(
         assert _admin_comment(client, own) in ("", "(null)")  # the user's own hold: not ours
         out = _as_user(cluster, "slurm", "scontrol", "release", str(job))
         assert out.returncode != 0, "the user released a job held for the live loop"
+        # a user's own hold on top would keep the tag: refused rather than overridden later
+        assert _as_user(cluster, "slurm", "scontrol", "hold", str(job)).returncode != 0
         assert _state(client, job) == ("PENDING", "JobHeldUser")
         assert _as_user(cluster, "slurm", "scontrol", "release", str(own)).returncode == 0
         # with no live loop, the user may release it (fail-open)
