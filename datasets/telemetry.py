@@ -228,6 +228,7 @@ _ESCAPE = re.compile(r"\\(.)")
 _SIMPLE_VALUE = r'="[^"\\=\x00-\x1f]*"'
 _SIMPLE_PAIR = rf"[a-zA-Z_][a-zA-Z0-9_.\-]*{_SIMPLE_VALUE}"
 _SIMPLE_SET_RE = rf"^\{{(?:{_SIMPLE_PAIR}(?:,{_SIMPLE_PAIR})*,?)?\}}$"
+_HOST_LABELS = ("Hostname", "hostname")  # older and newer dcgm-exporter; the first one wins
 _UNESCAPED = {"\\": "\\", '"': '"', "n": "\n"}
 _SENTINEL_FLOATS = sorted({float(k) for k in _DCGM_SENTINELS} | {_INT64_BLANK_AS_FLOAT})
 _PART_COLUMNS = ["_row", "raw", "metric", "lbl", "vtext", "tsms", "_tsi", "value", "_why"]
@@ -344,26 +345,34 @@ def _label_table(sets: pl.DataFrame, host: str | None) -> pl.DataFrame:
     through ``parse_label_set``.
     """
     lbl = pl.col("lbl")
-    names = (
-        lbl.str.extract_all(r'[{,][a-zA-Z_][a-zA-Z0-9_.\-]*="')
-        .list.eval(pl.element().str.slice(1))
-        .list
-    )
-    simple = lbl.str.contains(_SIMPLE_SET_RE) & (names.len() == names.n_unique())
-    sets = sets.with_columns(simple.fill_null(False).alias("_simple"))
+    # the names of a simple set, values removed: few distinct ones, checked once each
+    shape = pl.when(lbl.str.contains(_SIMPLE_SET_RE)).then(lbl.str.replace_all(r'="[^"]*"', ""))
+    sets = sets.with_columns(shape.alias("_shape"))
+    shapes = sets.select(pl.col("_shape").unique().drop_nulls())["_shape"].to_list()
+    unique_names = [sh for sh in shapes if _names_unique(sh)]
+    sets = sets.with_columns(
+        pl.col("_shape")
+        .is_in(pl.Series(unique_names, dtype=pl.String()).implode())
+        .fill_null(False)
+        .alias("_simple")
+    ).drop("_shape")
     easy = sets.filter(pl.col("_simple")).with_columns(
         lbl.str.replace_all(r'([{,])([a-zA-Z_][a-zA-Z0-9_.\-]*)="', r'${1}"${2}":"')
         .str.replace(r",\}$", "}")
         .alias("labels"),
-        pl.coalesce(
-            lbl.str.extract(r'[{,]Hostname="([^"]*)"', 1),
-            lbl.str.extract(r'[{,]hostname="([^"]*)"', 1),
-            pl.lit(host, dtype=pl.String()),
-        ).alias("host"),
+        lbl.str.extract(r'[{,](?:Hostname|hostname)="([^"]*)"', 1)
+        .fill_null(pl.lit(host, dtype=pl.String()))
+        .alias("host"),
         lbl.str.extract(r'[{,]hpc_job="([^"]*)"', 1).alias("job"),
     )
     hard = _parsed_label_table(sets.filter(~pl.col("_simple")), host)
     return pl.concat([easy, hard]).drop("_simple")
+
+
+def _names_unique(shape: str) -> bool:
+    """Whether ``{a,b,...}`` (a simple label set without its values) names no label twice."""
+    names = shape[1:-1].rstrip(",").split(",")
+    return len(names) == len(set(names))
 
 
 def _parsed_label_table(sets: pl.DataFrame, host: str | None) -> pl.DataFrame:
@@ -375,7 +384,7 @@ def _parsed_label_table(sets: pl.DataFrame, host: str | None) -> pl.DataFrame:
             rows.append((None, None, None))
             continue
         as_json = json.dumps(parsed, ensure_ascii=False, separators=(",", ":"))
-        name = parsed.get("Hostname", parsed.get("hostname", host))
+        name = next((v for k, v in parsed.items() if k in _HOST_LABELS), host)
         rows.append((as_json, name, parsed.get("hpc_job")))
     schema = {"labels": pl.String(), "host": pl.String(), "job": pl.String()}
     return pl.concat([sets, pl.DataFrame(rows, schema=schema, orient="row")], how="horizontal")
@@ -424,7 +433,7 @@ def parse_prometheus(text: str, *, ts: float | None = None, host: str | None = N
     malformed = parts.filter(bad).select(
         "_row", "raw", pl.col("_why").fill_null("value is not a number").alias("reason")
     )
-    good = parts.filter(~bad)
+    good = parts.filter(~bad).drop("raw")
     # DCGM blanks: only rows whose value is one of the sentinels' floats can be one
     maybe = good.filter(
         pl.col("metric").str.starts_with("DCGM_") & pl.col("value").is_in(_SENTINEL_FLOATS)
@@ -441,8 +450,11 @@ def parse_prometheus(text: str, *, ts: float | None = None, host: str | None = N
     if not blanks.is_empty():
         good = good.join(blanks, on="_row", how="anti", maintain_order="left")
     good = _label_columns(good.with_columns(pl.col("lbl").fill_null("{}")), host)
-    bad_labels = good.filter(pl.col("labels").is_null()).select(
-        "_row", "raw", pl.lit("malformed labels").alias("reason")
+    bad_labels = (
+        good.filter(pl.col("labels").is_null())
+        .select("_row")
+        .join(parts.select("_row", "raw"), on="_row")
+        .with_columns(pl.lit("malformed labels").alias("reason"))
     )
     if not bad_labels.is_empty():
         malformed = pl.concat([malformed, bad_labels]).sort("_row")
@@ -775,10 +787,10 @@ def dcgm_link_load(samples: pl.DataFrame, *, interval_s: float) -> tuple[pl.Data
             "factor": [f.bytes_per_s for f in DCGM_FIELDS.values()],
         }
     )
-    lbl = pl.col("labels")
-    gpu = lbl.str.json_path_match("$.gpu")
-    mig = lbl.str.json_path_match("$.GPU_I_ID")
-    link = lbl.str.json_path_match("$.nvlink")
+    lbl = pl.col("labels")  # compact JSON written by _label_table: a key follows '{' or ','
+    gpu = lbl.str.extract(r'[{,]"gpu":"((?:[^"\\]|\\.)*)"', 1)
+    mig = lbl.str.extract(r'[{,]"GPU_I_ID":"((?:[^"\\]|\\.)*)"', 1)
+    link = lbl.str.extract(r'[{,]"nvlink":"((?:[^"\\]|\\.)*)"', 1)
     device = pl.concat_str(
         pl.lit("gpu"),
         gpu.fill_null("?"),
