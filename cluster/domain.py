@@ -192,6 +192,12 @@ class Shape:
         return self.nodes * self.gpus_per_node
 
 
+def requested_nodes(gpus: int, alloc_nodes: int) -> int:
+    """The node count a job asked Slurm for, as its allocation shows it (``-N``); 0 (derive
+    it, ``domain.requested_shape``) where its GPUs do not split evenly over those nodes."""
+    return alloc_nodes if alloc_nodes > 0 and gpus % alloc_nodes == 0 else 0
+
+
 def requested_shape(job: Job, node_gpus: int) -> Shape:
     """The job's requested shape: its own (``Job.nodes``, from Slurm accounting) if it has one.
 

@@ -27,7 +27,8 @@ from typing import Any
 import duckdb
 import polars as pl
 
-from linkwise.cluster.domain import Job, Placement, Topology
+from linkwise.cluster.domain import Job, Placement, Topology, requested_nodes
+from linkwise.datasets.decisions import _resolve_cluster, load_log_jobs
 
 __all__ = ["Backlog", "backlog_from_store", "warm_jobs"]
 
@@ -62,7 +63,6 @@ def backlog_from_store(
 ) -> Backlog:
     """The store's cluster ``cluster`` (None: the only one it holds) at time ``t`` on
     ``topology`` (module docstring)."""
-    from linkwise.datasets.decisions import _resolve_cluster, load_log_jobs
 
     name = _resolve_cluster(con, "jobs", cluster)
     runs, skipped = load_log_jobs(con, topology, name, since=t, until=t)
@@ -75,6 +75,7 @@ def _backlog(runs: pl.DataFrame, t: float, skipped: dict[str, int], topology: To
     free = [n.gpus for n in topology.nodes]
     for r in runs.iter_rows(named=True):
         start, end = float(r["start"]), float(r["end"])
+        limit = float(r["time_limit"])
         job = Job(
             job_id=int(r["job_id"]),
             submit_time=float(r["submit"]),
@@ -82,6 +83,9 @@ def _backlog(runs: pl.DataFrame, t: float, skipped: dict[str, int], topology: To
             duration=(end - t) if start < t else (end - start),
             user=str(r["user_name"]),
             name=str(r["slurm_job_id"]),
+            nodes=requested_nodes(int(r["gpus"]), len(r["alloc_idx"])),
+            # a running job restarts at t in the simulator: what is left of its limit
+            time_limit=max(1.0, limit - (t - start)) if limit > 0 and start < t else limit,
         )
         if start >= t:
             pending.append(job)

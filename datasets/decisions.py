@@ -53,6 +53,7 @@ from linkwise.cluster.domain import (
     RunningJob,
     Start,
     Topology,
+    requested_nodes,
 )
 from linkwise.cluster.hostlist import natural_key
 from linkwise.cluster.mdp import (
@@ -187,7 +188,7 @@ def topology_from_store(
 
 _LOAD_SQL = """
 SELECT j.job_id, j.run_index, j.state, j.settled, j.submit_time, j.start_time, j.end_time,
-       j.gpus, j.name, j.user_name,
+       j.gpus, j.name, j.user_name, j.time_limit_s,
        list(n.node ORDER BY n.node) FILTER (WHERE n.node IS NOT NULL) AS alloc_nodes,
        list(n.gpus ORDER BY n.node) FILTER (WHERE n.node IS NOT NULL) AS alloc_gpus
 FROM jobs AS j
@@ -211,7 +212,8 @@ def load_log_jobs(
 
     Columns: ``job_id`` (the run's id in the replay: Slurm's id for a first run, a negative
     id for a requeued run), ``slurm_job_id``, ``run_index``, ``submit``, ``start``, ``end``,
-    ``gpus``, ``alloc_idx`` / ``alloc_gpus`` (node indices into ``topology`` and GPUs).
+    ``gpus``, ``alloc_idx`` / ``alloc_gpus`` (node indices into ``topology`` and GPUs),
+    ``time_limit`` (seconds, 0 where Slurm had none).
     """
     lo = -math.inf if since is None else float(since)
     hi = math.inf if until is None else float(until)
@@ -292,6 +294,7 @@ def load_log_jobs(
             pl.col("user_name").fill_null(""),
             pl.col("node_idx").alias("alloc_idx"),
             "alloc_gpus",
+            pl.col("time_limit_s").fill_null(0.0).alias("time_limit"),
         )
         .sort("submit", "job_id")
     )
@@ -590,8 +593,17 @@ def build_log_transitions(
     ends = jobs_df["end"].to_list()
     gpus = jobs_df["gpus"].to_list()
     raw_jobs = [
-        Job(job_id=i, submit_time=s, num_gpus=g, duration=e - b, name=nm, user=u)
-        for i, s, b, e, g, nm, u in zip(
+        Job(
+            job_id=i,
+            submit_time=s,
+            num_gpus=g,
+            duration=e - b,
+            name=nm,
+            user=u,
+            nodes=requested_nodes(g, len(idx)),
+            time_limit=lim,
+        )
+        for i, s, b, e, g, nm, u, idx, lim in zip(
             ids,
             submits,
             starts,
@@ -599,6 +611,8 @@ def build_log_transitions(
             gpus,
             jobs_df["name"].to_list(),
             jobs_df["user_name"].to_list(),
+            jobs_df["alloc_idx"].to_list(),
+            jobs_df["time_limit"].to_list(),
             strict=True,
         )
     ]

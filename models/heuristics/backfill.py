@@ -8,13 +8,16 @@ never from the true run time.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import bisect
+import math
+from dataclasses import dataclass, field
 
 from linkwise.cluster.domain import (
     ClusterState,
     Decision,
     Job,
     Placement,
+    Shape,
     Start,
     Topology,
     requested_shape,
@@ -36,37 +39,56 @@ def runtime_estimate(job: Job, default_limit_s: float = DEFAULT_LIMIT_S) -> floa
     return job.time_limit if job.time_limit > 0 else default_limit_s
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Plan:
     """The node-space of one backfill pass: GPUs free now, releases, whole-node reservations."""
 
     topo: Topology
+    now: float
     free: list[int]
     releases: list[tuple[float, Placement]]  # expected end, sorted
-    reserved: list[tuple[float, float, frozenset[int]]]  # [start, end] and nodes
+    reserved: list[tuple[float, float, frozenset[int]]] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)  # candidate start times, sorted
+
+    def __post_init__(self) -> None:
+        self.times = sorted({self.now, *(end for end, _ in self.releases)})
+
+    def start_now(self, placement: Placement, end: float) -> None:
+        apply_placement(self.free, placement)
+        _insort(self.releases, (end, placement))
+        self._add_time(end)
+
+    def reserve(self, start: float, end: float, nodes: frozenset[int]) -> None:
+        self.reserved.append((start, end, nodes))
+        self._add_time(end)
+
+    def _add_time(self, t: float) -> None:
+        k = bisect.bisect_left(self.times, t)
+        if k == len(self.times) or self.times[k] != t:
+            self.times.insert(k, t)
 
     def earliest(
-        self, now: float, job: Job, est: float, horizon: float
+        self, shape: Shape, est: float, after: float, horizon: float
     ) -> tuple[float, Placement] | None:
-        """The earliest start (at or after ``now``, before ``horizon``) and its nodes."""
-        shape = requested_shape(job, self.topo.max_gpus_per_node)
+        """The earliest start at or after ``after`` (itself at or after now) and before
+        ``horizon`` where the shape fits on nodes no reservation holds during the run."""
+        times = self.times
         avail = list(self.free)
-        total = sum(avail)
-        times = sorted({now, *(end for end, _ in self.releases), *(r[1] for r in self.reserved)})
-        k = 0
         releases = self.releases
-        for t in times:
+        k = 0
+        per, need = shape.gpus_per_node, shape.nodes
+        for t in times[bisect.bisect_left(times, after) :]:
             if t > horizon:
                 return None
             while k < len(releases) and releases[k][0] <= t:
                 for node, g in releases[k][1].alloc:
                     avail[node] += g
-                    total += g
                 k += 1
-            if total < shape.num_gpus:
-                continue
             end = t + est
             blocked = {n for s, e, nodes in self.reserved if s <= end and e > t for n in nodes}
+            usable = sum(1 for i, f in enumerate(avail) if f >= per and i not in blocked)
+            if usable < need:
+                continue
             masked = [0 if i in blocked else f for i, f in enumerate(avail)] if blocked else avail
             placement = slurm_select(self.topo, masked, shape)
             if placement is not None:
@@ -132,8 +154,12 @@ class Backfill:
             return Decision(starts=tuple(starts))
 
         releases.sort(key=lambda r: r[0])
-        plan = _Plan(topo, free, releases, [])
+        plan = _Plan(topo, now, free, releases)
         horizon = now + self.window_s
+        res = self.resolution_s
+        # within one pass a request's earliest start never moves earlier (reservations and
+        # starts only take room), so the search for the same shape and estimate resumes there
+        resume: dict[tuple[Shape, float], float] = {}
         tested = 0
         while i < len(pending) and tested < self.max_job_test and any(free):
             p = pending[i]
@@ -142,18 +168,23 @@ class Backfill:
                 continue
             tested += 1
             est = runtime_estimate(p.job, self.default_limit_s)
-            found = plan.earliest(now, p.job, est, horizon)
+            shape = requested_shape(p.job, node_gpus)
+            key = (shape, est)
+            after = resume.get(key, now)
+            if after > horizon:
+                continue
+            found = plan.earliest(shape, est, after, horizon)
             if found is None:
+                resume[key] = math.inf
                 continue
             t, placement = found
+            resume[key] = t
             if t <= now:
-                apply_placement(free, placement)
+                plan.start_now(placement, now + est)
                 starts.append(Start(p.job.job_id, placement))
-                _insort(releases, (now + est, placement))
             else:
-                res = self.resolution_s
                 span = (t // res * res, (t + est) // res * res) if res > 0 else (t, t + est)
-                plan.reserved.append((*span, frozenset(placement.nodes)))
+                plan.reserve(*span, frozenset(placement.nodes))
         return Decision(starts=tuple(starts))
 
 
