@@ -302,6 +302,7 @@ def slurm_select(topo: Topology, free: Sequence[int], shape: Shape) -> Placement
     usable = [i for i, f in enumerate(free) if f >= per]
     if len(usable) < shape.nodes:
         return None
+    chosen: list[int] | None
     if len(topo.leaf_names) == 1:
         chosen = _consecutive_best_fit(usable, free, shape)
     else:

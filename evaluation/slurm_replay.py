@@ -11,6 +11,7 @@ runs it against ``scripts/local-slurm``; ``benchmarks/backfill_vs_slurm.py`` rep
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -26,6 +27,7 @@ from linkwise.cluster.domain import (
 )
 from linkwise.cluster.loop import drive
 from linkwise.cluster.simulator import Simulator
+from linkwise.cluster.slurm.client import SlurmClient
 from linkwise.cluster.slurm.records import JobRun
 from linkwise.models.heuristics import Backfill
 
@@ -60,6 +62,61 @@ def workload(n: int = 24, seed: int = 0) -> tuple[WorkloadJob, ...]:
         nodes, per = rng.choice(SHAPES)
         out.append(WorkloadJob(nodes, per, rng.randint(1, 3), rng.randint(3, 25)))
     return tuple(out)
+
+
+def run_on_slurm(
+    client: SlurmClient,
+    jobs: Sequence[WorkloadJob],
+    *,
+    tag: str = "lw-bfcmp",
+    timeout_s: float = 150.0,
+) -> tuple[list[JobRun], float, bool]:
+    """Submit the jobs held (``--cpus-per-gpu=2``: CPUs in proportion to GPUs, as
+    ``placement.slurm_select`` assumes), release them at once, wait for them to finish.
+
+    Returns Slurm's records of them, the release time, and whether other jobs were in the
+    queue meanwhile (the comparison then does not hold). Cancels what is left of its own
+    jobs on the way out, nothing else.
+    """
+    ids: list[int] = []
+    t0 = time.time() - 2
+    try:
+        for k, w in enumerate(jobs):
+            ids.append(
+                client.submit(
+                    f"sleep {w.sleep_s}",
+                    name=f"{tag}-{k}",
+                    nodes=w.nodes,
+                    gpus_per_node=w.gpus_per_node,
+                    time_limit_min=w.limit_min,
+                    hold=True,
+                    extra_args=["--cpus-per-gpu=2"],
+                )
+            )
+        released = time.time()
+        client.runner.run(["scontrol", "release", ",".join(map(str, ids))])
+        foreign = False
+        deadline = released + timeout_s
+        while True:
+            queue = client.queue()
+            foreign |= any(q.job_id not in ids for q in queue)
+            if not any(q.job_id in ids for q in queue):
+                break
+            if time.time() > deadline:
+                raise TimeoutError(f"the workload did not finish within {timeout_s:.0f} s")
+            time.sleep(1)
+        runs: list[JobRun] = []
+        while time.time() < deadline:
+            runs = [r for r in client.jobs(t0) if r.job_id in ids]
+            if len(runs) == len(ids) and all(r.settled and r.end_time for r in runs):
+                break
+            time.sleep(1)
+        return runs, released, foreign
+    finally:
+        left = {q.job_id for q in client.queue()}
+        for job_id in ids:  # only ours, and only what is left
+            if job_id in left:
+                client.cancel(job_id)
 
 
 def replay_jobs(runs: Sequence[JobRun], released_at: float) -> tuple[Job, ...]:

@@ -29,7 +29,14 @@ from linkwise.cluster.domain import Topology
 from linkwise.cluster.slurm.client import SlurmClient, read_env_file
 from linkwise.cluster.slurm.records import JobRun
 from linkwise.cluster.topology import load_topology
-from linkwise.evaluation.slurm_replay import check_instants, compare, replay, replay_jobs, workload
+from linkwise.evaluation.slurm_replay import (
+    check_instants,
+    compare,
+    replay,
+    replay_jobs,
+    run_on_slurm,
+    workload,
+)
 
 pytestmark = pytest.mark.services
 
@@ -56,53 +63,12 @@ def _wait_idle(cli: SlurmClient, timeout_s: float) -> None:
         time.sleep(2)
 
 
-def _run_workload(cli: SlurmClient) -> tuple[list[JobRun], float, bool]:
-    """Submit, release, wait; Slurm's records, the release time, whether others' jobs ran."""
-    _wait_idle(cli, 120)
-    t0 = time.time() - 2
-    ids: list[int] = []
-    try:
-        for k, w in enumerate(workload(24, seed=0)):
-            ids.append(
-                cli.submit(
-                    f"sleep {w.sleep_s}",
-                    name=f"{TAG}-{k}",
-                    nodes=w.nodes,
-                    gpus_per_node=w.gpus_per_node,
-                    time_limit_min=w.limit_min,
-                    hold=True,
-                    extra_args=["--cpus-per-gpu=2"],
-                )
-            )
-        released = time.time()
-        cli.runner.run(["scontrol", "release", ",".join(map(str, ids))])
-        foreign = False
-        deadline = time.time() + 150
-        while True:
-            queue = cli.queue()
-            foreign |= any(q.job_id not in ids for q in queue)
-            if not any(q.job_id in ids for q in queue):
-                break
-            assert time.time() < deadline, "the workload did not finish within 150 s"
-            time.sleep(1)
-        runs: list[JobRun] = []
-        while time.time() < deadline:
-            runs = [r for r in cli.jobs(t0) if r.job_id in ids]
-            if len(runs) == len(ids) and all(r.settled and r.end_time for r in runs):
-                break
-            time.sleep(1)
-        return runs, released, foreign
-    finally:
-        for job_id in ids:  # only ours, and only what is left
-            if any(q.job_id == job_id for q in cli.queue()):
-                cli.cancel(job_id)
-
-
 @pytest.fixture(scope="module")
 def slurm_run(cli: SlurmClient) -> Iterator[tuple[list[JobRun], float, Topology]]:
     topo = load_topology(str(SLURM_DIR / "etc"))
     for _ in range(2):  # once more if someone else's job shared the cluster
-        runs, released, foreign = _run_workload(cli)
+        _wait_idle(cli, 120)
+        runs, released, foreign = run_on_slurm(cli, workload(24, seed=0), tag=TAG)
         if not foreign:
             break
     else:

@@ -1,0 +1,105 @@
+"""Every heuristic on the Philly slice at several cluster sizes, for one checkout of the code.
+
+Each (cluster, policy) runs in a fresh child process that imports linkwise from
+``--repo`` (default: this checkout; a ``git worktree`` of an older commit gives the
+"before" figures). Appends one JSON line per run to ``--out``; ``--table`` prints a
+Markdown table of such a file.
+
+    nice .venv/bin/python benchmarks/baselines.py --repo /tmp/lw-before --out before.jsonl
+    .venv/bin/python benchmarks/baselines.py --table before.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_TRACE = REPO.parent / "shared" / "data" / "traces" / "philly_2017-09-04_2017-10-15.csv"
+POLICIES = "fifo,backfill,best_fit,sjf_bco,tiresias_las,random"
+CLUSTERS = "64x8,80x8,104x8"
+
+
+def run_one(trace: Path, cluster: str, spec: str, contention: str, seed: int) -> dict[str, object]:
+    """Load, simulate and summarise one policy in this process (linkwise from sys.path)."""
+    from linkwise.cluster.profiles import assign_profiles, load_calibration
+    from linkwise.cluster.topology import load_topology
+    from linkwise.datasets.traces import load_trace
+    from linkwise.evaluation.compare import Scenario, run_policy
+
+    topo = load_topology(cluster)
+    cal = load_calibration()
+    jobs = assign_profiles(load_trace(trace, "philly").jobs, cal, seed=seed)
+    jobs = tuple(j for j in jobs if j.num_gpus <= topo.total_gpus)
+    scenario = Scenario(topology=topo, jobs=jobs, calibration=cal, contention=contention)
+    m = run_policy(scenario, spec).metrics.to_dict()
+    m.update(cluster=cluster, spec=spec, contention=contention)
+    return m
+
+
+def table(path: Path) -> str:
+    """A Markdown table of the runs in ``path`` (JSON lines)."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    out = [
+        "| cluster | policy | avg JCT h | mean queue h | GPU util | contention slowdown | wall s |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        out.append(
+            f"| {r['cluster']} | {r['spec']} | {r['avg_jct_s'] / 3600:,.1f} | "
+            f"{r['avg_queue_s'] / 3600:,.1f} | {r['gpu_utilization']:.2f} | "
+            f"{r['avg_contention_slowdown']:.3f} | {r['wall_s']:.0f} |"
+        )
+    return "\n".join(out)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--repo", type=Path, default=REPO, help="checkout to import linkwise from")
+    p.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
+    p.add_argument("--clusters", default=CLUSTERS)
+    p.add_argument("--policies", default=POLICIES)
+    p.add_argument("--contention", default="analytic")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, help="JSON lines file to append to")
+    p.add_argument("--table", type=Path, help="print the Markdown table of a JSON lines file")
+    p.add_argument("--one", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.table:
+        print(table(args.table))
+        return 0
+    if args.one:
+        cluster, spec = args.one.split("|", 1)
+        m = run_one(args.trace, cluster, spec, args.contention, args.seed)
+        print(json.dumps(m))
+        return 0
+    if args.out is None:
+        p.error("--out is required")
+    env = dict(os.environ, PYTHONPATH=str(args.repo.resolve()))
+    for cluster in args.clusters.split(","):
+        for spec in args.policies.split(","):
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--one", f"{cluster}|{spec}"]
+            cmd += ["--trace", str(args.trace), "--contention", args.contention]
+            cmd += ["--seed", str(args.seed)]
+            t0 = time.perf_counter()
+            done = subprocess.run(cmd, env=env, cwd=args.repo, capture_output=True, text=True)
+            if done.returncode != 0:
+                print(f"{cluster} {spec}: failed\n{done.stderr[-2000:]}", file=sys.stderr)
+                continue
+            row = json.loads(done.stdout.strip().splitlines()[-1])
+            row["child_wall_s"] = time.perf_counter() - t0
+            with args.out.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+            print(f"{cluster} {spec}: {row['avg_jct_s'] / 3600:.1f} h", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
