@@ -62,6 +62,14 @@ class _Plan:
         self.reserved.append((start, end, nodes))
         self._add_time(end)
 
+    def all_free_nodes_reserved(self, by: float) -> bool:
+        """Whether every node with free GPUs now is reserved from ``by`` or earlier."""
+        soon: set[int] = set()
+        for start, _, nodes in self.reserved:
+            if start <= by:
+                soon |= nodes
+        return all(f == 0 or n in soon for n, f in enumerate(self.free))
+
     def _add_time(self, t: float) -> None:
         k = bisect.bisect_left(self.times, t)
         if k == len(self.times) or self.times[k] != t:
@@ -160,6 +168,15 @@ class Backfill:
         # within one pass a request's earliest start never moves earlier (reservations and
         # starts only take room), so the search for the same shape and estimate resumes there
         resume: dict[tuple[Shape, float], float] = {}
+        # no job left to test runs shorter than this: once every node with free GPUs is
+        # reserved before now + shortest, nothing more can start now and the pass may stop
+        shortest = min(
+            (
+                runtime_estimate(p.job, self.default_limit_s)
+                for p in pending[i : i + self.max_job_test]
+            ),
+            default=math.inf,
+        )
         tested = 0
         while i < len(pending) and tested < self.max_job_test and any(free):
             p = pending[i]
@@ -185,6 +202,8 @@ class Backfill:
             else:
                 span = (t // res * res, (t + est) // res * res) if res > 0 else (t, t + est)
                 plan.reserve(*span, frozenset(placement.nodes))
+                if plan.all_free_nodes_reserved(now + shortest):
+                    break
         return Decision(starts=tuple(starts))
 
 
