@@ -172,57 +172,18 @@ def run_pipeline(
     ``trace`` (the history's trace file) and PPO steps in the experiment, MaskablePPO is
     trained on the trace's training days and evaluated beside BC and CQL."""
     plan = training_plan(exp)
-    console, out, db, uri = ws.console, ws.out, ws.db, ws.uri
+    console, out, uri = ws.console, ws.out, ws.uri
     topo = load_topology(exp.topology)
-    window_s = exp.windows.window_s
-    with closing(open_store(db)) as con:
-        all_jobs = jobs_from_store(con, cluster=slurm_cluster)
-    all_jobs = all_jobs.filter(all_jobs["num_gpus"] <= topo.total_gpus)
-    first = float(all_jobs["submit_time"].min())  # type: ignore[arg-type]
-    last = float(all_jobs["submit_time"].max())  # type: ignore[arg-type]
-    until = split_time(first, last, window_s, exp.evaluation.heldout_windows)
-    split = {
-        "first_submit": first,
-        "until": until,
-        "last_submit": last,
-        "window_s": window_s,
-        "train_windows": round((until - first) / window_s),
-        "heldout_windows": exp.evaluation.heldout_windows,
-    }
+    split = _split(ws.db, slurm_cluster, topo, exp)
+    first, until = split["first_submit"], split["until"]
 
     stages.begin("dataset", "Build the dataset (logs + rollouts) from the first part")
     console.print(
         f"dataset from [{time.strftime('%Y-%m-%d %H:%M', time.gmtime(first))}, "
         f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime(until))}) UTC; later windows held out"
     )
-    built = build_dataset(
-        db,
-        out_dir=out / "datasets",
-        rollouts=exp.dataset.rollouts,
-        policies=exp.dataset.policies,
-        epsilons=exp.dataset.epsilons,
-        seeds=exp.dataset.seeds,
-        window_s=window_s,
-        block_s=exp.windows.block_s,
-        min_jobs=exp.windows.min_jobs,
-        topology=exp.topology,
-        slurm_cluster=slurm_cluster,
-        until=until,
-        log_window_s=exp.dataset.log_window_s,
-        config=exp.mdp,
-        executor="serial",
-        max_steps=exp.dataset.max_steps,
-        seed=seed,
-        tracking_uri=uri,
-        warm_start=exp.windows.warm_start,
-    )
-    dataset = {
-        "path": str(built["path"]),
-        "hash": built["hash"],
-        "counts": built.get("counts"),
-        "seconds": built["seconds"],
-    }
-    console.print(f"dataset {str(built['hash'])[:16]}: {built.get('counts')}")
+    dataset = _dataset(ws, exp, slurm_cluster=slurm_cluster, until=until, seed=seed)
+    console.print(f"dataset {str(dataset['hash'])[:16]}: {dataset['counts']}")
 
     stages.begin("train", "Train BC and CQL (and MaskablePPO when budgeted)")
     models = train_offline(dataset["path"], plan, seed=seed, uri=uri, out=out, console=console)
@@ -233,67 +194,17 @@ def run_pipeline(
         )
 
     stages.begin("evaluate", "Evaluate heuristics and the learned policies on held-out windows")
-    # each learned policy by its pinned registry version, labelled BC, CQL, PPO
-    labels = {
-        f"model:models:/{m['model_name']}/{m['version']}": algo.upper()
-        for algo, m in models.items()
-    }
-    report, eval_run = evaluate(
-        [*HEURISTICS, *labels],
-        out_dir=out / "evaluation",
-        db=db,
-        slurm_cluster=slurm_cluster,
-        n_windows=exp.evaluation.heldout_windows,
-        seeds=exp.evaluation.seeds,
-        cluster=exp.topology,
-        window_s=window_s,
-        block_s=exp.windows.block_s,
-        min_jobs=exp.windows.min_jobs,
-        baseline=BASELINE,
-        executor="serial",
-        tracking_uri=uri,
-        n_boot=exp.evaluation.n_boot,
-        seed=seed,
-        warm_start=exp.windows.warm_start,
-        # the dataset itself, so held-out windows are chosen even when no model is evaluated
-        holdout_from=[str(built["path"]).removesuffix(".parquet") + ".json"],
+    table, evaluation, packages = _evaluate(
+        ws, exp, topo, models, dataset["path"], slurm_cluster=slurm_cluster, seed=seed
     )
-    failed: dict[str, Any] = report.context.get("failed", {})
-    for spec, info in failed.items():
-        console.print(
-            f"[red]{labels.get(spec, spec)} failed[/red] {info['cases']} evaluation cases "
-            f"({info['first']}); left out of the comparison"
-        )
-    table = comparison_table(report, labels)
-    windows: list[dict[str, Any]] = report.context.get("evaluation_windows") or []
-    # spec -> package: FQE's table is keyed by spec (the gate looks the challenger up by it)
-    packages = {spec: models[label.lower()]["package_dir"] for spec, label in labels.items()}
-    evaluation: dict[str, Any] = {
-        "out_dir": report.out_dir,
-        "report": str(Path(report.out_dir) / "report.md"),
-        "files": report.files,
-        "run_id": eval_run,
-        "windows": report.context.get("evaluation_windows"),
-        "dataset_windows": report.context.get("dataset_windows"),
-        "seeds": report.context.get("seeds"),
-        "failed": {labels.get(x, x): info for x, info in failed.items()},
-        "guard": guard_overrides(
-            {labels[spec]: pkg for spec, pkg in packages.items()},
-            windows,
-            db,
-            cluster=slurm_cluster,
-            topology=topo,
-            seed=seed,
-        ),
-    }
-    console.print(f"work-conserving guard on the held-out windows: {evaluation['guard']}")
+    windows: list[dict[str, Any]] = evaluation["windows"] or []
 
     stages.begin("gate", "Gate and promote the challenger (CQL)")
     ope, note = fqe_evidence(
         dataset["path"], packages, exp.evaluation, heldout_share(dataset["path"]), seed
     )
     console.print(note)
-    gate = _gate(report.out_dir, uri, ope, console)
+    gate = _gate(evaluation["out_dir"], uri, ope, console)
 
     stages.begin("shadow", "Shadow mode: the live loop against the simulator")
     shadow, shadow_gate = _shadow(
@@ -305,7 +216,7 @@ def run_pipeline(
     seconds = stages.end()
     result = DemoResult(
         out_dir=str(out),
-        db=str(db),
+        db=str(ws.db),
         tracking_uri=uri,
         experiment=exp.name,
         workload=workload,
@@ -326,12 +237,135 @@ def run_pipeline(
     (out / "demo.json").write_text(json.dumps(result.to_json(), indent=2, default=str))
     console.print(
         f"\nreport:   {evaluation['report']}\n"
-        f"store:    {db} (tables jobs, job_nodes, nodes, decisions)\n"
+        f"store:    {ws.db} (tables jobs, job_nodes, nodes, decisions)\n"
         f"summary:  {out / 'demo.json'}\n"
         f"MLflow:   mlflow ui --backend-store-uri {uri}\n"
         f"aliases:  {', '.join(f'@{a}={v}' for a, v in sorted(result.aliases.items()))}"
     )
     return result
+
+
+def _split(db: Path, slurm_cluster: str, topo: Topology, exp: Experiment) -> dict[str, Any]:
+    """Where the history is cut: the dataset from its first submit ``until`` the held-out
+    windows (the last ``exp.evaluation.heldout_windows`` of its window grid)."""
+    with closing(open_store(db)) as con:
+        jobs = jobs_from_store(con, cluster=slurm_cluster)
+    jobs = jobs.filter(jobs["num_gpus"] <= topo.total_gpus)
+    first = float(jobs["submit_time"].min())  # type: ignore[arg-type]
+    last = float(jobs["submit_time"].max())  # type: ignore[arg-type]
+    window_s = exp.windows.window_s
+    until = split_time(first, last, window_s, exp.evaluation.heldout_windows)
+    return {
+        "first_submit": first,
+        "until": until,
+        "last_submit": last,
+        "window_s": window_s,
+        "train_windows": round((until - first) / window_s),
+        "heldout_windows": exp.evaluation.heldout_windows,
+    }
+
+
+def _dataset(
+    ws: Workspace, exp: Experiment, *, slurm_cluster: str, until: float, seed: int
+) -> dict[str, Any]:
+    """The dataset (log transitions and rollouts) from the history before ``until``: its
+    path, hash, counts and build time."""
+    built = build_dataset(
+        ws.db,
+        out_dir=ws.out / "datasets",
+        rollouts=exp.dataset.rollouts,
+        policies=exp.dataset.policies,
+        epsilons=exp.dataset.epsilons,
+        seeds=exp.dataset.seeds,
+        window_s=exp.windows.window_s,
+        block_s=exp.windows.block_s,
+        min_jobs=exp.windows.min_jobs,
+        topology=exp.topology,
+        slurm_cluster=slurm_cluster,
+        until=until,
+        log_window_s=exp.dataset.log_window_s,
+        config=exp.mdp,
+        executor="serial",
+        max_steps=exp.dataset.max_steps,
+        seed=seed,
+        tracking_uri=ws.uri,
+        warm_start=exp.windows.warm_start,
+    )
+    return {
+        "path": str(built["path"]),
+        "hash": built["hash"],
+        "counts": built.get("counts"),
+        "seconds": built["seconds"],
+    }
+
+
+def _evaluate(
+    ws: Workspace,
+    exp: Experiment,
+    topo: Topology,
+    models: Mapping[str, Mapping[str, Any]],
+    dataset_path: str,
+    *,
+    slurm_cluster: str,
+    seed: int,
+) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, str]]:
+    """Every heuristic and the learned policies on the held-out windows, and the learned
+    policies' guard counts there: (the comparison table, the evaluation's summary, each
+    learned policy's package folder by its spec)."""
+    # each learned policy by its pinned registry version, labelled BC, CQL, PPO
+    labels = {
+        f"model:models:/{m['model_name']}/{m['version']}": algo.upper()
+        for algo, m in models.items()
+    }
+    report, eval_run = evaluate(
+        [*HEURISTICS, *labels],
+        out_dir=ws.out / "evaluation",
+        db=ws.db,
+        slurm_cluster=slurm_cluster,
+        n_windows=exp.evaluation.heldout_windows,
+        seeds=exp.evaluation.seeds,
+        cluster=exp.topology,
+        window_s=exp.windows.window_s,
+        block_s=exp.windows.block_s,
+        min_jobs=exp.windows.min_jobs,
+        baseline=BASELINE,
+        executor="serial",
+        tracking_uri=ws.uri,
+        n_boot=exp.evaluation.n_boot,
+        seed=seed,
+        warm_start=exp.windows.warm_start,
+        # the dataset itself, so held-out windows are chosen even when no model is evaluated
+        holdout_from=[dataset_path.removesuffix(".parquet") + ".json"],
+    )
+    failed: dict[str, Any] = report.context.get("failed", {})
+    for spec, info in failed.items():
+        ws.console.print(
+            f"[red]{labels.get(spec, spec)} failed[/red] {info['cases']} evaluation cases "
+            f"({info['first']}); left out of the comparison"
+        )
+    windows: list[dict[str, Any]] = report.context.get("evaluation_windows") or []
+    # spec -> package: FQE's table is keyed by spec (the gate looks the challenger up by it)
+    packages = {spec: models[label.lower()]["package_dir"] for spec, label in labels.items()}
+    evaluation: dict[str, Any] = {
+        "out_dir": report.out_dir,
+        "report": str(Path(report.out_dir) / "report.md"),
+        "files": report.files,
+        "run_id": eval_run,
+        "windows": report.context.get("evaluation_windows"),
+        "dataset_windows": report.context.get("dataset_windows"),
+        "seeds": report.context.get("seeds"),
+        "failed": {labels.get(x, x): info for x, info in failed.items()},
+        "guard": guard_overrides(
+            {labels[spec]: pkg for spec, pkg in packages.items()},
+            windows,
+            ws.db,
+            cluster=slurm_cluster,
+            topology=topo,
+            seed=seed,
+        ),
+    }
+    ws.console.print(f"work-conserving guard on the held-out windows: {evaluation['guard']}")
+    return comparison_table(report, labels), evaluation, packages
 
 
 def _gate(
