@@ -22,12 +22,15 @@ from typing import Any
 import numpy as np
 
 from linkwise.cluster.calibration import (
+    compute_share_scan,
     cross_validate,
     fit_alpha,
     fit_calibration,
     fit_deepshare_profiles,
     load_deepshare,
+    load_pollux,
     pair_terms,
+    pollux_spread_checks,
     predict_pair_ratios,
     ratio_matrix,
     score,
@@ -110,7 +113,27 @@ def run(data_dir: Path) -> dict[str, Any]:
         for m in models
     }
     iso_fit = cal.fit["deepshare_isolated"]
+    spread = pollux_spread_checks(load_pollux(data_dir), cal.overhead_s)
+    all_rows = [row for c in spread for row in c.rows]
     return {
+        "pollux_spread": {
+            "by_model": {
+                c.model: {"n": len(c.rows), "mean_abs_rel_error": c.mean_abs_rel_error}
+                for c in spread
+            },
+            "n": len(all_rows),
+            "mean_abs_rel_error": float(np.mean([abs(p / m - 1.0) for *_, m, p in all_rows])),
+            "measured_mean": float(np.mean([m for *_, m, _ in all_rows])),
+            "predicted_mean": float(np.mean([p for *_, p in all_rows])),
+            "constant_mean_abs_rel_error": float(
+                np.mean(
+                    [abs(np.mean([m for *_, m, _ in all_rows]) / m - 1.0) for *_, m, _ in all_rows]
+                )
+            ),
+        },
+        "compute_share_scan": {
+            m: {str(k): v for k, v in e.items()} for m, e in compute_share_scan(table).items()
+        },
         "pairs": int(measured.size),
         "measured_mean": float(measured.mean()),
         "measured_min": float(measured.min()),
@@ -214,6 +237,39 @@ def render(report: dict[str, Any]) -> str:
         f"Pollux: effective network {report['pollux']['nic_effective_gbps']:.2f} GB/s "
         f"(nominal {report['pollux']['nic_nominal_gbps']:.2f}); rms log error of sync time: "
         + ", ".join(f"{m} {v:.2f}" for m, v in report["pollux"]["rms_log_error"].items()),
+        "",
+        "Spread against consolidated, Pollux, held out (per model: network bandwidth fitted on "
+        "the other five, gradient and compute from its own one-node rows only; the step-time "
+        "ratio of each GPU count on more nodes over the fewest nodes, same local batch):",
+        "",
+        "| Pollux model | cases | mean abs relative error of the slowdown |",
+        "|---|---:|---:|",
+    ]
+    ps = report["pollux_spread"]
+    for m, v in ps["by_model"].items():
+        out.append(f"| {m} | {v['n']} | {v['mean_abs_rel_error']:.1%} |")
+    out += [
+        f"| all | {ps['n']} | {ps['mean_abs_rel_error']:.1%} (constant: "
+        f"{ps['constant_mean_abs_rel_error']:.1%}) |",
+        "",
+        f"Measured mean slowdown {ps['measured_mean']:.2f}, predicted {ps['predicted_mean']:.2f}.",
+        "",
+        "Is each DeepShare profile determined? Its own rms log error of isolated throughput "
+        "when its compute_s is held at a share of its iteration time (smallest type), "
+        "everything else refitted:",
+        "",
+        "| DeepShare model | fitted share | free fit | 5% | 10% | 25% | 50% | determined |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for m, e in report["compute_share_scan"].items():
+        fixed = [e[k] for k in ("0.05", "0.1", "0.25", "0.5")]
+        determined = max(fixed) - min(fixed) > 0.02
+        out.append(
+            f"| {m} | {e['-2.0']:.2f} | {e['-1.0']:.3f} | "
+            + " | ".join(f"{v:.3f}" for v in fixed)
+            + f" | {'yes' if determined else 'no'} |"
+        )
+    out += [
         "",
         "| profile | compute_s | grad_gb |",
         "|---|---|---|",

@@ -207,8 +207,12 @@ def fit_deepshare_profiles(
     nic_gbps: float = DEEPSHARE_NIC_GBPS,
     scale_prior: Mapping[str, float] = DEEPSHARE_BATCH,
     prior_weight: float = DEFAULT_SCALE_PRIOR_WEIGHT,
+    fixed_compute: Mapping[str, float] | None = None,
 ) -> IsolatedFit:
     """Fit compute_s, grad_gb and scale per DeepShare model and one overhead_s.
+
+    ``fixed_compute``: models whose compute_s is held at a given value (identifiability
+    checks, ``compute_share_scan``).
 
     Model: ``thp(w, n) = scale * w / tau(w, n)``, ``tau`` SJF-BCO's ring iteration time
     (``ring_iteration_time``) at the nominal NIC bandwidth. Least squares on
@@ -269,6 +273,9 @@ def fit_deepshare_profiles(
     g0 = c0 * nic_gbps * w_first / (2.0 * (w_first - 1))
     lo = np.concatenate([np.full(3 * nm, math.log(1e-9)), [0.0]])
     hi = np.concatenate([np.full(3 * nm, math.log(1e6)), [10.0]])
+    for m, value in (fixed_compute or {}).items():
+        c0[index[m]] = value
+        lo[index[m]], hi[index[m]] = math.log(value) - 1e-12, math.log(value) + 1e-12
     # The objective has several local minima: start from a few overheads, keep the best.
     starts = [np.concatenate([np.log(c0), np.log(g0), prior, [o0]]) for o0 in OVERHEAD_STARTS]
     sols = [
@@ -719,3 +726,116 @@ def main(argv: Sequence[str] | None = None, *, printer: Callable[[str], None] = 
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+@dataclass(frozen=True, slots=True)
+class SpreadCheck:
+    """One Pollux model's spread-against-consolidated slowdowns, predicted with that model held
+    out of the network fit: per (GPUs, nodes, local batch), measured and predicted."""
+
+    model: str
+    rows: tuple[tuple[int, int, int, float, float], ...]  # gpus, nodes, bsz, measured, predicted
+
+    @property
+    def mean_abs_rel_error(self) -> float:
+        return float(np.mean([abs(p / m - 1.0) for *_, m, p in self.rows])) if self.rows else 0.0
+
+
+def pollux_spread_checks(
+    frames: Mapping[str, pl.DataFrame], overhead_s: float, *, intra_gbps: float = POLLUX_INTRA_GBPS
+) -> tuple[SpreadCheck, ...]:
+    """How well the analytic model predicts spreading a job over more nodes, out of sample.
+
+    For each Pollux model: the network bandwidth is fitted on the other models only
+    (``fit_pollux_profiles``); its gradient size from its own one-node sync times and its
+    compute time from its own one-node rows (a line in the local batch), so none of its
+    multi-node measurements is used. Then for every GPU count measured on more than the
+    fewest nodes, the step-time ratio (more nodes / fewest nodes, same local batch, medians)
+    is predicted with ``ring_iteration_time`` and compared with the measured one.
+    """
+    out = []
+    for held in sorted(frames):
+        others = {m: df for m, df in frames.items() if m != held}
+        if not others:
+            continue
+        nic = fit_pollux_profiles(others, overhead_s, intra_gbps=intra_gbps).nic_effective_gbps
+        df = frames[held]
+        one = df.filter(pl.col("nodes") == 1)
+        multi_gpu = one.filter(pl.col("gpus") > 1)
+        if multi_gpu.is_empty():
+            continue
+        w1 = multi_gpu["gpus"].to_numpy().astype(np.float64)
+        grad = float(
+            np.median(multi_gpu["sync_time"].to_numpy() * w1 * intra_gbps / (2.0 * (w1 - 1.0)))
+        )
+        bsz1 = one["local_bsz"].to_numpy().astype(np.float64)
+        slope, intercept = np.polyfit(bsz1, (one["step_time"] - one["sync_time"]).to_numpy(), 1)
+        med = df.group_by("gpus", "nodes", "local_bsz").agg(pl.col("step_time").median())
+        fewest = med.group_by("gpus").agg(pl.col("nodes").min().alias("n0"))
+        med = med.join(fewest, on="gpus")
+        base = med.filter(pl.col("nodes") == pl.col("n0")).select(
+            "gpus", "local_bsz", pl.col("step_time").alias("t0")
+        )
+        spread = med.filter(pl.col("nodes") > pl.col("n0")).join(base, on=["gpus", "local_bsz"])
+        rows = []
+        for r in spread.sort("gpus", "nodes", "local_bsz").iter_rows(named=True):
+            prof = CommProfile(held, max(float(intercept + slope * r["local_bsz"]), 1e-6), grad)
+            n0 = int(r["n0"])
+
+            def tau(
+                nodes: int, prof: CommProfile = prof, gpus: int = int(r["gpus"]), net: float = nic
+            ) -> float:
+                bw = net if nodes > 1 else intra_gbps
+                return ring_iteration_time(prof, gpus, nodes, bw, overhead_s)
+
+            rows.append(
+                (
+                    int(r["gpus"]),
+                    int(r["nodes"]),
+                    int(r["local_bsz"]),
+                    float(r["step_time"] / r["t0"]),
+                    tau(int(r["nodes"])) / tau(n0),
+                )
+            )
+        out.append(SpreadCheck(held, tuple(rows)))
+    return tuple(out)
+
+
+def compute_share_scan(
+    table: PairwiseTable,
+    shares: Sequence[float] = (0.05, 0.1, 0.25, 0.5),
+    **fit_kwargs: Any,
+) -> dict[str, dict[float, float]]:
+    """How well the isolated throughputs determine each DeepShare model's compute time.
+
+    For each model and each share, the stage-1 fit is redone with that model's compute_s
+    held at ``share`` of its iteration time at its smallest measured type (its gradient,
+    scale and every other model free), and the model's own rms log error is returned; the
+    key ``-1.0`` holds the free fit's error and ``-2.0`` its fitted share. A model whose
+    error barely moves across shares has an undetermined compute_s.
+    """
+    base = fit_deepshare_profiles(table, **fit_kwargs)
+    types = table_types(table)
+    out: dict[str, dict[float, float]] = {}
+    for m in sorted({t[0] for t in types}):
+        mine = [t for t in types if t[0] == m]
+        smallest = min(mine, key=lambda t: (t[1], t[2]))
+        tau = base.scale[m] * smallest[1] / table.isolated[smallest]
+        errs = {
+            -1.0: float(
+                np.sqrt(
+                    np.mean([math.log(base.predicted[t] / base.measured[t]) ** 2 for t in mine])
+                )
+            ),
+            -2.0: base.profiles[m].compute_s / tau,
+        }
+        for share in shares:
+            fit = fit_deepshare_profiles(table, fixed_compute={m: share * tau}, **fit_kwargs)
+            errs[share] = float(
+                np.sqrt(np.mean([math.log(fit.predicted[t] / fit.measured[t]) ** 2 for t in mine]))
+            )
+        out[m] = errs
+    return out
