@@ -411,3 +411,16 @@ def test_rest_accounting_keeps_good_records_beside_hostile_ones() -> None:
     assert batch.rejected == ()  # the bad id is not listed by job_ids: never fetched
     with pytest.raises(SlurmError):
         RestTransport("http://127.0.0.1:1", "root", lambda: "t", timeout=1.0).accounting(0, 1)
+
+
+def test_controller_exit_codes_skip_unreadable_jobs() -> None:
+    doc = {
+        "jobs": [
+            {"job_id": 5, "submit_time": 10, "job_state": "FAILED", "exit_code": 768},
+            {"job_id": "x", "submit_time": 10, "job_state": "FAILED", "exit_code": 768},
+            {"job_id": 6, "submit_time": "soon", "job_state": "FAILED", "exit_code": 768},
+            {"job_id": 7, "submit_time": 10, "job_state": "FAILED", "exit_code": "?"},
+            "not a job",
+        ]
+    }
+    assert ctld_exit_codes(doc) == {(5, 10): (3, None)}

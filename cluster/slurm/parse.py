@@ -139,12 +139,18 @@ def run_indexes(lines: Iterable[tuple[int, int, str]]) -> dict[RunKey, int]:
 
 
 def ctld_exit_codes(doc: Mapping[str, Any]) -> dict[RunKey, ExitStatus]:
-    """Exit status of the finished jobs the controller still holds (squeue/REST jobs JSON)."""
+    """Exit status of the finished jobs the controller still holds (squeue/REST jobs JSON);
+    a job whose id, submit time or status cannot be read is left out."""
     out: dict[RunKey, ExitStatus] = {}
     for job in _list(doc, "jobs"):
-        if str(job.get("job_state", "")) in FINISHED_STATES and job.get("exit_code") is not None:
-            key = (int(job["job_id"]), _int(job.get("submit_time")))
-            out[key] = decode_wait_status(int(job["exit_code"]))
+        if not isinstance(job, Mapping) or str(job.get("job_state", "")) not in FINISHED_STATES:
+            continue
+        try:  # only corrects exit codes: a job that cannot be read here is left out
+            key = (_as_int(job.get("job_id"), "job_id"), _as_int(job.get("submit_time") or 0, "t"))
+            status = _as_int(job.get("exit_code"), "exit_code")
+        except _BadField:
+            continue
+        out[key] = decode_wait_status(status)
     return out
 
 
