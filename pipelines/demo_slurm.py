@@ -18,7 +18,7 @@ import numpy as np
 from linkwise.cluster.slurm.client import SlurmClient, read_env_file
 from linkwise.datasets.rollouts import jobs_from_store
 from linkwise.datasets.store import open_store
-from linkwise.deployer.loop import slurm_topology
+from linkwise.deployer.observation import slurm_topology
 from linkwise.pipelines.collect import collect_accounting
 from linkwise.pipelines.console import Stages
 from linkwise.pipelines.demo import DemoResult, run_pipeline, workspace

@@ -1,35 +1,31 @@
 """The live loop's shadow mode over the simulator instead of Slurm: ``run_shadow`` runs the
-loop's own ``ShadowBackend`` code (decision rows, joins, the ``decisions`` table through its
-``Recorder``) while a Slurm-like heuristic schedules the simulated cluster."""
+loop's own ``DecisionLog`` (decision rows, joins, the ``decisions`` table through its
+``Recorder``) with the simulator's clock, while a Slurm-like heuristic schedules the
+simulated cluster."""
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 from linkwise.cluster.contention import AnalyticModel
-from linkwise.cluster.domain import ClusterState, Job, Policy, Topology
+from linkwise.cluster.domain import ClusterState, Decision, Job, Policy, Topology
 from linkwise.cluster.hostlist import compress
 from linkwise.cluster.loop import drive
 from linkwise.cluster.profiles import assign_profiles, load_calibration
 from linkwise.cluster.simulator import Simulator
 from linkwise.cluster.slurm.records import QueuedJob
 from linkwise.datasets.store import open_store
-from linkwise.deployer.loop import (
-    GuardedPolicy,
-    LoadedPolicy,
-    Observation,
-    PolicyHolder,
-    ServeConfig,
-    ShadowBackend,
-)
+from linkwise.deployer.decision_log import DecisionLog
+from linkwise.deployer.loop import ServeConfig
 from linkwise.deployer.metrics import ServeMetrics
-from linkwise.deployer.safety import Recorder
+from linkwise.deployer.observation import Observation
+from linkwise.deployer.policies import GuardedPolicy, LoadedPolicy, PolicyHolder
+from linkwise.deployer.safety import Recorder, new_id
 from linkwise.models.heuristics import make_policy
 from linkwise.models.policy_spec import PolicySpec
 from linkwise.pipelines.history import PARTITION
@@ -39,14 +35,15 @@ __all__ = ["SimShadowBackend", "run_shadow"]
 LOG = logging.getLogger("linkwise.demo")
 
 
-class SimShadowBackend(ShadowBackend):
-    """The live loop's ``ShadowBackend`` over the simulator instead of Slurm.
+class SimShadowBackend:
+    """The live loop's shadow mode over the simulator instead of Slurm (a ``Backend``).
 
     ``observe`` reads the simulator (pending jobs are the ones the shadow policy may start);
-    ``apply`` is the live loop's own (decision rows, joins with what "Slurm" did, the
-    ``decisions`` table through the ``Recorder``), with rows stamped in simulated time;
-    ``advance`` lets ``scheduler`` (the Slurm-like heuristic) act on the simulator, then moves
-    it to its next event. Nothing the shadow policy decides changes the simulation."""
+    ``apply`` records through the live loop's own ``DecisionLog`` (decision rows, joins with
+    what "Slurm" did, the ``decisions`` table through the ``Recorder``), its clock the
+    simulator's; ``advance`` lets ``scheduler`` (the Slurm-like heuristic) act on the
+    simulator, then moves it to its next event. Nothing the shadow policy decides changes
+    the simulation."""
 
     def __init__(
         self,
@@ -60,26 +57,35 @@ class SimShadowBackend(ShadowBackend):
         cluster: str,
         logger: logging.Logger = LOG,
     ) -> None:
-        super().__init__(
-            None,  # type: ignore[arg-type]  # no Slurm: every client use is overridden
-            sim.topology,
-            config,
-            policy,
-            recorder,
-            metrics,
-            cluster=cluster,
-            logger=logger,
-            stop=threading.Event(),
-            sleep=lambda _s: None,
-        )
         self.sim = sim
         self.scheduler = scheduler
+        self.cfg = config
+        self.policy = policy
+        self.metrics = metrics
+        self.run_id = new_id()
+        self.decisions = DecisionLog(
+            recorder,
+            metrics,
+            self.run_id,
+            "shadow",
+            cluster,
+            config.partitions,
+            logger,
+            clock=lambda: sim.time,
+            finished=self._finished,
+        )
+        self.cycle_id = 0
+        self.cycles_ok = 0
         self.slurm_starts = 0
+        self.obs: Observation | None = None
+
+    def start(self) -> None:
+        """Pick up unjoined decisions of earlier runs in the same store."""
+        self.decisions.load_awaiting()
 
     def observe(self) -> ClusterState:
         """The simulator's state, and the loop's ``Observation`` of it."""
         self.cycle_id += 1
-        self.cycle_started = time.perf_counter()
         state = self.sim.observe()
         topo = self.sim.topology
         managed = {
@@ -109,19 +115,15 @@ class SimShadowBackend(ShadowBackend):
         self.metrics.pending_jobs.set(len(state.pending))
         return state
 
-    def _row(
-        self,
-        now: float,
-        job_id: int | None,
-        action: str,
-        nodes: str,
-        gpus: int,
-        note: str,
-        info: Mapping[str, Any],
-    ) -> dict[str, Any]:
-        return super()._row(self.sim.time, job_id, action, nodes, gpus, note, info)
+    def apply(self, decision: Decision) -> None:
+        """Record what the shadow policy would do (nothing is applied)."""
+        if self.obs is None:
+            raise RuntimeError("apply before observe")
+        info = self.policy.last
+        self.decisions.record(self.cycle_id, self.obs, decision, info, self.sim.topology, {})
+        self.cycles_ok += 1
 
-    def _sacct_joins(self, ids: Sequence[int]) -> list[tuple[int, float, str]]:
+    def _finished(self, ids: Sequence[int]) -> list[tuple[int, float, str]]:
         """Jobs that started and ended between two observations (the simulator's records)."""
         want = set(ids)
         return [(r.job.job_id, r.first_start, "") for r in self.sim.records if r.job.job_id in want]

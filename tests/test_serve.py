@@ -21,17 +21,10 @@ from linkwise.cluster.slurm.errors import SlurmError
 from linkwise.cluster.slurm.records import NodeInfo, QueuedJob
 from linkwise.cluster.topology import from_spec
 from linkwise.datasets.store import open_store
-from linkwise.deployer.loop import (
-    GuardedPolicy,
-    LoadedPolicy,
-    PolicyHolder,
-    ServeConfig,
-    Shape,
-    SlurmBackend,
-    build_observation,
-    check_start,
-)
+from linkwise.deployer.loop import ServeConfig, SlurmBackend
 from linkwise.deployer.metrics import ServeMetrics
+from linkwise.deployer.observation import Shape, build_observation, check_start
+from linkwise.deployer.policies import GuardedPolicy, LoadedPolicy, PolicyHolder
 from linkwise.deployer.safety import (
     HOLD_TAG,
     WATCHDOG_HOLDER,
@@ -186,7 +179,7 @@ def test_active_audits_before_acting_and_releases_on_shutdown(tmp_path: Path) ->
         ["scontrol", "update", "JobId=2", f"ReqNodeList={NAMES[0]},{NAMES[1]}", "NumNodes=2"],
         ["scontrol", "release", "2"],
     ]
-    lease = read_lease(backend.lease_path)
+    lease = read_lease(backend.keeper.path)
     assert lease is not None and sorted(lease.held) == [1, 2, 3] and lease.state == "active"
     con = open_store(db)
     notes = dict(con.execute("SELECT job_id, note FROM decisions").fetchall())
@@ -199,7 +192,7 @@ def test_active_audits_before_acting_and_releases_on_shutdown(tmp_path: Path) ->
     client._queue = [qjob(3, 4), admin, qjob(5, 1, admin_comment="")]
     assert backend.shutdown() == [3]  # neither the admin's hold nor the user's own
     assert runner.commands == [["scontrol", "release", "3"]]
-    lease = read_lease(backend.lease_path)
+    lease = read_lease(backend.keeper.path)
     assert lease is not None and lease.released
 
 
@@ -310,7 +303,7 @@ def test_a_registry_model_is_recorded_by_its_version_number(
     from types import SimpleNamespace
 
     import linkwise.models.policy_spec as policy_spec
-    from linkwise.deployer import loop
+    from linkwise.deployer import policies as loop
 
     fake = SimpleNamespace(
         package_dir="models:/linkwise-policy/7", spec=SimpleNamespace(version="obs-x")
@@ -414,11 +407,11 @@ def test_a_new_loop_waits_for_a_watchdog_handing_back(tmp_path: Path) -> None:
     import threading
 
     backend = make_backend(tmp_path, FakeClient([], [ninfo(n) for n in NAMES], FakeRunner()))
-    locks = lock_partitions(backend.lease_path.parent, ["gpu"], f"{WATCHDOG_HOLDER} (pid 1)")
+    locks = lock_partitions(backend.keeper.path.parent, ["gpu"], f"{WATCHDOG_HOLDER} (pid 1)")
     threading.Timer(0.5, locks.close).start()
     t0 = time.monotonic()
     backend.start()  # waits instead of refusing
-    assert time.monotonic() - t0 >= 0.4 and backend.lease is not None
+    assert time.monotonic() - t0 >= 0.4 and backend.keeper.lease is not None
     other = make_backend(tmp_path, FakeClient([], [], FakeRunner()))
     with pytest.raises(LeaseTaken, match="another loop"):
         other.start()  # a live loop: refused at once

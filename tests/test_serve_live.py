@@ -20,7 +20,8 @@ import pytest
 from linkwise.cluster.domain import ClusterState, Decision, Placement, Start
 from linkwise.cluster.hostlist import expand
 from linkwise.cluster.slurm.client import SlurmClient, read_env_file
-from linkwise.deployer.loop import LoadedPolicy, ServeConfig, serve
+from linkwise.deployer.loop import ServeConfig, serve
+from linkwise.deployer.policies import LoadedPolicy
 
 pytestmark = pytest.mark.services
 

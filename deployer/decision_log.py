@@ -1,0 +1,156 @@
+"""The live loop's decision log: one ``decisions`` row per start the policy chose (or one
+``wait`` row per cycle, and one per request that can never fit), joined later with what
+Slurm did (the job's actual start and nodes), written through the ``Recorder`` (DuckDB, or
+its spool while the store is unavailable), counted in the loop's metrics.
+
+It takes a clock: the live loop stamps rows with wall time, the shadow demo over the
+simulator (``pipelines.sim_shadow``) with simulated time; both run this code. Where a job
+went between two observations (started and finished unseen) is asked of ``finished``:
+``sacct`` for Slurm, the simulator's records for the demo.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from linkwise.cluster.domain import Decision, Topology
+from linkwise.cluster.hostlist import compress
+from linkwise.deployer.metrics import ServeMetrics
+from linkwise.deployer.observation import Observation
+from linkwise.deployer.safety import Recorder, log_event, new_id
+
+__all__ = ["DecisionLog", "Join"]
+
+Join = tuple[int, float, str]  # job, actual start, actual nodes
+JOIN_EVERY = 3  # cycles between lookups of jobs that left unseen
+AWAIT_S = 86400.0  # start decisions older than this are no longer joined
+
+
+def _no_lookup(_ids: Sequence[int]) -> list[Join]:
+    return []
+
+
+@dataclass
+class DecisionLog:
+    """Decision rows of one run of the loop, their joins with Slurm, and their metrics."""
+
+    recorder: Recorder
+    metrics: ServeMetrics
+    run_id: str
+    mode: Literal["shadow", "active"]
+    cluster: str
+    partitions: tuple[str, ...]
+    logger: logging.Logger
+    clock: Callable[[], float] = time.time
+    finished: Callable[[Sequence[int]], list[Join]] = _no_lookup
+    awaiting: dict[int, float] = field(default_factory=dict)  # start decisions not yet joined
+    reported: set[int] = field(default_factory=set)  # never-fit requests already reported
+
+    def load_awaiting(self) -> None:
+        """Start decisions of earlier runs (the last day) that Slurm has not been seen acting
+        on: they are joined when it does."""
+        rows = self.recorder.query(
+            "SELECT DISTINCT job_id, min(ts) FROM decisions WHERE action = 'start' AND "
+            "actual_start IS NULL AND job_id IS NOT NULL AND ts > ? GROUP BY job_id",
+            [self.clock() - AWAIT_S],
+        )
+        for job, ts in rows or []:
+            self.awaiting.setdefault(int(job), float(ts))
+
+    def record(
+        self,
+        cycle_id: int,
+        obs: Observation,
+        decision: Decision,
+        info: Mapping[str, Any],
+        topology: Topology,
+        results: Mapping[int, str],
+    ) -> str:
+        """Write this cycle's rows (``results``: what became of each start in active mode)
+        and the joins Slurm's state allows; where they went (store or spool)."""
+        now = self.clock()
+        n_pending = len(obs.state.pending)
+
+        def row(
+            job_id: int | None, action: str, nodes: str, gpus: int, note: str
+        ) -> dict[str, Any]:
+            return self._row(cycle_id, now, job_id, action, nodes, gpus, note, info, n_pending)
+
+        rows: list[dict[str, Any]] = []
+        for j, why in obs.refused.items():
+            if j not in self.reported:
+                self._report_infeasible(j, why)
+                rows.append(row(j, "wait", "", 0, f"infeasible: {why}"))
+        for start in decision.starts:
+            names = compress(topology.nodes[n].name for n in start.placement.nodes)
+            note = results.get(start.job_id, "shadow")
+            rows.append(row(start.job_id, "start", names, start.placement.num_gpus, note))
+            self.awaiting.setdefault(start.job_id, now)
+        if not decision.starts:
+            rows.append(row(None, "wait", "", 0, str(info.get("note", ""))))
+        for r in rows:
+            self.metrics.decisions.labels(r["action"]).inc()
+        joins = self._joins(cycle_id, obs, now)
+        where = self.recorder.write(decisions=rows, joins=joins)
+        for job, _, _ in joins:
+            self.awaiting.pop(job, None)
+        return where
+
+    def _row(
+        self,
+        cycle_id: int,
+        now: float,
+        job_id: int | None,
+        action: str,
+        nodes: str,
+        gpus: int,
+        note: str,
+        info: Mapping[str, Any],
+        n_pending: int,
+    ) -> dict[str, Any]:
+        return {
+            "decision_id": new_id(),
+            "run_id": self.run_id,
+            "cycle_id": cycle_id,
+            "ts": now,
+            "mode": self.mode,
+            "cluster": self.cluster,
+            "partition": ",".join(self.partitions),
+            "policy": str(info.get("policy", "")),
+            "model_version": str(info.get("model_version", "")),
+            "obs_spec_version": str(info.get("obs_spec_version", "")),
+            "job_id": job_id,
+            "action": action,
+            "nodes": nodes,
+            "gpus": gpus,
+            "latency_ms": float(info.get("latency_ms", 0.0)),
+            "n_pending": n_pending,
+            "note": note,
+        }
+
+    def _report_infeasible(self, job_id: int, why: str) -> None:
+        self.reported.add(job_id)
+        log_event(
+            self.logger,
+            "infeasible_request",
+            logging.WARNING,
+            job_id=job_id,
+            reason=why,
+            action="released unchanged to Slurm, not started",
+        )
+
+    def _joins(self, cycle_id: int, obs: Observation, now: float) -> list[Join]:
+        """(job, actual start, actual nodes) for start decisions Slurm has acted on."""
+        joins = [(j, *obs.started[j]) for j in self.awaiting if j in obs.started]
+        gone = [j for j in self.awaiting if j not in obs.started and j not in obs.managed]
+        pending = {p.job.job_id for p in obs.state.pending}
+        gone = [j for j in gone if j not in pending][:500]
+        if gone and cycle_id % JOIN_EVERY == 0:
+            joins += self.finished(gone)
+        for j in [j for j, t in self.awaiting.items() if t < now - AWAIT_S]:
+            del self.awaiting[j]
+        return joins

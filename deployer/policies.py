@@ -1,0 +1,191 @@
+"""The live loop's policy: the one named by ``--policy``, reloaded when the model behind it
+changes, with a named heuristic as fallback (``PolicyHolder``), and timed, guarded decisions
+(``GuardedPolicy``)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from linkwise.cluster.domain import ClusterState, Decision, Policy
+from linkwise.deployer.metrics import ServeMetrics
+from linkwise.deployer.safety import log_event
+from linkwise.models.policy_spec import PolicySpec
+
+__all__ = ["GuardedPolicy", "LoadedPolicy", "PolicyHolder", "model_probe"]
+
+LOG = logging.getLogger("linkwise.serve")
+
+
+@dataclass(frozen=True)
+class LoadedPolicy:
+    """A policy with its provenance."""
+
+    policy: Policy
+    name: str
+    model_version: str
+    obs_spec_version: str
+
+
+def _heuristic(spec: str) -> LoadedPolicy:
+    policy = PolicySpec.parse(spec).build()
+    return LoadedPolicy(policy, spec, f"heuristic:{spec}", "")
+
+
+def _learned(spec: str) -> LoadedPolicy:
+    policy: Any = PolicySpec.parse(spec).build()
+    package = str(getattr(policy, "package_dir", "") or "")
+    # a registry model is recorded by its version number, which is what promotion's shadow
+    # evidence looks up; a package folder by its path
+    version = package.rsplit("/", 1)[-1] if package.startswith("models:/") else package or spec
+    obs = getattr(getattr(policy, "spec", None), "version", "")
+    return LoadedPolicy(policy, spec, version, str(obs))
+
+
+def model_probe(spec: str) -> str | None:
+    """A token that changes when the model behind ``spec`` changes (alias moved, package
+    rewritten); None for heuristics. Raises when it cannot be read."""
+    return PolicySpec.parse(spec).token()
+
+
+class PolicyHolder:
+    """The policy in use: loads ``spec``, reloads it when its probe changes (the ``champion``
+    alias moved), keeps the previous model when a new one fails to load or verify, and uses
+    the named heuristic ``fallback`` when no model could ever be loaded."""
+
+    def __init__(
+        self,
+        spec: str,
+        fallback: str,
+        *,
+        metrics: ServeMetrics,
+        logger: logging.Logger = LOG,
+        reload_s: float = 30.0,
+        loader: Callable[[str], LoadedPolicy] | None = None,
+        probe: Callable[[str], str | None] = model_probe,
+    ) -> None:
+        self.spec = spec
+        self.is_model = PolicySpec.parse(spec).is_model
+        self.loader = loader or (_learned if self.is_model else _heuristic)
+        self.probe = probe
+        self.reload_s = reload_s
+        self.metrics = metrics
+        self.log = logger
+        self.fallback = _heuristic(fallback)
+        self.current: LoadedPolicy | None = None
+        self.token: str | None = None
+        self.checked_at = -math.inf
+        self.fallback_reason = ""
+        self.refresh(force=True)
+
+    @property
+    def active(self) -> LoadedPolicy:
+        """The policy to ask now (the fallback when no model is loaded)."""
+        return self.current if self.current is not None else self.fallback
+
+    def refresh(self, *, force: bool = False, now: float | None = None) -> None:
+        """Reload when the model behind the spec changed (checked every ``reload_s``)."""
+        t = time.time() if now is None else now
+        if not force and 0 <= t - self.checked_at < self.reload_s:
+            return
+        self.checked_at = t
+        try:
+            token = self.probe(self.spec)
+        except Exception as exc:
+            log_event(self.log, "model_probe_failed", logging.WARNING, error=str(exc)[:300])
+            if self.current is None:
+                self._fall_back(f"probe failed: {exc}")
+            return
+        if self.current is not None and token == self.token:
+            return
+        try:
+            loaded = self.loader(self.spec)
+        except Exception as exc:
+            self.metrics.model_reloads.labels("failed").inc()
+            self.token = token  # do not retry the same broken version every cycle
+            if self.current is not None:
+                log_event(
+                    self.log,
+                    "model_reload_refused",
+                    logging.ERROR,
+                    spec=self.spec,
+                    kept=self.current.model_version,
+                    error=str(exc)[:400],
+                )
+            else:
+                self._fall_back(f"load failed: {exc}")
+            return
+        previous = self.current.model_version if self.current else None
+        self.current, self.token, self.fallback_reason = loaded, token, ""
+        self.metrics.model_reloads.labels("ok").inc()
+        log_event(
+            self.log,
+            "model_loaded",
+            spec=self.spec,
+            model_version=loaded.model_version,
+            obs_spec_version=loaded.obs_spec_version,
+            previous=previous,
+        )
+
+    def _fall_back(self, reason: str) -> None:
+        self.fallback_reason = reason[:400]
+        self.metrics.fallbacks.labels("model_unavailable").inc()
+        log_event(
+            self.log,
+            "fallback",
+            logging.ERROR,
+            spec=self.spec,
+            fallback=self.fallback.name,
+            reason=self.fallback_reason,
+        )
+
+
+@dataclass
+class GuardedPolicy:
+    """A Policy over a ``PolicyHolder``: times each decision and falls back to the heuristic
+    when the policy raises. ``last`` describes the latest decision."""
+
+    holder: PolicyHolder
+    metrics: ServeMetrics
+    logger: logging.Logger = LOG
+    last: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.holder.active.name
+
+    def decide(self, state: ClusterState) -> Decision:
+        """The holder's decision, or the fallback's when it fails."""
+        self.holder.refresh(now=state.time)
+        chosen = self.holder.active
+        note = f"fallback: {self.holder.fallback_reason}" if self.holder.fallback_reason else ""
+        t0 = time.perf_counter()
+        try:
+            decision = chosen.policy.decide(state)
+        except Exception as exc:
+            self.metrics.fallbacks.labels("decide_error").inc()
+            log_event(
+                self.logger,
+                "fallback",
+                logging.ERROR,
+                policy=chosen.name,
+                fallback=self.holder.fallback.name,
+                reason=f"decide failed: {exc}"[:400],
+            )
+            chosen = self.holder.fallback
+            note = f"fallback: decide failed: {exc}"[:200]
+            decision = chosen.policy.decide(state)
+        latency = time.perf_counter() - t0
+        self.metrics.decision_seconds.observe(latency)
+        self.last = {
+            "policy": chosen.name,
+            "model_version": chosen.model_version,
+            "obs_spec_version": chosen.obs_spec_version,
+            "latency_ms": latency * 1e3,
+            "note": note,
+        }
+        return decision
