@@ -44,6 +44,7 @@ from typing import Any, Literal
 from linkwise.cluster.slurm.client import SlurmClient
 from linkwise.cluster.slurm.errors import SlurmError
 from linkwise.cluster.slurm.records import QueuedJob
+from linkwise.datasets.store import open_store as default_open_store
 
 __all__ = [
     "AUDIT_COLUMNS",
@@ -360,11 +361,7 @@ class Recorder:
         self.log = logger
         self.on_lost = on_lost
         self.on_spooled = on_spooled
-        if open_store is None:
-            from linkwise.datasets.store import open_store as default_open
-
-            open_store = default_open
-        self._open = open_store
+        self._open = open_store if open_store is not None else default_open_store
         self.store_ok = True
 
     # -- public
