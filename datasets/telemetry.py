@@ -290,7 +290,12 @@ def _general_parts(data: pl.DataFrame) -> pl.DataFrame:
     values, value, optional timestamp); ``_why`` says why a line is not a sample line."""
     metric = pl.col("raw").str.extract(_NAME_RE, 1)
     parts = data.with_columns(metric.alias("metric")).with_columns(
-        pl.col("metric").str.len_chars().fill_null(0).alias("_mlen")
+        # where the name ends, blanks before it included
+        pl.col("raw")
+        .str.extract(r"^([ \t]*[a-zA-Z_:][a-zA-Z0-9_:]*)", 1)
+        .str.len_chars()
+        .fill_null(0)
+        .alias("_mlen")
     )
     has_lbl = pl.col("raw").str.slice(pl.col("_mlen"), 1) == "{"
     lbl = pl.col("raw").str.slice(pl.col("_mlen")).str.extract(_LABEL_SET_RE, 1)

@@ -115,3 +115,10 @@ def test_the_vectorised_conversion_equals_the_exposition_parser_on_real_exporter
         assert labels == json.dumps(want, ensure_ascii=False, separators=(",", ":"))
         first = [v for k, v in want.items() if k in ("Hostname", "hostname")]
         assert host == (first[0] if first else "fb")
+
+
+def test_blanks_before_a_sample_line_are_allowed() -> None:
+    """The exposition format allows blanks before the metric name (expfmt skips them)."""
+    p = parse_prometheus('  node_up 1\n\tnode_x{a="b"} 2\n', ts=1.0, host="h")
+    assert p.malformed.height == 0
+    assert p.samples.select("metric", "value").rows() == [("node_up", 1.0), ("node_x", 2.0)]
