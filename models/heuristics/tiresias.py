@@ -68,7 +68,7 @@ class TiresiasLas:
     starve_factor: float = DEFAULT_STARVE_FACTOR
     running_first: bool = True
     order: str = "entry"
-    _queues: _Queues = field(default_factory=_Queues, compare=False, repr=False)
+    _queues: _Queues = field(default_factory=_Queues, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         raw: object = self.thresholds
