@@ -16,6 +16,11 @@ Per run (policy x case) the benchmark keeps the metrics of ``linkwise simulate``
   floor of the average JCT; ``lower_bound_p99_s`` their 99th percentile, the floor of the p99
   JCT (JCT_i >= iso_i for every job implies the same for every quantile). Ratios to them
   (``avg_jct_over_lb``, ``p99_jct_over_lb``) read as "how far from the limit".
+- **Queueing-aware lower bound.** ``lower_bound_queue_s``: the larger of the isolated bound
+  and preemptive SRPT of every job's GPU-seconds on the cluster's pooled GPUs with release
+  times (``cluster.bounds``, argued in ``docs/LOWER_BOUNDS.md``), per job; the backlog's
+  running jobs are left out, which keeps it a bound. ``avg_jct_over_queue_lb`` is the
+  average JCT's ratio to it: the headroom no policy can go below.
 - **Per-job slowdown.** ``JCT / isolated run time``, bounded as usual (Feitelson: isolated
   times below ``BOUNDED_SLOWDOWN_FLOOR_S`` = 10 s count as 10 s; never below 1).
 - **Fairness.** ``unfair_share``: the share of jobs whose bounded slowdown exceeds
@@ -51,6 +56,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from linkwise.cluster.bounds import queue_bound
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import ClusterState, Decision, Job, Placement, Policy, Topology
 from linkwise.cluster.mdp import MdpPolicy
@@ -190,15 +196,20 @@ def bounded_slowdown(jct: np.ndarray, isolated: np.ndarray) -> np.ndarray:
     return out
 
 
-def extra_metrics(jct: np.ndarray, run: np.ndarray, isolated: np.ndarray) -> dict[str, float]:
-    """Lower bounds, ratios to them, slowdowns and fairness of one run's jobs."""
+def extra_metrics(
+    jct: np.ndarray, run: np.ndarray, isolated: np.ndarray, queue_lb: float = math.nan
+) -> dict[str, float]:
+    """Lower bounds, ratios to them, slowdowns and fairness of one run's jobs (``queue_lb``:
+    the queueing-aware bound of their average JCT, ``cluster.bounds.queue_bound`` / n)."""
     lb = float(isolated.mean())
     lb99 = float(np.percentile(isolated, 99))
     slow = bounded_slowdown(jct, isolated)
     return {
         "lower_bound_s": lb,
         "lower_bound_p99_s": lb99,
+        "lower_bound_queue_s": queue_lb,
         "avg_jct_over_lb": float(jct.mean()) / lb if lb > 0 else math.nan,
+        "avg_jct_over_queue_lb": float(jct.mean()) / queue_lb if queue_lb > 0 else math.nan,
         "p99_jct_over_lb": float(np.percentile(jct, 99)) / lb99 if lb99 > 0 else math.nan,
         "avg_slowdown": float(slow.mean()),
         "p95_slowdown": float(np.percentile(slow, 95)),
@@ -318,7 +329,9 @@ def run_task(task: BenchTask) -> CaseResult:
     jct = np.array([r.jct for r in recs])
     run = np.array([r.run_s for r in recs])
     iso = np.array([r.job.duration for r in recs])
-    metrics.update(extra_metrics(jct, run, iso))
+    # the backlog's running jobs are left out of the bound: dropping work keeps it a bound
+    queue_lb = queue_bound([r.job for r in recs], scenario.topology.total_gpus) / len(recs)
+    metrics.update(extra_metrics(jct, run, iso, queue_lb))
     lat = np.asarray(probe.latencies) if probe.latencies else np.zeros(1)
     return CaseResult(
         policy=task.policy.label,
