@@ -238,47 +238,85 @@ class InstantCheck:
         } | set(self.later)
 
 
+def _state_at(
+    done: Sequence[JobRun],
+    jobs: dict[int, Job],
+    topo: Topology,
+    t: float,
+    still_running: frozenset[int],
+) -> ClusterState:
+    """The cluster as Slurm had it at ``t``: jobs started before and not ended (or ending at
+    ``t`` but listed in ``still_running``) on their nodes, the not yet started ones queued."""
+    index = topo.node_index
+    running, pending = [], []
+    free = [n.gpus for n in topo.nodes]
+    for r in done:
+        assert r.start_time is not None and r.end_time is not None
+        job = jobs[r.job_id]
+        if r.start_time < t and (t < r.end_time or r.job_id in still_running):
+            per = job.num_gpus // len(r.nodes)
+            placement = Placement.of([(index[n], per) for n in r.nodes])
+            for node, g in placement.alloc:
+                free[node] -= g
+            running.append(
+                RunningJob(job, placement, r.start_time, job.duration, 1.0, since=r.start_time)
+            )
+        elif r.start_time >= t:
+            pending.append(PendingJob(job, job.duration))
+    pending.sort(key=lambda p: (p.job.submit_time, p.job.job_id))
+    return ClusterState(t, topo, tuple(free), tuple(running), tuple(pending))
+
+
 def check_instants(
     runs: Sequence[JobRun], topo: Topology, released_at: float, tolerance_s: float
 ) -> tuple[InstantCheck, ...]:
     """``backfill``'s decision at every instant Slurm started jobs, on Slurm's own state then.
 
     ``tolerance_s``: Slurm's backfill runs every ``bf_interval`` seconds, so a job it starts
-    a little after the instant that made room for it counts as started there.
+    a little after the instant that made room for it counts as started there. Accounting
+    times are whole seconds: a job that ended in the same second as the instant may have
+    ended before or after Slurm's pass, so every such split is tried (jobs ending then seen
+    ended or still running) and the one that agrees, if any, is reported.
     """
     jobs = {j.job_id: j for j in replay_jobs(runs, released_at)}
-    index = topo.node_index
     names = [n.name for n in topo.nodes]
     done = [r for r in runs if r.start_time is not None and r.end_time is not None]
     out = []
     for t in sorted({r.start_time for r in done if r.start_time is not None}):
-        running, pending = [], []
-        free = [n.gpus for n in topo.nodes]
-        for r in done:
-            assert r.start_time is not None and r.end_time is not None
-            job = jobs[r.job_id]
-            if r.start_time < t < r.end_time:
-                per = job.num_gpus // len(r.nodes)
-                placement = Placement.of([(index[n], per) for n in r.nodes])
-                for node, g in placement.alloc:
-                    free[node] -= g
-                running.append(
-                    RunningJob(job, placement, r.start_time, job.duration, 1.0, since=r.start_time)
-                )
-            elif r.start_time >= t:
-                pending.append(PendingJob(job, job.duration))
-        pending.sort(key=lambda p: (p.job.submit_time, p.job.job_id))
-        state = ClusterState(t, topo, tuple(free), tuple(running), tuple(pending))
-        decision = Backfill().decide(state)
-        decided = tuple(
-            (s.job_id, tuple(sorted(names[n] for n in s.placement.nodes))) for s in decision.starts
-        )
         slurm_at = {r.job_id: tuple(sorted(r.nodes)) for r in done if r.start_time == t}
         slurm_soon = {
             r.job_id: tuple(sorted(r.nodes))
             for r in done
             if r.start_time is not None and t < r.start_time <= t + tolerance_s
         }
-        later = tuple(j for j, nodes in decided if slurm_soon.get(j) == nodes)
-        out.append(InstantCheck(t - released_at, tuple(sorted(slurm_at.items())), decided, later))
+        ending = frozenset(
+            r.job_id
+            for r in done
+            if r.end_time == t and r.start_time is not None and r.start_time < t
+        )
+        check = None
+        for still in _subsets(ending):
+            decision = Backfill().decide(_state_at(done, jobs, topo, t, still))
+            decided = tuple(
+                (s.job_id, tuple(sorted(names[n] for n in s.placement.nodes)))
+                for s in decision.starts
+            )
+            later = tuple(j for j, nodes in decided if slurm_soon.get(j) == nodes)
+            check = InstantCheck(t - released_at, tuple(sorted(slurm_at.items())), decided, later)
+            if check.agrees:
+                break
+        assert check is not None
+        out.append(check)
     return tuple(out)
+
+
+def _subsets(items: frozenset[int], limit: int = 6) -> list[frozenset[int]]:
+    """Every subset of ``items`` (the empty one first); only the empty one and ``items``
+    itself when there are more than ``limit``."""
+    ordered = sorted(items)
+    if len(ordered) > limit:
+        return [frozenset(), items]
+    return [
+        frozenset(x for k, x in enumerate(ordered) if mask >> k & 1)
+        for mask in range(1 << len(ordered))
+    ]
