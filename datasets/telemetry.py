@@ -562,18 +562,7 @@ def read_sysfs(root: str | Path, *, host: str, ts: float | None = None) -> Sysfs
                 metrics.append(f"ib_sysfs_{f.name}")
                 labels.append(lbl)
                 values.append(value)
-    n = len(values)
-    samples = pl.DataFrame(
-        {
-            "ts": [now] * n,
-            "host": [host] * n,
-            "metric": metrics,
-            "labels": labels,
-            "value": values,
-            "job": [None] * n,
-        },
-        schema=SAMPLE_SCHEMA,
-    )
+    samples = samples_frame(now, host, metrics, labels, values)
     return SysfsReading(samples=samples, unsupported=unsupported, ports=ports)
 
 
@@ -616,10 +605,18 @@ def parse_perfquery(text: str, *, host: str, ts: float | None = None) -> pl.Data
         metrics.append(f"ib_perfquery_{field.group(1)}")
         labels.append(lbl)
         values.append(value)
+    return samples_frame(now, host, metrics, labels, values)
+
+
+def samples_frame(
+    ts: float, host: str, metrics: list[str], labels: list[str], values: list[float]
+) -> pl.DataFrame:
+    """Samples of one host read at ``ts`` (``SAMPLE_SCHEMA``; ``labels`` as JSON text): the
+    one builder for readers that collect them row by row (sysfs, perfquery)."""
     n = len(values)
     return pl.DataFrame(
         {
-            "ts": [now] * n,
+            "ts": [ts] * n,
             "host": [host] * n,
             "metric": metrics,
             "labels": labels,
