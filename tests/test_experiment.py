@@ -67,5 +67,5 @@ def test_quiet_libraries_mutes_mlflow_messages_but_not_its_warnings(
         logging.getLogger("mlflow.tracking").warning("a real problem")
     assert "registered" not in capsys.readouterr().err
     messages = [r.getMessage() for r in caplog.records if r.name.startswith("mlflow")]
-    assert messages == ["a real problem"]
+    assert set(messages) == {"a real problem"}  # (twice where prefect's logging is set up)
     assert (mlflow_log.level, mlflow_log.propagate) == before
