@@ -122,7 +122,7 @@ def list_column_array(df: pl.DataFrame, column: str, width: int, dtype: Any) -> 
     array of ``dtype``: the one conversion of stored observations and masks to arrays."""
     if df.is_empty():
         return np.zeros((0, width), dtype=dtype)
-    flat = np.asarray(df[column].explode().to_numpy(), dtype=dtype)
+    flat = np.array(df[column].explode().to_numpy(), dtype=dtype)  # a copy: writable (torch)
     if flat.size != df.height * width:
         raise ValueError(f"{column}: {flat.size} values for {df.height} rows of width {width}")
     return flat.reshape(df.height, width)
