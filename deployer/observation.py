@@ -12,7 +12,15 @@ from dataclasses import dataclass
 from typing import Literal
 
 from linkwise.cluster.contention import link_flows
-from linkwise.cluster.domain import ClusterState, Job, PendingJob, Placement, RunningJob, Topology
+from linkwise.cluster.domain import (
+    ClusterState,
+    Job,
+    PendingJob,
+    Placement,
+    RunningJob,
+    Shape,
+    Topology,
+)
 from linkwise.cluster.hostlist import compress
 from linkwise.cluster.slurm.records import NodeInfo, QueuedJob
 from linkwise.cluster.topology import load_topology
@@ -20,7 +28,6 @@ from linkwise.deployer.safety import Recorder, bypassed, held_for_loop, in_parti
 
 __all__ = [
     "Observation",
-    "Shape",
     "build_observation",
     "check_start",
     "job_shape",
@@ -36,14 +43,6 @@ _UNUSABLE_FLAGS = frozenset(
 )
 _USABLE_STATES = frozenset({"IDLE", "MIXED", "ALLOCATED", "COMPLETING"})
 Mode = Literal["shadow", "active"]
-
-
-@dataclass(frozen=True)
-class Shape:
-    """A Slurm job's shape: nodes and GPUs per node (``-N n --gres=gpu:g``)."""
-
-    nodes: int
-    gpus_per_node: int
 
 
 @dataclass(frozen=True)
@@ -81,8 +80,20 @@ def job_shape(job: QueuedJob) -> Shape:
 
 
 def _job(q: QueuedJob) -> Job:
-    limit = q.time_limit_s if q.time_limit_s and q.time_limit_s > 0 else DEFAULT_DURATION_S
-    return Job(q.job_id, q.submit_time, q.gpus, limit, user=q.user, name=q.name)
+    """The ``Job`` a policy sees: the requested shape and time limit as Slurm has them (the
+    duration is the limit, or an hour without one: the true run time is unknown here)."""
+    limit = q.time_limit_s if q.time_limit_s and q.time_limit_s > 0 else 0.0
+    nodes = q.num_nodes if q.num_nodes > 0 and q.gpus % q.num_nodes == 0 else 0
+    return Job(
+        q.job_id,
+        q.submit_time,
+        q.gpus,
+        limit or DEFAULT_DURATION_S,
+        user=q.user,
+        name=q.name,
+        nodes=nodes,
+        time_limit=limit,
+    )
 
 
 def never_fits(shape: Shape, topo: Topology, partition_nodes: Iterable[int]) -> str | None:

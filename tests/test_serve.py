@@ -16,14 +16,14 @@ from typing import Any
 import duckdb
 import pytest
 
-from linkwise.cluster.domain import Decision, Placement, Start
+from linkwise.cluster.domain import Decision, Placement, Shape, Start
 from linkwise.cluster.slurm.errors import SlurmError
 from linkwise.cluster.slurm.records import NodeInfo, QueuedJob
 from linkwise.cluster.topology import from_spec
 from linkwise.datasets.store import open_store
 from linkwise.deployer.loop import ServeConfig, SlurmBackend
 from linkwise.deployer.metrics import ServeMetrics
-from linkwise.deployer.observation import Shape, build_observation, check_start
+from linkwise.deployer.observation import build_observation, check_start
 from linkwise.deployer.policies import GuardedPolicy, LoadedPolicy, PolicyHolder
 from linkwise.deployer.safety import (
     HOLD_TAG,
@@ -118,6 +118,10 @@ def test_observation_keeps_held_gpu_jobs_and_refuses_impossible_ones() -> None:
     )  # fmt: skip
     assert sorted(obs.managed) == [1, 2]
     assert obs.shapes[2] == Shape(2, 4)
+    # a policy sees the shape and the time limit Slurm has, as backfill's estimates need
+    pending = {p.job.job_id: p.job for p in obs.state.pending}
+    assert (pending[2].nodes, pending[2].time_limit) == (2, 600.0)
+    assert (pending[1].nodes, pending[1].time_limit) == (1, 600.0)
     assert list(obs.refused) == [3, 11] and "needs 6 node(s)" in obs.refused[3]
     assert [q.job_id for q in obs.no_gpu] == [4, 3, 11]  # handed back unchanged
     assert obs.foreign_held == 2 and [q.job_id for q in obs.bypassed] == [10]
