@@ -113,11 +113,11 @@ def latency(points: int, min_pending: int, seed: int, threads: int) -> dict[str,
 
     from linkwise.cluster import mdp
     from linkwise.cluster.contention import AnalyticModel
+    from linkwise.cluster.heuristics import make_policy
     from linkwise.cluster.profiles import assign_profiles, load_calibration
     from linkwise.cluster.simulator import Simulator
     from linkwise.cluster.topology import from_spec
     from linkwise.datasets.synthetic import generate
-    from linkwise.models.heuristics import make_policy
 
     torch.set_num_threads(threads)
     cal = load_calibration()

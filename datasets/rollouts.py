@@ -1,6 +1,6 @@
 """Simulator rollouts of behaviour policies: transitions that widen what the logs cover.
 
-Behaviour policies are the heuristics of ``linkwise.models.heuristics`` driven step by step
+Behaviour policies are the heuristics of ``linkwise.cluster.heuristics`` driven step by step
 through ``cluster.mdp.StepPolicyAdapter`` (the same candidates, mask and encoder as the log
 builder, the trainer and the live loop), optionally mixed with random exploration: with
 probability ``epsilon`` a step takes a uniformly random allowed action instead of the
@@ -42,20 +42,18 @@ import polars as pl
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import Job, Placement, Topology
 from linkwise.cluster.env import ClusterEnv, Workload
+from linkwise.cluster.heuristics import make_policy, policy_names
 from linkwise.cluster.mdp import MdpConfig, StepPolicyAdapter, make_spec
 from linkwise.cluster.profiles import Calibration, assign_profiles, load_calibration
 from linkwise.datasets.backlog import Backlog, warm_jobs
-from linkwise.datasets.traces import load_trace
+from linkwise.datasets.traces import JOB_COLUMNS, frame_jobs, jobs_frame, load_trace
 from linkwise.datasets.transitions import TransitionBuffer, empty_frame
-from linkwise.models.heuristics import make_policy, policy_names
 
 __all__ = [
-    "JOB_COLUMNS",
     "RolloutTask",
     "Window",
     "behaviour_name",
     "cut_windows",
-    "frame_jobs",
     "jobs_from_store",
     "jobs_from_trace",
     "make_task_runner",
@@ -68,16 +66,6 @@ __all__ = [
     "runs_from_store",
     "window_workload",
 ]
-
-JOB_COLUMNS: dict[str, Any] = {
-    "job_id": pl.Int64,
-    "submit_time": pl.Float64,
-    "num_gpus": pl.Int64,
-    "duration": pl.Float64,
-    "profile": pl.String,
-    "user": pl.String,
-    "name": pl.String,
-}
 
 
 @dataclass(frozen=True)
@@ -137,42 +125,11 @@ def behaviour_name(policy: str, epsilon: float) -> str:
 # ------------------------------------------------------------------------ workloads
 
 
-def _jobs_frame(jobs: Sequence[Job]) -> pl.DataFrame:
-    return pl.DataFrame(
-        {
-            "job_id": [j.job_id for j in jobs],
-            "submit_time": [j.submit_time for j in jobs],
-            "num_gpus": [j.num_gpus for j in jobs],
-            "duration": [j.duration for j in jobs],
-            "profile": [j.profile for j in jobs],
-            "user": [j.user for j in jobs],
-            "name": [j.name for j in jobs],
-        },
-        schema=JOB_COLUMNS,
-    )
-
-
-def frame_jobs(df: pl.DataFrame) -> tuple[Job, ...]:
-    """The ``Job``s of a jobs frame (``JOB_COLUMNS``)."""
-    return tuple(
-        Job(
-            job_id=int(r["job_id"]),
-            submit_time=float(r["submit_time"]),
-            num_gpus=int(r["num_gpus"]),
-            duration=float(r["duration"]),
-            profile=str(r["profile"]),
-            user=str(r["user"]),
-            name=str(r["name"]),
-        )
-        for r in df.iter_rows(named=True)
-    )
-
-
 def jobs_from_trace(
     path: str | Path, fmt: str = "auto", *, max_jobs: int | None = None
 ) -> pl.DataFrame:
     """The valid jobs of a trace file as a frame with ``JOB_COLUMNS``."""
-    return _jobs_frame(load_trace(path, fmt, max_jobs=max_jobs).jobs)
+    return jobs_frame(load_trace(path, fmt, max_jobs=max_jobs).jobs)
 
 
 def runs_from_store(
@@ -184,9 +141,10 @@ def runs_from_store(
 ) -> pl.DataFrame:
     """Finished jobs of the store's ``jobs`` table, one row per Slurm job (``JOB_COLUMNS``
     plus ``last_end``, when its last run ended): submitted at its first submit time, asking
-    its largest GPU count, lasting the sum of its runs (``end - start`` of every requeued
-    run). Jobs without GPUs or run time are left out; ``since`` / ``until`` bound the first
-    submit time (``[since, until)``). The one query of finished jobs in the store."""
+    its largest GPU count and time limit, lasting the sum of its runs (``end - start`` of
+    every requeued run); the node count is left to ``domain.requested_shape``. Jobs without
+    GPUs or run time are left out; ``since`` / ``until`` bound the first submit time
+    (``[since, until)``). The one query of finished jobs in the store."""
     q = """
         SELECT job_id,
                min(submit_time) AS submit_time,
@@ -195,6 +153,8 @@ def runs_from_store(
                '' AS profile,
                any_value(user_name) AS user,
                any_value(name) AS name,
+               0 AS nodes,
+               coalesce(max(time_limit_s), 0) AS time_limit,
                max(end_time) AS last_end
         FROM jobs
         WHERE start_time IS NOT NULL AND end_time IS NOT NULL AND end_time > start_time
@@ -258,7 +218,7 @@ def resample_window(window: Window, seed: int, block_s: float) -> tuple[Job, ...
     """The window's jobs resampled by a seeded block bootstrap (see the module docstring);
     job ids renumbered 0.. in submit order, the original id kept in ``name`` when it had
     none. ``block_s <= 0``: the window as it was, times shifted to start at 0."""
-    df = _jobs_frame(window.jobs).with_columns(
+    df = jobs_frame(window.jobs).with_columns(
         pl.when(pl.col("name") == "")
         .then(pl.col("job_id").cast(pl.String))
         .otherwise(pl.col("name"))

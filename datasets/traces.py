@@ -4,7 +4,9 @@ Formats (the names of the ``--trace-format`` option):
 
 ``native``
     CSV or Parquet with ``job_id, submit_time, num_gpus, duration`` (seconds) and optional
-    ``model`` (becomes ``Job.profile``), ``user``, ``name``. :func:`write_native` writes it.
+    ``model`` (becomes ``Job.profile``), ``user``, ``name``, ``nodes`` (the node count asked,
+    ``-N``; 0 or absent: derived, ``domain.requested_shape``) and ``time_limit`` (seconds; 0
+    or absent: none). :func:`write_native` writes it.
 ``philly``
     The Microsoft Philly trace as shipped by petuum/adaptdl:
     ``timestamp,duration,num_gpus,gpu_time,cluster``. Job ids are the data-row order (0-based);
@@ -42,7 +44,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypedDict
+from typing import Any, TypedDict
 
 import polars as pl
 
@@ -50,6 +52,7 @@ from linkwise.cluster.domain import Job
 
 __all__ = [
     "FORMATS",
+    "JOB_COLUMNS",
     "MAX_GPUS",
     "MAX_LINE_BYTES",
     "RejectedRow",
@@ -57,6 +60,8 @@ __all__ = [
     "TraceFormatError",
     "TraceSummary",
     "detect_format",
+    "frame_jobs",
+    "jobs_frame",
     "load_trace",
     "write_native",
     "write_rejected",
@@ -199,30 +204,37 @@ def detect_format(path: str | Path) -> str:
     )
 
 
+JOB_COLUMNS: dict[str, Any] = {
+    "job_id": pl.Int64,
+    "submit_time": pl.Float64,
+    "num_gpus": pl.Int64,
+    "duration": pl.Float64,
+    "profile": pl.String,
+    "user": pl.String,
+    "name": pl.String,
+    "nodes": pl.Int64,
+    "time_limit": pl.Float64,
+}
+
+
+def jobs_frame(jobs: Iterable[Job]) -> pl.DataFrame:
+    """Jobs as a frame with ``JOB_COLUMNS``: the one conversion of jobs to a table (native
+    traces, rollout and evaluation windows)."""
+    rows = list(jobs)
+    return pl.DataFrame(
+        {name: [getattr(j, name) for j in rows] for name in JOB_COLUMNS}, schema=JOB_COLUMNS
+    )
+
+
+def frame_jobs(df: pl.DataFrame) -> tuple[Job, ...]:
+    """The ``Job``s of a frame with ``JOB_COLUMNS``."""
+    return tuple(Job(**row) for row in df.select(list(JOB_COLUMNS)).iter_rows(named=True))
+
+
 def write_native(jobs: Iterable[Job], path: str | Path) -> None:
     """Write jobs as a native trace: CSV (``.csv``) or Parquet (``.parquet``/``.pq``)."""
     path = Path(path)
-    rows = list(jobs)
-    frame = pl.DataFrame(
-        {
-            "job_id": [j.job_id for j in rows],
-            "submit_time": [j.submit_time for j in rows],
-            "num_gpus": [j.num_gpus for j in rows],
-            "duration": [j.duration for j in rows],
-            "model": [j.profile for j in rows],
-            "user": [j.user for j in rows],
-            "name": [j.name for j in rows],
-        },
-        schema={
-            "job_id": pl.Int64,
-            "submit_time": pl.Float64,
-            "num_gpus": pl.Int64,
-            "duration": pl.Float64,
-            "model": pl.String,
-            "user": pl.String,
-            "name": pl.String,
-        },
-    )
+    frame = jobs_frame(jobs).rename({"profile": "model"})
     if _is_parquet(path):
         frame.write_parquet(path)
     elif path.suffix.lower() in _CSV_SUFFIXES:
@@ -426,6 +438,13 @@ def _opt_text(table: pl.DataFrame, col: str, prefix: str = "") -> pl.Expr:
     return (pl.lit(prefix) + _text(col)).fill_null("")
 
 
+def _opt_num(table: pl.DataFrame, col: str) -> pl.Expr:
+    """An optional numeric column (0 where absent or empty; null where not a number)."""
+    if col not in table.columns:
+        return pl.lit(0.0)
+    return pl.when(_text(col).is_null()).then(pl.lit(0.0)).otherwise(_num(col))
+
+
 def _row_order() -> pl.Expr:
     return pl.int_range(pl.len(), dtype=pl.Int64)
 
@@ -451,6 +470,8 @@ def _std(
     user: pl.Expr,
     name: pl.Expr,
     profile: pl.Expr,
+    nodes: pl.Expr | None = None,
+    time_limit: pl.Expr | None = None,
     extra: Mapping[str, pl.Expr] | None = None,
 ) -> pl.DataFrame:
     field_check = [(~pl.col("_fields_ok"), "wrong number of fields")]
@@ -464,6 +485,8 @@ def _std(
         user.cast(pl.String).alias("user"),
         name.cast(pl.String).alias("name"),
         profile.cast(pl.String).alias("profile"),
+        (pl.lit(0.0) if nodes is None else nodes).cast(pl.Float64).alias("nodes"),
+        (pl.lit(0.0) if time_limit is None else time_limit).cast(pl.Float64).alias("time_limit"),
         _first_reason(field_check + checks).alias("_reason"),
         *[e.alias(k) for k, e in (extra or {}).items()],
     )
@@ -486,6 +509,8 @@ def _native(table: pl.DataFrame) -> pl.DataFrame:
         user=_opt_text(table, "user"),
         name=_opt_text(table, "name"),
         profile=_opt_text(table, "model"),
+        nodes=_opt_num(table, "nodes"),
+        time_limit=_opt_num(table, "time_limit"),
     )
 
 
@@ -642,6 +667,15 @@ def _finish(
         (duration.is_null(), "missing duration"),
         (duration <= 0, "duration <= 0"),
         (submit < 0, "negative time"),
+        (pl.col("nodes").is_null(), "non-numeric nodes"),
+        (pl.col("nodes") != pl.col("nodes").floor(), "non-integer nodes"),
+        (pl.col("nodes") < 0, "negative nodes"),
+        (
+            (pl.col("nodes") > 0) & ((gpus % pl.col("nodes").clip(lower_bound=1)) != 0),
+            "GPUs do not split evenly over nodes",
+        ),
+        (pl.col("time_limit").is_null(), "non-numeric time_limit"),
+        (pl.col("time_limit") < 0, "negative time_limit"),
     ]
     checked = std.with_columns(
         _reason=pl.coalesce(pl.col("_reason"), _first_reason(common)),
@@ -684,9 +718,11 @@ def _finish(
             profile=str(profile),
             user=str(user),
             name=str(name),
+            nodes=int(nodes),
+            time_limit=float(limit),
         )
-        for job_id, t, g, d, profile, user, name in good.select(
-            "job_id", "submit", "gpus", "duration", "profile", "user", "name"
+        for job_id, t, g, d, profile, user, name, nodes, limit in good.select(
+            "job_id", "submit", "gpus", "duration", "profile", "user", "name", "nodes", "time_limit"
         ).iter_rows()
     )
     origin = None if base is None else base + first

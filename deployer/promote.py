@@ -41,7 +41,8 @@ import polars as pl
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.profiles import assign_profiles
 from linkwise.cluster.simulator import simulate
-from linkwise.datasets.rollouts import JOB_COLUMNS, frame_jobs, runs_from_store
+from linkwise.datasets.rollouts import runs_from_store
+from linkwise.datasets.traces import JOB_COLUMNS, frame_jobs
 from linkwise.evaluation.gates import GateReport, ShadowEvidence
 from linkwise.models.registry import MODEL_NAME, ensure_experiment, mlflow_env
 

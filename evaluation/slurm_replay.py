@@ -25,11 +25,11 @@ from linkwise.cluster.domain import (
     RunningJob,
     Topology,
 )
+from linkwise.cluster.heuristics import Backfill
 from linkwise.cluster.loop import drive
 from linkwise.cluster.simulator import Simulator
 from linkwise.cluster.slurm.client import SlurmClient
 from linkwise.cluster.slurm.records import JobRun
-from linkwise.models.heuristics import Backfill
 
 # (nodes, GPUs per node) a workload draws from, on 4-GPU nodes
 SHAPES: tuple[tuple[int, int], ...] = (

@@ -216,8 +216,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from linkwise.cluster.heuristics import policy_names
     from linkwise.evaluation.compare import compare, plot_jct_cdf
-    from linkwise.models.heuristics import policy_names
     from linkwise.models.policy_spec import PolicySpec
 
     specs = (

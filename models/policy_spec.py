@@ -1,6 +1,6 @@
 """One policy specification: what ``--policy`` / ``--policies``, configs and the live loop name.
 
-- ``NAME[:key=value,...]``: a heuristic of ``models.heuristics.POLICIES``. Each value is
+- ``NAME[:key=value,...]``: a heuristic of ``cluster.heuristics.POLICIES``. Each value is
   parsed by the parameter's declared type: ``int``, ``float``, ``bool`` (``true``/``false``,
   ``yes``/``no``, ``1``/``0``), ``str``, ``none`` for an optional one, ``a;b`` for a tuple.
   An unknown parameter or an ill-typed value is refused.
@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from linkwise.cluster.contention import ContentionModel
 from linkwise.cluster.domain import Policy
-from linkwise.models.heuristics import POLICIES, make_policy
+from linkwise.cluster.heuristics import POLICIES, make_policy
 from linkwise.models.learned import CHECKSUMS
 from linkwise.models.registry import (
     ModelSource,

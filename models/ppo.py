@@ -43,6 +43,7 @@ import numpy.typing as npt
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import Topology
 from linkwise.cluster.env import ClusterEnv, Workload
+from linkwise.cluster.heuristics import make_policy
 from linkwise.cluster.mdp import MdpConfig, ObsSpec, StepPolicyAdapter
 from linkwise.cluster.profiles import Calibration, assign_profiles, load_calibration
 from linkwise.cluster.simulator import SimConfig
@@ -51,7 +52,6 @@ from linkwise.datasets.export import file_sha256
 from linkwise.datasets.rollouts import Window, cut_windows, jobs_from_trace, resample_window
 from linkwise.datasets.windows import choose_windows
 from linkwise.models.config import check_keys, config_digest, resolve_path
-from linkwise.models.heuristics import make_policy
 from linkwise.models.learned import masked_argmax, write_package
 
 __all__ = [

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from linkwise.cluster.contention import AnalyticModel
+from linkwise.cluster.heuristics import policy_names
 from linkwise.cluster.mdp import ObsSpec
 from linkwise.cluster.profiles import load_calibration
 from linkwise.cluster.topology import DEFAULT_TOPOLOGY, load_topology
@@ -79,7 +80,6 @@ from linkwise.evaluation.holdout import (
 from linkwise.evaluation.ope import ope_table, run_ope
 from linkwise.evaluation.report import EvaluationReport, log_report, write_report
 from linkwise.evaluation.stats import paired_ratio
-from linkwise.models.heuristics import policy_names
 from linkwise.models.policy_spec import PolicySpec
 from linkwise.models.registry import (
     MODEL_NAME,

@@ -17,6 +17,7 @@ import numpy as np
 
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import ClusterState, Decision, Job, Placement, Topology
+from linkwise.cluster.heuristics import make_policy
 from linkwise.cluster.loop import drive
 from linkwise.cluster.profiles import assign_profiles, load_calibration
 from linkwise.cluster.simulator import JobRecord, Simulator
@@ -26,7 +27,6 @@ from linkwise.datasets.rollouts import jobs_from_store
 from linkwise.datasets.store import open_store
 from linkwise.datasets.synthetic import generate
 from linkwise.datasets.traces import load_trace
-from linkwise.models.heuristics import make_policy
 
 __all__ = [
     "DEMO_EPOCH",

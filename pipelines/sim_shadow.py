@@ -14,6 +14,7 @@ from typing import Any
 
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import ClusterState, Decision, Job, Policy, Topology
+from linkwise.cluster.heuristics import make_policy
 from linkwise.cluster.hostlist import compress
 from linkwise.cluster.loop import drive
 from linkwise.cluster.profiles import assign_profiles, load_calibration
@@ -26,7 +27,6 @@ from linkwise.deployer.metrics import ServeMetrics
 from linkwise.deployer.observation import Observation
 from linkwise.deployer.policies import GuardedPolicy, LoadedPolicy, PolicyHolder
 from linkwise.deployer.safety import Recorder, new_id
-from linkwise.models.heuristics import make_policy
 from linkwise.models.policy_spec import PolicySpec
 from linkwise.pipelines.history import PARTITION
 

@@ -10,6 +10,7 @@ import pytest
 
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import Decision, Job, Placement
+from linkwise.cluster.heuristics import make_policy
 from linkwise.cluster.profiles import load_calibration
 from linkwise.cluster.simulator import simulate
 from linkwise.cluster.topology import from_spec
@@ -25,7 +26,6 @@ from linkwise.evaluation.benchmark import (
     case_running,
     run_task,
 )
-from linkwise.models.heuristics import make_policy
 from linkwise.tests._history import completed_run
 
 MODEL = AnalyticModel(load_calibration())

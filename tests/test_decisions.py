@@ -14,6 +14,7 @@ import pytest
 
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import ClusterState, Decision, Job, Placement, Topology
+from linkwise.cluster.heuristics import make_policy
 from linkwise.cluster.loop import drive
 from linkwise.cluster.mdp import MdpConfig, ObsSpec, make_spec
 from linkwise.cluster.profiles import assign_profiles, load_calibration
@@ -25,7 +26,6 @@ from linkwise.datasets.ingest import ingest_job_runs, ingest_nodes
 from linkwise.datasets.store import open_store
 from linkwise.datasets.synthetic import generate
 from linkwise.datasets.transitions import check_frame
-from linkwise.models.heuristics import make_policy
 
 CAL = load_calibration()
 MODEL = AnalyticModel(CAL)

@@ -21,17 +21,7 @@ from linkwise.cluster.domain import (
     Start,
     requested_shape,
 )
-from linkwise.cluster.loop import drive
-from linkwise.cluster.placement import (
-    apply_placement,
-    best_fit,
-    first_fit,
-    least_busy,
-    slurm_select,
-)
-from linkwise.cluster.simulator import Simulator
-from linkwise.cluster.topology import from_spec
-from linkwise.models.heuristics import (
+from linkwise.cluster.heuristics import (
     POLICIES,
     Backfill,
     BestFit,
@@ -42,7 +32,17 @@ from linkwise.models.heuristics import (
     make_policy,
     policy_names,
 )
-from linkwise.models.heuristics.backfill import OVERDUE_S, runtime_estimate
+from linkwise.cluster.heuristics.backfill import OVERDUE_S, runtime_estimate
+from linkwise.cluster.loop import drive
+from linkwise.cluster.placement import (
+    apply_placement,
+    best_fit,
+    first_fit,
+    least_busy,
+    slurm_select,
+)
+from linkwise.cluster.simulator import Simulator
+from linkwise.cluster.topology import from_spec
 
 # every registered policy with its defaults, plus variants that exercise other branches
 VARIANTS: list[Policy] = [make_policy(name) for name in policy_names()] + [

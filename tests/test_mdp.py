@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from linkwise.cluster import mdp
 from linkwise.cluster.contention import AnalyticModel, EmpiricalModel, PairwiseTable
 from linkwise.cluster.domain import ClusterState, Decision, Job, Node, Placement, Start, Topology
+from linkwise.cluster.heuristics import make_policy
 from linkwise.cluster.loop import drive
 from linkwise.cluster.placement import (
     best_fit,
@@ -25,7 +26,6 @@ from linkwise.cluster.placement import (
 from linkwise.cluster.profiles import Calibration, CommProfile
 from linkwise.cluster.simulator import Simulator, simulate
 from linkwise.cluster.topology import from_spec
-from linkwise.models.heuristics import make_policy
 
 CAL = Calibration(
     profiles={

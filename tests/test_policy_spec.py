@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from linkwise.models.heuristics import Backfill, SjfBco, TiresiasLas
+from linkwise.cluster.heuristics import Backfill, SjfBco, TiresiasLas
 from linkwise.models.policy_spec import PolicySpec, _convert, heuristic_parameters
 
 
@@ -47,7 +47,7 @@ def test_unknown_or_ill_typed_parameters_are_refused(text: str, match: str) -> N
 
 
 def test_every_heuristic_declares_command_line_parameters() -> None:
-    from linkwise.models.heuristics import policy_names
+    from linkwise.cluster.heuristics import policy_names
 
     for name in policy_names():
         PolicySpec.parse(name).build()  # defaults build

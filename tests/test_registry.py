@@ -22,6 +22,7 @@ import pytest
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import ClusterState, Decision
 from linkwise.cluster.env import ClusterEnv, Workload
+from linkwise.cluster.heuristics import make_policy
 from linkwise.cluster.mdp import (
     ENCODER_REVISION,
     MdpConfig,
@@ -34,7 +35,6 @@ from linkwise.cluster.topology import from_spec, load_topology
 from linkwise.datasets.export import export_dataset, file_sha256, read_dataset, to_mdp_dataset
 from linkwise.datasets.rollouts import cut_windows, jobs_from_trace, make_tasks, run_rollouts
 from linkwise.datasets.windows import choose_windows
-from linkwise.models.heuristics import make_policy
 from linkwise.models.learned import (
     CHECKSUMS,
     PackageError,

@@ -17,6 +17,7 @@ import duckdb
 import pytest
 
 from linkwise.cluster.domain import Decision, Placement, Shape, Start
+from linkwise.cluster.heuristics import make_policy
 from linkwise.cluster.slurm.errors import SlurmError
 from linkwise.cluster.slurm.records import NodeInfo, QueuedJob
 from linkwise.cluster.topology import from_spec
@@ -39,7 +40,6 @@ from linkwise.deployer.safety import (
     untag_command,
     write_lease,
 )
-from linkwise.models.heuristics import make_policy
 
 LOG = logging.getLogger("test.serve")
 TOPO = from_spec("4x4")

@@ -440,3 +440,33 @@ def test_absurd_gpu_counts_are_rejected(tmp_path: Path) -> None:
         4: "absurd GPU count",
         5: "absurd GPU count",
     }
+
+
+def test_native_traces_carry_requested_nodes_and_time_limits(tmp_path: Path) -> None:
+    from linkwise.datasets.rollouts import cut_windows, jobs_from_trace, resample_window
+
+    jobs = [
+        Job(0, 0.0, 16, 600.0, nodes=2, time_limit=3600.0),
+        Job(1, 10.0, 4, 60.0),  # no shape, no limit: derived later, none
+    ]
+    path = tmp_path / "shaped.csv"
+    write_native(jobs, path)
+    assert load_trace(path, "native").jobs == tuple(jobs)
+    # the windows rollouts and evaluation cut keep them
+    (window,) = cut_windows(jobs_from_trace(path), 3600.0)
+    assert [(j.nodes, j.time_limit) for j in resample_window(window, 0, 0.0)] == [
+        (2, 3600.0),
+        (0, 0.0),
+    ]
+    bad = tmp_path / "bad.csv"
+    bad.write_text(
+        "job_id,submit_time,num_gpus,duration,nodes,time_limit\n"
+        "0,0,16,60,3,0\n1,0,4,60,1,-5\n2,0,4,60,x,0\n3,0,4,60,,\n"
+    )
+    trace = load_trace(bad, "native")
+    assert [j.job_id for j in trace.jobs] == [3]
+    assert [r.reason for r in trace.rejected] == [
+        "GPUs do not split evenly over nodes",
+        "negative time_limit",
+        "non-numeric nodes",
+    ]

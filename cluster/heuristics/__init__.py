@@ -12,12 +12,12 @@ from types import MappingProxyType
 from typing import Any
 
 from linkwise.cluster.domain import Policy
-from linkwise.models.heuristics.backfill import Backfill
-from linkwise.models.heuristics.best_fit import BestFit
-from linkwise.models.heuristics.fifo import Fifo
-from linkwise.models.heuristics.random_policy import RandomPolicy
-from linkwise.models.heuristics.sjf_bco import SjfBco
-from linkwise.models.heuristics.tiresias import TiresiasLas
+from linkwise.cluster.heuristics.backfill import Backfill
+from linkwise.cluster.heuristics.best_fit import BestFit
+from linkwise.cluster.heuristics.fifo import Fifo
+from linkwise.cluster.heuristics.random_policy import RandomPolicy
+from linkwise.cluster.heuristics.sjf_bco import SjfBco
+from linkwise.cluster.heuristics.tiresias import TiresiasLas
 
 __all__ = [
     "POLICIES",

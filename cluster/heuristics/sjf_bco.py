@@ -6,8 +6,8 @@ import math
 from dataclasses import dataclass
 
 from linkwise.cluster.domain import ClusterState, Decision, Placement, Start
+from linkwise.cluster.heuristics._common import add_jobs, can_ever_run, min_nodes_for
 from linkwise.cluster.placement import apply_placement, best_fit, fragment_first_fit, least_busy
-from linkwise.models.heuristics._common import add_jobs, can_ever_run, min_nodes_for
 
 
 @dataclass(frozen=True, slots=True)

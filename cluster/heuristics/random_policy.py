@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from linkwise.cluster.domain import ClusterState, Decision, Start
+from linkwise.cluster.heuristics._common import add_jobs, can_ever_run
 from linkwise.cluster.placement import apply_placement, distinct_placements
-from linkwise.models.heuristics._common import add_jobs, can_ever_run
 
 T = TypeVar("T")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from linkwise.cluster.domain import ClusterState, Decision, Start
+from linkwise.cluster.heuristics._common import can_ever_run
 from linkwise.cluster.placement import apply_placement, best_fit
-from linkwise.models.heuristics._common import can_ever_run
 
 
 @dataclass(frozen=True, slots=True)

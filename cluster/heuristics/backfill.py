@@ -22,8 +22,8 @@ from linkwise.cluster.domain import (
     Topology,
     requested_shape,
 )
+from linkwise.cluster.heuristics._common import can_ever_run
 from linkwise.cluster.placement import apply_placement, slurm_select
-from linkwise.models.heuristics._common import can_ever_run
 
 # A job without a time limit gets its partition's limit; traces without limits (Philly)
 # get this one: 7 days, a common MaxTime of GPU partitions. Slurm's bf_window should be
