@@ -166,16 +166,7 @@ class TiresiasLas:
             lists[q] = [j for j in members if j in still] + [j for j in members if j not in still]
         mem.time, mem.lists, mem.qid, mem.before = now, lists, qid, before
 
-        free = list(state.free_gpus)
-        for r in preempted:
-            release_placement(free, r.placement)
-        starts: list[Start] = []
-        for p in admitted:
-            placement = best_fit(state.topology, free, p.job.num_gpus)
-            if placement is None:  # pragma: no cover - admission counted the GPUs
-                continue
-            apply_placement(free, placement)
-            starts.append(Start(p.job.job_id, placement))
+        starts = _place(state, preempted, admitted)
         wake = math.inf
         for j in still:
             q = qid[j]
@@ -297,16 +288,7 @@ class TiresiasLas:
             return Decision()
         preempted = list(compress(running, dropped))
 
-        free = list(state.free_gpus)
-        for r in preempted:
-            release_placement(free, r.placement)
-        starts: list[Start] = []
-        for p in admitted_pending:
-            placement = best_fit(state.topology, free, p.job.num_gpus)
-            if placement is None:  # pragma: no cover - admission counted the GPUs
-                continue
-            apply_placement(free, placement)
-            starts.append(Start(p.job.job_id, placement))
+        starts = _place(state, preempted, admitted_pending)
         return Decision(starts=tuple(starts), preempt=tuple(r.job.job_id for r in preempted))
 
 
@@ -320,3 +302,20 @@ def _by_submit(
         keys.append((job.submit_time, job.job_id, job.num_gpus, idx))
     keys.sort()
     return keys
+
+
+def _place(
+    state: ClusterState, preempted: Sequence[RunningJob], admitted: Sequence[PendingJob]
+) -> list[Start]:
+    """Best-fit placements for the admitted jobs, on the GPUs free once ``preempted`` stop."""
+    free = list(state.free_gpus)
+    for r in preempted:
+        release_placement(free, r.placement)
+    starts: list[Start] = []
+    for p in admitted:
+        placement = best_fit(state.topology, free, p.job.num_gpus)
+        if placement is None:  # pragma: no cover - admission counted the GPUs
+            continue
+        apply_placement(free, placement)
+        starts.append(Start(p.job.job_id, placement))
+    return starts

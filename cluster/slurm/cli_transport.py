@@ -176,11 +176,7 @@ class CliTransport:
     def jobs(self, since: float, until: float | None = None) -> list[JobRun]:
         """Every run of every job that has an accounting record in ``[since, until]``; a
         record that cannot be read raises ``SlurmError`` (``accounting`` keeps the others)."""
-        batch = self.accounting(since, until)
-        if batch.rejected:
-            bad = batch.rejected[0]
-            raise SlurmError(f"accounting record of job {bad.job_id}: {bad.reason}")
-        return list(batch.runs)
+        return self.accounting(since, until).strict()
 
     def accounting(self, since: float, until: float | None = None) -> AccountingBatch:
         """The runs with an accounting record in ``[since, until]`` and the records rejected."""

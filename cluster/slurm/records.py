@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from linkwise.cluster.slurm.errors import SlurmError
+
 
 @dataclass(frozen=True, slots=True)
 class JobRun:
@@ -100,3 +102,11 @@ class AccountingBatch:
 
     runs: tuple[JobRun, ...]
     rejected: tuple[RejectedRecord, ...] = ()
+
+    def strict(self) -> list[JobRun]:
+        """The runs, or ``SlurmError`` naming the first rejected record (for callers that
+        cannot go on without every record)."""
+        if self.rejected:
+            bad = self.rejected[0]
+            raise SlurmError(f"accounting record of job {bad.job_id}: {bad.reason}")
+        return list(self.runs)
