@@ -44,6 +44,7 @@ import polars as pl
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from linkwise.cluster.slurm.client import SlurmClient, read_env_file
 from linkwise.cluster.slurm.errors import SlurmError
 from linkwise.cluster.slurm.records import AccountingBatch, JobRun, NodeInfo
 from linkwise.datasets.ingest import (
@@ -626,7 +627,6 @@ def collect_accounting_flow(
     ``LINKWISE_SLURM_CLUSTER``); ``transport`` is ``cli`` or ``rest``. Returns the report as
     a dict (``AccountingReport.to_dict``).
     """
-    from linkwise.cluster.slurm.client import SlurmClient, read_env_file
 
     if transport not in ("cli", "rest"):
         raise ValueError(f"unknown transport {transport!r} (cli or rest)")
