@@ -152,6 +152,11 @@ class Topology:
         return tuple(out)
 
 
+MAX_JOB_GPUS = 1 << 20
+"""More GPUs than this for one job is absurd wherever it is read (the largest machines have
+about 10^5): traces and accounting reject it."""
+
+
 @dataclass(frozen=True, slots=True)
 class Job:
     """A training job as submitted. ``duration`` is its isolated run time at its best placement."""

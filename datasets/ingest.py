@@ -29,7 +29,7 @@ import duckdb
 import polars as pl
 import pyarrow as pa  # type: ignore[import-untyped]
 
-from linkwise.cluster.slurm.parse import MAX_GPUS_PER_JOB
+from linkwise.cluster.domain import MAX_JOB_GPUS
 from linkwise.cluster.slurm.records import JobRun, NodeInfo, RejectedRecord
 from linkwise.datasets.store import run_sql, scalar
 
@@ -165,7 +165,7 @@ def _checks(limits: ClusterLimits | None) -> list[tuple[pl.Expr, str, str]]:
         (pl.col("end_time") < 0, "end_time", "negative end_time"),
         (pl.col("end_time") < pl.col("start_time"), "end_time", "end_time before start_time"),
         (pl.col("gpus") < 0, "gpus", "negative gpus"),
-        (pl.col("gpus") > MAX_GPUS_PER_JOB, "gpus", "absurd GPU count"),
+        (pl.col("gpus") > MAX_JOB_GPUS, "gpus", "absurd GPU count"),
         (n_nodes != pl.col("gpus_per_node").list.len(), "gpus_per_node",
          "nodes and gpus_per_node differ in length"),
         (pl.col("gpus_per_node").list.min().fill_null(0) < 0, "gpus_per_node",

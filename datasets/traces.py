@@ -48,12 +48,11 @@ from typing import Any, TypedDict
 
 import polars as pl
 
-from linkwise.cluster.domain import Job
+from linkwise.cluster.domain import MAX_JOB_GPUS, Job
 
 __all__ = [
     "FORMATS",
     "JOB_COLUMNS",
-    "MAX_GPUS",
     "MAX_LINE_BYTES",
     "RejectedRow",
     "Trace",
@@ -81,8 +80,6 @@ _CSV_SUFFIXES = (".csv", ".txt")
 _SWF_FIELDS = 18
 MAX_LINE_BYTES = 1 << 20
 """A trace line (the header too) longer than this is refused: real ones are < 1 KiB."""
-MAX_GPUS = 1 << 20
-"""A job asking for more GPUs than this is rejected as absurd."""
 _SCAN_CHUNK = 1 << 22
 _DATETIME_FORMATS = ("%Y-%m-%d %H:%M:%S", "%Y-%m-%dT%H:%M:%S")
 
@@ -663,7 +660,7 @@ def _finish(
         (gpus != gpus.floor(), "non-integer GPU count"),
         (gpus == 0, "no GPUs"),
         (gpus < 0, "negative GPU count"),
-        (gpus > MAX_GPUS, "absurd GPU count"),
+        (gpus > MAX_JOB_GPUS, "absurd GPU count"),
         (duration.is_null(), "missing duration"),
         (duration <= 0, "duration <= 0"),
         (submit < 0, "negative time"),

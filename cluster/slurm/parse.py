@@ -29,6 +29,7 @@ from typing import Any
 
 import orjson
 
+from linkwise.cluster.domain import MAX_JOB_GPUS
 from linkwise.cluster.hostlist import expand
 from linkwise.cluster.slurm.errors import SlurmError
 from linkwise.cluster.slurm.records import (
@@ -62,8 +63,6 @@ FINISHED_STATES = frozenset(
     }
 )
 _GPU_TRES = re.compile(r"(?:^|,)gres/gpu=(\d+)(?=,|$)")
-MAX_GPUS_PER_JOB = 1 << 20
-"""More GPUs than this in one accounting record is absurd (the largest machines have ~10^5)."""
 _MAX_ID = (1 << 63) - 1
 _MAX_RAW = 64 * 1024  # characters of a rejected record kept in ``RejectedRecord.raw``
 
@@ -415,7 +414,7 @@ def _tres_gpus(tres: Any) -> int:
         gpus = tres_gpus(tres)
     except (TypeError, ValueError, OverflowError) as exc:
         raise _BadField(field, f"{field}: GPU count is not an integer") from exc
-    if gpus < 0 or gpus > MAX_GPUS_PER_JOB:
+    if gpus < 0 or gpus > MAX_JOB_GPUS:
         raise _BadField(field, f"{field}: absurd GPU count")
     return gpus
 
