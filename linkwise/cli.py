@@ -218,13 +218,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     from linkwise.cluster.heuristics import policy_names
     from linkwise.evaluation.compare import compare, plot_jct_cdf
-    from linkwise.models.policy_spec import PolicySpec
+    from linkwise.models.policy_spec import PolicySpec, split_specs
 
-    specs = (
-        [s.strip() for s in args.policies.split(",") if s.strip()]
-        if args.policies
-        else policy_names()
-    )
+    specs = split_specs(args.policies) if args.policies else policy_names()
     for spec in specs:
         PolicySpec.parse(spec)  # a bad spec is refused before the workload is read
     scenario, info = _scenario(args)

@@ -34,10 +34,26 @@ from linkwise.models.registry import (
     resolve_version,
 )
 
-__all__ = ["PolicySpec", "heuristic_parameters"]
+__all__ = ["PolicySpec", "heuristic_parameters", "split_specs"]
 
 _TRUE = frozenset({"true", "yes", "1", "on"})
 _FALSE = frozenset({"false", "no", "0", "off"})
+
+
+def split_specs(text: str) -> list[str]:
+    """A comma-separated list of specs, where a heuristic's own ``key=value`` parameters
+    also use commas: ``sjf_bco:kappa=4,lam=1.5,backfill`` is two specs. A piece that is a
+    bare ``key=value`` (an ``=`` and no ``:`` before it) continues the spec before it."""
+    specs: list[str] = []
+    for piece in (p.strip() for p in text.split(",")):
+        if not piece:
+            continue
+        head = piece.split("=", 1)[0]
+        if specs and "=" in piece and ":" not in head and not specs[-1].startswith("model:"):
+            specs[-1] = f"{specs[-1]},{piece}"
+        else:
+            specs.append(piece)
+    return specs
 
 
 def heuristic_parameters(name: str) -> dict[str, Any]:

@@ -80,7 +80,7 @@ from linkwise.evaluation.holdout import (
 from linkwise.evaluation.ope import ope_table, run_ope
 from linkwise.evaluation.report import EvaluationReport, log_report, write_report
 from linkwise.evaluation.stats import paired_ratio
-from linkwise.models.policy_spec import PolicySpec
+from linkwise.models.policy_spec import PolicySpec, split_specs
 from linkwise.models.registry import (
     MODEL_NAME,
     default_tracking_uri,
@@ -524,7 +524,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     """``linkwise evaluate``."""
 
     report, run_id = evaluate(
-        _csv(args.policies) or policy_names(),
+        split_specs(args.policies or "") or policy_names(),
         trace=args.trace,
         db=args.db,
         slurm_cluster=args.slurm_cluster,
@@ -685,7 +685,7 @@ def cmd_ope(args: argparse.Namespace) -> int:
 
     if args.tracking_uri:
         os.environ["MLFLOW_TRACKING_URI"] = args.tracking_uri
-    specs = [p.strip() for p in args.policies.split(",") if p.strip()]
+    specs = split_specs(args.policies)
     seeds = tuple(int(x) for x in args.seeds.split(",") if x.strip())
     data: Any = args.dataset
     spec = None

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from linkwise.cluster.heuristics import Backfill, SjfBco, TiresiasLas
-from linkwise.models.policy_spec import PolicySpec, _convert, heuristic_parameters
+from linkwise.models.policy_spec import PolicySpec, _convert, heuristic_parameters, split_specs
 
 
 def test_heuristic_parameters_are_parsed_by_their_declared_type() -> None:
@@ -63,3 +63,23 @@ def test_model_specs_carry_their_source_and_pin_nothing_local(tmp_path: Path) ->
     uri = PolicySpec.parse("model:models:/linkwise-policy/4", cwd=tmp_path)
     assert uri.registry_version() == "4" and uri.pinned() == uri
     assert uri.describe() == "model:models:/linkwise-policy/4"
+
+
+def test_a_list_of_specs_keeps_each_heuristics_parameters_together() -> None:
+    assert split_specs("sjf_bco:kappa=4,lam=1.5,backfill, fifo") == [
+        "sjf_bco:kappa=4,lam=1.5",
+        "backfill",
+        "fifo",
+    ]
+    assert split_specs("tiresias_las:thresholds=3600;36000,order=submit,model:champion") == [
+        "tiresias_las:thresholds=3600;36000,order=submit",
+        "model:champion",
+    ]
+    # a model source never swallows what follows it
+    assert split_specs("model:/srv/pkg#sha256=" + "a" * 64 + ",random:seed=3") == [
+        "model:/srv/pkg#sha256=" + "a" * 64,
+        "random:seed=3",
+    ]
+    assert [PolicySpec.parse(s).describe() for s in split_specs("sjf_bco:kappa=4,lam=1.5")] == [
+        "sjf_bco:kappa=4,lam=1.5"
+    ]
