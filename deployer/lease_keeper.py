@@ -159,7 +159,7 @@ class LeaseKeeper:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         poll = max(0.2, min(1.0, self.lease_s / 5))
         args = [sys.executable, "-m", "linkwise.deployer.watchdog"]
-        args += ["--lease", str(self.path), "--poll", str(poll)]
+        args += ["--lease", str(self.path), "--poll", str(poll), "--run-id", self.run_id]
         with open(log_path, "ab") as log_fh:
             self.watchdog_proc = subprocess.Popen(
                 args,

@@ -90,14 +90,26 @@ def take_over(lease_path: Path, lease: Lease, *, poll_s: float) -> int:
         locks.close()
 
 
-def watch(lease_path: Path, *, poll_s: float = 1.0, max_s: float | None = None) -> int:
-    """Watch ``lease_path`` until the loop is gone and its jobs are released; exit status."""
+def watch(
+    lease_path: Path,
+    *,
+    poll_s: float = 1.0,
+    max_s: float | None = None,
+    run_id: str | None = None,
+) -> int:
+    """Watch ``lease_path`` until the loop is gone and its jobs are released; exit status.
+    It watches one run of the loop (``run_id``, else the first one it reads): once the lease
+    names another run, a later loop holds it, with its own watchdog, and this one exits."""
     started = time.time()
     tools: tuple[SlurmClient, Recorder] | None = None
     while max_s is None or time.time() - started < max_s:
         lease = read_lease(lease_path)
         if lease is None:
             log_event(LOG, "watchdog_exit", reason="no lease file", lease=str(lease_path))
+            return 0
+        run_id = run_id or lease.run_id
+        if lease.run_id != run_id:
+            log_event(LOG, "watchdog_exit", reason="a later run of the loop holds the lease")
             return 0
         if lease.released:
             log_event(LOG, "watchdog_exit", reason="lease released")
@@ -125,9 +137,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="linkwise-watchdog", description=__doc__)
     parser.add_argument("--lease", required=True, help="the loop's lease file")
     parser.add_argument("--poll", type=float, default=1.0, help="seconds between checks")
+    parser.add_argument("--run-id", help="the loop's run to watch (default: the lease's now)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    return watch(Path(args.lease), poll_s=args.poll)
+    return watch(Path(args.lease), poll_s=args.poll, run_id=args.run_id)
 
 
 if __name__ == "__main__":

@@ -420,3 +420,19 @@ def test_a_new_loop_waits_for_a_watchdog_handing_back(tmp_path: Path) -> None:
     with pytest.raises(LeaseTaken, match="another loop"):
         other.start()  # a live loop: refused at once
     backend.shutdown()
+
+
+def test_a_watchdog_leaves_a_later_runs_lease_to_that_runs_watchdog(tmp_path: Path) -> None:
+    """A watchdog of an earlier run must not act on the lease a later loop wrote over the
+    same file (the later loop has its own watchdog; two would race for its jobs)."""
+    import os
+
+    from linkwise.deployer.watchdog import watch
+
+    path = tmp_path / "lease.json"
+    later = Lease(os.getpid(), None, time.time() - 5, ("gpu",), None, None, "run-b")
+    write_lease(path, later)  # expired: the earlier run's watchdog would sweep it
+    t0 = time.monotonic()
+    assert watch(path, poll_s=0.1, max_s=5.0, run_id="run-a") == 0
+    assert time.monotonic() - t0 < 2.0  # it left at once instead of sweeping
+    assert read_lease(path) == later  # untouched
