@@ -91,7 +91,6 @@ from linkwise.models.registry import (
 from linkwise.models.training import split_episodes
 
 __all__ = [
-    "DEFAULT_CLUSTER",
     "add_evaluate_parsers",
     "evaluate",
     "evaluate_and_promote",
@@ -104,8 +103,6 @@ __all__ = [
     "promote_from_shadow",
 ]
 
-DEFAULT_CLUSTER = DEFAULT_TOPOLOGY  # the --cluster default
-
 
 # ------------------------------------------------------------------------ policies
 
@@ -117,16 +114,16 @@ def pin_policies(specs: Sequence[str], tracking_uri: str) -> tuple[list[PolicyRe
     refs: list[PolicyRef] = []
     versions: dict[str, str] = {}
     for spec in specs:
-        parsed = PolicySpec.parse(spec)
         try:
-            version = parsed.registry_version(tracking_uri)
+            pinned = PolicySpec.parse(spec).pinned(tracking_uri)  # one registry lookup
         except ValueError as exc:
             raise ValueError(f"{spec}: {exc}") from None
+        version = pinned.registry_version()  # a version URI now: read, not looked up
         if version is None:
             refs.append(PolicyRef(spec, spec))
             continue
         versions[spec] = version
-        refs.append(PolicyRef(spec, parsed.pinned(tracking_uri).describe()))
+        refs.append(PolicyRef(spec, pinned.describe()))
     return refs, versions
 
 
@@ -176,7 +173,7 @@ def evaluate(
     n_windows: int = 4,
     holdout_from: Sequence[str | Path] = (),
     seeds: Sequence[int] = (0, 1, 2),
-    cluster: str = DEFAULT_CLUSTER,
+    cluster: str = DEFAULT_TOPOLOGY,
     window_s: float = 6 * 3600.0,
     block_s: float = 1800.0,
     min_jobs: int = 10,
@@ -613,7 +610,7 @@ def add_evaluate_parsers(sub: Any) -> None:
     )
     p.add_argument("--seeds", help="comma-separated seeds (default 0,1,2)")
     p.add_argument(
-        "--cluster", default=DEFAULT_CLUSTER, help=f"topology (default {DEFAULT_CLUSTER})"
+        "--cluster", default=DEFAULT_TOPOLOGY, help=f"topology (default {DEFAULT_TOPOLOGY})"
     )
     p.add_argument("--window", type=float, default=6 * 3600.0, help="window length, seconds")
     p.add_argument("--block", type=float, default=1800.0, help="bootstrap block, s (0: replay)")
