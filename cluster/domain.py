@@ -170,6 +170,10 @@ class Job:
     name: str = ""
     nodes: int = 0  # requested node count (Slurm -N); 0: not given, see ``requested_shape``
     time_limit: float = 0.0  # requested wall-clock limit, seconds (Slurm --time); 0: none given
+    # run-time predictions from history (datasets/predictor.py), seconds; 0: none made.
+    # ``duration`` is the simulator's alone: a policy reads these instead.
+    pred_s: float = 0.0  # the predictor's median
+    pred_hi_s: float = 0.0  # its upper quantile (p90 by default)
 
     def __post_init__(self) -> None:
         if self.num_gpus <= 0:
@@ -183,6 +187,13 @@ class Job:
             )
         if self.time_limit < 0:
             raise ValueError(f"job {self.job_id}: time_limit must be non-negative")
+        if self.pred_s < 0 or self.pred_hi_s < self.pred_s:
+            raise ValueError(f"job {self.job_id}: need 0 <= pred_s <= pred_hi_s")
+
+    @property
+    def predicted(self) -> bool:
+        """Whether a run-time predictor has annotated this job."""
+        return self.pred_s > 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -104,6 +104,14 @@ class RuntimePredictor:
         if job.time_limit > 0:
             return tuple(min(v, job.time_limit) for v in found)
         return found
+
+    def annotate(self, jobs: Iterable[Job]) -> tuple[Job, ...]:
+        """The jobs with ``pred_s`` (first quantile) and ``pred_hi_s`` (last) from ``predict``."""
+        out = []
+        for job in jobs:
+            qs = self.predict(job)
+            out.append(replace(job, pred_s=qs[0], pred_hi_s=qs[-1]))
+        return tuple(out)
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON (what a package or a benchmark stores)."""

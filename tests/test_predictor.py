@@ -71,3 +71,15 @@ def test_accuracy_reports_error_rank_and_coverage() -> None:
     acc = accuracy(p, jobs[600:])
     assert acc["jobs"] == 300 and acc["spearman"] > 0.7
     assert 0.35 < acc["coverage_q50"] < 0.65 and 0.8 < acc["coverage_q90"] < 0.97
+
+
+def test_annotate_sets_median_and_upper_quantile_capped_at_the_limit() -> None:
+    history = [Job(i, float(i), 1, 100.0 * (1 + i % 10), user="u") for i in range(50)]
+    predictor = RuntimePredictor.fit(history)
+    fresh = Job(99, 100.0, 1, 5.0, user="u")
+    limited = Job(100, 100.0, 1, 5.0, user="u", time_limit=300.0)
+    a, b = predictor.annotate([fresh, limited])
+    assert (a.pred_s, a.pred_hi_s) == predictor.predict(fresh)
+    assert a.duration == 5.0 and a.predicted
+    assert b.pred_hi_s == 300.0 and b.pred_s <= 300.0
+    assert not fresh.predicted

@@ -2,8 +2,8 @@
 
 Every job asks for a shape (``domain.requested_shape``: nodes x GPUs per node) and
 starts only in it, on the nodes ``placement.slurm_select`` picks (cons_tres best fit,
-fewest leaf switches). Run times are estimated from time limits (``runtime_estimate``),
-never from the true run time.
+fewest leaf switches). Run times are estimated from time limits, else the run-time
+predictor's upper quantile (``runtime_estimate``), never from the true run time.
 """
 
 from __future__ import annotations
@@ -35,8 +35,11 @@ OVERDUE_S = 1.0  # a running job past its estimate is expected to end this much 
 
 
 def runtime_estimate(job: Job, default_limit_s: float = DEFAULT_LIMIT_S) -> float:
-    """What the scheduler believes the job runs for: its time limit, else the default limit."""
-    return job.time_limit if job.time_limit > 0 else default_limit_s
+    """What the scheduler believes the job runs for: its time limit; without one, the
+    predictor's upper quantile (as a user's limit would be set), else the default limit."""
+    if job.time_limit > 0:
+        return job.time_limit
+    return job.pred_hi_s if job.pred_hi_s > 0 else default_limit_s
 
 
 @dataclass(slots=True)
