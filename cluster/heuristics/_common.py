@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Iterable, Sequence
 
-from linkwise.cluster.domain import ClusterState, PendingJob, Placement
+from linkwise.cluster.domain import ClusterState, Decision, PendingJob, Placement, Start
+from linkwise.cluster.placement import apply_placement, best_fit, fragment_first_fit, least_busy
 
 
 def can_ever_run(state: ClusterState, job: PendingJob) -> bool:
@@ -28,3 +30,76 @@ def min_nodes_for(capacities_desc: Sequence[int], gpus: int) -> int:
         need -= cap
         k += 1
     return max(k, 1)
+
+
+def start_bounded(
+    state: ClusterState,
+    order: Iterable[PendingJob],
+    kappa: int | None = None,
+    lam: float = 1.0,
+    *,
+    by_size: bool = False,
+) -> Decision:
+    """SJF-BCO's placement step (Yu et al., MobiHoc'22) over pending jobs in a given order.
+
+    Every job of ``order`` that fits is started (no reservation), in that order. A job with
+    ``gpus <= kappa`` (None: the GPUs of the largest node) is placed by
+    ``fragment_first_fit`` (FA-FFP), a larger one by ``least_busy`` (LBSGF). ``lam`` bounds
+    the servers a job spans to ``ceil(lam * n_min)``, ``n_min`` being the fewest servers of
+    the cluster that could hold it: when the rule's placement spans more, the consolidated
+    ``best_fit`` placement is tried instead, and when that spans more too the job waits;
+    ``lam = inf`` removes the bound. ``by_size``: ``order`` is by GPU count ascending, so the
+    scan stops at the first job larger than the free GPUs. Jobs larger than the cluster are
+    skipped. SJF-BCO, QSSF and the SJF-BCO oracle differ only in ``order``.
+    """
+    topo = state.topology
+    if kappa is None:
+        kappa = topo.max_gpus_per_node
+    free = list(state.free_gpus)
+    total = sum(free)
+    busy = list(state.jobs_per_node)
+    capacities = sorted((n.gpus for n in topo.nodes), reverse=True)
+    bounded = not math.isinf(lam)
+    starts: list[Start] = []
+    # free GPUs only shrink within a decision, so a size that cannot be placed within the
+    # bound now cannot be later either (best fit spans the fewest nodes possible)
+    unplaceable: set[int] = set()
+    for p in order:
+        gpus = p.job.num_gpus
+        if gpus > total:
+            if by_size:
+                break  # sorted by size: nothing further fits either
+            continue
+        if gpus in unplaceable or not can_ever_run(state, p):
+            continue
+        placement: Placement | None
+        if gpus <= kappa:
+            placement = fragment_first_fit(topo, free, gpus, busy)
+        else:
+            placement = least_busy(topo, free, gpus, busy)
+        if placement is not None and bounded:
+            bound = math.ceil(lam * min_nodes_for(capacities, gpus) - 1e-9)
+            if placement.num_nodes > bound:
+                placement = best_fit(topo, free, gpus)
+                if placement is not None and placement.num_nodes > bound:
+                    placement = None
+        if placement is None:
+            unplaceable.add(gpus)
+            continue
+        apply_placement(free, placement)
+        add_jobs(busy, placement)
+        total -= gpus
+        starts.append(Start(p.job.job_id, placement))
+    return Decision(starts=tuple(starts))
+
+
+def check_bco_params(kappa: int | None, lam: float) -> None:
+    """SJF-BCO's parameter checks (ValueError): ``kappa >= 0`` or None, ``lam >= 1``."""
+    if kappa is not None and kappa < 0:
+        raise ValueError(f"kappa must be non-negative, got {kappa}")
+    if not lam >= 1.0:
+        raise ValueError(f"lam must be at least 1, got {lam}")
+
+
+class MissingPredictions(ValueError):
+    """A policy that orders jobs by predicted run time met a job without a prediction."""

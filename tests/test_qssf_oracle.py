@@ -1,0 +1,123 @@
+"""QSSF (Helios) on predicted GPU time, and the oracle ceilings on the true run time."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from linkwise.cluster.contention import AnalyticModel, NoContention
+from linkwise.cluster.domain import ClusterState, Job, PendingJob, Placement, RunningJob
+from linkwise.cluster.heuristics import (
+    ORACLE_POLICIES,
+    MissingPredictions,
+    Qssf,
+    SjfBco,
+    SjfBcoOracle,
+    SrtfOracle,
+    is_oracle,
+    make_policy,
+    needs_predictions,
+    policy_names,
+)
+from linkwise.cluster.placement import apply_placement
+from linkwise.cluster.profiles import assign_profiles, load_calibration
+from linkwise.cluster.simulator import simulate
+from linkwise.cluster.topology import from_spec
+
+
+def _pending(
+    job_id: int, gpus: int, dur: float, pred: float = 0.0, submit: float = 0.0
+) -> PendingJob:
+    job = Job(job_id, submit, gpus, dur, pred_s=pred, pred_hi_s=pred)
+    return PendingJob(job, dur)
+
+
+def _state(spec: str, pending: list[PendingJob], running: Any = ()) -> ClusterState:
+    topo = from_spec(spec)
+    free = [n.gpus for n in topo.nodes]
+    for r in running:
+        apply_placement(free, r.placement)
+    return ClusterState(0.0, topo, tuple(free), tuple(running), tuple(pending))
+
+
+def test_registry_marks_oracles_and_prediction_policies() -> None:
+    assert {"sjf_bco_oracle", "srtf_oracle"} == ORACLE_POLICIES
+    assert is_oracle("sjf_bco_oracle") and is_oracle("srtf_oracle") and is_oracle(" srtf_oracle")
+    assert is_oracle("sjf_bco_oracle:lam=2")
+    assert not is_oracle("sjf_bco") and not is_oracle("qssf") and not is_oracle("model:./x")
+    assert needs_predictions("qssf:lam=1.5") and not needs_predictions("sjf_bco")
+    assert "qssf" not in policy_names() and "qssf" in policy_names(predictions=True)
+    assert not ORACLE_POLICIES & set(policy_names(oracles=False))
+    for name in ("qssf", "sjf_bco_oracle", "srtf_oracle"):
+        assert make_policy(name).name == name
+    with pytest.raises(ValueError, match="lam"):
+        Qssf(lam=0.5)
+
+
+def test_qssf_orders_by_predicted_gpu_time_not_size_nor_truth() -> None:
+    # one node of 4 GPUs: 4 GPUs x 10 s predicted (40) beats 1 GPU x 100 s predicted (100),
+    # whatever the true run times say
+    pending = [_pending(1, 1, 5.0, pred=100.0), _pending(2, 4, 900.0, pred=10.0, submit=1.0)]
+    state = _state("1x4", pending)
+    assert [s.job_id for s in Qssf().decide(state).starts] == [2]
+    assert [s.job_id for s in SjfBco().decide(state).starts] == [1]
+    # the oracle reads the truth: 1 x 5 s first
+    assert SjfBcoOracle().decide(state).starts[0].job_id == 1
+
+
+def test_qssf_refuses_jobs_without_predictions_and_names_history() -> None:
+    state = _state("1x4", [_pending(1, 1, 5.0)])
+    with pytest.raises(MissingPredictions, match="--history"):
+        Qssf().decide(state)
+    assert isinstance(MissingPredictions("x"), ValueError)  # the CLI's exit 2
+
+
+def _workload() -> list[Job]:
+    sizes = [1, 2, 4, 8, 16, 3, 1, 12, 2, 6, 1]
+    jobs = [Job(i, 40.0 * i, sizes[i % len(sizes)], 300.0 + 97.0 * (i % 7)) for i in range(40)]
+    return list(assign_profiles(jobs, load_calibration(), seed=3))
+
+
+def test_qssf_with_equal_predictions_is_sjf_bco() -> None:
+    # equal predictions: GPU time orders by size, then submit time, as SJF-BCO does; the
+    # placement step is the same code, so every job starts at the same time, same place
+    topo = from_spec("4x8,leaf=2")
+    jobs = [replace(j, pred_s=600.0, pred_hi_s=900.0) for j in _workload()]
+    model = AnalyticModel(load_calibration())
+    a = simulate(topo, jobs, model, Qssf()).records
+    b = simulate(topo, jobs, model, SjfBco()).records
+    key = sorted((r.job.job_id, r.first_start, r.end) for r in a)
+    assert key == sorted((r.job.job_id, r.first_start, r.end) for r in b)
+
+
+def test_srtf_oracle_preempts_a_long_job_for_a_short_arrival() -> None:
+    topo = from_spec("1x1")
+    jobs = [Job(0, 0.0, 1, 100.0), Job(1, 10.0, 1, 5.0)]
+    recs = {r.job.job_id: r for r in simulate(topo, jobs, NoContention(), SrtfOracle()).records}
+    assert recs[1].end == pytest.approx(15.0)
+    assert recs[0].end == pytest.approx(105.0) and recs[0].preemptions == 1
+
+
+def test_srtf_oracle_keeps_a_job_shorter_than_the_arrival() -> None:
+    run = RunningJob(
+        Job(0, 0.0, 2, 50.0), Placement(((0, 2),)), 0.0, remaining_s=20.0, rate=1.0, since=0.0
+    )
+    state = _state("1x2", [_pending(1, 2, 30.0)], [run])
+    decision = SrtfOracle().decide(state)
+    assert decision.starts == () and decision.preempt == ()
+
+
+def test_oracles_beat_their_same_information_versions_on_average() -> None:
+    topo = from_spec("2x4,leaf=2")
+    jobs = _workload()
+    jobs = [replace(j, num_gpus=min(j.num_gpus, 4)) for j in jobs]
+    model = AnalyticModel(load_calibration())
+
+    def avg(policy: object) -> float:
+        recs = simulate(topo, jobs, model, policy).records  # type: ignore[arg-type]
+        return sum(r.jct for r in recs) / len(recs)
+
+    assert avg(SrtfOracle()) <= avg(SjfBco())
+    assert avg(SjfBcoOracle()) <= avg(SjfBco())
