@@ -216,3 +216,59 @@ def test_write_and_main_round_trip(tmp_path: Path, fitted: Calibration) -> None:
     assert main(["--data", str(DATA), "--out", str(again)], printer=lines.append) == 0
     assert again.read_text() == out.read_text()
     assert lines and "alpha=" in lines[0]
+
+
+# ----------------------------------------------------------------------------- what is determined
+
+
+def _parameters(cal: Calibration) -> list[tuple[str, str, dict[str, Any]]]:
+    return [
+        (profile, name, entry)
+        for profile, params in cal.fit["parameters"].items()
+        for name, entry in params.items()
+    ]
+
+
+@pytest.mark.parametrize("source", ["fitted", "shipped"])
+def test_no_parameter_sits_at_a_fit_bound_unless_reported_constrained(
+    fitted: Calibration, source: str
+) -> None:
+    """A parameter at its bound is a failed fit unless the report says why it is there."""
+    cal = fitted if source == "fitted" else load_calibration()
+    entries = _parameters(cal)
+    # every profile parameter and the shared ones are in the report, with the shipped values
+    assert {p for p, _, _ in entries} == set(cal.profiles) | {"shared"}
+    for name, prof in cal.profiles.items():
+        params = cal.fit["parameters"][name]
+        assert params["compute_s"]["value"] == prof.compute_s
+        assert params["grad_gb"]["value"] == prof.grad_gb
+    assert cal.fit["parameters"]["shared"]["alpha"]["value"] == cal.alpha
+    assert cal.fit["parameters"]["shared"]["overhead_s"]["value"] == cal.overhead_s
+    for profile, name, e in entries:
+        lo, hi = e["bounds"]
+        v = e["value"]
+        on_bound = (lo is not None and v <= lo * (1 + 1e-6) + 1e-15) or (
+            hi is not None and v >= hi * (1 - 1e-6)
+        )
+        assert e["status"] in {"determined", "weakly determined", "constrained"}
+        assert e["basis"], (profile, name)
+        if on_bound:
+            assert e["status"] == "constrained", (profile, name, v)
+            assert e["at_bound"] and "bound" in e["basis"], (profile, name)
+
+
+def test_moe_compute_is_constrained_to_fsdps_and_off_its_bound(fitted: Calibration) -> None:
+    params = fitted.fit["parameters"]
+    moe = params["MoE"]["compute_s"]
+    assert moe["status"] == "constrained" and not moe["at_bound"]
+    assert "FSDP" in moe["basis"]
+    assert fitted.profiles["MoE"].compute_s == pytest.approx(
+        fitted.profiles["FSDP"].compute_s, rel=1e-6
+    )
+    assert fitted.profiles["MoE"].compute_s > 0.05
+    # FSDP's compute is determined by its own throughputs, Transformer-XL's is not
+    assert params["FSDP"]["compute_s"]["status"] == "determined"
+    assert params["Transformer-XL"]["compute_s"]["status"] == "weakly determined"
+    # the untied fit is what runs MoE to the bound: the tie is what moves it
+    untied = fit_deepshare_profiles(load_deepshare(DATA), compute_ties={})
+    assert untied.profiles["MoE"].compute_s < 1e-6
