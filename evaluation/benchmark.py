@@ -60,12 +60,14 @@ from linkwise.cluster.bounds import queue_bound
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import ClusterState, Decision, Job, Placement, Policy, Topology
 from linkwise.cluster.mdp import MdpPolicy
-from linkwise.cluster.metrics import BOUNDED_SLOWDOWN_FLOOR_S, summarize
+from linkwise.cluster.metrics import summarize
 from linkwise.cluster.profiles import Calibration, load_calibration
 from linkwise.cluster.simulator import InvalidDecision, SimConfig, SimulationStalled, simulate
 from linkwise.datasets.backlog import Backlog
+from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.rollouts import Window, make_task_runner, window_workload
-from linkwise.evaluation.compare import Scenario
+from linkwise.evaluation.compare import UNFAIR_SLOWDOWN, Scenario, bounded_slowdown, job_metrics
+from linkwise.evaluation.predictions import check_predictions, package_predictor
 from linkwise.models.policy_spec import PolicySpec
 
 __all__ = [
@@ -86,8 +88,6 @@ __all__ = [
     "run_task",
     "save_benchmark",
 ]
-
-UNFAIR_SLOWDOWN = 5.0  # a job is treated unfairly when its bounded slowdown exceeds this
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,9 @@ class EvalCase:
     the window as it was); ``tick_s`` periodic decision points (None: events only);
     ``backlog`` the history's state at the window's start (a warm start: its running jobs hold
     their GPUs from the start, its pending jobs arrive at the start and are scheduled and
-    measured like the window's own; None: an empty cluster)."""
+    measured like the window's own; None: an empty cluster); ``predictor`` annotates every
+    job of the case, the backlog's included, with run-time predictions (fit on the history
+    before the evaluated windows; None: no predictions)."""
 
     window: Window
     seed: int
@@ -124,6 +126,7 @@ class EvalCase:
     tick_s: float | None = None
     data_dir: str | None = None
     backlog: Backlog | None = None
+    predictor: RuntimePredictor | None = None
 
     @property
     def case_id(self) -> str:
@@ -190,32 +193,16 @@ class CaseFailure:
         return f"w{self.window_id}/s{self.seed}"
 
 
-def bounded_slowdown(jct: np.ndarray, isolated: np.ndarray) -> np.ndarray:
-    """``max(1, JCT / max(isolated, 10 s))`` per job."""
-    out: np.ndarray = np.maximum(1.0, jct / np.maximum(isolated, BOUNDED_SLOWDOWN_FLOOR_S))
-    return out
-
-
 def extra_metrics(
-    jct: np.ndarray, run: np.ndarray, isolated: np.ndarray, queue_lb: float = math.nan
+    jct: np.ndarray,
+    run: np.ndarray,
+    isolated: np.ndarray,
+    queue_lb: float = math.nan,
+    nodes: np.ndarray | None = None,
 ) -> dict[str, float]:
-    """Lower bounds, ratios to them, slowdowns and fairness of one run's jobs (``queue_lb``:
-    the queueing-aware bound of their average JCT, ``cluster.bounds.queue_bound`` / n)."""
-    lb = float(isolated.mean())
-    lb99 = float(np.percentile(isolated, 99))
-    slow = bounded_slowdown(jct, isolated)
-    return {
-        "lower_bound_s": lb,
-        "lower_bound_p99_s": lb99,
-        "lower_bound_queue_s": queue_lb,
-        "avg_jct_over_lb": float(jct.mean()) / lb if lb > 0 else math.nan,
-        "avg_jct_over_queue_lb": float(jct.mean()) / queue_lb if queue_lb > 0 else math.nan,
-        "p99_jct_over_lb": float(np.percentile(jct, 99)) / lb99 if lb99 > 0 else math.nan,
-        "avg_slowdown": float(slow.mean()),
-        "p95_slowdown": float(np.percentile(slow, 95)),
-        "unfair_share": float((slow > UNFAIR_SLOWDOWN).mean()),
-        "p95_contention_slowdown": float(np.percentile(run / isolated, 95)),
-    }
+    """``evaluation.compare.job_metrics``: the same row fields for ``linkwise compare`` and
+    the benchmark."""
+    return job_metrics(jct, run, isolated, queue_lb, nodes)
 
 
 # ------------------------------------------------------------------------ one run
@@ -234,8 +221,11 @@ def case_running(case: EvalCase) -> tuple[tuple[Job, Placement], ...]:
     return _case_workload(case)[1]
 
 
-def _case_workload(case: EvalCase) -> tuple[tuple[Job, ...], tuple[tuple[Job, Placement], ...]]:
-    return window_workload(
+def _case_workload(
+    case: EvalCase, predictor: RuntimePredictor | None = None
+) -> tuple[tuple[Job, ...], tuple[tuple[Job, Placement], ...]]:
+    """The case's jobs and backlog, annotated by ``predictor`` (default: the case's)."""
+    jobs, running = window_workload(
         case.window,
         case.seed,
         case.block_s,
@@ -243,6 +233,11 @@ def _case_workload(case: EvalCase) -> tuple[tuple[Job, ...], tuple[tuple[Job, Pl
         case.topology.total_gpus,
         case.backlog,
     )
+    pred = predictor if predictor is not None else case.predictor
+    if pred is None:
+        return jobs, running
+    held = pred.annotate(j for j, _ in running)
+    return pred.annotate(jobs), tuple((j, p) for j, (_, p) in zip(held, running, strict=True))
 
 
 def _scenario(case: EvalCase, jobs: tuple[Job, ...] | None = None) -> Any:
@@ -299,14 +294,14 @@ class _Probe:
 
 
 def run_task(task: BenchTask) -> CaseResult:
-    """Simulate one policy on one case (deterministic but for the latencies)."""
-    jobs, running = _case_workload(task.case)
+    """Simulate one policy on one case (deterministic but for the latencies); a learned
+    policy whose package carries a run-time predictor sees that one's predictions."""
+    policy = make_bench_policy(_scenario(task.case, ()), task.policy.spec, task.tracking_uri)
+    jobs, running = _case_workload(task.case, package_predictor(policy))
     scenario = _scenario(task.case, jobs)
     if not scenario.jobs:
         raise ValueError(f"case {task.case.case_id} has no jobs (pick busier windows)")
-    probe = _Probe(
-        make_bench_policy(scenario, task.policy.spec, task.tracking_uri), task.policy.label
-    )
+    probe = _Probe(policy, task.policy.label)
     result = simulate(
         scenario.topology,
         scenario.jobs,
@@ -329,9 +324,10 @@ def run_task(task: BenchTask) -> CaseResult:
     jct = np.array([r.jct for r in recs])
     run = np.array([r.run_s for r in recs])
     iso = np.array([r.job.duration for r in recs])
+    nodes = np.array([r.nodes for r in recs])
     # the backlog's running jobs are left out of the bound: dropping work keeps it a bound
     queue_lb = queue_bound([r.job for r in recs], scenario.topology.total_gpus) / len(recs)
-    metrics.update(extra_metrics(jct, run, iso, queue_lb))
+    metrics.update(extra_metrics(jct, run, iso, queue_lb, nodes))
     lat = np.asarray(probe.latencies) if probe.latencies else np.zeros(1)
     return CaseResult(
         policy=task.policy.label,
@@ -493,9 +489,12 @@ def run_benchmark(
     tracking_uri: str | None = None,
     batch: int = 1,
     on_done: Callable[[CaseResult], None] | None = None,
+    learned_need_predictions: bool = False,
 ) -> Benchmark:
-    """Every policy on every case; policies fail fast (unknown names, unloadable models)
-    before any simulation."""
+    """Every policy on every case; policies fail fast (unknown names, unloadable models, a
+    policy that needs run-time predictions the cases do not carry: ``qssf``, and with
+    ``learned_need_predictions`` a learned package without its own predictor) before any
+    simulation."""
     refs = [PolicyRef.of(p) for p in policies]
     labels = [r.label for r in refs]
     if len(set(labels)) != len(labels):
@@ -503,8 +502,13 @@ def run_benchmark(
     if not cases:
         raise ValueError("no evaluation cases")
     probe_scenario = _scenario(cases[0])
-    for ref in refs:
-        make_bench_policy(probe_scenario, ref.spec, tracking_uri)
+    built = [make_bench_policy(probe_scenario, ref.spec, tracking_uri) for ref in refs]
+    check_predictions(
+        [r.spec for r in refs],
+        built,
+        cases[0].predictor is not None,
+        learned=learned_need_predictions,
+    )
     tasks = [BenchTask(ref, case, tracking_uri) for ref in refs for case in cases]
     if executor == "serial":
         outcomes: list[CaseResult | CaseFailure] = []

@@ -1,19 +1,48 @@
 """Run several policies on the same scenario (cluster, workload, contention model) and compare.
 
 A ``Scenario`` is everything but the policy; it is picklable so policies can run in
-parallel worker processes.
+parallel worker processes. Its ``predictor`` (fit on the workload's history,
+``evaluation.predictions``) annotates the jobs with run-time predictions for every policy,
+except a learned policy whose package carries its own predictor, which gets that one.
+
+Every run's row (``PolicyRun.row``, what ``linkwise simulate|compare --json`` print) is the
+run's ``cluster.metrics.RunMetrics`` plus ``job_metrics`` and:
+
+- ``oracle``: whether the policy reads the true run time (``cluster.heuristics.is_oracle``);
+  an oracle is a ceiling, never a baseline;
+- ``predictions``: where the predictions it saw came from (``history``, ``package``, None).
+
+``job_metrics`` splits the average JCT into its parts, ``avg_jct_s = avg_queue_s +
+lower_bound_isolated_s * (1 + avg_runtime_inflation)``:
+
+- ``avg_queue_s``: mean time without GPUs (from submit to end, minus the time holding GPUs);
+- ``avg_runtime_inflation``: how much contention lengthens the run times, as a whole:
+  ``mean(actual run time) / mean(isolated run time) - 1`` (0: none; run times weighted by
+  length, so it is the share of run time added by contention). The per-job mean of
+  ``actual / isolated`` is ``avg_contention_slowdown`` (unweighted: many short single-node
+  jobs at 1.0 pull it towards 1), and ``avg_multinode_slowdown`` is that mean over the jobs
+  that spanned more than one node (nan when none did), where placement decides contention;
+- ``lower_bound_isolated_s`` (also ``lower_bound_s``): the mean isolated run time, no
+  queueing, no contention; ``lower_bound_queue_s``: the larger of that and preemptive SRPT of
+  the jobs' GPU-seconds on the pooled GPUs (``cluster.bounds``), which counts queueing;
+  ``avg_jct_over_lb`` and ``avg_jct_over_queue_lb`` the average JCT's ratios to them;
+- fairness: ``unfair_share`` (jobs whose bounded slowdown exceeds ``UNFAIR_SLOWDOWN``),
+  ``avg_slowdown`` and ``p95_slowdown`` (JCT / isolated run time, bounded, 10 s floor).
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from linkwise.cluster.bounds import queue_bound
 from linkwise.cluster.contention import (
     AnalyticModel,
     ContentionModel,
@@ -21,10 +50,63 @@ from linkwise.cluster.contention import (
     NoContention,
 )
 from linkwise.cluster.domain import Job, Policy, Topology
-from linkwise.cluster.metrics import RunMetrics, summarize
+from linkwise.cluster.heuristics import is_oracle
+from linkwise.cluster.metrics import BOUNDED_SLOWDOWN_FLOOR_S, RunMetrics, summarize
 from linkwise.cluster.profiles import Calibration
-from linkwise.cluster.simulator import SimConfig, simulate
+from linkwise.cluster.simulator import JobRecord, SimConfig, simulate
+from linkwise.datasets.predictor import RuntimePredictor
+from linkwise.evaluation.predictions import check_predictions, package_predictor
 from linkwise.models.policy_spec import PolicySpec
+
+UNFAIR_SLOWDOWN = 5.0  # a job is treated unfairly when its bounded slowdown exceeds this
+
+
+def bounded_slowdown(jct: np.ndarray, isolated: np.ndarray) -> np.ndarray:
+    """``max(1, JCT / max(isolated, 10 s))`` per job."""
+    out: np.ndarray = np.maximum(1.0, jct / np.maximum(isolated, BOUNDED_SLOWDOWN_FLOOR_S))
+    return out
+
+
+def job_metrics(
+    jct: np.ndarray,
+    run: np.ndarray,
+    isolated: np.ndarray,
+    queue_lb: float = math.nan,
+    nodes: np.ndarray | None = None,
+) -> dict[str, float]:
+    """Lower bounds, ratios to them, queueing and contention apart, slowdowns and fairness of
+    one run's jobs (module docstring); ``queue_lb``: the queueing-aware bound of their
+    average JCT (``cluster.bounds.queue_bound`` / n); ``nodes``: nodes each job spanned."""
+    lb = float(isolated.mean())
+    lb99 = float(np.percentile(isolated, 99))
+    slow = bounded_slowdown(jct, isolated)
+    contention = run / isolated
+    multi = contention[nodes > 1] if nodes is not None else np.zeros(0)
+    return {
+        "lower_bound_s": lb,
+        "lower_bound_isolated_s": lb,
+        "lower_bound_p99_s": lb99,
+        "lower_bound_queue_s": queue_lb,
+        "avg_jct_over_lb": float(jct.mean()) / lb if lb > 0 else math.nan,
+        "avg_jct_over_queue_lb": float(jct.mean()) / queue_lb if queue_lb > 0 else math.nan,
+        "p99_jct_over_lb": float(np.percentile(jct, 99)) / lb99 if lb99 > 0 else math.nan,
+        "avg_runtime_inflation": float(run.mean()) / lb - 1.0 if lb > 0 else math.nan,
+        "avg_multinode_slowdown": float(multi.mean()) if multi.size else math.nan,
+        "avg_slowdown": float(slow.mean()),
+        "p95_slowdown": float(np.percentile(slow, 95)),
+        "unfair_share": float((slow > UNFAIR_SLOWDOWN).mean()),
+        "p95_contention_slowdown": float(np.percentile(contention, 95)),
+    }
+
+
+def records_metrics(records: Sequence[JobRecord], total_gpus: int) -> dict[str, float]:
+    """``job_metrics`` of a run's records, with the queueing bound of their jobs."""
+    jct = np.array([r.jct for r in records])
+    run = np.array([r.run_s for r in records])
+    iso = np.array([r.job.duration for r in records])
+    nodes = np.array([r.nodes for r in records])
+    queue_lb = queue_bound([r.job for r in records], total_gpus) / len(records)
+    return job_metrics(jct, run, iso, queue_lb, nodes)
 
 
 @dataclass(frozen=True)
@@ -37,6 +119,17 @@ class Scenario:
     contention: str = "analytic"  # "analytic", "empirical" or "none" (pure queueing)
     config: SimConfig = field(default_factory=SimConfig)
     data_dir: str | None = None  # ../shared/data, for the empirical model's table
+    predictor: RuntimePredictor | None = None  # fit on the history (``--history``), or None
+
+    def jobs_for(self, policy: Any) -> tuple[tuple[Job, ...], str | None]:
+        """The jobs a policy runs on, annotated with run-time predictions, and where they
+        come from: a learned package's own predictor, else the scenario's (the history's)."""
+        own = package_predictor(policy)
+        if own is not None:
+            return own.annotate(self.jobs), "package"
+        if self.predictor is not None:
+            return self.predictor.annotate(self.jobs), "history"
+        return self.jobs, None
 
     def model(self) -> ContentionModel:
         if self.contention == "analytic":
@@ -59,10 +152,24 @@ class Scenario:
 
 @dataclass(frozen=True)
 class PolicyRun:
-    """One policy's result on a scenario: the summary and every job's JCT."""
+    """One policy's result on a scenario: the summary, every job's JCT, the bounds,
+    queueing and contention apart and fairness (``job_metrics``), whether it is an oracle
+    and where its predictions came from."""
 
     metrics: RunMetrics
     jct_s: tuple[float, ...]
+    extra: dict[str, float] = field(default_factory=dict)
+    oracle: bool = False
+    predictions: str | None = None
+
+    def row(self) -> dict[str, Any]:
+        """The JSON row of ``linkwise simulate|compare --json``."""
+        return {
+            **self.metrics.to_dict(),
+            **self.extra,
+            "oracle": self.oracle,
+            "predictions": self.predictions,
+        }
 
 
 def make_scenario_policy(scenario: Scenario, spec: str) -> Policy:
@@ -74,7 +181,8 @@ def make_scenario_policy(scenario: Scenario, spec: str) -> Policy:
 def run_policy(scenario: Scenario, spec: str) -> PolicyRun:
     """Simulate one policy (``name[:key=value,...]`` or ``model:ALIAS|PATH``) on the scenario."""
     policy = make_scenario_policy(scenario, spec)
-    result = simulate(scenario.topology, scenario.jobs, scenario.model(), policy, scenario.config)
+    jobs, source = scenario.jobs_for(policy)
+    result = simulate(scenario.topology, jobs, scenario.model(), policy, scenario.config)
     metrics = summarize(
         result.records,
         total_gpus=scenario.topology.total_gpus,
@@ -82,7 +190,13 @@ def run_policy(scenario: Scenario, spec: str) -> PolicyRun:
         wall_s=result.wall_s,
         policy=spec,
     )
-    return PolicyRun(metrics=metrics, jct_s=tuple(r.jct for r in result.records))
+    return PolicyRun(
+        metrics=metrics,
+        jct_s=tuple(r.jct for r in result.records),
+        extra=records_metrics(result.records, scenario.topology.total_gpus),
+        oracle=is_oracle(spec),
+        predictions=source,
+    )
 
 
 def compare(
@@ -91,10 +205,16 @@ def compare(
     *,
     workers: int = 1,
     on_done: Callable[[str], None] | None = None,
+    learned_need_predictions: bool = False,
 ) -> list[PolicyRun]:
-    """Run every policy on the same scenario; results in the order of ``specs``."""
-    for spec in specs:  # fail fast on unknown names and unloadable models, before any work
-        make_scenario_policy(scenario, spec)
+    """Run every policy on the same scenario; results in the order of ``specs``. Unknown
+    names, unloadable models and a policy that needs run-time predictions it would not get
+    (``evaluation.predictions.check_predictions``; a learned package without a predictor
+    only with ``learned_need_predictions``) are refused before any simulation."""
+    built = [make_scenario_policy(scenario, spec) for spec in specs]
+    check_predictions(
+        specs, built, scenario.predictor is not None, learned=learned_need_predictions
+    )
     if workers <= 1 or len(specs) == 1:
         runs = []
         for spec in specs:

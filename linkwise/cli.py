@@ -74,6 +74,25 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
     c.add_argument(
         "--restart-cost", type=float, default=0.0, help="seconds added to a preempted job's work"
     )
+    h = p.add_argument_group("run-time predictions")
+    h.add_argument(
+        "--history",
+        type=Path,
+        metavar="PATH",
+        help="past jobs (a trace file in any format above, or a DuckDB store) to fit the "
+        "run-time predictor on: only jobs submitted before the workload's first job; needed "
+        "by qssf and by learned packages that carry no predictor of their own",
+    )
+    h.add_argument(
+        "--history-format",
+        default="auto",
+        choices=["auto", "native", "philly", "helios", "alibaba", "swf"],
+        help="format of a --history trace (default: detect)",
+    )
+    h.add_argument(
+        "--slurm-cluster",
+        help="with a --history store: the Slurm cluster's name in it (default: all)",
+    )
     p.add_argument("--json", action="store_true", help="print machine-readable JSON only")
     p.add_argument(
         "--rejected-out",
@@ -99,9 +118,11 @@ def _scenario(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
         "gpus": topo.total_gpus,
         "nodes": len(topo.nodes),
     }
+    origin: float | None = None
     if args.trace is not None:
         trace = load_trace(args.trace, args.trace_format, max_jobs=args.max_jobs)
         jobs = trace.jobs
+        origin = trace.origin_epoch
         info.update(trace=str(args.trace), format=trace.format, rejected_rows=len(trace.rejected))
         if args.rejected_out is not None:
             from linkwise.datasets.traces import write_rejected
@@ -137,6 +158,18 @@ def _scenario(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
         )
     jobs = assign_profiles(jobs, calibration, seed=args.seed, mix=mix)
     info["jobs"] = len(jobs)
+    predictor = None
+    if args.history is not None:
+        from linkwise.evaluation.predictions import fit_history, load_history
+
+        history = load_history(args.history, args.history_format, slurm_cluster=args.slurm_cluster)
+        predictor, fitted = fit_history(
+            history,
+            first_submit=min(j.submit_time for j in jobs),
+            origin_epoch=origin,
+            evaluated_source=str(args.trace) if args.trace is not None else None,
+        )
+        info.update(fitted)
     scenario = Scenario(
         topology=topo,
         jobs=tuple(jobs),
@@ -144,6 +177,7 @@ def _scenario(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
         contention=args.contention,
         config=SimConfig(tick_s=args.tick, restart_cost_s=args.restart_cost),
         data_dir=str(data_dir) if data_dir else None,
+        predictor=predictor,
     )
     return scenario, info
 
@@ -156,12 +190,15 @@ def _metrics_table(rows: Sequence[dict[str, Any]], title: str) -> Any:
         ("policy", "policy", "{}"),
         ("avg JCT h", "avg_jct_s", "h"),
         ("p50 h", "p50_jct_s", "h"),
-        ("p95 h", "p95_jct_s", "h"),
         ("p99 h", "p99_jct_s", "h"),
-        ("makespan d", "makespan_s", "d"),
         ("avg queue h", "avg_queue_s", "h"),
+        ("run-time inflation", "avg_runtime_inflation", "{:+.1%}"),
         ("contention x", "avg_contention_slowdown", "{:.3f}"),
+        ("avg / LB", "avg_jct_over_lb", "{:.2f}"),
+        ("avg / queue LB", "avg_jct_over_queue_lb", "{:.2f}"),
+        ("unfair", "unfair_share", "{:.1%}"),
         ("GPU util", "gpu_utilization", "{:.1%}"),
+        ("makespan d", "makespan_s", "d"),
         ("preempt", "preemptions", "{}"),
         ("wall s", "wall_s", "{:.1f}"),
     ]
@@ -171,6 +208,8 @@ def _metrics_table(rows: Sequence[dict[str, Any]], title: str) -> Any:
         cells = []
         for _, key, fmt in cols:
             v = row[key]
+            if key == "policy" and row.get("oracle"):
+                v = f"{v} (oracle)"
             cells.append(
                 f"{v / 3600:.2f}"
                 if fmt == "h"
@@ -179,7 +218,42 @@ def _metrics_table(rows: Sequence[dict[str, Any]], title: str) -> Any:
                 else fmt.format(v)
             )
         table.add_row(*cells)
+    if rows:
+        table.caption = (
+            f"LB: mean isolated run time {rows[0]['lower_bound_isolated_s'] / 3600:.2f} h "
+            "(no queueing, no contention); queue LB: pooled-GPU SRPT "
+            f"{rows[0]['lower_bound_queue_s'] / 3600:.2f} h; run-time inflation: mean run "
+            "time / mean isolated run time - 1; oracle: reads the true run time (a ceiling)"
+        )
     return table
+
+
+def _finite(row: dict[str, Any]) -> dict[str, Any]:
+    """The row with NaN and infinite numbers as null (strict JSON has neither)."""
+    import math
+
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
+
+
+def _check_predictions(scenario: Any, specs: Sequence[str]) -> None:
+    """Refuse, before any simulation, a policy that needs run-time predictions it would not
+    get (``qssf``, a learned package without a predictor, when there is no ``--history``)."""
+    from linkwise.evaluation.compare import make_scenario_policy
+    from linkwise.evaluation.predictions import check_predictions
+
+    policies = [make_scenario_policy(scenario, s) for s in specs]
+    check_predictions(specs, policies, scenario.predictor is not None, learned=True)
+
+
+def _predictions_note(rows: Sequence[dict[str, Any]], history: bool) -> None:
+    """Say on stderr when learned packages use their own predictor beside --history."""
+    own = [str(r["policy"]) for r in rows if r.get("predictions") == "package"]
+    if own and history:
+        print(
+            f"linkwise: note: {', '.join(own)} use the run-time predictor in their package; "
+            "--history fits the one the other policies use",
+            file=sys.stderr,
+        )
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -188,12 +262,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     PolicySpec.parse(args.policy)  # a bad spec is refused before the workload is read
     scenario, info = _scenario(args)
+    _check_predictions(scenario, [args.policy])
     run = run_policy(scenario, args.policy)
-    out = run.metrics.to_dict()
+    out = run.row()
+    _predictions_note([out], scenario.predictor is not None)
     if args.json:
         counts = {"rejected_rows": 0, "left_out_too_big": 0}
         counts |= {k: info[k] for k in (*counts, "rejected_rows_file") if k in info}
-        print(json.dumps({**out, **counts}))
+        counts |= {k: v for k, v in info.items() if k.startswith(("history", "predictor"))}
+        print(json.dumps(_finite({**out, **counts})))
         return EXIT_OK
     console = _stdout_console()
     console.print(_describe_scenario(info))
@@ -220,10 +297,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from linkwise.evaluation.compare import compare, plot_jct_cdf
     from linkwise.models.policy_spec import PolicySpec, split_specs
 
-    specs = split_specs(args.policies) if args.policies else policy_names()
+    history = args.history is not None
+    specs = split_specs(args.policies) if args.policies else policy_names(predictions=history)
     for spec in specs:
         PolicySpec.parse(spec)  # a bad spec is refused before the workload is read
     scenario, info = _scenario(args)
+    _check_predictions(scenario, specs)
     console = Console(stderr=True, quiet=args.json)
     with Progress(
         TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -231,12 +310,17 @@ def cmd_compare(args: argparse.Namespace) -> int:
     ) as progress:  # fmt: skip
         task = progress.add_task(f"simulating {len(scenario.jobs)} jobs", total=len(specs))
         runs = compare(
-            scenario, specs, workers=args.workers, on_done=lambda _: progress.advance(task)
+            scenario,
+            specs,
+            workers=args.workers,
+            on_done=lambda _: progress.advance(task),
+            learned_need_predictions=True,
         )
-    rows = [r.metrics.to_dict() for r in runs]
+    rows = [r.row() for r in runs]
+    _predictions_note(rows, history)
     plot = plot_jct_cdf(runs, args.plot, title=f"{info['trace']} on {info['cluster']}")
     if args.json:
-        print(json.dumps(rows))
+        print(json.dumps([_finite(r) for r in rows]))
         return EXIT_OK
     out = _stdout_console()
     out.print(_describe_scenario(info))
@@ -460,7 +544,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("compare", help="run several policies on the same workload and compare")
     p.add_argument(
         "--policies",
-        help="comma-separated policies, heuristics or model:ALIAS|PATH (default: every heuristic)",
+        help="comma-separated policies, heuristics or model:ALIAS|PATH (default: every "
+        "heuristic, the oracle ceilings included; qssf too with --history)",
     )
     p.add_argument(
         "--plot", type=Path, default=Path("linkwise-out/jct_cdf.png"), help="JCT CDF PNG path"
