@@ -20,6 +20,12 @@ one candidate placement or waits (ends the decision point; time advances).
 - Observation: a fixed-length float32 vector independent of cluster size (global,
   per-slot, per-(slot, candidate) features), described by an ``ObsSpec`` whose
   ``version`` hashes the feature names, the configuration and ``ENCODER_REVISION``.
+  It holds only what a real Slurm with a run-time predictor knows (``docs/INFORMATION.md``):
+  submit time, shape, time limit, wait, attained service, and the predictions of
+  ``Job.pred_s`` / ``pred_hi_s`` (``datasets.predictor``), never ``Job.duration``,
+  ``remaining_s``, a running job's rate or expected end. Times and GPU times are
+  ``log1p(x / unit)`` clipped to ``[0, 1]`` (``_log_time``, ``_log_size``). Encoding a job
+  without predictions raises ValueError: a run-time predictor fit on history is needed.
 - Reward: ``-(jobs in system x dt) / time_scale - contention_weight x contention``;
   starts inside a decision point carry zero reward, so an episode's return is minus
   the total JCT over ``time_scale`` (Little's law).
@@ -90,10 +96,11 @@ __all__ = [
     "jobs_in_system",
     "make_spec",
     "match_start",
+    "predicted_remaining",
     "step_reward",
 ]
 
-ENCODER_REVISION = 1  # bump when a feature's computation changes without its name changing
+ENCODER_REVISION = 2  # bump when a feature's computation changes without its name changing
 GENERATORS: tuple[str, ...] = (
     "best_fit",
     "least_contention",
@@ -129,11 +136,13 @@ class MdpConfig:
     mask_duplicates: bool = True
     contention_weight: float = 0.0
     time_of_day: bool = False
-    time_scale_s: float = 3600.0  # waits, remaining work, rewards
+    time_scale_s: float = 3600.0  # rewards; the unit of waits and predicted run times
     gpu_scale: float = 8.0  # GPU counts
     node_scale: float = 8.0  # nodes spanned
     leaf_scale: float = 4.0  # leaf switches spanned
-    size_scale_gpu_s: float = 8.0 * 3600.0  # job sizes and attained service
+    size_scale_gpu_s: float = 8.0 * 3600.0  # the unit of GPU times (predicted, attained)
+    max_time_s: float = 30 * 86400.0  # times are log1p(t / unit), clipped here, in [0, 1]
+    max_size_gpu_s: float = 1e5 * 3600.0  # GPU times likewise
     queue_scale: float = 100.0  # job counts, as log1p(n) / log1p(queue_scale)
     flow_scale: float = 4.0  # rings per link
     max_slowdown: float = 10.0  # slowdowns are clipped to this
@@ -150,6 +159,7 @@ class MdpConfig:
             raise ValueError(f"slot_order must be one of {SLOT_ORDERS}, got {self.slot_order!r}")
         scales = [getattr(self, f.name) for f in fields(self) if f.name.endswith("_scale")]
         scales += [self.time_scale_s, self.size_scale_gpu_s, self.max_slowdown]
+        scales += [self.max_time_s, self.max_size_gpu_s]
         if not all(0 < s < math.inf for s in scales):
             raise ValueError("normalisation constants must be positive and finite")
         if self.contention_weight < 0:
@@ -206,16 +216,21 @@ _GLOBAL_BASE = (
     "beyond_slots_share",
     "running_slowdown_mean",
     "running_slowdown_max",
+    "running_pred_remaining",
+    "gpus_free_soon",
 )
 _GLOBAL_TOD = ("time_of_day_sin", "time_of_day_cos")
 _SLOT = (
     "present",
     "gpus",
     "min_nodes",
-    "wait",
-    "attained",
-    "remaining",
-    "est_size",
+    "wait_log",
+    "attained_log",
+    "pred_remaining",
+    "pred_remaining_hi",
+    "pred_gpu_time",
+    "time_limit",
+    "has_time_limit",
     "comm_intensity",
     "preempted",
     "fits_now",
@@ -697,11 +712,60 @@ def _global(cands: Candidates) -> list[float]:
         max(0, n_pending - len(cands.slots)) / n_pending if n_pending else 0.0,
         min(cfg.max_slowdown, sum(s - 1.0 for s in split) / len(split)) if split else 0.0,
         min(cfg.max_slowdown, max(split) - 1.0) if split else 0.0,
+        *_running_features(state, cfg),
     ]
     if cfg.time_of_day:
         phase = 2.0 * math.pi * (state.time % 86400.0) / 86400.0
         out += [math.sin(phase), math.cos(phase)]
     return out
+
+
+def _log_scaled(x: float, unit: float, cap: float) -> float:
+    """``log1p(x / unit) / log1p(cap / unit)``, ``x`` clipped to ``[0, cap]``: in [0, 1]."""
+    return math.log1p(min(max(x, 0.0), cap) / unit) / math.log1p(cap / unit)
+
+
+def _log_time(seconds: float, cfg: MdpConfig) -> float:
+    return _log_scaled(seconds, cfg.time_scale_s, cfg.max_time_s)
+
+
+def _log_size(gpu_s: float, cfg: MdpConfig) -> float:
+    return _log_scaled(gpu_s, cfg.size_scale_gpu_s, cfg.max_size_gpu_s)
+
+
+def _require_prediction(job: Job) -> None:
+    if not job.predicted:
+        raise ValueError(
+            f"job {job.job_id} has no run-time prediction (pred_s): the observation never "
+            "reads the true run time, so a run-time predictor fit on history is needed "
+            "(datasets.predictor.RuntimePredictor.annotate; --history on the command line)"
+        )
+
+
+def predicted_remaining(job: Job, attained_gpu_s: float, *, upper: bool = False) -> float:
+    """Seconds a job is predicted to still need: its predicted run time (``pred_s``, or
+    ``pred_hi_s`` with ``upper``) less the service it had, at least 0. ValueError for a job
+    without predictions."""
+    _require_prediction(job)
+    pred = job.pred_hi_s if upper else job.pred_s
+    return max(0.0, pred - attained_gpu_s / job.num_gpus)
+
+
+def _running_features(state: ClusterState, cfg: MdpConfig) -> list[float]:
+    """GPU-weighted mean predicted remaining time of the running jobs (log-scaled), and the
+    share of the cluster's GPUs they are predicted to free within ``time_scale_s``."""
+    total = state.topology.total_gpus
+    gpus = 0
+    weighted = 0.0
+    soon = 0
+    for r in state.running:
+        g = r.job.num_gpus
+        rem = predicted_remaining(r.job, r.attained_at(state.time))
+        gpus += g
+        weighted += g * _log_time(rem, cfg)
+        if rem <= cfg.time_scale_s:
+            soon += g
+    return [weighted / gpus if gpus else 0.0, soon / total if total else 0.0]
 
 
 def _slot_features(cands: Candidates, k: int) -> list[float]:
@@ -711,14 +775,19 @@ def _slot_features(cands: Candidates, k: int) -> list[float]:
     pj = cands.slots[k]
     job = pj.job
     topo = cands.state.topology
+    remaining = predicted_remaining(job, pj.attained_gpu_s)
+    remaining_hi = predicted_remaining(job, pj.attained_gpu_s, upper=True)
     return [
         1.0,
         job.num_gpus / cfg.gpu_scale,
         min_nodes(topo, job.num_gpus) / cfg.node_scale,
-        max(0.0, cands.state.time - job.submit_time) / cfg.time_scale_s,
-        pj.attained_gpu_s / cfg.size_scale_gpu_s,
-        pj.remaining_s / cfg.time_scale_s,
-        job.duration * job.num_gpus / cfg.size_scale_gpu_s,
+        _log_time(cands.state.time - job.submit_time, cfg),
+        _log_size(pj.attained_gpu_s, cfg),
+        _log_time(remaining, cfg),
+        _log_time(remaining_hi, cfg),
+        _log_size(job.pred_s * job.num_gpus, cfg),
+        _log_time(job.time_limit, cfg),
+        1.0 if job.time_limit > 0 else 0.0,
         cands.intensity[k],
         1.0 if pj.preemptions else 0.0,
         1.0 if job.num_gpus <= cands.state.total_free_gpus else 0.0,

@@ -13,6 +13,13 @@ production: GPUs held by jobs started earlier and a queue of jobs submitted earl
 - **pending**: runs submitted before ``t`` and started at or after it, with their observed run
   time (``end - start``) as their work.
 
+With a run-time ``predictor`` (``datasets.predictor``), every job carries its predictions,
+made from what Slurm knew of it (user, name, GPUs, its whole time limit); a running job's are
+less the time it has run (``datasets.prediction.shift_running``), as the simulator restarts it
+at ``t`` with no attained service. Without one, the jobs have no predictions and whoever
+simulates them annotates them (less precisely: the name then holds the history id and the
+time limit what is left of it).
+
 ``warm_jobs`` turns a backlog into simulator inputs on a window's clock (the window starts at
 0): running jobs as ``(Job, Placement)`` pairs for ``Simulator(running=...)``, pending jobs as
 arrivals at 0 (their wait before the window belongs to the history's scheduler, not to the
@@ -29,6 +36,8 @@ import polars as pl
 
 from linkwise.cluster.domain import Job, Placement, Topology, requested_nodes
 from linkwise.datasets.decisions import _resolve_cluster, load_log_jobs
+from linkwise.datasets.prediction import shift_running
+from linkwise.datasets.predictor import RuntimePredictor
 
 __all__ = ["Backlog", "backlog_from_store", "warm_jobs"]
 
@@ -59,17 +68,36 @@ class Backlog:
 
 
 def backlog_from_store(
-    con: duckdb.DuckDBPyConnection, topology: Topology, cluster: str | None, t: float
+    con: duckdb.DuckDBPyConnection,
+    topology: Topology,
+    cluster: str | None,
+    t: float,
+    predictor: RuntimePredictor | None = None,
 ) -> Backlog:
     """The store's cluster ``cluster`` (None: the only one it holds) at time ``t`` on
-    ``topology`` (module docstring)."""
+    ``topology``, its jobs annotated by ``predictor`` when given (module docstring)."""
 
     name = _resolve_cluster(con, "jobs", cluster)
     runs, skipped = load_log_jobs(con, topology, name, since=t, until=t)
-    return _backlog(runs, float(t), dict(skipped), topology)
+    return _backlog(runs, float(t), dict(skipped), topology, predictor)
 
 
-def _backlog(runs: pl.DataFrame, t: float, skipped: dict[str, int], topology: Topology) -> Backlog:
+def _predicted(job: Job, r: dict[str, Any], predictor: RuntimePredictor | None) -> Job:
+    """``job`` with the predictions Slurm's view of the run gives (its name and whole limit)."""
+    if predictor is None:
+        return job
+    seen = replace(job, name=str(r["name"]), time_limit=float(r["time_limit"]))
+    qs = predictor.predict(seen)
+    return replace(job, pred_s=qs[0], pred_hi_s=qs[-1])
+
+
+def _backlog(
+    runs: pl.DataFrame,
+    t: float,
+    skipped: dict[str, int],
+    topology: Topology,
+    predictor: RuntimePredictor | None = None,
+) -> Backlog:
     running: list[tuple[Job, Placement]] = []
     pending: list[Job] = []
     free = [n.gpus for n in topology.nodes]
@@ -87,6 +115,7 @@ def _backlog(runs: pl.DataFrame, t: float, skipped: dict[str, int], topology: To
             # a running job restarts at t in the simulator: what is left of its limit
             time_limit=max(1.0, limit - (t - start)) if limit > 0 and start < t else limit,
         )
+        job = _predicted(job, r, predictor)
         if start >= t:
             pending.append(job)
             continue
@@ -96,7 +125,7 @@ def _backlog(runs: pl.DataFrame, t: float, skipped: dict[str, int], topology: To
             continue
         for node, gpus in placement.alloc:
             free[node] -= gpus
-        running.append((job, placement))
+        running.append((shift_running(job, t - start), placement))
     return Backlog(time=t, running=tuple(running), pending=tuple(pending), skipped=skipped)
 
 

@@ -24,6 +24,10 @@ time over the cluster's ``Topology``:
   ``window_s``, at fixed window boundaries (timeout). The first step of an episode is emitted
   at its first event even when only wait is allowed, so every interval has a step to credit.
 
+What the observation holds of a job is what Slurm knew (``docs/INFORMATION.md``): its run
+time is read only through the predictions of a ``RuntimePredictor`` (``predictor``; by
+default one fit on the store's accounting before ``until``, the span the transitions cover).
+
 Accounting knows no model names: each job's communication profile is drawn with
 ``assign_profiles(seed)`` from the calibration's mix, and its duration is the observed run
 time (``end - start``, the proxy for its isolated run time). Link load from telemetry is not
@@ -69,6 +73,7 @@ from linkwise.cluster.mdp import (
 )
 from linkwise.cluster.profiles import Calibration, assign_profiles, load_calibration
 from linkwise.cluster.topology import DEFAULT_INTRA_GBPS, DEFAULT_NIC_GBPS
+from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.transitions import TransitionBuffer, empty_frame
 
 __all__ = [
@@ -76,6 +81,7 @@ __all__ = [
     "LogReport",
     "build_log_transitions",
     "load_log_jobs",
+    "store_predictor",
     "topology_from_store",
 ]
 
@@ -565,6 +571,7 @@ def build_log_transitions(
     window_s: float | None = None,
     seed: int = 0,
     calibration: Calibration | None = None,
+    predictor: RuntimePredictor | None = None,
 ) -> tuple[pl.DataFrame, LogReport]:
     """The transition frame (``TRANSITION_SCHEMA``) of the store's accounting, and its report.
 
@@ -573,6 +580,8 @@ def build_log_transitions(
     than this ends an episode (terminal). ``window_s``: also cut episodes every so many
     seconds from the window start (timeout). ``seed`` draws the jobs' profiles from the
     calibration's mix (``calibration``, else the model's, else the shipped one).
+    ``predictor`` annotates every job with run-time predictions (None: ``store_predictor``,
+    fit on the store's accounting before ``until``).
     """
     if not episode_gap_s >= 0:
         raise ValueError("episode_gap_s must be non-negative")
@@ -616,7 +625,9 @@ def build_log_transitions(
             strict=True,
         )
     ]
-    jobs = assign_profiles(raw_jobs, calib, seed=seed)
+    if predictor is None:
+        predictor = store_predictor(con, name, until)
+    jobs = predictor.annotate(assign_profiles(raw_jobs, calib, seed=seed))
     placements = [
         Placement.of(list(zip(nodes, gs, strict=True)))
         for nodes, gs in zip(
@@ -679,6 +690,19 @@ def build_log_transitions(
         replay.advance(hi)
     replay.close()
     return replay.buf.to_frame(), _report(replay, name, len(jobs), skipped, t0)
+
+
+def store_predictor(
+    con: duckdb.DuckDBPyConnection, cluster: str | None, until: float | None
+) -> RuntimePredictor:
+    """A run-time predictor fit on the store's finished jobs of ``cluster`` submitted before
+    ``until`` (all when None)."""
+    from linkwise.datasets.rollouts import jobs_from_store
+    from linkwise.datasets.traces import frame_jobs
+
+    name = _resolve_cluster(con, "jobs", cluster)
+    jobs = frame_jobs(jobs_from_store(con, cluster=name, until=until))
+    return RuntimePredictor.fit(jobs, until=until)
 
 
 def _report(

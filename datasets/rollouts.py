@@ -18,6 +18,11 @@ kept exactly, the number of arrivals per block follows the window's empirical di
 and windows never borrow jobs from each other (so daily and weekly differences between
 windows stay). ``block_s <= 0`` replays the window as it was.
 
+Every job a behaviour policy or the encoder sees carries run-time predictions (``Job.pred_s``,
+``pred_hi_s``) from the task's ``RuntimePredictor`` (``datasets.predictor``): the same
+predictor for every task of a dataset (``make_tasks`` fits one on the windows' jobs when it
+is given none), never the true run time.
+
 ``rollout(task)`` is deterministic for a task (seeded RNGs only; the simulator has no
 randomness of its own). ``run_rollouts`` maps it over many tasks: in this process
 (``"serial"``), in a local process pool through Prefect's ``ProcessPoolTaskRunner``
@@ -46,6 +51,8 @@ from linkwise.cluster.heuristics import make_policy, policy_names
 from linkwise.cluster.mdp import MdpConfig, StepPolicyAdapter, make_spec
 from linkwise.cluster.profiles import Calibration, assign_profiles, load_calibration
 from linkwise.datasets.backlog import Backlog, warm_jobs
+from linkwise.datasets.prediction import ensure_predicted
+from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.traces import JOB_COLUMNS, frame_jobs, jobs_frame, load_trace
 from linkwise.datasets.transitions import TransitionBuffer, empty_frame
 
@@ -65,6 +72,7 @@ __all__ = [
     "run_rollouts",
     "runs_from_store",
     "window_workload",
+    "windows_predictor",
 ]
 
 
@@ -86,7 +94,9 @@ class RolloutTask:
     ``topology`` and ``calibration`` are resolved once where the run starts (the task carries
     the values, never a string to parse again); ``max_steps`` cuts the episode (a timeout);
     ``backlog`` warm-starts the window from the history's state at its start
-    (``window_workload``).
+    (``window_workload``); ``predictor`` annotates the jobs with run-time predictions (None:
+    one fit on the window's own jobs, ``windows_predictor``; ``make_tasks`` gives every task
+    of a dataset the same one).
     """
 
     policy: str
@@ -99,6 +109,7 @@ class RolloutTask:
     block_s: float = 1800.0
     max_steps: int | None = None
     backlog: Backlog | None = None
+    predictor: RuntimePredictor | None = None
 
     def __post_init__(self) -> None:
         if self.policy not in policy_names():
@@ -259,18 +270,24 @@ def window_workload(
     calibration: Calibration,
     max_gpus: int,
     backlog: Backlog | None = None,
+    predictor: RuntimePredictor | None = None,
 ) -> tuple[tuple[Job, ...], tuple[tuple[Job, Placement], ...]]:
     """A window's simulator inputs for a seed: the resampled jobs plus the backlog's pending
     jobs (arriving at the window's start, ids after the window's), profiles drawn with the
     seed, jobs larger than ``max_gpus`` left out; and the backlog's running jobs on their
-    placements (``datasets.backlog``; empty without a backlog)."""
+    placements (``datasets.backlog``; empty without a backlog). ``predictor`` annotates the
+    jobs without predictions (a backlog built with the same predictor has its own)."""
     resampled = resample_window(window, seed, block_s)
     running: tuple[tuple[Job, Placement], ...] = ()
     pending: tuple[Job, ...] = ()
     if backlog is not None:
         running, pending = warm_jobs(backlog, first_id=len(resampled))
-    jobs = assign_profiles([*resampled, *pending], calibration, seed=seed)
-    held = assign_profiles([j for j, _ in running], calibration, seed=seed)
+    jobs = ensure_predicted(
+        assign_profiles([*resampled, *pending], calibration, seed=seed), predictor
+    )
+    held = ensure_predicted(
+        assign_profiles([j for j, _ in running], calibration, seed=seed), predictor
+    )
     return (
         tuple(j for j in jobs if j.num_gpus <= max_gpus),
         tuple((j, p) for j, (_, p) in zip(held, running, strict=True)),
@@ -296,8 +313,9 @@ def rollout(task: RolloutTask) -> pl.DataFrame:
     cut the episode or the behaviour waited on an idle cluster with nothing left to arrive.
     """
     topo, cal = task.topology, task.calibration
+    predictor = task.predictor or windows_predictor((task.window,))
     jobs, running = window_workload(
-        task.window, task.seed, task.block_s, cal, topo.total_gpus, task.backlog
+        task.window, task.seed, task.block_s, cal, topo.total_gpus, task.backlog, predictor
     )
     spec = make_spec(task.config)
     buf = TransitionBuffer(obs_spec_version=spec.version)
@@ -357,12 +375,16 @@ def make_tasks(
     block_s: float = 1800.0,
     max_steps: int | None = None,
     backlogs: Mapping[int, Backlog] | None = None,
+    predictor: RuntimePredictor | None = None,
 ) -> list[RolloutTask]:
     """The grid (policy, epsilon) x window x seed, in that nesting order; ``backlogs``
     (window id -> the history's state at its start) warm-starts the windows it names;
-    ``calibration`` None is the shipped one."""
+    ``calibration`` None is the shipped one. Every task shares ``predictor``; None fits one
+    on the windows' jobs (the span the rollouts cover, ``windows_predictor``)."""
     cfg = config or MdpConfig()
     cal = calibration if calibration is not None else load_calibration()
+    if predictor is None and windows:
+        predictor = windows_predictor(windows)
     return [
         RolloutTask(
             policy=p,
@@ -375,12 +397,20 @@ def make_tasks(
             block_s=block_s,
             max_steps=max_steps,
             backlog=(backlogs or {}).get(w.window_id),
+            predictor=predictor,
         )
         for p in policies
         for e in epsilons
         for w in windows
         for s in seeds
     ]
+
+
+def windows_predictor(windows: Sequence[Window]) -> RuntimePredictor:
+    """A run-time predictor fit on the jobs of ``windows`` (submitted before the last one's
+    end): what rollouts over those windows use when no history predictor is given."""
+    jobs = [j for w in windows for j in w.jobs]
+    return RuntimePredictor.fit(jobs, until=max(w.end for w in windows))
 
 
 # ------------------------------------------------------------------------ in parallel

@@ -3,7 +3,8 @@
 Both are ``Backend``s for ``linkwise.cluster.loop.drive``, composed of parts that each hold
 one concern: the Slurm adapter here (``observe`` reads the queue and the nodes through
 ``SlurmClient``, retrying while Slurm does not answer, and builds the state with
-``observation.build_observation``; ``apply`` acts in active mode only: it validates each
+``observation.build_observation``, every job annotated with the run-time predictor of the
+package about to decide; ``apply`` acts in active mode only: it validates each
 start against the free GPUs and the job's shape, audits the ``scontrol`` argument lists,
 then sets ``ReqNodeList``/``NumNodes`` and releases the job), the decision log
 (``decision_log.DecisionLog``: rows, joins with what Slurm did, metrics; it takes a clock),
@@ -42,6 +43,7 @@ from linkwise.cluster.loop import drive
 from linkwise.cluster.slurm.client import SlurmClient, read_env_file
 from linkwise.cluster.slurm.errors import SlurmError
 from linkwise.cluster.slurm.records import QueuedJob
+from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.deployer.decision_log import DecisionLog
 from linkwise.deployer.lease_keeper import LeaseKeeper
 from linkwise.deployer.metrics import ServeMetrics
@@ -240,6 +242,7 @@ class SlurmBackend:
             mode=self.mode,
             link_load=load,
             inflight=inflight,
+            predictor=self._predictor(now),
         )
         self._forget_inflight(queue, now)
         self._renew()
@@ -248,6 +251,14 @@ class SlurmBackend:
         self.metrics.foreign_held_jobs.set(self.obs.foreign_held)
         self.metrics.infeasible_jobs.set(len(self.obs.refused))
         return self.obs.state
+
+    def _predictor(self, now: float) -> RuntimePredictor | None:
+        """The run-time predictor of the policy about to decide (the serving package's, which
+        it was trained with; None for a heuristic): the holder is refreshed first, so a model
+        that moved is seen with its own predictor."""
+        self.policy.holder.refresh(now=now)
+        found = getattr(self.policy.holder.active.policy, "predictor", None)
+        return found if isinstance(found, RuntimePredictor) else None
 
     def apply(self, decision: Decision) -> None:
         """Record the decision; in active mode validate, audit and apply each start."""

@@ -1,7 +1,13 @@
 """What the live loop sees in Slurm: the queue and the nodes of the managed partitions as a
 ``ClusterState`` with the jobs held for the loop (``build_observation``), each job's shape,
 the checks a start must pass before it is applied (``check_start``) and the latest link load
-from the store (``read_link_load``)."""
+from the store (``read_link_load``).
+
+A job is what squeue shows of it (``_job``): id, submit time, GPUs, nodes, user, name and
+time limit. Its true run time is unknown here, so ``Job.duration`` is only a placeholder (the
+limit, else an hour) that no policy reads (``docs/INFORMATION.md``); with a run-time
+``predictor`` (the serving package's) every job carries its predictions, and a running job
+its attained service (GPUs x the time since it started), as in training."""
 
 from __future__ import annotations
 
@@ -24,6 +30,8 @@ from linkwise.cluster.domain import (
 from linkwise.cluster.hostlist import compress
 from linkwise.cluster.slurm.records import NodeInfo, QueuedJob
 from linkwise.cluster.topology import load_topology
+from linkwise.datasets.prediction import ensure_predicted
+from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.deployer.safety import Recorder, bypassed, held_for_loop, in_partitions
 
 __all__ = [
@@ -80,8 +88,9 @@ def job_shape(job: QueuedJob) -> Shape:
 
 
 def _job(q: QueuedJob) -> Job:
-    """The ``Job`` a policy sees: the requested shape and time limit as Slurm has them (the
-    duration is the limit, or an hour without one: the true run time is unknown here)."""
+    """The ``Job`` a policy sees: the requested shape, user, name and time limit as Slurm has
+    them (the duration is a placeholder no policy reads: the limit, or an hour without one;
+    the true run time is unknown here)."""
     limit = q.time_limit_s if q.time_limit_s and q.time_limit_s > 0 else 0.0
     nodes = q.num_nodes if q.num_nodes > 0 and q.gpus % q.num_nodes == 0 else 0
     return Job(
@@ -117,6 +126,7 @@ def build_observation(
     mode: Mode,
     link_load: Mapping[str, float] | None = None,
     inflight: Mapping[int, tuple[tuple[int, ...], int]] | None = None,
+    predictor: RuntimePredictor | None = None,
 ) -> Observation:
     """Build the policy's view from Slurm's queue and nodes.
 
@@ -124,6 +134,8 @@ def build_observation(
     counts as ``round(u)`` flows when that is more than the rings linkwise sees.
     ``inflight``: jobs released by the loop that Slurm has not started yet (node indices,
     GPUs per node): their GPUs are taken out of the free count.
+    ``predictor``: the run-time predictor that annotates every job (the serving package's);
+    None leaves them without predictions (a learned policy then annotates them itself).
     """
     managed_parts = set(partitions)
     index = topo.node_index
@@ -154,15 +166,17 @@ def build_observation(
             idx = [index[n] for n in q.nodes if n in index]
             if q.gpus > 0 and idx:
                 per = max(1, q.gpus // len(idx))
-                job = _job(q)
-                end = (q.start_time or now) + job.duration
+                job = ensure_predicted((_job(q),), predictor)[0]
+                begun = q.start_time or now
                 running.append(
                     RunningJob(
                         job=job,
                         placement=Placement.of([(i, per) for i in idx]),
-                        start_time=q.start_time or now,
-                        remaining_s=max(1.0, end - now),
+                        start_time=begun,
+                        # a placeholder: no policy reads a running job's remaining work
+                        remaining_s=max(1.0, begun + job.duration - now),
                         rate=1.0,
+                        attained_gpu_s=q.gpus * max(0.0, now - begun),
                         since=now,
                     )
                 )
@@ -193,7 +207,8 @@ def build_observation(
             continue
         managed[q.job_id] = q
         shapes[q.job_id] = shape
-        pending.append(PendingJob(_job(q), remaining_s=_job(q).duration))
+        job = ensure_predicted((_job(q),), predictor)[0]
+        pending.append(PendingJob(job, remaining_s=job.duration))
     for nodes_idx, per in (inflight or {}).values():
         for i in nodes_idx:
             free[i] = max(0, free[i] - per)

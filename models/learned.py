@@ -9,14 +9,19 @@ A package is a folder:
   masked, so the network is exported here.
 - ``obs_spec.json``: ``ObsSpec.to_json()``; ``dataset.json``: the dataset manifest;
   ``policy.json``: what the values are (``q`` or ``logits``), versions, the dataset hash.
+- ``predictor.json``: the run-time predictor (``datasets.predictor``) the training data was
+  annotated with (the dataset manifest's ``sources.predictor``, or a PPO workload's), when it
+  has one; a policy decides on the same predictions it was trained on.
 - ``checksums.sha256``: ``sha256sum`` lines for every other file.
 
 ``load_package`` verifies every checksum *before* reading anything else, then rebuilds the
 spec with ``ObsSpec.from_json`` (refusing a model encoded differently from this code) and
-checks the network's output shape. ``LearnedPolicy`` implements the ``Policy`` protocol
-as ``cluster.mdp.MdpPolicy`` does: at each step it encodes the state with the model's spec,
-sets masked actions to -inf, and takes the best; "wait" (always allowed) wins only when the
-model prefers it.
+checks the network's output shape; a ``predictor.json`` that the checksums do not cover is
+refused. ``LearnedPolicy`` implements the ``Policy`` protocol as ``cluster.mdp.MdpPolicy``
+does: it first annotates the jobs that have no run-time predictions with its package's
+predictor (``LearnedPolicy.predictor``), then at each step it encodes the state with the
+model's spec, sets masked actions to -inf, and takes the best; "wait" (always allowed) wins
+only when the model prefers it.
 
 Work-conserving guard (``LearnedPolicy.guard``): what the policy does when the model's best
 allowed action is "wait" while a start is allowed. ``"strict"`` (the default): it takes its
@@ -50,12 +55,20 @@ from linkwise.cluster.domain import ClusterState, Decision
 from linkwise.cluster.mdp import ObsSpec, decide_by_steps
 from linkwise.cluster.profiles import load_calibration
 from linkwise.datasets.export import file_sha256
+from linkwise.datasets.prediction import (
+    annotate_state,
+    predictor_from_manifest,
+    read_predictor,
+    write_predictor,
+)
+from linkwise.datasets.predictor import RuntimePredictor
 
 __all__ = [
     "CHECKSUMS",
     "FILES",
     "GUARDS",
     "PACKAGE_FORMAT",
+    "PREDICTOR",
     "LearnedPolicy",
     "PackageError",
     "export_network",
@@ -74,6 +87,7 @@ OBS_SPEC = "obs_spec.json"
 DATASET = "dataset.json"
 META = "policy.json"
 CHECKSUMS = "checksums.sha256"
+PREDICTOR = "predictor.json"  # optional; covered by the checksums when present
 FILES: tuple[str, ...] = (NETWORK, OBS_SPEC, DATASET, META)
 
 FloatArray = npt.NDArray[np.float32]
@@ -180,12 +194,17 @@ def write_package(
     algo: str,
     versions: Mapping[str, str],
     meta: Mapping[str, Any] | None = None,
+    predictor: RuntimePredictor | None = None,
 ) -> Path:
     """The one package writer (BC/CQL and PPO): ``export`` writes the TorchScript network to
     the path it is given and returns what its outputs are (``"q"`` or ``"logits"``); then the
-    spec, the dataset manifest, the metadata (with ``versions`` of the libraries) and the
+    spec, the dataset manifest, the run-time predictor (``predictor``, else the one the
+    manifest records, if any), the metadata (with ``versions`` of the libraries) and the
     checksums. ``out_dir`` is created and must be empty or absent; returns the folder."""
     import torch
+
+    if predictor is None:
+        predictor = predictor_from_manifest(manifest)
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -195,6 +214,10 @@ def write_package(
     _write_json(out / OBS_SPEC, spec.to_json())
     dataset = {k: v for k, v in manifest.items() if k not in ("path", "manifest_path")}
     _write_json(out / DATASET, dataset)
+    names = list(FILES)
+    if predictor is not None:
+        write_predictor(predictor, out / PREDICTOR)
+        names.append(PREDICTOR)
     _write_json(
         out / META,
         {
@@ -206,11 +229,12 @@ def write_package(
             "dim": spec.dim,
             "n_actions": spec.n_actions,
             "dataset_hash": manifest.get("hash"),
+            "predictor_sha256": file_sha256(out / PREDICTOR) if predictor is not None else None,
             "torch": torch.__version__,
             **versions,
         },
     )
-    lines = [f"{file_sha256(out / name)}  {name}\n" for name in FILES]
+    lines = [f"{file_sha256(out / name)}  {name}\n" for name in names]
     (out / CHECKSUMS).write_text("".join(lines))
     return out
 
@@ -255,6 +279,8 @@ def verify_checksums(pkg_dir: str | Path) -> dict[str, str]:
             raise PackageError(f"{sums_path}: malformed line {line!r}")
         listed[name] = digest
     missing = [n for n in FILES if n not in listed]
+    if (d / PREDICTOR).exists() and PREDICTOR not in listed:
+        missing.append(PREDICTOR)
     if missing:
         raise PackageError(f"{sums_path}: {missing} not covered by the checksums")
     for name, digest in listed.items():
@@ -294,7 +320,9 @@ class LearnedPolicy:
     """A learned policy (Policy protocol): all action values from the network, masked, best.
 
     ``guard`` is the work-conserving guard of the module docstring (``GUARDS``);
-    ``wait_overrides`` counts the steps where it replaced the model's "wait" by a start."""
+    ``wait_overrides`` counts the steps where it replaced the model's "wait" by a start.
+    ``predictor``: the run-time predictor of the package; ``decide`` annotates the jobs that
+    have no predictions with it (jobs annotated upstream keep theirs)."""
 
     network: Any  # a torch.jit.ScriptModule, (B, dim) -> (B, n_actions)
     spec: ObsSpec
@@ -304,6 +332,7 @@ class LearnedPolicy:
     meta: Mapping[str, Any] = field(default_factory=dict)
     package_dir: str | None = None
     guard: str = GUARDS[0]
+    predictor: RuntimePredictor | None = None
     wait_overrides: int = field(default=0, init=False)
     _running_feature: int = field(default=0, init=False, repr=False)
 
@@ -365,7 +394,10 @@ class LearnedPolicy:
 
     def decide(self, state: ClusterState) -> Decision:
         """All starts the model chooses at this decision point (steps until it waits), each
-        applied to a local copy of the state before the next observation."""
+        applied to a local copy of the state before the next observation; jobs without
+        run-time predictions are annotated by ``predictor`` first (ValueError from the
+        encoder when the policy has none)."""
+        state = annotate_state(state, self.predictor)
         return decide_by_steps(state, self.act, self.spec, self.model)
 
 
@@ -419,6 +451,12 @@ def load_package(
         ) from None
     if shape != (1, spec.n_actions):
         raise PackageError(f"{d}: network gives {shape}, the spec has {spec.n_actions} actions")
+    predictor = None
+    if (d / PREDICTOR).is_file():
+        try:
+            predictor = read_predictor(d / PREDICTOR)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise PackageError(f"{d}: {PREDICTOR}: {exc}") from None
     return LearnedPolicy(
         network=network,
         spec=spec,
@@ -428,4 +466,5 @@ def load_package(
         meta=meta,
         package_dir=os.fspath(d),
         guard=guard,
+        predictor=predictor,
     )

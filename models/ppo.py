@@ -7,7 +7,9 @@ space and reward, the same as the offline learners see), with the action mask
 a trace (``datasets.rollouts.cut_windows``), each episode a seeded block bootstrap of one
 window (``resample_window``) with profiles assigned as in the rollouts. ``train_days``
 keeps the training windows inside the first days of the trace, so a benchmark on later
-weeks stays held out.
+weeks stays held out. Jobs carry run-time predictions from one ``RuntimePredictor``
+(``predictor``, a JSON file, e.g. the dataset's; else one fit on the trace's jobs submitted
+in those first days), recorded in the workload manifest and carried by the package.
 
 Periodic decision points (``tick_s``, default 300 s) are on while training. Without them an
 online learner finds an exploit offline learners never see: "wait" on an idle cluster with
@@ -49,7 +51,16 @@ from linkwise.cluster.profiles import Calibration, assign_profiles, load_calibra
 from linkwise.cluster.simulator import SimConfig
 from linkwise.cluster.topology import DEFAULT_TOPOLOGY, load_topology
 from linkwise.datasets.export import file_sha256
-from linkwise.datasets.rollouts import Window, cut_windows, jobs_from_trace, resample_window
+from linkwise.datasets.prediction import ensure_predicted, predictor_record, read_predictor
+from linkwise.datasets.predictor import RuntimePredictor
+from linkwise.datasets.rollouts import (
+    Window,
+    cut_windows,
+    jobs_from_trace,
+    resample_window,
+    windows_predictor,
+)
+from linkwise.datasets.traces import frame_jobs
 from linkwise.datasets.windows import choose_windows
 from linkwise.models.config import check_keys, config_digest, resolve_path
 from linkwise.models.learned import masked_argmax, write_package
@@ -61,6 +72,7 @@ __all__ = [
     "WindowWorkloads",
     "build_ppo",
     "compare_returns",
+    "env_predictor",
     "episode_return",
     "export_ppo_network",
     "make_vec_env",
@@ -131,6 +143,9 @@ class PpoEnvConfig:
     max_steps: int | None = 5000  # an episode cut (timeout)
     tick_s: float | None = 300.0  # periodic decision points (see the module docstring)
     eval_episodes: int = 4  # after training: PPO vs best_fit vs random on fresh seeds
+    # a run-time predictor JSON (``datasets.prediction.write_predictor``); None: fit on the
+    # trace's jobs submitted in the first ``train_days`` (all of them without)
+    predictor: str | None = None
     mdp: MdpConfig = field(default_factory=MdpConfig)
 
     def __post_init__(self) -> None:
@@ -189,7 +204,7 @@ class PpoConfig:
             env["windows"] = tuple(int(x) for x in env["windows"])
         if "trace" not in env:
             raise ValueError("[env] needs a trace")
-        for key in ("trace", "calibration"):
+        for key in ("trace", "calibration", "predictor"):
             if env.get(key):
                 env[key] = resolve_path(str(env[key]), base)
             elif key in env:
@@ -247,14 +262,33 @@ class WindowWorkloads:
     calibration: Calibration
     block_s: float = 600.0
     sim_config: SimConfig | None = None
+    predictor: RuntimePredictor | None = None  # None: fit on the windows' jobs
+
+    def __post_init__(self) -> None:
+        if self.predictor is None:
+            object.__setattr__(self, "predictor", windows_predictor(self.windows))
 
     def __call__(self, seed: int) -> Workload:
         rng = np.random.default_rng(seed)
         window = self.windows[int(rng.integers(len(self.windows)))]
         jobs = resample_window(window, seed, self.block_s)
-        jobs = assign_profiles(jobs, self.calibration, seed=seed)
+        jobs = ensure_predicted(assign_profiles(jobs, self.calibration, seed=seed), self.predictor)
         fitting = tuple(j for j in jobs if j.num_gpus <= self.topology.total_gpus)
         return Workload(self.topology, fitting, AnalyticModel(self.calibration), self.sim_config)
+
+
+def env_predictor(env: PpoEnvConfig) -> RuntimePredictor:
+    """The run-time predictor of the configuration: its ``predictor`` file, else one fit on
+    the trace's jobs submitted within ``train_days`` of its first submit (all without)."""
+    if env.predictor:
+        return read_predictor(env.predictor)
+    jobs = frame_jobs(jobs_from_trace(env.trace))
+    if not jobs:
+        raise ValueError(f"{env.trace}: no jobs to fit a run-time predictor on")
+    until = None
+    if env.train_days is not None:
+        until = min(j.submit_time for j in jobs) + env.train_days * 86400.0
+    return RuntimePredictor.fit(jobs, until=until)
 
 
 def workloads(env: PpoEnvConfig) -> WindowWorkloads:
@@ -266,6 +300,7 @@ def workloads(env: PpoEnvConfig) -> WindowWorkloads:
         calibration=load_calibration(env.calibration),
         block_s=env.block_s,
         sim_config=SimConfig(tick_s=env.tick_s),
+        predictor=env_predictor(env),
     )
 
 
@@ -286,6 +321,10 @@ def workload_manifest(env: PpoEnvConfig, factory: WindowWorkloads) -> dict[str, 
             for w in factory.windows
         ],
     }
+    if factory.predictor is not None:
+        body["predictor"] = predictor_record(
+            factory.predictor, {"file": env.predictor} if env.predictor else {"trace": env.trace}
+        )
     digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
     return {**body, "hash": digest, "source": "simulator"}
 

@@ -11,6 +11,12 @@
    ``min_jobs`` jobs are picked evenly over the workload (or the ``windows`` ids), and every
    (policy, epsilon, window, seed) is one rollout (``datasets.rollouts``), run by
    ``executor`` ("serial", "local[:N]", "dask" or "dask://HOST:PORT").
+Before either, one run-time predictor (``datasets.predictor``) is fit on the history before
+the dataset's end (``until``): the store's accounting, else the trace, or ``history`` when
+given (a trace or a store), unless ``predictor`` is passed in. Logs, rollouts and warm starts
+all annotate their jobs with it, and the manifest records it (``sources.predictor``: its
+JSON, SHA-256 and fit span), so the learned packages trained on the dataset carry it.
+
 3. Export: the frames concatenated and written as content-hashed Parquet with a manifest
    (``datasets.export``), logged to MLflow when a tracking URI is configured.
 
@@ -36,8 +42,14 @@ from linkwise.cluster.mdp import SLOT_ORDERS, MdpConfig, ObsSpec, make_spec
 from linkwise.cluster.profiles import load_calibration
 from linkwise.cluster.topology import DEFAULT_TOPOLOGY, load_topology
 from linkwise.datasets.backlog import Backlog, backlog_from_store
-from linkwise.datasets.decisions import build_log_transitions, topology_from_store
+from linkwise.datasets.decisions import (
+    build_log_transitions,
+    store_predictor,
+    topology_from_store,
+)
 from linkwise.datasets.export import export_dataset, file_sha256, log_to_mlflow
+from linkwise.datasets.prediction import predictor_from_history, predictor_record
+from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.rollouts import (
     cut_windows,
     jobs_from_store,
@@ -73,6 +85,7 @@ def _log_transitions(
     until: float | None,
     log_window_s: float | None,
     seed: int,
+    predictor: RuntimePredictor,
 ) -> tuple[pl.DataFrame, dict[str, Any]]:
     with closing(open_store(db_path)) as con:
         frame, report = build_log_transitions(
@@ -85,9 +98,32 @@ def _log_transitions(
             until=until,
             window_s=log_window_s,
             seed=seed,
+            predictor=predictor,
         )
     rep = report.to_json() if hasattr(report, "to_json") else {}
     return frame, rep
+
+
+def _predictor(
+    given: RuntimePredictor | None,
+    history: str | Path | None,
+    db: str | None,
+    trace: str | Path | None,
+    slurm_cluster: str | None,
+    until: float | None,
+) -> tuple[RuntimePredictor, dict[str, Any]]:
+    """The dataset's one predictor and what it was fit on (``build_dataset``)."""
+    if given is not None:
+        return given, {"given": True}
+    if history is not None:
+        fitted = predictor_from_history(history, until=until, cluster=slurm_cluster)
+        return fitted, {"history": str(history), "cluster": slurm_cluster, "until": until}
+    if db is not None:
+        with closing(open_store(db)) as con:
+            fitted = store_predictor(con, slurm_cluster, until)
+        return fitted, {"history": db, "cluster": slurm_cluster, "until": until}
+    assert trace is not None
+    return predictor_from_history(trace, until=until), {"history": str(trace), "until": until}
 
 
 def build_dataset(
@@ -116,6 +152,8 @@ def build_dataset(
     seed: int = 0,
     tracking_uri: str | None = None,
     warm_start: bool = False,
+    history: str | Path | None = None,
+    predictor: RuntimePredictor | None = None,
 ) -> dict[str, Any]:
     """Build, export and (optionally) log a dataset; the manifest (``path``, ``hash``,
     ``counts``, ``report``, ``sources``, ``seconds``).
@@ -124,7 +162,9 @@ def build_dataset(
     seed); ``windows`` names window ids instead. ``batch``: rollouts per Prefect task run.
     ``seed`` draws the log jobs' profiles. ``warm_start`` (rollouts from the store): every
     rollout window starts from the accounting's running and queued jobs at its start
-    (``datasets.backlog``), as the evaluation does.
+    (``datasets.backlog``), as the evaluation does. ``predictor`` (else one fit on
+    ``history``, else on the store's accounting, else on the trace, before ``until``) gives
+    every job its run-time predictions; the manifest records it (module docstring).
     """
     t0 = time.perf_counter()
     db = str(db_path) if db_path is not None else None
@@ -148,6 +188,8 @@ def build_dataset(
         },
         "calibration": calibration,
     }
+    predictor, fitted_on = _predictor(predictor, history, db, trace, slurm_cluster, until)
+    sources["predictor"] = predictor_record(predictor, fitted_on)
     frames: list[pl.DataFrame] = [empty_frame()]
     log_report: dict[str, Any] | None = None
     if db is not None:
@@ -161,6 +203,7 @@ def build_dataset(
             until=until,
             log_window_s=log_window_s,
             seed=seed,
+            predictor=predictor,
         )
         frames.append(frame)
         window = (
@@ -196,8 +239,10 @@ def build_dataset(
             if trace is not None or db is None:
                 raise ValueError("warm_start needs rollouts from the store (no trace)")
             with closing(open_store(db)) as con:
-                backlogs = {w.window_id: backlog_from_store(con, topo, slurm_cluster, w.start)
-                            for w in chosen}  # fmt: skip
+                backlogs = {
+                    w.window_id: backlog_from_store(con, topo, slurm_cluster, w.start, predictor)
+                    for w in chosen
+                }
         tasks = make_tasks(
             chosen,
             policies,
@@ -209,6 +254,7 @@ def build_dataset(
             block_s=block_s,
             max_steps=max_steps,
             backlogs=backlogs,
+            predictor=predictor,
         )
         frames.append(run_rollouts(tasks, executor, batch=batch))
         sources["rollouts"] = {
@@ -268,6 +314,12 @@ def format_report(m: dict[str, Any]) -> str:
         f"  obs spec: {m['obs_spec_version']} ({m['obs_spec']['dim']} features, "
         f"{m['obs_spec']['n_actions']} actions)",
     ]
+    pred = m.get("sources", {}).get("predictor")
+    if pred:
+        lines.append(
+            f"  run-time predictor {pred['sha256'][:16]}: fit on {pred['n_jobs']} jobs submitted "
+            f"before {pred['fit_until']:.0f}"
+        )
     for src, c in rep["by_source"].items():
         lines.append(f"  {src}: {c['transitions']} transitions, {c['episodes']} episodes")
     lines.append(
@@ -326,6 +378,7 @@ def cmd_build_dataset(args: argparse.Namespace) -> int:
         max_steps=args.max_steps,
         tracking_uri=args.tracking_uri,
         warm_start=args.warm_start,
+        history=args.history,
     )
     if args.json:
         print(json.dumps(manifest, default=str))
@@ -374,6 +427,12 @@ def add_build_dataset_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--warm-start",
         action="store_true",
         help="rollouts from the store start from its running and queued jobs at each window",
+    )
+    p.add_argument(
+        "--history",
+        type=Path,
+        help="a trace or store to fit the run-time predictor on (default: the store, else the "
+        "trace); recorded in the manifest",
     )
     p.add_argument("--out", type=Path, default=Path("linkwise-out/datasets"), help="output folder")
     p.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI)")

@@ -8,6 +8,10 @@ Its numbers are one experiment of ``pipelines.experiment`` (``ci`` or ``full``):
    (``backfill``) in the simulator and stored as the cluster's accounting in DuckDB.
 2. Dataset (``pipelines.build_dataset``): decision points from the logs plus simulator
    rollouts, both from the FIRST part of the history only (``until`` a window boundary).
+   One run-time predictor (``datasets.predictor``) is fit on that part alone
+   (``predictor.json``); every job the dataset, PPO, the evaluation and the shadow loop
+   show a policy carries its predictions (``docs/INFORMATION.md``), and its accuracy on the
+   held-out part is reported.
 3. Training (``pipelines.learners``): DiscreteBC, then DiscreteCQL (ends as
    ``@challenger``); then the DeepShare-style online baseline, MaskablePPO in the simulator
    on the same training days of the workload, registered as ``linkwise-ppo``.
@@ -44,6 +48,9 @@ from rich.console import Console
 
 from linkwise.cluster.domain import Job, Topology
 from linkwise.cluster.topology import load_topology
+from linkwise.datasets.decisions import store_predictor
+from linkwise.datasets.prediction import predictor_digest, write_predictor
+from linkwise.datasets.predictor import RuntimePredictor, accuracy
 from linkwise.datasets.rollouts import jobs_from_store
 from linkwise.datasets.store import open_store
 from linkwise.datasets.traces import write_native
@@ -110,6 +117,7 @@ class DemoResult:
     aliases: dict[str, str]
     table: list[dict[str, Any]]
     seconds: dict[str, float] = field(default_factory=dict)
+    predictor: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -182,7 +190,14 @@ def run_pipeline(
         f"dataset from [{time.strftime('%Y-%m-%d %H:%M', time.gmtime(first))}, "
         f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime(until))}) UTC; later windows held out"
     )
-    dataset = _dataset(ws, exp, slurm_cluster=slurm_cluster, until=until, seed=seed)
+    predictor, predictor_info = _predictor(ws, slurm_cluster, topo, until)
+    console.print(
+        f"run-time predictor {predictor_info['sha256'][:16]} fit on {predictor.n_jobs} jobs "
+        f"before the split; on the held-out jobs: {_accuracy_text(predictor_info)}"
+    )
+    dataset = _dataset(
+        ws, exp, slurm_cluster=slurm_cluster, until=until, seed=seed, predictor=predictor
+    )
     console.print(f"dataset {str(dataset['hash'])[:16]}: {dataset['counts']}")
 
     stages.begin("train", "Train BC and CQL (and MaskablePPO when budgeted)")
@@ -190,7 +205,14 @@ def run_pipeline(
     if plan.ppo_steps > 0 and trace is not None:
         train_days = (until - first) / 86400.0
         models["ppo"] = train_online(
-            trace, exp, train_days, seed=seed, uri=uri, out=out, console=console
+            trace,
+            exp,
+            train_days,
+            seed=seed,
+            uri=uri,
+            out=out,
+            console=console,
+            predictor=predictor_info["path"],
         )
 
     stages.begin("evaluate", "Evaluate heuristics and the learned policies on held-out windows")
@@ -208,7 +230,14 @@ def run_pipeline(
 
     stages.begin("shadow", "Shadow mode: the live loop against the simulator")
     shadow, shadow_gate = _shadow(
-        ws, exp, topo, windows, until=until, slurm_cluster=slurm_cluster, seed=seed
+        ws,
+        exp,
+        topo,
+        windows,
+        until=until,
+        slurm_cluster=slurm_cluster,
+        seed=seed,
+        predictor=predictor,
     )
 
     stages.begin("table", "Comparison")
@@ -233,6 +262,7 @@ def run_pipeline(
         aliases=current_aliases(uri),
         table=table,
         seconds=seconds,
+        predictor=predictor_info,
     )
     (out / "demo.json").write_text(json.dumps(result.to_json(), indent=2, default=str))
     console.print(
@@ -265,11 +295,46 @@ def _split(db: Path, slurm_cluster: str, topo: Topology, exp: Experiment) -> dic
     }
 
 
+def _predictor(
+    ws: Workspace, slurm_cluster: str, topo: Topology, until: float
+) -> tuple[RuntimePredictor, dict[str, Any]]:
+    """The run's one run-time predictor, fit on the accounting's jobs submitted before
+    ``until`` (never on the held-out part), written to ``predictor.json``; and its summary
+    with its accuracy on the held-out jobs (their true run times, for the report only)."""
+    with closing(open_store(ws.db)) as con:
+        predictor = store_predictor(con, slurm_cluster, until)
+    path = write_predictor(predictor, ws.out / "predictor.json")
+    heldout = accounting_jobs(ws.db, cluster=slurm_cluster, since=until, max_gpus=topo.total_gpus)
+    return predictor, {
+        "path": str(path),
+        "sha256": predictor_digest(predictor),
+        "fit_from": predictor.fit_from,
+        "fit_until": predictor.fit_until,
+        "n_jobs": predictor.n_jobs,
+        "heldout_accuracy": accuracy(predictor, heldout) if heldout else None,
+    }
+
+
+def _accuracy_text(info: Mapping[str, Any]) -> str:
+    acc = info.get("heldout_accuracy")
+    if not acc:
+        return "no held-out jobs"
+    cov = ", ".join(f"{k.removeprefix('coverage_')} covers {v:.0%}" for k, v in acc.items()
+                    if k.startswith("coverage_"))  # fmt: skip
+    return f"Spearman {acc['spearman']:.2f}, MAE {acc['mae_h']:.1f} h, {cov}"
+
+
 def _dataset(
-    ws: Workspace, exp: Experiment, *, slurm_cluster: str, until: float, seed: int
+    ws: Workspace,
+    exp: Experiment,
+    *,
+    slurm_cluster: str,
+    until: float,
+    seed: int,
+    predictor: RuntimePredictor,
 ) -> dict[str, Any]:
-    """The dataset (log transitions and rollouts) from the history before ``until``: its
-    path, hash, counts and build time."""
+    """The dataset (log transitions and rollouts) from the history before ``until``, its jobs
+    annotated by ``predictor``: its path, hash, counts and build time."""
     built = build_dataset(
         ws.db,
         out_dir=ws.out / "datasets",
@@ -290,6 +355,7 @@ def _dataset(
         seed=seed,
         tracking_uri=ws.uri,
         warm_start=exp.windows.warm_start,
+        predictor=predictor,
     )
     return {
         "path": str(built["path"]),
@@ -393,9 +459,11 @@ def _shadow(
     until: float,
     slurm_cluster: str,
     seed: int,
+    predictor: RuntimePredictor,
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """The shadow loop with ``@shadow`` (else ``@challenger``) over the first held-out window,
-    and with ``@shadow`` the shadow -> champion gate on its log: (summary, gate decision)."""
+    its jobs annotated by ``predictor``, and with ``@shadow`` the shadow -> champion gate on
+    its log: (summary, gate decision)."""
     aliases = current_aliases(ws.uri)
     alias = "shadow" if "shadow" in aliases else "challenger"
     lo, hi = (
@@ -414,6 +482,7 @@ def _shadow(
         state_dir=ws.out / "serve",
         max_cycles=exp.evaluation.shadow_cycles,
         seed=seed,
+        predictor=predictor,
     )  # fmt: skip
     ws.console.print(
         f"shadow loop (@{alias}, version {shadow['model_version']}): {shadow['cycles']} cycles, "

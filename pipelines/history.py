@@ -26,7 +26,7 @@ from linkwise.datasets.ingest import ingest_job_runs, ingest_nodes
 from linkwise.datasets.rollouts import jobs_from_store
 from linkwise.datasets.store import open_store
 from linkwise.datasets.synthetic import generate
-from linkwise.datasets.traces import load_trace
+from linkwise.datasets.traces import frame_jobs, load_trace
 
 __all__ = [
     "DEMO_EPOCH",
@@ -205,12 +205,9 @@ def accounting_jobs(
     max_gpus: int,
 ) -> list[Job]:
     """The accounting's finished jobs submitted in [since, until) as the simulator's ``Job``s
-    (id, submit time, GPUs, run time; no profile: ``assign_profiles`` gives one), those asking
-    at most ``max_gpus``."""
+    (id, submit time, GPUs, run time, user, name, time limit; no profile: ``assign_profiles``
+    gives one; no predictions: a run-time predictor annotates them), those asking at most
+    ``max_gpus``."""
     with closing(open_store(db)) as con:
         frame = jobs_from_store(con, cluster=cluster, since=since, until=until)
-    return [
-        Job(int(r["job_id"]), float(r["submit_time"]), int(r["num_gpus"]), float(r["duration"]))
-        for r in frame.iter_rows(named=True)
-        if int(r["num_gpus"]) <= max_gpus
-    ]
+    return [j for j in frame_jobs(frame) if j.num_gpus <= max_gpus]

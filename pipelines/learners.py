@@ -86,10 +86,13 @@ def train_online(
     uri: str,
     out: Path,
     console: Console,
+    predictor: str | Path | None = None,
 ) -> dict[str, Any]:
     """MaskablePPO in the simulator on the trace's first ``train_days`` days (the dataset's
     span, so the evaluation windows stay held out), on the experiment's cluster, windows and
-    decision problem; its model entry (registered as ``linkwise-ppo``)."""
+    decision problem, its jobs annotated by the run-time predictor JSON ``predictor`` (the
+    dataset's; None: one fit on those days); its model entry (registered as
+    ``linkwise-ppo``)."""
     assert experiment.training is not None
     w = experiment.windows
     base = tomllib.loads(PPO_TOML.read_text())
@@ -102,6 +105,7 @@ def train_online(
         "min_jobs": w.min_jobs,
         "max_jobs": None,
         "train_days": train_days,
+        "predictor": str(predictor) if predictor is not None else None,
         "mdp": experiment.mdp.to_json(),
     }
     n_steps = int(base["train"]["n_steps"])

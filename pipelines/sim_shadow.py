@@ -1,7 +1,9 @@
 """The live loop's shadow mode over the simulator instead of Slurm: ``run_shadow`` runs the
 loop's own ``DecisionLog`` (decision rows, joins, the ``decisions`` table through its
 ``Recorder``) with the simulator's clock, while a Slurm-like heuristic schedules the
-simulated cluster."""
+simulated cluster. As the live loop annotates what squeue shows with the serving package's
+run-time predictor, the simulated jobs carry the predictions of one predictor (the
+experiment's, else the shadow policy's own)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ from linkwise.cluster.loop import drive
 from linkwise.cluster.profiles import assign_profiles, load_calibration
 from linkwise.cluster.simulator import Simulator
 from linkwise.cluster.slurm.records import QueuedJob
+from linkwise.datasets.prediction import ensure_predicted
+from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.store import open_store
 from linkwise.deployer.decision_log import DecisionLog
 from linkwise.deployer.loop import ServeConfig
@@ -161,12 +165,24 @@ def run_shadow(
     max_cycles: int = 200,
     calibration: str | None = None,
     seed: int = 0,
+    predictor: RuntimePredictor | None = None,
 ) -> dict[str, Any]:
     """Run the shadow loop (``spec``: ``model:ALIAS``) against the simulator over ``jobs``
-    scheduled by ``scheduler``; a summary (cycles, decision rows, joined starts)."""
+    scheduled by ``scheduler``; a summary (cycles, decision rows, joined starts). The jobs
+    without run-time predictions are annotated by ``predictor`` (None: the shadow policy's
+    package predictor, as the live loop does)."""
     cal = load_calibration(calibration)
     model = AnalyticModel(cal)
-    sim = Simulator(topology, assign_profiles(jobs, cal, seed=seed), model)
+    loaded: LoadedPolicy | None = None
+    if predictor is None:
+        try:
+            loaded = _shadow_loader(spec, tracking_uri, model)
+        except Exception:  # the holder falls back to the scheduler and says why
+            loaded = None
+        found = getattr(loaded.policy, "predictor", None) if loaded is not None else None
+        predictor = found if isinstance(found, RuntimePredictor) else None
+    profiled = ensure_predicted(assign_profiles(jobs, cal, seed=seed), predictor)
+    sim = Simulator(topology, profiled, model)
     cfg = ServeConfig(
         mode="shadow",
         partitions=(PARTITION,),
@@ -183,7 +199,9 @@ def run_shadow(
         scheduler,
         metrics=metrics,
         logger=LOG,
-        loader=lambda s: _shadow_loader(s, tracking_uri, model),
+        loader=lambda s: (
+            loaded if loaded is not None and s == spec else _shadow_loader(s, tracking_uri, model)
+        ),
         probe=lambda _s: "fixed",
     )
     guarded = GuardedPolicy(holder, metrics, LOG)

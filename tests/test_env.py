@@ -39,6 +39,8 @@ def factory(seed: int, n: int = 25, tick_s: float | None = None) -> Workload:
             int(rng.choice([1, 2, 4, 8, 12, 16])),
             float(rng.uniform(100, 2000)),
             profile=str(rng.choice(["light", "heavy"])),
+            pred_s=600.0,  # what the observation reads (never the duration)
+            pred_hi_s=1800.0,
         )
         for i in range(n)
     ]
@@ -153,7 +155,11 @@ def test_max_steps_truncates() -> None:
 
 
 def test_waiting_forever_truncates() -> None:
-    env = ClusterEnv(lambda s: Workload(TOPO, [Job(0, 0.0, 4, 100.0, profile="light")], MODEL))
+    env = ClusterEnv(
+        lambda s: Workload(
+            TOPO, [Job(0, 0.0, 4, 100.0, profile="light", pred_s=60.0, pred_hi_s=60.0)], MODEL
+        )
+    )
     env.reset(seed=0)
     _, reward, terminated, truncated, info = env.step(env.config.wait_action)
     assert (reward, terminated, truncated, info["stalled"]) == (0.0, False, True, True)

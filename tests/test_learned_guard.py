@@ -5,6 +5,8 @@ run, with the "strict" one (the default) it starts whatever fits."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -19,6 +21,13 @@ from linkwise.models.learned import LearnedPolicy
 SPEC = make_spec(MdpConfig(k_slots=4))
 MODEL = AnalyticModel(load_calibration(None))
 TOPO = from_spec("2x8,leaf=2")
+
+
+def _job(*args: Any, **kwargs: Any) -> Job:
+    """A job with run-time predictions (what the encoder reads instead of its duration)."""
+    kwargs.setdefault("pred_s", 600.0)
+    kwargs.setdefault("pred_hi_s", 1800.0)
+    return Job(*args, **kwargs)
 
 
 def _wait_lover(
@@ -45,7 +54,9 @@ def test_idle_cluster_with_fitting_work_starts_the_best_allowed_start() -> None:
     # the second slot's first candidate scores best among the starts
     policy = _wait_lover({p: 5.0})
     state = Simulator(
-        TOPO, [Job(1, 0.0, 4, 600.0, profile="bert"), Job(2, 0.0, 2, 600.0, profile="bert")], MODEL
+        TOPO,
+        [_job(1, 0.0, 4, 600.0, profile="bert"), _job(2, 0.0, 2, 600.0, profile="bert")],
+        MODEL,
     ).observe()
     assert not state.running
     mask = action_mask(candidates(state, SPEC.config, MODEL))
@@ -58,7 +69,9 @@ def test_idle_cluster_with_fitting_work_starts_the_best_allowed_start() -> None:
 def test_guard_waits_when_a_job_runs() -> None:
     policy = _wait_lover()
     sim = Simulator(
-        TOPO, [Job(1, 0.0, 8, 600.0, profile="bert"), Job(2, 1.0, 2, 600.0, profile="bert")], MODEL
+        TOPO,
+        [_job(1, 0.0, 8, 600.0, profile="bert"), _job(2, 1.0, 2, 600.0, profile="bert")],
+        MODEL,
     )
     first = policy.decide(sim.observe())
     assert [s.job_id for s in first.starts] == [1]
@@ -74,7 +87,7 @@ def test_guard_never_emits_a_masked_action() -> None:
     # huge scores on every action of the empty slots 1..3 (masked): the guard must skip them
     p = SPEC.config.n_candidates
     policy = _wait_lover({a: 9.0 for a in range(p, SPEC.config.wait_action)})
-    state = Simulator(TOPO, [Job(1, 0.0, 4, 600.0, profile="bert")], MODEL).observe()
+    state = Simulator(TOPO, [_job(1, 0.0, 4, 600.0, profile="bert")], MODEL).observe()
     mask = action_mask(candidates(state, SPEC.config, MODEL))
     assert not mask[p : SPEC.config.wait_action].any()
     decision = policy.decide(state)
@@ -82,7 +95,7 @@ def test_guard_never_emits_a_masked_action() -> None:
 
 
 def test_a_waiting_model_finishes_a_simulation_only_with_the_guard() -> None:
-    jobs = [Job(i, 60.0 * i, 1 + i % 4, 300.0 + 50 * i, profile="bert") for i in range(1, 13)]
+    jobs = [_job(i, 60.0 * i, 1 + i % 4, 300.0 + 50 * i, profile="bert") for i in range(1, 13)]
     guarded = _wait_lover()
     result = simulate(TOPO, jobs, MODEL, guarded)
     assert len(result.records) == len(jobs)
@@ -93,7 +106,7 @@ def test_a_waiting_model_finishes_a_simulation_only_with_the_guard() -> None:
 
 def test_guard_holds_where_only_act_is_called() -> None:
     # the benchmark wraps ``act`` in its own MdpPolicy (to count masked actions): still no stall
-    jobs = [Job(i, 60.0 * i, 1 + i % 4, 300.0 + 50 * i, profile="bert") for i in range(1, 13)]
+    jobs = [_job(i, 60.0 * i, 1 + i % 4, 300.0 + 50 * i, profile="bert") for i in range(1, 13)]
     policy = _wait_lover()
     result = simulate(TOPO, jobs, MODEL, MdpPolicy(policy.act, SPEC, MODEL, "probe"))
     assert len(result.records) == len(jobs)
@@ -101,7 +114,7 @@ def test_guard_holds_where_only_act_is_called() -> None:
 
 
 def test_strict_guard_starts_whatever_fits_while_jobs_run() -> None:
-    jobs = [Job(1, 0.0, 8, 600.0, profile="bert"), Job(2, 1.0, 2, 600.0, profile="bert")]
+    jobs = [_job(1, 0.0, 8, 600.0, profile="bert"), _job(2, 1.0, 2, 600.0, profile="bert")]
     sim = Simulator(TOPO, jobs, MODEL)
     strict = _wait_lover(guard="strict")
     sim.apply(strict.decide(sim.observe()))
@@ -116,7 +129,7 @@ def test_strict_guard_starts_whatever_fits_while_jobs_run() -> None:
 
 
 def test_strict_guard_never_leaves_a_fitting_job_waiting() -> None:
-    jobs = [Job(i, 60.0 * i, 1 + i % 4, 300.0 + 50 * i, profile="bert") for i in range(1, 13)]
+    jobs = [_job(i, 60.0 * i, 1 + i % 4, 300.0 + 50 * i, profile="bert") for i in range(1, 13)]
     idle_only, strict = _wait_lover(guard="idle"), _wait_lover(guard="strict")
     waits = {}
     for name, policy in (("idle", idle_only), ("strict", strict)):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -40,6 +41,13 @@ CAL = Calibration(
 MODEL = AnalyticModel(CAL)
 FLOWS_MODEL = AnalyticModel(CAL, sharing="flows")
 ALL_GENS = mdp.MdpConfig(generators=mdp.GENERATORS)
+
+
+def _job(*args: Any, **kwargs: Any) -> Job:
+    """A job with run-time predictions (what the encoder reads instead of its duration)."""
+    kwargs.setdefault("pred_s", 900.0)
+    kwargs.setdefault("pred_hi_s", 3 * kwargs["pred_s"])
+    return Job(*args, **kwargs)
 
 
 def _mixed_topology() -> Topology:
@@ -84,7 +92,7 @@ jobs_strategy = st.lists(
 
 
 def _jobs(raw: list[tuple[float, int, float, str]]) -> list[Job]:
-    return [Job(i, t, g, d, profile=p) for i, (t, g, d, p) in enumerate(raw)]
+    return [_job(i, t, g, d, profile=p) for i, (t, g, d, p) in enumerate(raw)]
 
 
 def _run_to(
@@ -233,7 +241,7 @@ def test_observation_has_the_size_of_the_spec_whatever_the_cluster() -> None:
     dims = set()
     for spec_str in ("2x4", "16x8,leaf=4", "40x8,leaf=8"):
         topo = from_spec(spec_str)
-        jobs = [Job(i, 0.0, 1 + i % 4, 100.0, profile="heavy") for i in range(12)]
+        jobs = [_job(i, 0.0, 1 + i % 4, 100.0, profile="heavy") for i in range(12)]
         sim = Simulator(topo, jobs, MODEL)
         dims.add(mdp.encode_state(sim.observe(), spec, MODEL).shape)
     assert dims == {(spec.dim,)}
@@ -242,9 +250,9 @@ def test_observation_has_the_size_of_the_spec_whatever_the_cluster() -> None:
 def test_features_say_what_they_mean() -> None:
     topo = from_spec("4x8,leaf=2,oversub=2")  # thin leaf uplinks
     jobs = [
-        Job(0, 0.0, 16, 1000.0, profile="heavy"),  # spans two nodes
-        Job(1, 0.0, 12, 1000.0, profile="heavy"),
-        Job(2, 0.0, 4, 500.0, profile="light"),
+        _job(0, 0.0, 16, 1000.0, profile="heavy"),  # spans two nodes
+        _job(1, 0.0, 12, 1000.0, profile="heavy"),
+        _job(2, 0.0, 4, 500.0, profile="light"),
     ]
     sim = Simulator(topo, jobs, MODEL)
     sim.apply(Decision((Start(0, Placement.of([(0, 8), (2, 8)])),)))  # across both leaves
@@ -272,6 +280,36 @@ def test_features_say_what_they_mean() -> None:
     # duplicates are flagged and masked: for a single-node job most generators agree
     assert obs["s1.same_leaf.redundant"] == 1.0
     assert not cands.mask[1 * spec.config.n_candidates + 2]
+    # run times only as predicted, log-scaled: 900 s median, 2700 s upper, no time limit
+    unit, cap = spec.config.time_scale_s, spec.config.max_time_s
+    scaled = math.log1p(900.0 / unit) / math.log1p(cap / unit)
+    assert obs["s0.pred_remaining"] == pytest.approx(scaled)
+    assert obs["s0.pred_remaining_hi"] > obs["s0.pred_remaining"]
+    assert obs["s0.time_limit"] == 0.0 and obs["s0.has_time_limit"] == 0.0
+    assert 0.0 < obs["s0.pred_gpu_time"] < 1.0
+    # the running 16-GPU job is predicted to end within the hour: half the GPUs free soon
+    assert obs["g.gpus_free_soon"] == pytest.approx(0.5)
+    assert obs["g.running_pred_remaining"] == pytest.approx(scaled)
+
+
+def test_encoder_refuses_jobs_without_predictions() -> None:
+    topo = from_spec("2x8")
+    sim = Simulator(topo, [Job(0, 0.0, 4, 100.0, profile="heavy")], MODEL)
+    spec = mdp.make_spec()
+    cands = mdp.candidates(sim.observe(), spec.config, MODEL)
+    assert cands.mask[0]  # the mask needs no prediction
+    with pytest.raises(ValueError, match="run-time predictor"):
+        mdp.encode(cands, spec)
+
+
+def test_time_features_are_log_scaled_and_clipped() -> None:
+    topo = from_spec("2x8")
+    spec = mdp.make_spec()
+    huge = _job(0, 0.0, 16, 1e9, profile="heavy", pred_s=1e9, pred_hi_s=1e9, time_limit=1e9)
+    sim = Simulator(topo, [huge], MODEL)
+    obs = dict(zip(spec.feature_names, mdp.encode_state(sim.observe(), spec, MODEL), strict=True))
+    for name in ("pred_remaining", "pred_remaining_hi", "pred_gpu_time", "time_limit"):
+        assert obs[f"s0.{name}"] == pytest.approx(1.0)
 
 
 def test_spec_version_tracks_features_config_and_revision() -> None:
@@ -319,7 +357,7 @@ def test_step_reward_and_contention_term() -> None:
     assert mdp.step_reward(10.0, 30.0, 5, 0.0, cfg) == pytest.approx(-1.0)
     assert mdp.step_reward(10.0, 30.0, 5, 0.25, cfg) == pytest.approx(-1.5)
     topo = from_spec("2x8")
-    sim = Simulator(topo, [Job(0, 0.0, 8, 100.0, profile="heavy")], MODEL)
+    sim = Simulator(topo, [_job(0, 0.0, 8, 100.0, profile="heavy")], MODEL)
     assert mdp.jobs_in_system(sim.observe()) == 1
     sim.apply(Decision((Start(0, Placement.of([(0, 4), (1, 4)])),)))
     state = sim.observe()
@@ -330,7 +368,7 @@ def test_step_reward_and_contention_term() -> None:
 
 def test_apply_start_matches_the_simulator() -> None:
     topo = from_spec("4x8,leaf=2")
-    jobs = [Job(i, 0.0, g, 500.0, profile="heavy") for i, g in enumerate([12, 4, 8])]
+    jobs = [_job(i, 0.0, g, 500.0, profile="heavy") for i, g in enumerate([12, 4, 8])]
     sim = Simulator(topo, jobs, MODEL)
     state = sim.observe()
     start = Start(0, Placement.of([(1, 8), (2, 4)]))
@@ -352,7 +390,7 @@ def test_apply_start_matches_the_simulator() -> None:
 def _small_workload(n: int = 40, seed: int = 0) -> list[Job]:
     rng = np.random.default_rng(seed)
     return [
-        Job(
+        _job(
             i,
             float(rng.uniform(0, 4000)),
             int(rng.choice([1, 2, 4, 8, 12, 16])),
@@ -415,7 +453,7 @@ def test_mdp_policy_runs_a_function_as_a_policy() -> None:
 
 def test_decision_steps_follow_a_real_decision() -> None:
     topo = from_spec("4x8,leaf=2")
-    jobs = [Job(i, 0.0, g, 500.0, profile="mid") for i, g in enumerate([8, 4, 4, 2])]
+    jobs = [_job(i, 0.0, g, 500.0, profile="mid") for i, g in enumerate([8, 4, 4, 2])]
     state = Simulator(topo, jobs, MODEL).observe()
     spec = mdp.make_spec()
     odd = Start(2, Placement.of([(3, 2), (1, 2)]))  # no generator splits a 4-GPU job
@@ -440,7 +478,7 @@ def test_other_contention_models_are_asked_for_all_rates() -> None:
     model = EmpiricalModel(table)
     topo = from_spec("4x8,leaf=2")
     jobs = [
-        Job(i, 0.0, g, 500.0, profile=p)
+        _job(i, 0.0, g, 500.0, profile=p)
         for i, (g, p) in enumerate([(16, "heavy"), (4, "light"), (12, "heavy"), (8, "light")])
     ]
     sim = Simulator(topo, jobs, model)
