@@ -59,6 +59,7 @@ import polars as pl
 from linkwise.cluster.bounds import queue_bound
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import ClusterState, Decision, Job, Placement, Policy, Topology
+from linkwise.cluster.heuristics import is_oracle
 from linkwise.cluster.mdp import MdpPolicy
 from linkwise.cluster.metrics import summarize
 from linkwise.cluster.profiles import Calibration, load_calibration
@@ -383,10 +384,11 @@ def make_cases(
     tick_s: float | None = None,
     data_dir: str | None = None,
     backlogs: Mapping[int, Backlog] | None = None,
+    predictor: RuntimePredictor | None = None,
 ) -> list[EvalCase]:
     """Every window x seed, in that nesting order; ``backlogs`` (window id -> the history's
     state at its start) warm-starts the windows it names; ``calibration`` None is the
-    shipped one."""
+    shipped one; ``predictor`` annotates every case's jobs with run-time predictions."""
     cal = calibration if calibration is not None else load_calibration()
     return [
         EvalCase(
@@ -399,10 +401,17 @@ def make_cases(
             tick_s=tick_s,
             data_dir=data_dir,
             backlog=(backlogs or {}).get(w.window_id),
+            predictor=predictor,
         )
         for w in windows
         for s in seeds
     ]
+
+
+def _mean(values: Sequence[float]) -> float:
+    """The mean of the finite values (nan when none is: e.g. no multi-node job in any case)."""
+    finite = [v for v in values if math.isfinite(v)]
+    return float(np.mean(finite)) if finite else math.nan
 
 
 @dataclass(frozen=True)
@@ -434,8 +443,9 @@ class Benchmark:
         return found
 
     def summary(self) -> list[dict[str, Any]]:
-        """Per policy, the mean over cases of every numeric metric, plus totals of masked
-        actions and the worst p99 decision latency."""
+        """Per policy, the mean over cases of every numeric metric (of the cases where it is
+        defined), plus totals of masked actions, the worst p99 decision latency and whether
+        it is an oracle ceiling (``oracle``)."""
         out: list[dict[str, Any]] = []
         for p in self.policies:
             rows = [r.row() for r in self.runs(p)]
@@ -444,8 +454,10 @@ class Benchmark:
                 for k, v in rows[0].items()
                 if isinstance(v, int | float) and k not in ("window_id", "seed", "masked_actions")
             ]
-            agg: dict[str, Any] = {"policy": p, "spec": self.specs.get(p, p), "cases": len(rows)}
-            agg.update({k: float(np.mean([float(r[k]) for r in rows])) for k in keys})
+            spec = self.specs.get(p, p)
+            agg: dict[str, Any] = {"policy": p, "spec": spec, "cases": len(rows)}
+            agg.update({k: _mean([float(r[k]) for r in rows]) for k in keys})
+            agg["oracle"] = is_oracle(spec) or is_oracle(p)
             masked = [r["masked_actions"] for r in rows]
             agg["masked_actions"] = None if any(m is None for m in masked) else int(sum(masked))
             agg["latency_ms_p99"] = float(max(r["latency_ms_p99"] for r in rows))

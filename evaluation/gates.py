@@ -4,7 +4,10 @@ Two stages (``evaluation/gates.toml`` documents every threshold):
 
 - ``check_challenger``: challenger -> shadow. On the held-out benchmark the challenger's avg
   JCT is lower than the champion's and than the best heuristic's by a margin (paired ratio
-  point estimate ``<= 1 - margin``, and with ``require_ci`` the interval's upper end ``< 1``),
+  point estimate ``<= 1 - margin``, and with ``require_ci`` the interval's upper end ``< 1``;
+  the best heuristic is the best *same-information* one, never an oracle ceiling
+  (``cluster.heuristics.is_oracle``: an oracle reads the true run time; evidence naming one
+  as the reference fails),
   its p99 JCT no worse (ratio ``<= 1 + p99_tolerance``); its FQE estimate is not below the
   behaviour policy's value (``estimate >= reference - fqe_tolerance * spread``, the reference
   being FQE's own estimate of the behaviour policy when given, which shares FQE's bias, else
@@ -27,6 +30,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from linkwise.cluster.heuristics import is_oracle
 from linkwise.evaluation.stats import RatioCI
 
 __all__ = [
@@ -302,23 +306,31 @@ def check_challenger(ev: ChallengerEvidence, cfg: ChallengerGates) -> GateReport
             _no_worse("p99_vs_champion", ev.champion, ev.p99_vs_champion, cfg.p99_tolerance)
         )
     ref = ev.best_heuristic or "the best heuristic"
-    checks.append(
-        _better(
-            "better_than_best_heuristic",
-            ref,
-            ev.avg_vs_heuristic if ev.best_heuristic else None,
-            cfg.margin_vs_heuristic,
-            cfg.require_ci,
+    if ev.best_heuristic is not None and is_oracle(ev.best_heuristic):
+        why = (
+            f"{ev.best_heuristic} is an oracle ceiling (it reads the true run time): never a "
+            "gate reference; compare with the best non-oracle heuristic"
         )
-    )
-    checks.append(
-        _no_worse(
-            "p99_vs_best_heuristic",
-            ref,
-            ev.p99_vs_heuristic if ev.best_heuristic else None,
-            cfg.p99_tolerance,
+        checks.append(Check("better_than_best_heuristic", False, why))
+        checks.append(Check("p99_vs_best_heuristic", False, why))
+    else:
+        checks.append(
+            _better(
+                "better_than_best_heuristic",
+                ref,
+                ev.avg_vs_heuristic if ev.best_heuristic else None,
+                cfg.margin_vs_heuristic,
+                cfg.require_ci,
+            )
         )
-    )
+        checks.append(
+            _no_worse(
+                "p99_vs_best_heuristic",
+                ref,
+                ev.p99_vs_heuristic if ev.best_heuristic else None,
+                cfg.p99_tolerance,
+            )
+        )
     if ev.ope is None:
         checks.append(
             Check(

@@ -3,9 +3,15 @@
 ``write_report`` writes into ``out_dir``:
 
 - ``report.md``: the setup (cluster, workload, evaluation windows and the dataset windows
-  they are held out from, seeds), a table per policy (avg / p99 JCT, ratios to the lower
-  bound, slowdowns, unfair share, utilisation, decision latency, masked actions) and the
-  paired avg / p99 JCT ratios to the baseline with bootstrap intervals;
+  they are held out from, seeds, the run-time predictor), a table per policy with the JCT's
+  parts apart (avg / p99 JCT, queueing, run-time inflation from contention, mean contention
+  slowdown overall and of multi-node jobs, ratios to both lower bounds, slowdowns, unfair
+  share, utilisation, decision latency, masked actions), the paired avg / p99 JCT ratios to
+  the baseline with bootstrap intervals, and the paired avg JCT ratios to the references:
+  the baseline, the best same-information heuristic (the best non-oracle heuristic, what a
+  learned policy must beat) and the oracle ceiling (the best oracle run), beside the ratios
+  to both lower bounds. Oracle ceilings (``cluster.heuristics.is_oracle``: they read the true
+  run time) are marked ``(oracle)`` in every table and are never a reference but the ceiling;
 - ``jct_cdf.png`` (all jobs of all cases per policy), ``jct_ratios.png`` (avg and p99 ratios
   to the baseline with intervals), ``contention_slowdown.png`` (CDF of run time / isolated
   run time per policy);
@@ -21,12 +27,13 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from linkwise.cluster.heuristics import is_oracle
 from linkwise.evaluation.benchmark import UNFAIR_SLOWDOWN, Benchmark, save_benchmark
 from linkwise.evaluation.stats import STATS, RatioCI, paired_ratio
 from linkwise.models.registry import ensure_experiment, mlflow_env
@@ -36,6 +43,7 @@ __all__ = [
     "EvaluationReport",
     "compute_ratios",
     "log_report",
+    "reference_policies",
     "render_markdown",
     "write_report",
 ]
@@ -53,6 +61,10 @@ class EvaluationReport:
     ratios: list[RatioCI]
     baseline: str
     context: dict[str, Any]
+    # "baseline", "best_heuristic" (the best non-oracle heuristic), "oracle" (the best oracle
+    # ceiling) -> policy label or None; and the paired ratios to the last two
+    references: dict[str, str | None] = field(default_factory=dict)
+    reference_ratios: list[RatioCI] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -62,7 +74,35 @@ class EvaluationReport:
             "context": self.context,
             "summary": self.summary,
             "ratios": [r.to_json() for r in self.ratios],
+            "references": self.references,
+            "reference_ratios": [r.to_json() for r in self.reference_ratios],
         }
+
+
+def reference_policies(bench: Benchmark, baseline: str) -> dict[str, str | None]:
+    """The references a table compares with: the ``baseline``, the best same-information
+    heuristic (lowest mean avg JCT among the heuristics that are no oracle) and the oracle
+    ceiling (lowest mean avg JCT among the oracles); None where there is none."""
+    avg = {r["policy"]: float(r["avg_jct_s"]) for r in bench.summary()}
+
+    def spec(p: str) -> str:
+        return bench.specs.get(p, p)
+
+    heur = [p for p in bench.policies if not spec(p).startswith("model:") and not _oracle(bench, p)]
+    oracles = [p for p in bench.policies if _oracle(bench, p)]
+    return {
+        "baseline": baseline,
+        "best_heuristic": min(heur, key=avg.__getitem__) if heur else None,
+        "oracle": min(oracles, key=avg.__getitem__) if oracles else None,
+    }
+
+
+def _oracle(bench: Benchmark, policy: str) -> bool:
+    return is_oracle(bench.specs.get(policy, policy)) or is_oracle(policy)
+
+
+def _name(row: Mapping[str, Any]) -> str:
+    return f"{row['policy']} (oracle)" if row.get("oracle") else str(row["policy"])
 
 
 def compute_ratios(
@@ -98,6 +138,8 @@ def render_markdown(
     baseline: str,
     context: Mapping[str, Any],
     plots: Mapping[str, str],
+    references: Mapping[str, str | None] | None = None,
+    reference_ratios: Sequence[RatioCI] = (),
 ) -> str:
     """The Markdown report."""
     lines = ["# linkwise evaluation", "", "## Setup", ""]
@@ -134,6 +176,16 @@ def render_markdown(
             lines.append(f"  - ... and {len(used) - 50} more spans")
     elif "datasets" in context:
         lines += ["", "Training data: none named (no --holdout-from, no model manifest)."]
+    pred = context.get("predictor")
+    if pred:
+        lines += [
+            "",
+            f"Run-time predictor: fit on {pred.get('history_jobs', '?')} jobs of "
+            f"{pred.get('history', '?')} submitted before the first evaluation window "
+            f"(fit until {pred.get('predictor_fit_until', math.nan):.0f} s on its clock)"
+            + (f"; {pred['history_note']}" if pred.get("history_note") else "")
+            + ". Policies see its predictions, never the true run times (oracles excepted).",
+        ]
     lines += [
         "",
         "## Results (mean over cases)",
@@ -144,18 +196,29 @@ def render_markdown(
         "queueing. Slowdown = JCT / isolated run time "
         f"(bounded, 10 s floor); unfair = share of jobs with slowdown > {UNFAIR_SLOWDOWN:g}.",
         "",
-        "| policy | avg JCT h | p99 JCT h | avg/LB | avg/queue LB | p99/LB | avg slowdown | "
-        "unfair | contention x | GPU util | latency p99 ms | masked |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "The average JCT in parts: avg JCT = avg queue + LB x (1 + run-time inflation), "
+        "the inflation being mean run time / mean isolated run time - 1 (contention's share "
+        "of run time); contention x is the per-job mean of run time / isolated run time, "
+        "multi-node x the same over jobs spanning more than one node. (oracle): reads the "
+        "true run time, a ceiling, never a reference.",
+        "",
+        "| policy | avg JCT h | p99 JCT h | avg queue h | run-time inflation | contention x | "
+        "multi-node x | avg/LB | avg/queue LB | p99/LB | avg slowdown | unfair | GPU util | "
+        "latency p99 ms | masked |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in summary:
         masked = "n/a" if r["masked_actions"] is None else str(r["masked_actions"])
         lines.append(
-            f"| {r['policy']} | {_h(r['avg_jct_s'])} | {_h(r['p99_jct_s'])} | "
+            f"| {_name(r)} | {_h(r['avg_jct_s'])} | {_h(r['p99_jct_s'])} | "
+            f"{_h(r.get('avg_queue_s', math.nan))} | "
+            f"{r.get('avg_runtime_inflation', math.nan):+.1%} | "
+            f"{r['avg_contention_slowdown']:.3f} | "
+            f"{r.get('avg_multinode_slowdown', math.nan):.3f} | "
             f"{r['avg_jct_over_lb']:.2f} | {r.get('avg_jct_over_queue_lb', math.nan):.2f} | "
             f"{r['p99_jct_over_lb']:.2f} | "
             f"{r['avg_slowdown']:.2f} | {r['unfair_share']:.1%} | "
-            f"{r['avg_contention_slowdown']:.3f} | {r['gpu_utilization']:.1%} | "
+            f"{r['gpu_utilization']:.1%} | "
             f"{r['latency_ms_p99']:.1f} | {masked} |"
         )
     if summary:
@@ -181,9 +244,11 @@ def render_markdown(
         for p in dict.fromkeys(r.policy for r in ratios):
             a, q = by[(p, "avg")], by[(p, "p99")]
             lines.append(
-                f"| {p} | {a.ratio:.3f} | [{a.low:.3f}, {a.high:.3f}] | {q.ratio:.3f} | "
-                f"[{q.low:.3f}, {q.high:.3f}] | {a.wins:.0%} |"
+                f"| {_label(p, summary)} | {a.ratio:.3f} | [{a.low:.3f}, {a.high:.3f}] | "
+                f"{q.ratio:.3f} | [{q.low:.3f}, {q.high:.3f}] | {a.wins:.0%} |"
             )
+    if references and summary:
+        lines += _reference_table(summary, ratios, baseline, references, reference_ratios)
     failed: Mapping[str, Mapping[str, Any]] = context.get("failed", {})
     if failed:
         lines += [
@@ -197,6 +262,51 @@ def render_markdown(
     lines += ["", "## Plots", ""]
     lines += [f"![{name}]({path})" for name, path in plots.items()]
     return "\n".join(lines) + "\n"
+
+
+def _label(policy: str, summary: Sequence[Mapping[str, Any]]) -> str:
+    row = next((r for r in summary if r["policy"] == policy), {"policy": policy})
+    return _name(row)
+
+
+def _reference_table(
+    summary: Sequence[Mapping[str, Any]],
+    ratios: Sequence[RatioCI],
+    baseline: str,
+    references: Mapping[str, str | None],
+    reference_ratios: Sequence[RatioCI],
+) -> list[str]:
+    """avg JCT ratios to every reference and both lower bounds, one row per policy."""
+    best, oracle = references.get("best_heuristic"), references.get("oracle")
+    by = {(r.baseline, r.policy): r for r in [*ratios, *reference_ratios] if r.stat == "avg"}
+
+    def cell(policy: str, ref: str | None) -> str:
+        if ref is None:
+            return "-"
+        if policy == ref:
+            return "1"
+        r = by.get((ref, policy))
+        return "-" if r is None else f"{r.ratio:.3f} [{r.low:.3f}, {r.high:.3f}]"
+
+    lines = [
+        "",
+        "## avg JCT ratios to the references and the bounds",
+        "",
+        f"Baseline {baseline}; best same-information heuristic {best or '(none run)'} (the "
+        f"best heuristic that is no oracle: what a learned policy must beat, and the gates' "
+        f"reference); oracle ceiling {oracle or '(none run)'} (reads the true run time). "
+        "Paired ratios with bootstrap intervals; LB and queue LB as above.",
+        "",
+        f"| policy | / {baseline} | / best heuristic | / oracle | / LB | / queue LB |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in summary:
+        p = str(r["policy"])
+        lines.append(
+            f"| {_name(r)} | {cell(p, baseline)} | {cell(p, best)} | {cell(p, oracle)} | "
+            f"{r['avg_jct_over_lb']:.2f} | {r.get('avg_jct_over_queue_lb', math.nan):.2f} |"
+        )
+    return lines
 
 
 def _plt() -> Any:
@@ -287,6 +397,17 @@ def write_report(
         }
     summary = bench.summary()
     ratios = compute_ratios(bench, baseline, n_boot=n_boot, level=level, seed=seed)
+    references = reference_policies(bench, baseline)
+    reference_ratios = [
+        paired_ratio(bench, p, ref, stat, n_boot=n_boot, level=level, seed=seed)
+        for ref in dict.fromkeys(
+            r for k, r in references.items() if k != "baseline" and r not in (None, baseline)
+        )
+        if ref is not None
+        for p in bench.policies
+        if p != ref
+        for stat in STATS
+    ]
     files = {k: str(v) for k, v in save_benchmark(bench, out).items()}
     plots = {
         "jct_cdf": _plot_cdf(
@@ -308,7 +429,15 @@ def write_report(
     }
     if ratios:
         plots["jct_ratios"] = _plot_ratios(ratios, baseline, out / "jct_ratios.png")
-    md = render_markdown(summary, ratios, baseline, ctx, {k: p.name for k, p in plots.items()})
+    md = render_markdown(
+        summary,
+        ratios,
+        baseline,
+        ctx,
+        {k: p.name for k, p in plots.items()},
+        references,
+        reference_ratios,
+    )
     (out / "report.md").write_text(md)
     files.update({k: str(p) for k, p in plots.items()})
     files["report"] = str(out / "report.md")
@@ -319,6 +448,8 @@ def write_report(
         ratios=ratios,
         baseline=baseline,
         context=ctx,
+        references=references,
+        reference_ratios=reference_ratios,
     )
     results = out / "results.json"
     results.write_text(json.dumps(report.to_json(), indent=1, default=str) + "\n")
@@ -365,13 +496,20 @@ def log_report(
             "lower_bound_s",
             "lower_bound_queue_s",
             "avg_jct_over_queue_lb",
+            "avg_queue_s",
+            "avg_runtime_inflation",
+            "avg_multinode_slowdown",
         )
         for row in report.summary:
             name = _metric_name(str(row["policy"]))
             for k in keys:
-                v = float(row[k])
+                v = float(row.get(k, math.nan))
                 if math.isfinite(v):
                     client.log_metric(rid, f"{name}.{k}", v)
+        for r in report.reference_ratios:
+            which = next(k for k, v in report.references.items() if v == r.baseline)
+            name = _metric_name(r.policy)
+            client.log_metric(rid, f"{name}.{r.stat}_ratio_to_{which}", r.ratio)
         for r in report.ratios:
             name = _metric_name(r.policy)
             client.log_metric(rid, f"{name}.{r.stat}_ratio", r.ratio)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -33,15 +34,16 @@ from pathlib import Path
 from typing import Any
 
 from linkwise.cluster.contention import AnalyticModel
-from linkwise.cluster.heuristics import policy_names
+from linkwise.cluster.heuristics import is_oracle, policy_names
 from linkwise.cluster.mdp import ObsSpec
 from linkwise.cluster.profiles import load_calibration
 from linkwise.cluster.topology import DEFAULT_TOPOLOGY, load_topology
 from linkwise.datasets.backlog import Backlog, backlog_from_store
 from linkwise.datasets.decisions import topology_from_store
 from linkwise.datasets.export import file_sha256, read_dataset
-from linkwise.datasets.rollouts import cut_windows, jobs_from_store, jobs_from_trace
+from linkwise.datasets.rollouts import cut_windows, jobs_from_store
 from linkwise.datasets.store import open_store
+from linkwise.datasets.traces import jobs_frame, load_trace
 from linkwise.datasets.windows import choose_windows
 from linkwise.deployer.promote import (
     CHALLENGER,
@@ -78,6 +80,7 @@ from linkwise.evaluation.holdout import (
     window_spans,
 )
 from linkwise.evaluation.ope import ope_table, run_ope
+from linkwise.evaluation.predictions import fit_history, load_history
 from linkwise.evaluation.report import EvaluationReport, log_report, write_report
 from linkwise.evaluation.stats import paired_ratio
 from linkwise.models.policy_spec import PolicySpec, split_specs
@@ -160,6 +163,11 @@ def _heuristic(spec: str) -> bool:
     return not PolicySpec.parse(spec).is_model
 
 
+def _reference(spec: str) -> bool:
+    """A heuristic that may be a reference (baseline, gate): never an oracle ceiling."""
+    return _heuristic(spec) and not is_oracle(spec)
+
+
 # ------------------------------------------------------------------------ evaluate
 
 
@@ -188,11 +196,18 @@ def evaluate(
     n_boot: int = 2000,
     seed: int = 0,
     warm_start: bool = False,
+    history: str | Path | None = None,
+    history_format: str = "auto",
+    learned_need_predictions: bool = False,
 ) -> tuple[EvaluationReport, str | None]:
     """Benchmark ``policies`` on held-out windows and write the report (module docstring);
     the report and the MLflow run id (None when ``log`` is False). ``warm_start`` (store
     only): every window starts from the cluster's state in the accounting at its start
-    (``datasets.backlog``), not from an empty cluster."""
+    (``datasets.backlog``), not from an empty cluster. ``history`` (a trace or a store, the
+    workload itself included): a run-time predictor is fit on its jobs submitted before the
+    first evaluation window (``evaluation.predictions``) and annotates every case's jobs;
+    ``qssf`` needs it, and with ``learned_need_predictions`` (``linkwise evaluate``) so does
+    a learned package without its own predictor."""
 
     if not policies:
         raise ValueError("no policies to evaluate")
@@ -209,9 +224,11 @@ def evaluate(
     )
     topo = load_topology(cluster)
     traces: dict[str, str | Path] = {}
+    origin: float | None = 0.0  # a store's times are Unix seconds
     if trace is not None:
         sha = file_sha256(trace)
-        source, jobs = trace_source(sha), jobs_from_trace(trace)
+        loaded = load_trace(trace)
+        source, jobs, origin = trace_source(sha), jobs_frame(loaded.jobs), loaded.origin_epoch
         traces[sha] = trace
         workload = f"{trace} (sha256 {sha[:16]})"
     else:
@@ -241,6 +258,13 @@ def evaluate(
             "no evaluation windows left (all overlap the training data or are "
             f"below {min_jobs} jobs)"
         )
+    predictor, fitted = None, None
+    if history is not None:
+        predictor, fitted = fit_history(
+            load_history(history, history_format, slurm_cluster=slurm_cluster),
+            first_submit=min(w.start for w in chosen),
+            origin_epoch=origin,
+        )
     backlogs: dict[int, Backlog] = {}
     if warm_start:
         with closing(open_store(db)) as con:  # type: ignore[arg-type]
@@ -255,11 +279,18 @@ def evaluate(
         block_s=block_s,
         tick_s=tick_s,
         backlogs=backlogs,
+        predictor=predictor,
     )
 
-    bench = run_benchmark(refs, cases, executor=executor, tracking_uri=uri)
+    bench = run_benchmark(
+        refs,
+        cases,
+        executor=executor,
+        tracking_uri=uri,
+        learned_need_predictions=learned_need_predictions,
+    )
     labels = [r.label for r in refs]
-    base = baseline or next((s for s in labels if _heuristic(s)), labels[0])
+    base = baseline or next((s for s in labels if _reference(s)), labels[0])
     context: dict[str, Any] = {
         "cluster": cluster,
         "gpus": topo.total_gpus,
@@ -285,6 +316,8 @@ def evaluate(
         ],
         "datasets": [str(m.get("hash", ""))[:16] for m in manifests],
         "dataset_windows": [s.to_json() for s in used],
+        "oracles": [x for x in labels if is_oracle(x)],
+        "predictor": fitted,
     }
     report = write_report(bench, out_dir, baseline=base, context=context, n_boot=n_boot, seed=seed)
     run_id = log_report(report, tracking_uri=uri) if log else None
@@ -306,10 +339,11 @@ def gate_evidence(
 ) -> ChallengerEvidence:
     """The challenger gate's evidence from a benchmark: paired ratios against the champion
     (a policy label, or None when there is none) and the best heuristic (lowest mean avg
-    JCT among the heuristics run), FQE numbers, latency and masked actions."""
+    JCT among the heuristics run, never an oracle ceiling: ``cluster.heuristics.is_oracle``),
+    FQE numbers, latency and masked actions."""
 
     summary = {r["policy"]: r for r in bench.summary()}
-    heur = [p for p in bench.policies if _heuristic(bench.specs.get(p, p))]
+    heur = [p for p in bench.policies if _reference(bench.specs.get(p, p)) and not is_oracle(p)]
     best = min(heur, key=lambda p: float(summary[p]["avg_jct_s"])) if heur else None
 
     def ratio(ref: str | None, stat: str) -> Any:
@@ -501,15 +535,28 @@ def format_evaluation(report: EvaluationReport, run_id: str | None) -> str:
         f"({len(report.context['evaluation_windows'])} windows x "
         f"{len(report.context['seeds'])} seeds) on {report.context['cluster']}"
     ]
-    lines.append(f"  {'policy':<32} {'avg JCT h':>9} {'p99 h':>8} {'avg/LB':>7} {'unfair':>7}")
+    lines.append(
+        f"  {'policy':<32} {'avg JCT h':>9} {'p99 h':>8} {'queue h':>8} {'infl.':>7} "
+        f"{'cont. x':>7} {'avg/LB':>7} {'/qLB':>6} {'unfair':>7}"
+    )
     for r in report.summary:
+        name = f"{r['policy']} (oracle)" if r.get("oracle") else str(r["policy"])
         lines.append(
-            f"  {r['policy']:<32} {r['avg_jct_s'] / 3600:>9.2f} {r['p99_jct_s'] / 3600:>8.2f} "
-            f"{r['avg_jct_over_lb']:>7.2f} {r['unfair_share']:>7.1%}"
+            f"  {name:<32} {r['avg_jct_s'] / 3600:>9.2f} {r['p99_jct_s'] / 3600:>8.2f} "
+            f"{r.get('avg_queue_s', math.nan) / 3600:>8.2f} "
+            f"{r.get('avg_runtime_inflation', math.nan):>+7.1%} "
+            f"{r['avg_contention_slowdown']:>7.3f} {r['avg_jct_over_lb']:>7.2f} "
+            f"{r.get('avg_jct_over_queue_lb', math.nan):>6.2f} {r['unfair_share']:>7.1%}"
         )
-    for q in report.ratios:
+    for q in [*report.ratios, *report.reference_ratios]:
         lines.append(
             f"  {q.policy} / {q.baseline} {q.stat}: {q.ratio:.3f} [{q.low:.3f}, {q.high:.3f}]"
+        )
+    refs = report.references
+    if refs:
+        lines.append(
+            f"  references: baseline {refs.get('baseline')}, best same-information heuristic "
+            f"{refs.get('best_heuristic')}, oracle ceiling {refs.get('oracle')}"
         )
     lines.append(f"  report: {report.files['report']}")
     if run_id:
@@ -521,7 +568,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     """``linkwise evaluate``."""
 
     report, run_id = evaluate(
-        split_specs(args.policies or "") or policy_names(),
+        split_specs(args.policies or "") or policy_names(predictions=args.history is not None),
         trace=args.trace,
         db=args.db,
         slurm_cluster=args.slurm_cluster,
@@ -541,6 +588,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         log=not args.no_log,
         n_boot=args.n_boot,
         warm_start=args.warm_start,
+        history=args.history,
+        history_format=args.history_format,
+        learned_need_predictions=True,
     )
     if args.json:
         print(json.dumps({**report.to_json(), "mlflow_run_id": run_id}, default=str))
@@ -620,8 +670,25 @@ def add_evaluate_parsers(sub: Any) -> None:
         action="store_true",
         help="with --db: start each window from the accounting's running and pending jobs",
     )
+    p.add_argument(
+        "--history",
+        type=Path,
+        metavar="PATH",
+        help="past jobs (a trace or a DuckDB store; the workload itself will do) to fit the "
+        "run-time predictor on, only jobs submitted before the first evaluation window; "
+        "needed by qssf and by learned packages without a predictor of their own",
+    )
+    p.add_argument(
+        "--history-format",
+        default="auto",
+        choices=["auto", "native", "philly", "helios", "alibaba", "swf"],
+        help="format of a --history trace (default: detect)",
+    )
     p.add_argument("--calibration", type=Path, help="calibration JSON (default: shipped)")
-    p.add_argument("--baseline", help="policy the ratios are taken to (default: first heuristic)")
+    p.add_argument(
+        "--baseline",
+        help="policy the ratios are taken to (default: the first heuristic that is no oracle)",
+    )
     p.add_argument(
         "--executor",
         default="local",

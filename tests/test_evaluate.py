@@ -59,8 +59,9 @@ def evaluated(manifest: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
     root = tmp_path_factory.mktemp("eval")
     uri = f"sqlite:///{root / 'mlflow.db'}"
     report, run_id = evaluate(
-        ["backfill", "sjf_bco", "best_fit"],
+        ["backfill", "sjf_bco", "best_fit", "qssf", "srtf_oracle"],
         trace=PHILLY,
+        history=PHILLY,  # the predictor is fit on its jobs before the first evaluated window
         holdout_from=[manifest],
         n_windows=2,
         seeds=[0, 1],
@@ -117,25 +118,39 @@ def test_report_files_metrics_and_mlflow_run(evaluated: dict[str, Any]) -> None:
     for png in out.glob("*.png"):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
     rows = {r["policy"]: r for r in rep.summary}
-    assert set(rows) == {"backfill", "sjf_bco", "best_fit"}
+    assert set(rows) == {"backfill", "sjf_bco", "best_fit", "qssf", "srtf_oracle"}
+    assert {p for p, r in rows.items() if r["oracle"]} == {"srtf_oracle"}
     for r in rows.values():
         assert r["cases"] == 4
         # JCT can never beat the isolated best-placement run time
         assert r["avg_jct_over_lb"] >= 1.0 and r["p99_jct_over_lb"] >= 1.0
         assert r["avg_jct_s"] == pytest.approx(r["avg_jct_over_lb"] * r["lower_bound_s"], rel=0.3)
         assert 0.0 <= r["unfair_share"] <= 1.0 and r["masked_actions"] is None
+        assert r["avg_jct_over_queue_lb"] >= 1.0 - 1e-9 and r["avg_runtime_inflation"] >= -1e-9
     lb = {r["lower_bound_s"] for r in rows.values()}
     assert len(lb) == 1  # the same jobs for every policy
     # queues form on this cluster: the heuristics differ
     assert len({round(r["avg_jct_s"], 3) for r in rows.values()}) > 1
     assert rep.baseline == "backfill"
     assert {(q.policy, q.stat) for q in rep.ratios} == {
-        (p, s) for p in ("sjf_bco", "best_fit") for s in ("avg", "p99")
+        (p, s) for p in ("sjf_bco", "best_fit", "qssf", "srtf_oracle") for s in ("avg", "p99")
     }
+    # references: the best heuristic is never an oracle; the oracle ceiling is the oracle
+    assert rep.references["oracle"] == "srtf_oracle"
+    assert rep.references["best_heuristic"] in {"backfill", "sjf_bco", "best_fit", "qssf"}
+    best = rep.references["best_heuristic"]
+    assert all(rows[best]["avg_jct_s"] <= rows[p]["avg_jct_s"] for p in rows if p != "srtf_oracle")
+    assert {q.baseline for q in rep.reference_ratios} <= {best, "srtf_oracle"}
+    # the predictor: fit on the trace's jobs before the first evaluated window only
+    pred = rep.context["predictor"]
+    first = min(w["start"] for w in rep.context["evaluation_windows"])
+    assert pred["history_jobs"] > 0 and pred["predictor_fit_until"] == pytest.approx(first)
     for q in rep.ratios:
         assert q.low <= q.ratio <= q.high and q.cases == 4
     md = (out / "report.md").read_text()
     assert "| sjf_bco |" in md and "![jct_cdf](jct_cdf.png)" in md
+    assert "| srtf_oracle (oracle) |" in md and "avg JCT ratios to the references" in md
+    assert "Run-time predictor: fit on" in md
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=evaluated["uri"])
@@ -194,3 +209,36 @@ def test_bootstrap_interval_covers_the_true_ratio() -> None:
     assert a == bootstrap_ratio(chal, base, "p99", n_boot=200, seed=7)
     with pytest.raises(ValueError, match="same, non-zero number of jobs"):
         bootstrap_ratio([np.ones(3)], [np.ones(4)])
+
+
+def test_gate_evidence_never_takes_an_oracle_as_the_best_heuristic(
+    evaluated: dict[str, Any],
+) -> None:
+    from linkwise.pipelines.evaluate import gate_evidence
+
+    bench = load_benchmark(evaluated["report"].out_dir)
+    ev = gate_evidence(bench, "qssf", champion=None, n_boot=100)
+    assert ev.best_heuristic is not None and ev.best_heuristic != "srtf_oracle"
+    assert ev.best_heuristic == evaluated["report"].references["best_heuristic"]
+
+
+def test_qssf_without_history_is_refused_before_any_simulation(
+    manifest: Path, tmp_path: Path
+) -> None:
+    from linkwise.cluster.heuristics import MissingPredictions
+
+    with pytest.raises(MissingPredictions, match="--history"):
+        evaluate(
+            ["backfill", "qssf"],
+            trace=PHILLY,
+            holdout_from=[manifest],
+            n_windows=1,
+            seeds=[0],
+            cluster=CLUSTER,
+            window_s=WINDOW_S,
+            min_jobs=25,
+            executor="serial",
+            out_dir=tmp_path / "report",
+            log=False,
+        )
+    assert not (tmp_path / "report").exists()

@@ -174,3 +174,15 @@ def test_gates_toml(tmp_path: Path) -> None:
     f.write_text("[promotion]\n")
     with pytest.raises(ValueError, match="unknown sections"):
         load_gates(f)
+
+
+def test_an_oracle_is_never_the_gate_reference() -> None:
+    ev = dataclasses.replace(
+        _good(),
+        best_heuristic="srtf_oracle",
+        avg_vs_heuristic=_r("srtf_oracle", "avg", 0.9, 0.85, 0.95),
+        p99_vs_heuristic=_r("srtf_oracle", "p99", 0.9, 0.85, 0.95),
+    )
+    report = check_challenger(ev, CFG)
+    assert _failed(report) == {"better_than_best_heuristic", "p99_vs_best_heuristic"}
+    assert all("oracle" in c.reason for c in report.checks if not c.passed)
