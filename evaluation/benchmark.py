@@ -21,6 +21,16 @@ Per run (policy x case) the benchmark keeps the metrics of ``linkwise simulate``
   times (``cluster.bounds``, argued in ``docs/LOWER_BOUNDS.md``), per job; the backlog's
   running jobs are left out, which keeps it a bound. ``avg_jct_over_queue_lb`` is the
   average JCT's ratio to it: the headroom no policy can go below.
+- **Queueing and contention apart.** ``avg_queue_s`` (time without GPUs) and
+  ``avg_runtime_inflation`` (mean run time / mean isolated run time - 1), so that
+  ``avg_jct_s = avg_queue_s + lower_bound_isolated_s * (1 + avg_runtime_inflation)``;
+  ``avg_contention_slowdown`` (per-job mean of run time / isolated run time) and
+  ``avg_multinode_slowdown`` (the same over jobs spanning several nodes; nan when none did).
+  ``lower_bound_isolated_s`` is ``lower_bound_s`` under the name ``linkwise compare`` uses
+  (``evaluation.compare.job_metrics`` computes them all, for both).
+- **Oracles and predictions.** ``Benchmark.summary`` marks oracle ceilings (``oracle``);
+  ``EvalCase.predictor`` annotates the case's jobs, backlog included, with run-time
+  predictions, except for a learned policy whose package carries its own predictor.
 - **Per-job slowdown.** ``JCT / isolated run time``, bounded as usual (Feitelson: isolated
   times below ``BOUNDED_SLOWDOWN_FLOOR_S`` = 10 s count as 10 s; never below 1).
 - **Fairness.** ``unfair_share``: the share of jobs whose bounded slowdown exceeds

@@ -1,6 +1,8 @@
 """One policy specification: what ``--policy`` / ``--policies``, configs and the live loop name.
 
-- ``NAME[:key=value,...]``: a heuristic of ``cluster.heuristics.POLICIES``. Each value is
+- ``NAME[:key=value,...]``: a heuristic of ``cluster.heuristics.POLICIES`` (``is_oracle``:
+  an oracle ceiling; ``needs_predictions``: ``qssf``, which orders by predicted run time,
+  and learned policies). Each value is
   parsed by the parameter's declared type: ``int``, ``float``, ``bool`` (``true``/``false``,
   ``yes``/``no``, ``1``/``0``), ``str``, ``none`` for an optional one, ``a;b`` for a tuple.
   An unknown parameter or an ill-typed value is refused.
@@ -24,7 +26,12 @@ from typing import Any, Literal
 
 from linkwise.cluster.contention import ContentionModel
 from linkwise.cluster.domain import Policy
-from linkwise.cluster.heuristics import POLICIES, make_policy
+from linkwise.cluster.heuristics import (
+    ORACLE_POLICIES,
+    POLICIES,
+    PREDICTION_POLICIES,
+    make_policy,
+)
 from linkwise.models.learned import CHECKSUMS
 from linkwise.models.registry import (
     ModelSource,
@@ -152,6 +159,18 @@ class PolicySpec:
     def is_model(self) -> bool:
         """Whether this names a learned policy."""
         return self.source is not None
+
+    @property
+    def is_oracle(self) -> bool:
+        """Whether this names an oracle ceiling (a heuristic that reads the true run time:
+        reported, marked ``oracle``, never a baseline or a gate's reference)."""
+        return self.heuristic in ORACLE_POLICIES
+
+    @property
+    def needs_predictions(self) -> bool:
+        """Whether its jobs must carry run-time predictions: ``qssf``, and learned policies
+        (from their package's predictor, else from ``--history``)."""
+        return self.is_model or self.heuristic in PREDICTION_POLICIES
 
     def describe(self) -> str:
         """The spec as text (parameters in the order given, typed values normalised)."""

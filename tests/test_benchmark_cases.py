@@ -4,6 +4,7 @@ case (recorded, left out, the others still compared)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -171,3 +172,28 @@ def test_a_warm_started_rollout_sees_the_backlog_from_its_first_step() -> None:
     # the window's 8-GPU job waits for node 0's backlog job or takes node 1 after job 8 ends:
     # either way the warm episode accrues more jobs-in-system time than the cold one
     assert sum(warm["reward"]) < sum(cold["reward"])
+
+
+def test_a_case_predictor_annotates_window_and_backlog_jobs_and_qssf_needs_it() -> None:
+    from linkwise.cluster.heuristics import MissingPredictions
+    from linkwise.datasets.predictor import RuntimePredictor
+    from linkwise.evaluation.benchmark import make_cases, run_benchmark
+
+    history = [Job(100 + i, T - 5000 + i, 4, 300.0 + 10 * i) for i in range(20)]
+    predictor = RuntimePredictor.fit(history, until=T)
+    backlog = Backlog(
+        time=T,
+        running=((Job(7, T - 10, 8, 3600.0), Placement.of([(0, 8)])),),
+        pending=(Job(8, T - 5, 8, 100.0),),
+    )
+    window = Window(0, T, T + 600, (Job(1, T + 60, 16, 100.0), Job(2, T + 120, 4, 100.0)))
+    (case,) = make_cases([window], [0], TOPO, block_s=0.0, predictor=predictor)
+    case = dataclasses.replace(case, backlog=backlog)
+    assert all(j.predicted for j in case_jobs(case))
+    assert all(j.predicted for j, _ in case_running(case))
+    assert all(j.duration in (100.0, 3600.0) for j in case_jobs(case))  # truth untouched
+    res = run_task(BenchTask(PolicyRef.of("qssf"), case))
+    assert res.job_ids == (0, 1, 2)
+    bare = EvalCase(window=window, seed=0, topology=TOPO, block_s=0.0)
+    with pytest.raises(MissingPredictions, match="--history"):
+        run_benchmark(["fifo", "qssf"], [bare])

@@ -49,7 +49,7 @@ def test_unknown_or_ill_typed_parameters_are_refused(text: str, match: str) -> N
 def test_every_heuristic_declares_command_line_parameters() -> None:
     from linkwise.cluster.heuristics import policy_names
 
-    for name in policy_names():
+    for name in policy_names(predictions=True):
         PolicySpec.parse(name).build()  # defaults build
         for key, hint in heuristic_parameters(name).items():
             assert key != "name" and hint is not None
@@ -83,3 +83,18 @@ def test_a_list_of_specs_keeps_each_heuristics_parameters_together() -> None:
     assert [PolicySpec.parse(s).describe() for s in split_specs("sjf_bco:kappa=4,lam=1.5")] == [
         "sjf_bco:kappa=4,lam=1.5"
     ]
+
+
+def test_qssf_and_the_oracles_parse_with_sjf_bco_parameters_and_say_what_they_are() -> None:
+    from linkwise.cluster.heuristics import Qssf, SjfBcoOracle
+
+    q = PolicySpec.parse("qssf:kappa=4,lam=1.5")
+    assert q.build() == Qssf(kappa=4, lam=1.5)
+    assert q.needs_predictions and not q.is_oracle and q.describe() == "qssf:kappa=4,lam=1.5"
+    o = PolicySpec.parse("sjf_bco_oracle:lam=2")
+    assert o.build() == SjfBcoOracle(lam=2.0) and o.is_oracle and not o.needs_predictions
+    assert PolicySpec.parse("srtf_oracle").is_oracle
+    assert not PolicySpec.parse("sjf_bco").is_oracle
+    assert PolicySpec.parse("model:./pkg").needs_predictions
+    with pytest.raises(ValueError, match="srtf_oracle has no parameter"):
+        PolicySpec.parse("srtf_oracle:lam=2")
