@@ -121,3 +121,17 @@ def test_oracles_beat_their_same_information_versions_on_average() -> None:
 
     assert avg(SrtfOracle()) <= avg(SjfBco())
     assert avg(SjfBcoOracle()) <= avg(SjfBco())
+
+
+def test_srtf_oracle_never_preempts_for_a_start_its_span_bound_refuses() -> None:
+    # 3x4, two GPUs busy on every node; an 8-GPU job of 1 s ranks first and is admitted by
+    # count (R3 would be preempted), but after freeing node 2 it still spans 3 nodes > 2
+    def run(job_id: int, node: int) -> RunningJob:
+        job = Job(job_id, 0.0, 2, 100.0)
+        return RunningJob(job, Placement(((node, 2),)), 0.0, remaining_s=100.0, rate=1.0)
+
+    state = _state("3x4", [_pending(9, 8, 1.0)], [run(1, 0), run(2, 1), run(3, 2)])
+    assert SrtfOracle().decide(state) == SrtfOracle().decide(state)
+    assert SrtfOracle().decide(state).is_wait  # nothing placeable: nobody preempted
+    spread = SrtfOracle(lam=float("inf")).decide(state)  # no bound: it starts, R3 makes room
+    assert [s.job_id for s in spread.starts] == [9] and spread.preempt == (3,)

@@ -11,17 +11,17 @@ run-time knowledge would go on the same cluster. Every table marks them ``oracle
   preemptive: at every decision point all jobs, running and pending, are ranked by remaining
   time and admitted greedily while the cluster's GPUs suffice; running jobs left out are
   preempted (``Decision.preempt``; their work is kept, ``SimConfig.restart_cost_s`` added on
-  restart) and admitted pending jobs start on a best-fit placement.
+  restart) and admitted pending jobs start with SJF-BCO's placement rule and span bound.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from linkwise.cluster.domain import ClusterState, Decision, PendingJob, RunningJob, Start
+from linkwise.cluster.domain import ClusterState, Decision, PendingJob, RunningJob
 from linkwise.cluster.heuristics._common import can_ever_run, check_bco_params, start_bounded
-from linkwise.cluster.placement import apply_placement, best_fit, release_placement
+from linkwise.cluster.placement import apply_placement, release_placement
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,10 +47,24 @@ class SjfBcoOracle:
 
 @dataclass(frozen=True, slots=True)
 class SrtfOracle:
-    """Preemptive shortest remaining (true, isolated) time first: an oracle ceiling."""
+    """Preemptive shortest remaining (true, isolated) time first: an oracle ceiling.
+
+    Every job, running or pending, is ranked by remaining time (ties: submit time, job id)
+    and admitted in that order while the cluster's GPUs suffice; running jobs left out are
+    preempted. The admitted pending jobs are then placed in rank order with SJF-BCO's
+    placement rule and node-span bound (``_common.start_bounded``; ``kappa``, ``lam`` as in
+    ``sjf_bco``), so the ceiling is not lost to spread-out rings. A preempted job whose GPUs
+    no new start took keeps running (its preemption would free nothing used), and the GPUs
+    still free go to the other pending jobs, in rank order. Nothing starts: nothing changes.
+    """
 
     name: str = "srtf_oracle"
+    kappa: int | None = None
+    lam: float = 1.0
     oracle: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        check_bco_params(self.kappa, self.lam)
 
     def decide(self, state: ClusterState) -> Decision:
         """Admit by remaining time; preempt the running jobs left out, start the admitted."""
@@ -66,27 +80,48 @@ class SrtfOracle:
         ranked.sort(key=lambda x: x[:3])
         left = state.total_free_gpus + sum(r.job.num_gpus for r in state.running)
         admitted: list[PendingJob] = []
+        rest: list[PendingJob] = []
         kept: set[int] = set()
         for _, _, job_id, item in ranked:
-            gpus = item.job.num_gpus
-            if gpus > left:
-                continue
-            left -= gpus
+            fits = item.job.num_gpus <= left
+            if fits:
+                left -= item.job.num_gpus
             if isinstance(item, PendingJob):
-                admitted.append(item)
-            else:
+                (admitted if fits else rest).append(item)
+            elif fits:
                 kept.add(job_id)
-        if not admitted:
-            return Decision()  # every running job was admitted: nothing changes
         preempted = [r for r in state.running if r.job.job_id not in kept]
         free = list(state.free_gpus)
         for r in preempted:
             release_placement(free, r.placement)
-        starts: list[Start] = []
-        for p in admitted:
-            placement = best_fit(state.topology, free, p.job.num_gpus)
-            if placement is None:  # pragma: no cover - admission counted the GPUs
-                continue
-            apply_placement(free, placement)
-            starts.append(Start(p.job.job_id, placement))
-        return Decision(starts=tuple(starts), preempt=tuple(r.job.job_id for r in preempted))
+        staying = [r for r in state.running if r.job.job_id in kept]
+        first = start_bounded(
+            replace(state, free_gpus=tuple(free), running=tuple(staying)),
+            admitted,
+            self.kappa,
+            self.lam,
+        )
+        for start in first.starts:
+            apply_placement(free, start.placement)
+        # a preempted job whose GPUs no new start took keeps running
+        for r in preempted:
+            if all(free[node] >= g for node, g in r.placement.alloc):
+                apply_placement(free, r.placement)
+                staying.append(r)
+        started = {s.job_id for s in first.starts}
+        rest = [p for p in admitted if p.job.job_id not in started] + rest
+        rest.sort(key=lambda p: (p.remaining_s, p.job.submit_time, p.job.job_id))
+        second = start_bounded(
+            replace(state, free_gpus=tuple(free), running=tuple(staying)),
+            rest,
+            self.kappa,
+            self.lam,
+        )
+        starts = first.starts + second.starts
+        if not starts:
+            return Decision()
+        kept_ids = {r.job.job_id for r in staying}
+        return Decision(
+            starts=starts,
+            preempt=tuple(r.job.job_id for r in state.running if r.job.job_id not in kept_ids),
+        )
