@@ -10,10 +10,13 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from linkwise.cluster.domain import Job
 from linkwise.cluster.mdp import MdpConfig
 from linkwise.cluster.topology import from_spec
 from linkwise.datasets.export import read_dataset
 from linkwise.datasets.ingest import ingest_job_runs
+from linkwise.datasets.prediction import predictor_digest, predictor_from_manifest
+from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.rollouts import (
     cut_windows,
     jobs_from_trace,
@@ -122,9 +125,42 @@ def test_build_flow_from_logs_and_rollouts(prefect_harness: None, tmp_path: Path
     df, manifest = read_dataset(m["path"])
     assert df.height == m["counts"]["transitions"] and manifest["hash"] == m["hash"]
     assert set(df["source"]) == {"log", "rollout"}
+    # one run-time predictor, fit on the store's accounting (no until: all of it), recorded
+    pred = predictor_from_manifest(manifest)
+    assert pred is not None and manifest["sources"]["predictor"]["sha256"] == predictor_digest(pred)
+    assert manifest["sources"]["predictor"]["source"]["history"] == str(db)
     # the same inputs built again (plain function, another folder): the same hash
     again = build_dataset(out_dir=str(tmp_path / "b"), **kwargs)  # type: ignore[arg-type]
     assert again["hash"] == m["hash"]
+    # another predictor is another dataset (the predictions are in the observations)
+    other = RuntimePredictor.fit([Job(1, 0.0, 1, 60.0)])
+    changed = build_dataset(out_dir=str(tmp_path / "c"), predictor=other, **kwargs)  # type: ignore[arg-type]
+    assert changed["hash"] != m["hash"]
+    assert predictor_from_manifest(changed) == other
+
+
+def test_history_fits_the_predictor_before_until(tmp_path: Path) -> None:
+    """``history`` and ``until``: the predictor is fit on the history's jobs before the end of
+    the dataset (here a trace history; rollouts from the same trace)."""
+    jobs = jobs_from_trace(PHILLY)
+    t0 = float(jobs["submit_time"].min())  # type: ignore[arg-type]
+    until = t0 + 2 * 86400.0
+    m = build_dataset(
+        trace=str(PHILLY),
+        history=str(PHILLY),
+        until=until,
+        out_dir=str(tmp_path),
+        rollouts=1,
+        policies=["fifo"],
+        epsilons=[0.0],
+        window_s=3600.0,
+        topology=TOPO,
+        executor="serial",
+        max_steps=20,
+    )
+    rec = m["sources"]["predictor"]
+    assert rec["fit_until"] == until
+    assert rec["n_jobs"] == int((jobs["submit_time"] < until).sum())
 
 
 def test_cli_prints_the_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -156,6 +192,7 @@ def test_cli_prints_the_report(tmp_path: Path, capsys: pytest.CaptureFixture[str
     m = json.loads(capsys.readouterr().out)
     n = m["counts"]["transitions"]
     assert 0 < n <= 30 and m["counts"]["episodes"] == 1 and Path(m["path"]).is_file()
+    assert m["sources"]["predictor"]["source"] == {"history": str(PHILLY), "until": None}
     args = parser.parse_args(base)
     assert args.func(args) == 0
     text = capsys.readouterr().out

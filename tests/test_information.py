@@ -10,8 +10,10 @@ same decision and the same observation.
 
 from __future__ import annotations
 
+import shutil
 import warnings
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,8 +24,15 @@ from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import ClusterState, Job, PendingJob, Placement, RunningJob
 from linkwise.cluster.profiles import load_calibration
 from linkwise.cluster.topology import from_spec
+from linkwise.datasets.prediction import predictor_digest, predictor_record
 from linkwise.datasets.predictor import RuntimePredictor
-from linkwise.models.learned import LearnedPolicy
+from linkwise.models.learned import (
+    PREDICTOR,
+    LearnedPolicy,
+    PackageError,
+    load_package,
+    write_package,
+)
 
 MODEL = AnalyticModel(load_calibration(None))
 TOPO = from_spec("8x8,leaf=2,oversub=2")
@@ -246,3 +255,33 @@ def test_learned_policy_annotates_with_its_own_predictor() -> None:
     expected = policy.decide(_state(5))
     assert policy.decide(bare) == expected
     assert policy.decide(_twin(bare, 5)) == expected
+
+
+def test_packages_carry_their_predictor_under_the_checksums(tmp_path: Path) -> None:
+    """A package written from a dataset manifest that records a predictor carries it as
+    ``predictor.json`` (covered by the checksums); the loaded policy decides with it."""
+    spec = mdp.make_spec(CONFIGS[0])
+    net = _learned(spec).network
+    pred = _predictor()
+    manifest = {"hash": "x", "sources": {"predictor": predictor_record(pred)}}
+
+    def export(path: Path) -> str:
+        net.save(str(path))
+        return "q"
+
+    pkg = write_package(tmp_path / "pkg", spec, manifest, export=export, algo="test", versions={})
+    policy = load_package(pkg)
+    assert policy.predictor == pred
+    assert policy.meta["predictor_sha256"] == predictor_digest(pred)
+    assert policy.decide(_state(6, predicted=False)) == policy.decide(_state(6))
+    # tampered: refused by its checksum; not covered by the checksums: refused too
+    (pkg / PREDICTOR).write_bytes((pkg / PREDICTOR).read_bytes().replace(b"0", b"1", 1))
+    with pytest.raises(PackageError, match="SHA-256"):
+        load_package(pkg)
+    bare = write_package(
+        tmp_path / "bare", spec, {"hash": "y"}, export=export, algo="t", versions={}
+    )
+    assert load_package(bare).predictor is None
+    shutil.copy(pkg / PREDICTOR, bare / PREDICTOR)
+    with pytest.raises(PackageError, match="not covered"):
+        load_package(bare)
