@@ -214,7 +214,7 @@ def render_markdown(
             f"{_h(r.get('avg_queue_s', math.nan))} | "
             f"{r.get('avg_runtime_inflation', math.nan):+.1%} | "
             f"{r['avg_contention_slowdown']:.3f} | "
-            f"{r.get('avg_multinode_slowdown', math.nan):.3f} | "
+            f"{_fmt(r.get('avg_multinode_slowdown'), '{:.3f}')} | "
             f"{r['avg_jct_over_lb']:.2f} | {r.get('avg_jct_over_queue_lb', math.nan):.2f} | "
             f"{r['p99_jct_over_lb']:.2f} | "
             f"{r['avg_slowdown']:.2f} | {r['unfair_share']:.1%} | "
@@ -262,6 +262,13 @@ def render_markdown(
     lines += ["", "## Plots", ""]
     lines += [f"![{name}]({path})" for name, path in plots.items()]
     return "\n".join(lines) + "\n"
+
+
+def _fmt(value: Any, fmt: str) -> str:
+    """A number in ``fmt``; ``-`` when missing or not finite (no multi-node job, say)."""
+    if value is None or not math.isfinite(float(value)):
+        return "-"
+    return fmt.format(value)
 
 
 def _label(policy: str, summary: Sequence[Mapping[str, Any]]) -> str:

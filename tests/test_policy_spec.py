@@ -97,4 +97,4 @@ def test_qssf_and_the_oracles_parse_with_sjf_bco_parameters_and_say_what_they_ar
     assert not PolicySpec.parse("sjf_bco").is_oracle
     assert PolicySpec.parse("model:./pkg").needs_predictions
     with pytest.raises(ValueError, match="srtf_oracle has no parameter"):
-        PolicySpec.parse("srtf_oracle:lam=2")
+        PolicySpec.parse("srtf_oracle:order=2")
