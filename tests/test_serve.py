@@ -9,18 +9,19 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import duckdb
 import pytest
 
-from linkwise.cluster.domain import Decision, Placement, Shape, Start
+from linkwise.cluster.domain import Decision, Job, Placement, Shape, Start
 from linkwise.cluster.heuristics import make_policy
 from linkwise.cluster.slurm.errors import SlurmError
 from linkwise.cluster.slurm.records import NodeInfo, QueuedJob
 from linkwise.cluster.topology import from_spec
+from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.store import open_store
 from linkwise.deployer.loop import ServeConfig, SlurmBackend
 from linkwise.deployer.metrics import ServeMetrics
@@ -132,6 +133,27 @@ def test_observation_keeps_held_gpu_jobs_and_refuses_impossible_ones() -> None:
     assert [p.job.job_id for p in shadow.state.pending] == [5, 10]
 
 
+def test_observation_annotates_jobs_with_the_serving_predictor() -> None:
+    """Jobs are what squeue shows (user, name, shape, limit) with the predictions of the
+    serving package's predictor; a running job's attained service is its GPUs x its time
+    since it started; without a predictor the jobs carry no predictions."""
+    past = [Job(i, float(i), 2, 300.0 * (1 + i % 3), user="u", name="j1") for i in range(10)]
+    predictor = RuntimePredictor.fit(past)
+    queue = [
+        qjob(1, 2),
+        qjob(6, 4, state="RUNNING", nodes=(NAMES[0],), start_time=90.0, held=False),
+    ]
+    nodes = [ninfo(n) for n in NAMES]
+    obs = build_observation(queue, nodes, TOPO, ["gpu"], 200.0, mode="active", predictor=predictor)
+    (pending,) = obs.state.pending
+    (running,) = obs.state.running
+    assert (pending.job.user, pending.job.name) == ("u", "j1")
+    assert pending.job.pred_s == predictor.predict(pending.job)[0]  # its (user, name) group
+    assert running.job.predicted and running.attained_at(200.0) == 4 * 110.0
+    bare = build_observation(queue, nodes, TOPO, ["gpu"], 200.0, mode="active")
+    assert not any(p.job.predicted for p in bare.state.pending)
+
+
 def test_check_start_validates_shape_and_free_gpus() -> None:
     free = [4, 2, 0, 4]
     assert check_start(Placement.of([(0, 4), (3, 4)]), Shape(2, 4), free, TOPO) is None
@@ -151,6 +173,28 @@ def make_backend(tmp_path: Path, client: FakeClient, **cfg: Any) -> SlurmBackend
         client, TOPO, config, GuardedPolicy(holder, metrics, LOG), recorder, metrics,  # type: ignore[arg-type]
         logger=LOG, sleep=lambda s: None, lease_dir=tmp_path / "leases",
     )  # fmt: skip
+
+
+def test_the_loop_observes_with_the_serving_packages_predictor(tmp_path: Path) -> None:
+    """The policy about to decide brings its run-time predictor (a learned package's): the
+    jobs the loop observes carry its predictions; a heuristic brings none."""
+    fitted = RuntimePredictor.fit([Job(i, float(i), 1, 900.0) for i in range(5)])
+
+    @dataclass(frozen=True)
+    class Packaged:
+        predictor: RuntimePredictor
+        name: str = "packaged"
+
+        def decide(self, state: Any) -> Decision:
+            return Decision()
+
+    client = FakeClient([qjob(1, 4)], [ninfo(n) for n in NAMES], FakeRunner())
+    backend = make_backend(tmp_path, client)
+    assert not backend.observe().pending[0].job.predicted  # fifo: no predictor
+    holder = backend.policy.holder
+    holder.current = LoadedPolicy(Packaged(fitted), "model:x", "v1", "obs")
+    (pending,) = backend.observe().pending
+    assert (pending.job.pred_s, pending.job.pred_hi_s) == (600.0, 600.0)  # capped at its limit
 
 
 def test_active_audits_before_acting_and_releases_on_shutdown(tmp_path: Path) -> None:
