@@ -7,7 +7,8 @@ true run time, but the run times of jobs submitted before. ``load_history`` read
 evaluated job, so no evaluated job's run time is ever used. Times are aligned through the
 absolute time of each source: a dated trace's ``origin_epoch``, a store's epoch seconds. A
 history without dated times (Alibaba's own clock) cannot be aligned: all its jobs are used
-and the caller is told so (and the evaluated trace itself is refused as its own history).
+and the caller is told so (a history that is the evaluated file itself shares its clock:
+only its jobs before the evaluated ones are used).
 
 ``prediction_source`` says where a policy's predictions come from: a learned package's own
 predictor (the one it was trained with) wins; otherwise the history's, which a policy that
@@ -89,20 +90,19 @@ def fit_history(
     evaluated_source: str | None = None,
 ) -> tuple[RuntimePredictor, dict[str, Any]]:
     """A predictor fit on the history's jobs submitted before the evaluated workload's first
-    submit time (``first_submit`` on a clock starting at ``origin_epoch``), and what was
-    done, for the output."""
+    submit time (``first_submit`` on a clock starting at ``origin_epoch``; on the history's
+    own clock when ``evaluated_source`` is the history's file), and what was done, for the
+    output."""
     info: dict[str, Any] = {"history": history.source}
-    if history.origin_epoch is not None and origin_epoch is not None:
-        until: float | None = origin_epoch + first_submit - history.origin_epoch
+    same = evaluated_source is not None and (
+        Path(evaluated_source).resolve() == Path(history.source).resolve()
+    )
+    until: float | None
+    if same:  # one file, one clock, dated or not
+        until = first_submit
+    elif history.origin_epoch is not None and origin_epoch is not None:
+        until = origin_epoch + first_submit - history.origin_epoch
     else:
-        if (
-            evaluated_source is not None
-            and Path(evaluated_source).resolve() == Path(history.source).resolve()
-        ):
-            raise ValueError(
-                "--history is the evaluated trace itself and its times are not dated: "
-                "give the jobs before it as a separate file"
-            )
         until = None
         info["history_note"] = (
             "times not dated: every history job is taken as submitted before the evaluated ones"

@@ -264,6 +264,7 @@ def evaluate(
             load_history(history, history_format, slurm_cluster=slurm_cluster),
             first_submit=min(w.start for w in chosen),
             origin_epoch=origin,
+            evaluated_source=str(trace) if trace is not None else None,
         )
     backlogs: dict[int, Backlog] = {}
     if warm_start:

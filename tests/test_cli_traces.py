@@ -147,3 +147,29 @@ def test_oracles_are_marked_in_json_rows_and_tables(
     table = capsys.readouterr().out
     assert "sjf_bco_oracle (oracle)" in table and "srtf_oracle (oracle)" in table
     assert "sjf_bco (oracle)" not in table
+
+
+def test_a_store_of_accounting_is_a_history_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from linkwise.datasets.ingest import ingest_job_runs
+    from linkwise.datasets.store import open_store
+    from linkwise.tests._history import completed_run
+
+    t0 = 1.7e9
+    runs = [  # 12 finished jobs before the trace, 3 after its first job (left out)
+        completed_run(i + 1, t0 + 100 * i, t0 + 100 * i + 5, t0 + 100 * i + 600, {"gpu1": 2})
+        for i in range(15)
+    ]
+    with open_store(tmp_path / "acct.duckdb") as con:
+        ingest_job_runs(con, runs, source="test")
+    trace = tmp_path / "new.csv"
+    trace.write_text(
+        "job_id,submit_time,num_gpus,duration\n"
+        + "".join(f"{i},{t0 + 1200 + 60 * i:.0f},2,{300 + i}\n" for i in range(10))
+    )
+    argv = ["simulate", "--trace", str(trace), "--history", str(tmp_path / "acct.duckdb")]
+    assert main([*argv, "--policy", "qssf", "--cluster", "2x4", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["history_jobs"] == 12 and out["history_jobs_left_out"] == 3
+    assert out["predictions"] == "history" and out["jobs"] == 10
