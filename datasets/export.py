@@ -8,8 +8,9 @@ inputs (sources, ObsSpec, export version) as sorted JSON. Building the same inpu
 gives the same hash and the same file names; where the folder is does not matter.
 
 ``to_mdp_dataset`` gives a discrete d3rlpy ``MDPDataset`` (an episode cut is a terminal
-when the episode really ended, a timeout otherwise). ``log_to_mlflow`` records the file as
-a dataset input of an MLflow run when a tracking URI is configured.
+when the episode really ended, a timeout otherwise), optionally with each step's action
+mask carried in the observation (``masks=True``, for ``models.masked``). ``log_to_mlflow``
+records the file as a dataset input of an MLflow run when a tracking URI is configured.
 """
 
 from __future__ import annotations
@@ -245,10 +246,15 @@ def read_dataset(path: str | Path) -> tuple[pl.DataFrame, dict[str, Any]]:
     return df, manifest
 
 
-def to_mdp_dataset(df: pl.DataFrame, spec: ObsSpec) -> Any:
+def to_mdp_dataset(df: pl.DataFrame, spec: ObsSpec, *, masks: bool = False) -> Any:
     """A discrete ``d3rlpy.dataset.MDPDataset`` (``action_size = spec.n_actions``) of the
     frame in canonical order: each episode's last step is a terminal when the episode ended,
-    a timeout when it was cut."""
+    a timeout when it was cut.
+
+    With ``masks``, each observation is d3rlpy's tuple ``(obs, mask)``: the step's action mask
+    as 0/1 float32 ``(N, n_actions)``, so a sampled transition's next observation carries the
+    next state's mask (a terminal's next observation is all zeros: nothing allowed); what
+    ``models.masked`` trains on. A logged action its own mask forbids is refused."""
     import d3rlpy  # type: ignore[import-untyped]
 
     check_frame(df)
@@ -256,10 +262,21 @@ def to_mdp_dataset(df: pl.DataFrame, spec: ObsSpec) -> Any:
     if df.is_empty():
         raise ValueError("cannot build an MDPDataset from no transitions")
     canon = canonical_frame(df)
-    observations = list_column_array(canon, "obs", spec.dim, np.float32)
+    observations: Any = list_column_array(canon, "obs", spec.dim, np.float32)
+    actions = canon["action"].to_numpy().astype(np.int64)
+    if masks:
+        allowed = list_column_array(canon, "mask", spec.n_actions, np.bool_)
+        bad = ~allowed[np.arange(len(actions)), actions]
+        if bad.any():
+            first = canon.row(int(np.argmax(bad)), named=True)
+            raise ValueError(
+                f"{int(bad.sum())} logged actions are not allowed by their own mask, e.g. "
+                f"episode {first['episode']!r} step {first['step']} action {first['action']}"
+            )
+        observations = [observations, allowed.astype(np.float32)]
     return d3rlpy.dataset.MDPDataset(
         observations=observations,
-        actions=canon["action"].to_numpy().astype(np.int64),
+        actions=actions,
         rewards=canon["reward"].to_numpy().astype(np.float32),
         terminals=canon["terminal"].to_numpy().astype(np.float32),
         timeouts=canon["timeout"].to_numpy().astype(np.float32),

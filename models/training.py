@@ -11,10 +11,17 @@ parameters and every metric it reports each epoch (losses, timings, evaluator sc
 one MLflow run; model saving through the adapter is a no-op (d3rlpy would pickle), so
 d3rlpy writes nothing to the working directory.
 
+Action masks (``AlgoConfig.masked``, the default): ``build_algo`` gives the masked variants
+of ``models.masked`` and the dataset carries each step's mask in its observations
+(``datasets.export.to_mdp_dataset(..., masks=True)``), so the Double-DQN target, CQL's
+conservative term and BC's softmax range over allowed actions only; ``masked = false`` in
+``[train]`` trains d3rlpy's stock algorithms on the observations alone.
+
 Evaluators (on held-out episodes): ``td_error`` and ``initial_state_value`` (Q-learning
-only: d3rlpy's DiscreteBC has no value), ``action_match`` (d3rlpy's, unmasked greedy action
-vs the logged one) and ``action_match_masked`` (this module's: the action the served policy
-would take, after masking, vs the logged one).
+only: d3rlpy's DiscreteBC has no value), ``action_match`` (d3rlpy's greedy action vs the
+logged one: unmasked, or over allowed actions when trained with masks) and
+``action_match_masked`` (this module's: the action the served policy would take, after
+masking, vs the logged one).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import logging
 import math
 import time
 import tomllib
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -44,15 +52,18 @@ __all__ = [
     "ALGOS",
     "AlgoConfig",
     "DatasetConfig",
+    "InitialStateValueEvaluator",
     "MaskedActionMatchEvaluator",
     "MlflowAdapter",
     "MlflowAdapterFactory",
     "TrainConfig",
     "action_values",
     "build_algo",
+    "dataset_has_masks",
     "fit",
     "flatten_params",
     "frame_arrays",
+    "is_masked",
     "make_evaluators",
     "pick_device",
     "quiet_d3rlpy",
@@ -68,7 +79,12 @@ ALGOS = ("bc", "cql")
 @dataclass(frozen=True)
 class AlgoConfig:
     """Hyperparameters. BC uses ``beta``; CQL uses ``gamma``, ``alpha``, ``n_critics`` and
-    ``target_update_interval``; both the rest."""
+    ``target_update_interval``; both the rest.
+
+    ``masked`` (default): train on the action masks (``models.masked``: the dataset's
+    observations carry each step's mask, and CQL's targets and conservative term and BC's
+    softmax range over allowed actions only); False trains d3rlpy's stock algorithms on
+    the observations alone, for comparison."""
 
     n_steps: int = 2000
     n_steps_per_epoch: int = 500
@@ -80,6 +96,7 @@ class AlgoConfig:
     alpha: float = 1.0  # CQL: weight of the conservative loss
     n_critics: int = 2
     target_update_interval: int = 500
+    masked: bool = True
 
     def __post_init__(self) -> None:
         if self.n_steps <= 0 or self.n_steps_per_epoch <= 0 or self.batch_size <= 0:
@@ -92,6 +109,8 @@ class AlgoConfig:
             raise ValueError("hidden_units must be positive")
         if self.n_critics <= 0 or self.target_update_interval <= 0 or self.alpha < 0:
             raise ValueError("n_critics and target_update_interval positive, alpha >= 0")
+        if not isinstance(self.masked, bool):
+            raise ValueError(f"masked must be true or false, got {self.masked!r}")
 
 
 @dataclass(frozen=True)
@@ -285,16 +304,26 @@ def pick_device(device: str) -> str:
 
 
 def build_algo(algo: str, params: AlgoConfig, device: str = "cpu:0") -> Any:
-    """A DiscreteBC or DiscreteCQL with every hyperparameter set from ``params``."""
+    """A DiscreteBC or DiscreteCQL with every hyperparameter set from ``params``; with
+    ``params.masked``, the masked variants of ``models.masked`` (to fit on a dataset built
+    with ``to_mdp_dataset(..., masks=True)``)."""
     import d3rlpy  # type: ignore[import-untyped]
     from d3rlpy.models.encoders import VectorEncoderFactory  # type: ignore[import-untyped]
     from d3rlpy.models.q_functions import MeanQFunctionFactory  # type: ignore[import-untyped]
     from d3rlpy.optimizers import AdamFactory  # type: ignore[import-untyped]
 
-    encoder = VectorEncoderFactory(hidden_units=list(params.hidden_units), activation="relu")
+    from linkwise.models import masked as mk
+
+    encoder: Any = VectorEncoderFactory(hidden_units=list(params.hidden_units), activation="relu")
+    q_func: Any = MeanQFunctionFactory(share_encoder=False)
+    bc_config: Any = d3rlpy.algos.DiscreteBCConfig
+    if params.masked:
+        encoder = mk.MaskedEncoderFactory(encoder=encoder)
+        q_func = mk.MaskedMeanQFunctionFactory(share_encoder=False)
+        bc_config = mk.MaskedDiscreteBCConfig
     optim = AdamFactory(weight_decay=0.0)
     if algo == "bc":
-        return d3rlpy.algos.DiscreteBCConfig(
+        return bc_config(
             batch_size=params.batch_size,
             learning_rate=params.learning_rate,
             beta=params.beta,
@@ -311,22 +340,49 @@ def build_algo(algo: str, params: AlgoConfig, device: str = "cpu:0") -> Any:
             target_update_interval=params.target_update_interval,
             encoder_factory=encoder,
             optim_factory=optim,
-            q_func_factory=MeanQFunctionFactory(share_encoder=False),
+            q_func_factory=q_func,
         ).create(device=device)
     raise ValueError(f"unknown algo {algo!r}; known: {', '.join(ALGOS)}")
 
 
-def action_values(algo: Any, obs: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+def dataset_has_masks(dataset: Any) -> bool:
+    """Whether a d3rlpy dataset's observations carry action masks (``(obs, mask)`` tuples,
+    ``datasets.export.to_mdp_dataset(..., masks=True)``)."""
+    episodes: Any = getattr(dataset, "episodes", None)
+    return bool(episodes) and isinstance(episodes[0].observations, list | tuple)
+
+
+def is_masked(algo: Any) -> bool:
+    """Whether a d3rlpy algorithm was built to train on action masks (``models.masked``)."""
+    from linkwise.models.masked import MaskedEncoderFactory
+
+    return isinstance(getattr(algo.config, "encoder_factory", None), MaskedEncoderFactory)
+
+
+def action_values(
+    algo: Any,
+    obs: npt.NDArray[np.float32],
+    masks: npt.NDArray[np.bool_] | None = None,
+) -> npt.NDArray[np.float32]:
     """All action values of a fitted algorithm for a batch: mean Q over the critics (CQL) or
-    log-probabilities (BC), computed by the same module that is exported for serving."""
+    log-probabilities (BC), computed by the same module that is exported for serving (which
+    takes the observations alone and gives every action a value; serving masks them).
+
+    With ``masks`` and a masked algorithm, the values the training saw: disallowed actions at
+    ``models.masked.MASKED_VALUE`` (BC: log-probabilities over allowed actions). The masked
+    argmax is the same either way."""
     import torch
 
     module, _ = _value_module(algo)
     device = next(iter(module.parameters())).device
+    mask_arr = masks if masks is not None and is_masked(algo) else None
     out: list[npt.NDArray[np.float32]] = []
     with torch.no_grad():
         for i in range(0, len(obs), 4096):
-            x = torch.from_numpy(np.ascontiguousarray(obs[i : i + 4096])).to(device)
+            x: Any = torch.from_numpy(np.ascontiguousarray(obs[i : i + 4096])).to(device)
+            if mask_arr is not None:
+                m = np.ascontiguousarray(mask_arr[i : i + 4096], dtype=np.float32)
+                x = [x, torch.from_numpy(m).to(device)]
             out.append(module(x).cpu().numpy())
     return np.concatenate(out) if out else np.zeros((0, 0), dtype=np.float32)
 
@@ -349,12 +405,36 @@ class MaskedActionMatchEvaluator:
         return float(np.mean(chosen == self.actions))
 
 
+class InitialStateValueEvaluator:
+    """d3rlpy's ``InitialStateValueEstimationEvaluator`` (the greedy value of the first state
+    of every window of 1024 steps of each episode) for masked observations too: d3rlpy's
+    takes the first *part* of a tuple observation instead of its first row."""
+
+    def __init__(self, episodes: Sequence[Any] | None = None) -> None:
+        self._episodes = episodes
+
+    def __call__(self, algo: Any, dataset: Any) -> float:
+        from d3rlpy.metrics.evaluators import (  # type: ignore[import-untyped]
+            WINDOW_SIZE,
+            make_batches,
+        )
+
+        values: list[float] = []
+        for episode in self._episodes or dataset.episodes:
+            for batch in make_batches(episode, WINDOW_SIZE, dataset.transition_picker):
+                obs = batch.observations
+                first = [o[:1] for o in obs] if isinstance(obs, list | tuple) else obs[:1]
+                values.append(float(algo.predict_value(first, algo.predict(first))[0]))
+        return float(np.mean(values))
+
+
 def make_evaluators(algo: str, heldout: Any, arrays: tuple[Any, Any, Any] | None) -> dict[str, Any]:
     """The evaluators for an algorithm on held-out episodes (a d3rlpy dataset, or None to
-    evaluate on the training data) and the held-out (obs, masks, actions) arrays."""
+    evaluate on the training data) and the held-out (obs, masks, actions) arrays. On a masked
+    dataset d3rlpy's ``action_match`` and ``td_error`` see the masks (greedy actions and
+    targets over allowed actions)."""
     from d3rlpy.metrics import (  # type: ignore[import-untyped]
         DiscreteActionMatchEvaluator,
-        InitialStateValueEstimationEvaluator,
         TDErrorEvaluator,
     )
 
@@ -364,7 +444,7 @@ def make_evaluators(algo: str, heldout: Any, arrays: tuple[Any, Any, Any] | None
         out["action_match_masked"] = MaskedActionMatchEvaluator(*arrays)
     if algo != "bc":  # DiscreteBC implements no value function
         out["td_error"] = TDErrorEvaluator(episodes=episodes)
-        out["initial_state_value"] = InitialStateValueEstimationEvaluator(episodes=episodes)
+        out["initial_state_value"] = InitialStateValueEvaluator(episodes=episodes)
     return out
 
 
@@ -454,7 +534,22 @@ def fit(
     callback: Any = None,
     experiment_name: str = "linkwise",
 ) -> list[tuple[int, dict[str, float]]]:
-    """``algo.fit`` with the adapter, no progress bar and no files; (epoch, metrics) list."""
+    """``algo.fit`` with the adapter, no progress bar and no files; (epoch, metrics) list.
+
+    A masked algorithm (``params.masked``) on a dataset without masks trains as an unmasked
+    one (a warning says so); an unmasked one on a dataset with masks is refused."""
+    has_masks = dataset_has_masks(train)
+    if is_masked(algo) and not has_masks:
+        warnings.warn(
+            "masked training on a dataset without masks trains unmasked: build the dataset "
+            "with to_mdp_dataset(..., masks=True)",
+            stacklevel=2,
+        )
+    elif has_masks and not is_masked(algo):
+        raise ValueError(
+            "the dataset carries action masks but the algorithm is unmasked: build it with "
+            "masked = true, or the dataset with to_mdp_dataset(..., masks=False)"
+        )
     with quiet_d3rlpy():
         out: Sequence[tuple[int, dict[str, float]]] = algo.fit(
             train,

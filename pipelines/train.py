@@ -207,8 +207,9 @@ def train(
 
     train_df, held_df = split_episodes(df, cfg.dataset.holdout, cfg.seed)
     with quiet_d3rlpy():
-        train_ds = to_mdp_dataset(train_df, spec)
-        held_ds = to_mdp_dataset(held_df, spec) if held_df.height else None
+        with_masks = cfg.params.masked  # each step's action mask in the observation
+        train_ds = to_mdp_dataset(train_df, spec, masks=with_masks)
+        held_ds = to_mdp_dataset(held_df, spec, masks=with_masks) if held_df.height else None
     held = frame_arrays(held_df, spec) if held_df.height else None
     device = pick_device(cfg.device)
 

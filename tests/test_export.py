@@ -125,6 +125,33 @@ def test_mdp_dataset_round_trip(frame: pl.DataFrame) -> None:
         to_mdp_dataset(frame, make_spec(MdpConfig(k_slots=5)))
 
 
+def test_mdp_dataset_with_masks(frame: pl.DataFrame) -> None:
+    """``masks=True``: each observation is (obs, mask); a transition's next observation
+    carries the next step's mask; a terminal's next observation allows nothing."""
+    ds = to_mdp_dataset(frame, SPEC, masks=True)
+    canon = canonical_frame(frame)
+    for ep, name in zip(ds.episodes, canon["episode"].unique(maintain_order=True), strict=True):
+        rows = canon.filter(pl.col("episode") == name)
+        obs, mask = ep.observations
+        assert obs.shape == (rows.height, SPEC.dim) and mask.shape == (rows.height, SPEC.n_actions)
+        assert mask.dtype == np.float32 and set(np.unique(mask)) <= {0.0, 1.0}
+        np.testing.assert_array_equal(mask.astype(bool), np.array(rows["mask"].to_list()))
+        t = ds.transition_picker(ep, 0)
+        np.testing.assert_array_equal(t.next_observation[1], mask[1])
+        last = ds.transition_picker(ep, ep.transition_count - 1)
+        if ep.terminated:
+            assert last.terminal == 1.0 and not last.next_observation[1].any()
+    bad = frame.with_columns(
+        pl.when(pl.int_range(pl.len()) == 5)
+        .then(pl.col("mask").list.eval(pl.element() & False))
+        .otherwise(pl.col("mask"))
+        .alias("mask")
+    )
+    with pytest.raises(ValueError, match="not allowed by their own mask"):
+        to_mdp_dataset(bad, SPEC, masks=True)
+    to_mdp_dataset(bad, SPEC)  # without masks, the mask column is not read
+
+
 def test_logged_to_mlflow_as_a_dataset_input(
     frame: pl.DataFrame, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
