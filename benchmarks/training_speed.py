@@ -2,8 +2,9 @@
 decision latency.
 
 Training: best_fit rollouts on busy hours of the real Philly arrivals (8x8 cluster, K=4
-slots), fitted for ``--steps`` steps at each batch size with the configurations'
-networks (two hidden layers of 128; CQL with two critics), CPU, all cores torch takes.
+slots), fitted for ``--steps`` steps at each batch size, without and with action masks
+(``[train] masked``), with the configurations' networks (two hidden layers of 128; CQL
+with two critics), CPU, all cores torch takes.
 
 Latency: a 128x8 cluster (16 nodes per leaf) with a deep queue, as in ``mdp_speed.py``
 (4,000 synthetic Philly-like jobs arriving within one hour, a seeded random policy starting
@@ -18,6 +19,7 @@ masked argmax) and for a whole ``decide`` (steps until the model waits).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import time
@@ -52,27 +54,27 @@ def training_speed(steps: int, batches: list[int]) -> list[dict[str, Any]]:
         make_tasks(wins, ["best_fit"], [0, 1], from_spec("8x8,leaf=2"), config=spec.config)
     )
     with quiet_d3rlpy():
-        ds = to_mdp_dataset(df, spec)
+        datasets = {m: to_mdp_dataset(df, spec, masks=m) for m in (False, True)}
     out = []
-    for algo_name in ("bc", "cql"):
-        for batch in batches:
-            params = AlgoConfig(n_steps=steps, n_steps_per_epoch=steps, batch_size=batch,
-                                hidden_units=(128, 128), n_critics=2,
-                                target_update_interval=250)  # fmt: skip
-            d3rlpy.seed(0)
-            algo = build_algo(algo_name, params, "cpu:0")
-            fit(
-                algo,
-                ds,
-                replace(params, n_steps=10, n_steps_per_epoch=10),
-                evaluators={},
-                adapter=NoopAdapterFactory(),
-            )  # fmt: skip  (warm-up, builds the networks)
-            t0 = time.perf_counter()
-            fit(algo, ds, params, evaluators={}, adapter=NoopAdapterFactory())
-            dt = time.perf_counter() - t0
-            out.append({"algo": algo_name, "batch": batch, "steps_per_s": steps / dt,
-                        "transitions": df.height})  # fmt: skip
+    for algo_name, masked, batch in itertools.product(("bc", "cql"), (False, True), batches):
+        ds = datasets[masked]
+        params = AlgoConfig(n_steps=steps, n_steps_per_epoch=steps, batch_size=batch,
+                            hidden_units=(128, 128), n_critics=2,
+                            target_update_interval=250, masked=masked)  # fmt: skip
+        d3rlpy.seed(0)
+        algo = build_algo(algo_name, params, "cpu:0")
+        fit(
+            algo,
+            ds,
+            replace(params, n_steps=10, n_steps_per_epoch=10),
+            evaluators={},
+            adapter=NoopAdapterFactory(),
+        )  # fmt: skip  (warm-up, builds the networks)
+        t0 = time.perf_counter()
+        fit(algo, ds, params, evaluators={}, adapter=NoopAdapterFactory())
+        dt = time.perf_counter() - t0
+        out.append({"algo": algo_name, "masked": masked, "batch": batch,
+                    "steps_per_s": steps / dt, "transitions": df.height})  # fmt: skip
     return out
 
 
@@ -98,7 +100,10 @@ def _latency_policy(tmp: Path) -> Any:
             action_space=d3rlpy.ActionSpace.DISCRETE,
             action_size=spec.n_actions,
         )
-    params = AlgoConfig(n_steps=20, n_steps_per_epoch=20, hidden_units=(256, 256), n_critics=2)
+    # no masks in random data (the served network is the same either way)
+    params = AlgoConfig(
+        n_steps=20, n_steps_per_epoch=20, hidden_units=(256, 256), n_critics=2, masked=False
+    )
     algo = build_algo("cql", params, "cpu:0")
     fit(algo, ds, params, evaluators={}, adapter=NoopAdapterFactory())
     pkg = save_package(algo, spec, {"hash": "benchmark"}, tmp / "pkg")
@@ -196,7 +201,9 @@ def main() -> None:
         print(json.dumps(out))
         return
     for row in out.get("training", []):
-        print(f"{row['algo']:>3} batch {row['batch']:>4}: {row['steps_per_s']:7.1f} steps/s")
+        masks = "masked" if row["masked"] else "plain"
+        print(f"{row['algo']:>3} {masks:>6} batch {row['batch']:>4}: "
+              f"{row['steps_per_s']:7.1f} steps/s")  # fmt: skip
     for k, v in out["latency"].items():
         print(f"{k}: {v:.3f}")
 
