@@ -246,9 +246,11 @@ def save_package(
     out_dir: str | Path,
     *,
     meta: Mapping[str, Any] | None = None,
+    predictor: RuntimePredictor | None = None,
 ) -> Path:
     """Write a policy package for a fitted d3rlpy algorithm into ``out_dir`` (created; must
-    be empty or absent); returns the folder."""
+    be empty or absent), with ``predictor`` (else the one the manifest records); returns the
+    folder."""
     import d3rlpy  # type: ignore[import-untyped]
 
     return write_package(
@@ -259,6 +261,7 @@ def save_package(
         algo=type(algo).__name__,
         versions={"d3rlpy": d3rlpy.__version__},
         meta=meta,
+        predictor=predictor,
     )
 
 

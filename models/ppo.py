@@ -452,9 +452,11 @@ def save_ppo_package(
     out_dir: str | Path,
     *,
     meta: Mapping[str, Any] | None = None,
+    predictor: RuntimePredictor | None = None,
 ) -> Path:
     """Write a policy package (``models.learned`` format, ``values = "logits"``) for a
-    trained MaskablePPO into ``out_dir`` (created; must be empty or absent)."""
+    trained MaskablePPO into ``out_dir`` (created; must be empty or absent), with
+    ``predictor`` (else the one the workload manifest records)."""
     import sb3_contrib
     import stable_baselines3
 
@@ -473,6 +475,7 @@ def save_ppo_package(
             "sb3_contrib": sb3_contrib.__version__,
         },
         meta=meta,
+        predictor=predictor,
     )
 
 

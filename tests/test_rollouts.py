@@ -10,10 +10,14 @@ import numpy as np
 import polars as pl
 import pytest
 
+from linkwise.cluster.domain import Job, Placement
 from linkwise.cluster.mdp import MdpConfig, make_spec
+from linkwise.cluster.profiles import load_calibration
 from linkwise.cluster.slurm.records import JobRun
 from linkwise.cluster.topology import from_spec
+from linkwise.datasets.backlog import Backlog, backlog_from_store
 from linkwise.datasets.ingest import ingest_job_runs
+from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.rollouts import (
     RolloutTask,
     Window,
@@ -25,6 +29,7 @@ from linkwise.datasets.rollouts import (
     resample_window,
     rollout,
     run_rollouts,
+    window_workload,
 )
 from linkwise.datasets.store import open_store
 from linkwise.datasets.transitions import TRANSITION_SCHEMA, check_frame
@@ -251,3 +256,48 @@ def test_jobs_from_store_aggregates_runs() -> None:
     assert jobs_from_store(con, since=120.0, until=500.0)["job_id"].to_list() == [2]
     w = cut_windows(df, 500.0)
     assert [(x.window_id, len(x.jobs)) for x in w] == [(0, 2), (1, 1)]
+
+
+def test_tasks_share_one_predictor_and_annotate_every_job(windows: list[Window]) -> None:
+    """``make_tasks`` gives every task one predictor (fit on the windows' jobs when none is
+    given); a window's workload, backlog included, carries its predictions."""
+    tasks = make_tasks(windows[:2], ["fifo", "best_fit"], [0, 1], from_spec(TOPO), config=CONFIG)
+    first = tasks[0].predictor
+    assert first is not None and all(t.predictor is first for t in tasks)
+    assert first.fit_until == max(w.end for w in windows[:2])
+    given = RuntimePredictor.fit([Job(1, 0.0, 1, 60.0)])
+    one = make_tasks(windows[:1], ["fifo"], [0], from_spec(TOPO), predictor=given)
+    assert all(t.predictor is given for t in one)
+    backlog = Backlog(
+        time=0.0,
+        running=((Job(900, 0.0, 8, 5.0, pred_s=50.0, pred_hi_s=70.0), Placement.of([(0, 8)])),),
+        pending=(Job(901, 0.0, 4, 5.0),),
+    )
+    jobs, running = window_workload(
+        windows[0], 0, 600.0, load_calibration(None), 64, backlog, given
+    )
+    assert all(j.predicted for j in jobs)
+    assert (running[0][0].pred_s, running[0][0].pred_hi_s) == (50.0, 70.0)  # kept
+    assert jobs[0].pred_s == given.predict(jobs[0])[0]
+
+
+def test_backlog_predictions_come_from_what_slurm_knew(tmp_path: Path) -> None:
+    """A backlog built with a predictor: a pending job predicted from its name and whole time
+    limit; a running job's predictions less the time it has run (it restarts at t)."""
+    t0 = 1.7e9
+    past = [Job(i, t0 - 1e5 + i, 8, 3000.0, user="u", name="train") for i in range(6)]
+    predictor = RuntimePredictor.fit(past)
+    runs = [
+        JobRun("c", 1, 0, "train", "u", "a", "gpu", "COMPLETED", 0, None, t0, t0 + 100,
+               t0 + 5000, None, ("gpu1",), 8, (8,), 1, True),
+        JobRun("c", 2, 0, "train", "u", "a", "gpu", "COMPLETED", 0, None, t0 + 10, t0 + 2000,
+               t0 + 3000, 7200.0, ("gpu2",), 8, (8,), 1, True),
+    ]  # fmt: skip
+    with open_store(tmp_path / "s.duckdb") as con:
+        ingest_job_runs(con, runs, source="test")
+        b = backlog_from_store(con, from_spec("2x8"), None, t0 + 1000.0, predictor)
+        bare = backlog_from_store(con, from_spec("2x8"), None, t0 + 1000.0)
+    (run, _), (pend,) = b.running[0], b.pending
+    assert run.pred_s == pytest.approx(3000.0 - 900.0)  # 900 s run of a 3000 s prediction
+    assert pend.pred_s == pytest.approx(3000.0) and pend.name == "2"  # "train" predicted it
+    assert not bare.pending[0].predicted and not bare.running[0][0].predicted
