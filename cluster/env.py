@@ -8,6 +8,10 @@ every job has finished, so the undiscounted return is minus the total JCT over t
 scale. Waiting on an idle cluster with nothing left to arrive (and no ticks) would wait
 forever: the episode is truncated with ``info["stalled"] = True``.
 
+The observation reads jobs' run-time predictions (``Job.pred_s``, ``pred_hi_s``), never their
+true durations (``cluster/mdp.py``, ``docs/INFORMATION.md``): a workload's jobs must carry
+them (``datasets.predictor.RuntimePredictor.annotate``), else ``reset`` raises ValueError.
+
 With ``skip_trivial`` (default) decision points where only "wait" is allowed are passed
 through inside one wait step (their rewards summed), so every observation the agent sees
 has a real choice, except possibly the first and the last.

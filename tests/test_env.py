@@ -163,3 +163,10 @@ def test_waiting_forever_truncates() -> None:
     env.reset(seed=0)
     _, reward, terminated, truncated, info = env.step(env.config.wait_action)
     assert (reward, terminated, truncated, info["stalled"]) == (0.0, False, True, True)
+
+
+def test_jobs_without_predictions_are_refused() -> None:
+    """The observation needs run-time predictions, never the true run time."""
+    env = ClusterEnv(lambda s: Workload(TOPO, [Job(0, 0.0, 4, 100.0, profile="light")], MODEL))
+    with pytest.raises(ValueError, match="run-time predictor"):
+        env.reset(seed=0)
