@@ -104,3 +104,25 @@ def test_shadow_decision_log(demo: DemoResult) -> None:
     w0 = demo.evaluation["windows"][0]
     assert w0["start"] <= lo <= hi
     assert s["slurm_starts"] > 0  # backfill (the simulated Slurm) acted meanwhile
+
+
+def test_one_predictor_fit_before_the_split_everywhere(demo: DemoResult) -> None:
+    """One run-time predictor, fit only on the dataset's part of the history: the dataset's
+    manifest records it and every learned package (BC, CQL, PPO) carries the same file; the
+    table has QSSF (same information) and the oracle ceilings, marked."""
+    import json
+
+    from linkwise.datasets.export import file_sha256
+
+    pred = demo.predictor
+    assert pred["fit_until"] == demo.split["until"] and pred["n_jobs"] > 0
+    assert file_sha256(pred["path"]) == pred["sha256"]
+    manifest = json.loads(Path(demo.dataset["path"].removesuffix(".parquet") + ".json").read_text())
+    assert manifest["sources"]["predictor"]["sha256"] == pred["sha256"]
+    for algo in ("bc", "cql", "ppo"):
+        pkg = Path(demo.models[algo]["package_dir"])
+        assert file_sha256(pkg / "predictor.json") == pred["sha256"], algo
+    assert pred["heldout_accuracy"]["jobs"] > 0
+    rows = {r["policy"]: r for r in demo.table}
+    assert "qssf" in rows and not rows["qssf"]["oracle"]
+    assert rows["sjf_bco_oracle"]["oracle"] and rows["srtf_oracle"]["oracle"]
