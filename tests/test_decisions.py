@@ -21,8 +21,13 @@ from linkwise.cluster.profiles import assign_profiles, load_calibration
 from linkwise.cluster.simulator import JobRecord, Simulator
 from linkwise.cluster.slurm.records import JobRun, NodeInfo
 from linkwise.cluster.topology import from_spec
-from linkwise.datasets.decisions import build_log_transitions, topology_from_store
+from linkwise.datasets.decisions import (
+    build_log_transitions,
+    store_predictor,
+    topology_from_store,
+)
 from linkwise.datasets.ingest import ingest_job_runs, ingest_nodes
+from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.store import open_store
 from linkwise.datasets.synthetic import generate
 from linkwise.datasets.transitions import check_frame
@@ -279,6 +284,22 @@ def test_deterministic_and_empty() -> None:
     assert ra.to_json()["transitions"] == a.height
     empty, rep = build_log_transitions(con, topology=TOPO, spec=SPEC, model=MODEL, since=T0 + 1e9)
     assert empty.is_empty() and rep.transitions == 0 and rep.exact_match_share == 1.0
+
+
+def test_observations_read_the_predictor_given_default_the_store_before_until() -> None:
+    """The jobs are annotated by the predictor given (by default one fit on the store's jobs
+    before ``until``): another predictor changes the observations, never the actions."""
+    runs, _ = simulate_history(workload(40, seed=8), "sjf_bco")
+    con = store_of(runs)
+    a, _ = build_log_transitions(con, topology=TOPO, spec=SPEC, model=MODEL)
+    same, _ = build_log_transitions(
+        con, topology=TOPO, spec=SPEC, model=MODEL, predictor=store_predictor(con, None, None)
+    )
+    assert a.equals(same)
+    other = RuntimePredictor.fit([Job(1, 0.0, 1, 7.0)])
+    b, _ = build_log_transitions(con, topology=TOPO, spec=SPEC, model=MODEL, predictor=other)
+    assert a["action"].to_list() == b["action"].to_list()
+    assert not np.array_equal(np.stack(a["obs"].to_list()), np.stack(b["obs"].to_list()))
 
 
 def test_topology_from_store_is_flat_in_natural_order() -> None:
