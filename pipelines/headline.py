@@ -1,7 +1,9 @@
 """The headline run (``benchmarks/headline.md``): the demo's pipeline on a real trace with the
 ``HEADLINE`` experiment (``pipelines.experiment``): the trace replayed under backfill on
 104x8 as the cluster's history, daily windows, the last week held out, BC, CQL and
-MaskablePPO against every heuristic."""
+MaskablePPO against every heuristic, QSSF and the oracle ceilings. As in the demo, one
+run-time predictor is fit on the training weeks alone and every policy that reads
+predictions reads that one's (``docs/INFORMATION.md``)."""
 
 from __future__ import annotations
 
