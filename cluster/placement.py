@@ -299,7 +299,16 @@ def slurm_select(topo: Topology, free: Sequence[int], shape: Shape) -> Placement
     per = shape.gpus_per_node
     if per <= 0 or shape.nodes <= 0:
         raise ValueError(f"a shape needs positive nodes and GPUs per node, got {shape}")
-    usable = [i for i, f in enumerate(free) if f >= per]
+    return slurm_select_usable(topo, free, shape, [i for i, f in enumerate(free) if f >= per])
+
+
+def slurm_select_usable(
+    topo: Topology, free: Sequence[int], shape: Shape, usable: list[int]
+) -> Placement | None:
+    """``slurm_select`` given its usable nodes (those with ``shape.gpus_per_node`` free, in
+    index order), for a caller that has them at hand (backfill's plan); ``free`` is read
+    only on a single leaf switch (best fit by free GPUs)."""
+    per = shape.gpus_per_node
     if len(usable) < shape.nodes:
         return None
     chosen: list[int] | None

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import ClassVar
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -18,7 +20,9 @@ from linkwise.cluster.domain import (
     Placement,
     Policy,
     RunningJob,
+    Shape,
     Start,
+    Topology,
     requested_shape,
 )
 from linkwise.cluster.heuristics import (
@@ -33,6 +37,7 @@ from linkwise.cluster.heuristics import (
     make_policy,
     policy_names,
 )
+from linkwise.cluster.heuristics import backfill as backfill_module
 from linkwise.cluster.heuristics.backfill import OVERDUE_S, runtime_estimate
 from linkwise.cluster.loop import drive
 from linkwise.cluster.placement import (
@@ -603,3 +608,79 @@ def test_policies_run_a_small_trace_to_completion_in_the_simulator() -> None:
             topo, jobs, AnalyticModel(calibration), policy, SimConfig(restart_cost_s=5.0)
         )
         assert len(result.records) == len(jobs), policy.name
+
+
+# ----------------------------------------------------------------------------- fast backfill
+
+
+class _CheckedPlan(backfill_module._Plan):
+    """The fast plan, each answer checked against the plain search (``reference_earliest``)
+    and a plain set-based ``all_free_nodes_reserved``."""
+
+    __slots__ = ()
+    calls: ClassVar[list[int]] = [0, 0]  # earliest, answers that found a start
+
+    def earliest(
+        self, shape: Shape, est: float, after: float, horizon: float
+    ) -> tuple[float, Placement] | None:
+        got = super().earliest(shape, est, after, horizon)
+        assert got == backfill_module.reference_earliest(self, shape, est, after, horizon)
+        _CheckedPlan.calls[0] += 1
+        _CheckedPlan.calls[1] += got is not None
+        return got
+
+    def all_free_nodes_reserved(self, by: float) -> bool:
+        soon: set[int] = set()
+        for start, _, nodes in self.reserved:
+            if start <= by:
+                soon |= nodes
+        plain = all(f == 0 or n in soon for n, f in enumerate(self.free))
+        assert super().all_free_nodes_reserved(by) == plain
+        return plain
+
+
+def _busy_workload(seed: int, n: int, topo: Topology) -> list[Job]:
+    """Jobs arriving faster than they finish: some with time limits, some with only run-time
+    predictions, some with neither, some asking for a node count."""
+    rng = np.random.default_rng(seed)
+    per_node = topo.max_gpus_per_node
+    jobs = []
+    t = 0.0
+    for i in range(n):
+        t += float(rng.exponential(60.0))
+        gpus = int(rng.choice([1, 1, 2, 4, 8, 16, 32]))
+        gpus = min(gpus, per_node * len(topo.nodes) // 2)
+        duration = float(rng.lognormal(7.0, 1.5)) + 1.0
+        kind = i % 4
+        limit = float(np.ceil(duration * rng.uniform(1.0, 3.0))) if kind == 0 else 0.0
+        hi = duration * float(rng.uniform(0.3, 3.0)) if kind in (1, 2) else 0.0
+        nodes = 2 if kind == 2 and gpus % 2 == 0 and 2 <= gpus <= 2 * per_node else 0
+        jobs.append(
+            Job(i, t, gpus, duration, time_limit=limit, pred_s=hi / 2, pred_hi_s=hi, nodes=nodes)
+        )
+    return jobs
+
+
+@pytest.mark.parametrize(
+    ("spec", "policy"),
+    [
+        ("4x4", Backfill()),  # one leaf switch: best fit by free GPUs
+        ("8x8,leaf=2", Backfill(resolution_s=0.0)),  # tree: fewest leaf switches
+        ("12x8,leaf=4,agg=2", Backfill(max_job_test=7, window_s=3 * 3600.0)),
+        ("6x4,leaf=3", Backfill(default_limit_s=3600.0, window_s=86400.0)),
+    ],
+)
+def test_fast_backfill_plans_exactly_as_the_plain_search(
+    spec: str, policy: Backfill, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every backfill search of whole seeded runs: the fast plan (bitmasks, cached
+    availability steps and blocked windows) answers as the plain search does."""
+    monkeypatch.setattr(backfill_module, "_Plan", _CheckedPlan)
+    _CheckedPlan.calls = [0, 0]
+    topo = from_spec(spec)
+    jobs = _busy_workload(seed=len(spec), n=300, topo=topo)
+    sim = Simulator(topo, jobs, NoContention())
+    drive(sim, policy)
+    assert len(sim.records) == len(jobs)
+    searches, found = _CheckedPlan.calls
+    assert searches > 500 and 0 < found < searches  # both outcomes, many times

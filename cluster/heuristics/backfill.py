@@ -23,7 +23,7 @@ from linkwise.cluster.domain import (
     requested_shape,
 )
 from linkwise.cluster.heuristics._common import can_ever_run
-from linkwise.cluster.placement import apply_placement, slurm_select
+from linkwise.cluster.placement import apply_placement, slurm_select, slurm_select_usable
 
 # A job without a time limit gets its partition's limit; traces without limits (Philly)
 # get this one: 7 days, a common MaxTime of GPU partitions. Slurm's bf_window should be
@@ -44,7 +44,25 @@ def runtime_estimate(job: Job, default_limit_s: float = DEFAULT_LIMIT_S) -> floa
 
 @dataclass(slots=True)
 class _Plan:
-    """The node-space of one backfill pass: GPUs free now, releases, whole-node reservations."""
+    """The node-space of one backfill pass: GPUs free now, releases, whole-node reservations.
+
+    ``earliest`` is asked for up to ``max_job_test`` jobs per pass, each over several
+    candidate times, so the node-space is kept in forms that make one candidate time cheap
+    (``tests/test_heuristics.py`` checks every answer against the plain search,
+    ``reference_earliest``, on whole runs):
+
+    - sets of nodes are bitmasks (bit i = node i);
+    - the GPUs available at a time are a step function of the releases; the nodes with at
+      least ``per`` GPUs available are a bitmask per step, built for all steps at once per
+      ``per`` by applying each release's nodes in time order (a release only adds GPUs), and
+      rebuilt only after a start changes the node-space;
+    - the nodes reservations block during a run ``[t, t + est]`` are a bitmask cached per
+      (t, t + est), brought up to date with the reservations added since (reservations
+      only add nodes);
+    so a candidate time costs a few lookups and a popcount. The per-node free counts are
+    built only at the time that fits, to hand ``slurm_select`` exactly what the plain search
+    gives it.
+    """
 
     topo: Topology
     now: float
@@ -52,59 +70,188 @@ class _Plan:
     releases: list[tuple[float, Placement]]  # expected end, sorted
     reserved: list[tuple[float, float, frozenset[int]]] = field(default_factory=list)
     times: list[float] = field(default_factory=list)  # candidate start times, sorted
+    _starts: list[float] = field(default_factory=list)  # the reservations, column by column
+    _ends: list[float] = field(default_factory=list)
+    _masks: list[int] = field(default_factory=list)  # their nodes as bitmasks
+    _bits: list[int] = field(default_factory=list)  # 1 << node
+    _one_leaf: bool = False
+    # the node-space's step function (rebuilt after a start): step times (now, then each
+    # distinct release end), the releases' (node, GPUs) at each step, masks per ``per``
+    _step_times: list[float] = field(default_factory=list)
+    _step_delta: list[list[tuple[int, int]]] = field(default_factory=list)
+    _usable: dict[int, list[int]] = field(default_factory=dict)  # per -> mask at each step
+    _free_mask: int = -1  # nodes with free GPUs now (-1: not built)
+    _blocked: dict[tuple[float, float], tuple[int, int]] = field(default_factory=dict)
+    _soon: dict[float, tuple[int, int]] = field(default_factory=dict)  # by -> (seen, mask)
 
     def __post_init__(self) -> None:
         self.times = sorted({self.now, *(end for end, _ in self.releases)})
+        self._bits = [1 << i for i in range(len(self.free))]
+        self._one_leaf = len(self.topo.leaf_names) == 1
 
     def start_now(self, placement: Placement, end: float) -> None:
         apply_placement(self.free, placement)
         _insort(self.releases, (end, placement))
         self._add_time(end)
+        self._step_times.clear()  # the node-space changed: rebuilt when next asked
+        self._usable.clear()
+        self._free_mask = -1
 
     def reserve(self, start: float, end: float, nodes: frozenset[int]) -> None:
         self.reserved.append((start, end, nodes))
+        self._starts.append(start)
+        self._ends.append(end)
+        self._masks.append(sum(self._bits[n] for n in nodes))
         self._add_time(end)
 
     def all_free_nodes_reserved(self, by: float) -> bool:
         """Whether every node with free GPUs now is reserved from ``by`` or earlier."""
-        soon: set[int] = set()
-        for start, _, nodes in self.reserved:
-            if start <= by:
-                soon |= nodes
-        return all(f == 0 or n in soon for n, f in enumerate(self.free))
+        seen, soon = self._soon.get(by, (0, 0))
+        masks = self._masks
+        if seen < len(masks):
+            for start, m in zip(self._starts[seen:], masks[seen:], strict=True):
+                if start <= by:
+                    soon |= m
+            self._soon[by] = (len(masks), soon)
+        if self._free_mask < 0:
+            self._free_mask = sum(b for b, f in zip(self._bits, self.free, strict=True) if f)
+        return not self._free_mask & ~soon
 
     def _add_time(self, t: float) -> None:
         k = bisect.bisect_left(self.times, t)
         if k == len(self.times) or self.times[k] != t:
             self.times.insert(k, t)
 
+    def _build_steps(self) -> None:
+        """Step times (now, then each distinct release end) and the GPUs each releases."""
+        step_times: list[float] = [self.now]
+        deltas: list[list[tuple[int, int]]] = [[]]
+        for end, placement in self.releases:
+            if end > step_times[-1]:
+                step_times.append(end)
+                deltas.append([])
+            deltas[-1].extend(placement.alloc)
+        self._step_times, self._step_delta = step_times, deltas
+
+    def _usable_masks(self, per: int) -> list[int]:
+        """Per step, the nodes with at least ``per`` GPUs available then."""
+        masks = self._usable.get(per)
+        if masks is None:
+            bits = self._bits
+            avail = list(self.free)
+            mask = sum(b for b, f in zip(bits, avail, strict=True) if f >= per)
+            masks = []
+            for delta in self._step_delta:
+                for node, g in delta:
+                    avail[node] += g
+                    if avail[node] >= per:
+                        mask |= bits[node]
+                masks.append(mask)
+            self._usable[per] = masks
+        return masks
+
+    def _avail_at(self, step: int) -> list[int]:
+        """The GPUs available per node at a step."""
+        avail = list(self.free)
+        for delta in self._step_delta[: step + 1]:
+            for node, g in delta:
+                avail[node] += g
+        return avail
+
     def earliest(
         self, shape: Shape, est: float, after: float, horizon: float
     ) -> tuple[float, Placement] | None:
         """The earliest start at or after ``after`` (itself at or after now) and before
         ``horizon`` where the shape fits on nodes no reservation holds during the run."""
-        times = self.times
-        avail = list(self.free)
-        releases = self.releases
-        k = 0
+        if not self._step_times:
+            self._build_steps()
         per, need = shape.gpus_per_node, shape.nodes
-        for t in times[bisect.bisect_left(times, after) :]:
+        step_times, usable = self._step_times, self._usable_masks(per)
+        starts, ends, masks, cache = self._starts, self._ends, self._masks, self._blocked
+        n_res = len(masks)
+        times = self.times
+        k = bisect.bisect_left(times, after)
+        step = bisect.bisect_right(step_times, times[k] if k < len(times) else after) - 1
+        last_step = len(step_times) - 1
+        for j in range(k, len(times)):  # by index: a slice would copy the times per call
+            t = times[j]
             if t > horizon:
                 return None
-            while k < len(releases) and releases[k][0] <= t:
-                for node, g in releases[k][1].alloc:
-                    avail[node] += g
-                k += 1
+            while step < last_step and step_times[step + 1] <= t:
+                step += 1
             end = t + est
-            blocked = {n for s, e, nodes in self.reserved if s <= end and e > t for n in nodes}
-            usable = sum(1 for i, f in enumerate(avail) if f >= per and i not in blocked)
-            if usable < need:
+            # the nodes a reservation holds during [t, end] (``s <= end and e > t``): cached
+            # per window, brought up to date with the reservations added since
+            seen, blocked = cache.get((t, end), (0, 0))
+            if seen < n_res:
+                for rs, re, m in zip(starts[seen:], ends[seen:], masks[seen:], strict=True):
+                    if rs <= end and re > t:
+                        blocked |= m
+                cache[(t, end)] = (n_res, blocked)
+            fits = usable[step] & ~blocked
+            if fits.bit_count() < need:
                 continue
-            masked = [0 if i in blocked else f for i, f in enumerate(avail)] if blocked else avail
-            placement = slurm_select(self.topo, masked, shape)
+            if self._one_leaf:  # best fit reads the free counts (reserved nodes count 0)
+                bits = self._bits
+                avail = [
+                    0 if blocked & b else f for b, f in zip(bits, self._avail_at(step), strict=True)
+                ]
+                placement = slurm_select_usable(
+                    self.topo, avail, shape, [i for i, f in enumerate(avail) if f >= per]
+                )
+            else:  # fewest leaf switches reads only which nodes are usable
+                placement = slurm_select_usable(self.topo, (), shape, _nodes_of(fits))
             if placement is not None:
                 return t, placement
         return None
+
+
+# the nodes (bit positions) of every byte value, to list a bitmask's nodes a byte at a time
+_BYTE_NODES: tuple[tuple[int, ...], ...] = tuple(
+    tuple(i for i in range(8) if v >> i & 1) for v in range(256)
+)
+
+
+def _nodes_of(mask: int) -> list[int]:
+    """The nodes of a bitmask, in index order."""
+    out: list[int] = []
+    base = 0
+    while mask:
+        byte = mask & 0xFF
+        if byte:
+            out.extend(base + i for i in _BYTE_NODES[byte])
+        mask >>= 8
+        base += 8
+    return out
+
+
+def reference_earliest(
+    plan: _Plan, shape: Shape, est: float, after: float, horizon: float
+) -> tuple[float, Placement] | None:
+    """``_Plan.earliest`` written plainly (every candidate time recomputed from the
+    releases and reservations): the specification the fast search is tested against."""
+    times = plan.times
+    avail = list(plan.free)
+    releases = plan.releases
+    k = 0
+    per, need = shape.gpus_per_node, shape.nodes
+    for t in times[bisect.bisect_left(times, after) :]:
+        if t > horizon:
+            return None
+        while k < len(releases) and releases[k][0] <= t:
+            for node, g in releases[k][1].alloc:
+                avail[node] += g
+            k += 1
+        end = t + est
+        blocked = {n for s, e, nodes in plan.reserved if s <= end and e > t for n in nodes}
+        usable = sum(1 for i, f in enumerate(avail) if f >= per and i not in blocked)
+        if usable < need:
+            continue
+        masked = [0 if i in blocked else f for i, f in enumerate(avail)] if blocked else avail
+        placement = slurm_select(plan.topo, masked, shape)
+        if placement is not None:
+            return t, placement
+    return None
 
 
 @dataclass(frozen=True, slots=True)
