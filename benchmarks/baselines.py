@@ -7,6 +7,16 @@ Markdown table of such a file.
 
     nice .venv/bin/python benchmarks/baselines.py --repo /tmp/lw-before --out before.jsonl
     .venv/bin/python benchmarks/baselines.py --table before.jsonl
+
+With ``--eval-from DATE`` (UTC) the workload is the evaluated slice instead, the jobs
+submitted from that day on, replayed from an empty cluster, and a run-time predictor
+(``datasets/predictor.RuntimePredictor``) fit on the trace's jobs submitted before it gives
+every slice job its quantiles (backfill estimates a job without a time limit by the upper
+one). A policy written ``nopred:SPEC`` runs on the same slice without predictions (backfill
+then believes the 7-day default limit):
+
+    nice .venv/bin/python benchmarks/baselines.py --eval-from 2017-10-09 \
+        --policies backfill,nopred:backfill,sjf_bco --out slice.jsonl
 """
 
 from __future__ import annotations
@@ -25,8 +35,16 @@ POLICIES = "fifo,backfill,best_fit,sjf_bco,tiresias_las,random"
 CLUSTERS = "64x8,80x8,104x8"
 
 
-def run_one(trace: Path, cluster: str, spec: str, contention: str, seed: int) -> dict[str, object]:
-    """Load, simulate and summarise one policy in this process (linkwise from sys.path)."""
+NOPRED = "nopred:"
+
+
+def run_one(
+    trace: Path, cluster: str, spec: str, contention: str, seed: int, eval_from: str | None = None
+) -> dict[str, object]:
+    """Load, simulate and summarise one policy in this process (linkwise from sys.path).
+
+    ``eval_from``: simulate only the jobs submitted from that UTC day on, with run-time
+    predictions fit on the jobs before it (none for a ``nopred:`` spec)."""
     from linkwise.cluster.profiles import assign_profiles, load_calibration
     from linkwise.cluster.topology import load_topology
     from linkwise.datasets.traces import load_trace
@@ -34,11 +52,28 @@ def run_one(trace: Path, cluster: str, spec: str, contention: str, seed: int) ->
 
     topo = load_topology(cluster)
     cal = load_calibration()
-    jobs = assign_profiles(load_trace(trace, "philly").jobs, cal, seed=seed)
+    loaded = load_trace(trace, "philly")
+    jobs = assign_profiles(loaded.jobs, cal, seed=seed)
     jobs = tuple(j for j in jobs if j.num_gpus <= topo.total_gpus)
-    scenario = Scenario(topology=topo, jobs=jobs, calibration=cal, contention=contention)
-    m = run_policy(scenario, spec).metrics.to_dict()
-    m.update(cluster=cluster, spec=spec, contention=contention)
+    extra: dict[str, object] = {"eval_from": eval_from, "predictions": False}
+    predictor = None
+    policy = spec.removeprefix(NOPRED)
+    if eval_from is not None:
+        from datetime import UTC, datetime
+
+        from linkwise.datasets.predictor import RuntimePredictor
+
+        origin = loaded.origin_epoch or 0.0
+        split = datetime.fromisoformat(eval_from).replace(tzinfo=UTC).timestamp() - origin
+        if not spec.startswith(NOPRED):
+            predictor = RuntimePredictor.fit(jobs, until=split)
+            extra.update(predictions=True, predictor_jobs=predictor.n_jobs)
+        jobs = tuple(j for j in jobs if j.submit_time >= split)
+    scenario = Scenario(
+        topology=topo, jobs=jobs, calibration=cal, contention=contention, predictor=predictor
+    )
+    m = run_policy(scenario, policy).metrics.to_dict()
+    m.update(cluster=cluster, spec=spec, contention=contention, jobs=len(jobs), **extra)
     return m
 
 
@@ -46,12 +81,14 @@ def table(path: Path) -> str:
     """A Markdown table of the runs in ``path`` (JSON lines)."""
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     out = [
-        "| cluster | policy | avg JCT h | mean queue h | GPU util | contention slowdown | wall s |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "| cluster | policy | predictions | avg JCT h | mean queue h | GPU util "
+        "| contention slowdown | wall s |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
+        pred = f"fit before {r['eval_from']}" if r.get("predictions") else "none"
         out.append(
-            f"| {r['cluster']} | {r['spec']} | {r['avg_jct_s'] / 3600:,.1f} | "
+            f"| {r['cluster']} | {r['spec']} | {pred} | {r['avg_jct_s'] / 3600:,.1f} | "
             f"{r['avg_queue_s'] / 3600:,.1f} | {r['gpu_utilization']:.2f} | "
             f"{r['avg_contention_slowdown']:.3f} | {r['wall_s']:.0f} |"
         )
@@ -68,6 +105,9 @@ def main() -> int:
     p.add_argument("--policies", default=POLICIES)
     p.add_argument("--contention", default="analytic")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--eval-from", help="simulate the slice from this UTC day, with run-time predictions"
+    )
     p.add_argument("--out", type=Path, help="JSON lines file to append to")
     p.add_argument("--table", type=Path, help="print the Markdown table of a JSON lines file")
     p.add_argument("--one", help=argparse.SUPPRESS)
@@ -77,7 +117,7 @@ def main() -> int:
         return 0
     if args.one:
         cluster, spec = args.one.split("|", 1)
-        m = run_one(args.trace, cluster, spec, args.contention, args.seed)
+        m = run_one(args.trace, cluster, spec, args.contention, args.seed, args.eval_from)
         print(json.dumps(m))
         return 0
     if args.out is None:
@@ -88,6 +128,8 @@ def main() -> int:
             cmd = [sys.executable, str(Path(__file__).resolve()), "--one", f"{cluster}|{spec}"]
             cmd += ["--trace", str(args.trace), "--contention", args.contention]
             cmd += ["--seed", str(args.seed)]
+            if args.eval_from:
+                cmd += ["--eval-from", args.eval_from]
             t0 = time.perf_counter()
             done = subprocess.run(cmd, env=env, cwd=args.repo, capture_output=True, text=True)
             if done.returncode != 0:
