@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import replace
 from typing import ClassVar
@@ -613,6 +614,35 @@ def test_policies_run_a_small_trace_to_completion_in_the_simulator() -> None:
 # ----------------------------------------------------------------------------- fast backfill
 
 
+def _reference_earliest(
+    plan: backfill_module._Plan, shape: Shape, est: float, after: float, horizon: float
+) -> tuple[float, Placement] | None:
+    """Backfill's ``_Plan.earliest`` written plainly (every candidate time recomputed from the
+    releases and reservations): the specification the fast search is tested against."""
+    times = plan.times
+    avail = list(plan.free)
+    releases = plan.releases
+    k = 0
+    per, need = shape.gpus_per_node, shape.nodes
+    for t in times[bisect.bisect_left(times, after) :]:
+        if t > horizon:
+            return None
+        while k < len(releases) and releases[k][0] <= t:
+            for node, g in releases[k][1].alloc:
+                avail[node] += g
+            k += 1
+        end = t + est
+        blocked = {n for s, e, nodes in plan.reserved if s <= end and e > t for n in nodes}
+        usable = sum(1 for i, f in enumerate(avail) if f >= per and i not in blocked)
+        if usable < need:
+            continue
+        masked = [0 if i in blocked else f for i, f in enumerate(avail)] if blocked else avail
+        placement = slurm_select(plan.topo, masked, shape)
+        if placement is not None:
+            return t, placement
+    return None
+
+
 class _CheckedPlan(backfill_module._Plan):
     """The fast plan, each answer checked against the plain search (``reference_earliest``)
     and a plain set-based ``all_free_nodes_reserved``."""
@@ -624,7 +654,7 @@ class _CheckedPlan(backfill_module._Plan):
         self, shape: Shape, est: float, after: float, horizon: float
     ) -> tuple[float, Placement] | None:
         got = super().earliest(shape, est, after, horizon)
-        assert got == backfill_module.reference_earliest(self, shape, est, after, horizon)
+        assert got == _reference_earliest(self, shape, est, after, horizon)
         _CheckedPlan.calls[0] += 1
         _CheckedPlan.calls[1] += got is not None
         return got

@@ -48,8 +48,8 @@ class _Plan:
 
     ``earliest`` is asked for up to ``max_job_test`` jobs per pass, each over several
     candidate times, so the node-space is kept in forms that make one candidate time cheap
-    (``tests/test_heuristics.py`` checks every answer against the plain search,
-    ``reference_earliest``, on whole runs):
+    (``tests/test_heuristics.py`` checks every answer of whole seeded runs against the
+    plain search, every candidate time recomputed from the releases and reservations):
 
     - sets of nodes are bitmasks (bit i = node i);
     - the GPUs available at a time are a step function of the releases; the nodes with at
@@ -223,35 +223,6 @@ def _nodes_of(mask: int) -> list[int]:
         mask >>= 8
         base += 8
     return out
-
-
-def reference_earliest(
-    plan: _Plan, shape: Shape, est: float, after: float, horizon: float
-) -> tuple[float, Placement] | None:
-    """``_Plan.earliest`` written plainly (every candidate time recomputed from the
-    releases and reservations): the specification the fast search is tested against."""
-    times = plan.times
-    avail = list(plan.free)
-    releases = plan.releases
-    k = 0
-    per, need = shape.gpus_per_node, shape.nodes
-    for t in times[bisect.bisect_left(times, after) :]:
-        if t > horizon:
-            return None
-        while k < len(releases) and releases[k][0] <= t:
-            for node, g in releases[k][1].alloc:
-                avail[node] += g
-            k += 1
-        end = t + est
-        blocked = {n for s, e, nodes in plan.reserved if s <= end and e > t for n in nodes}
-        usable = sum(1 for i, f in enumerate(avail) if f >= per and i not in blocked)
-        if usable < need:
-            continue
-        masked = [0 if i in blocked else f for i, f in enumerate(avail)] if blocked else avail
-        placement = slurm_select(plan.topo, masked, shape)
-        if placement is not None:
-            return t, placement
-    return None
 
 
 @dataclass(frozen=True, slots=True)
