@@ -198,6 +198,9 @@ def test_every_d3rlpy_metric_and_the_config_land_in_mlflow(
     assert p["dataset.hash"] == r.dataset_hash and len(r.dataset_hash) == 64
     assert p["config.algo"] == "bc" and p["config.params.learning_rate"] == "0.001"
     assert p["d3rlpy.config.params.batch_size"] == "64"  # d3rlpy's own parameters
+    # trained on the action masks (the default), and d3rlpy's config says so
+    assert p["config.params.masked"] == "True"
+    assert p["d3rlpy.config.type"] == "linkwise_masked_discrete_bc"
     assert p["dataset.obs_spec_version"] == SPEC.version
     inputs = run.inputs.dataset_inputs
     assert inputs and inputs[0].dataset.digest == r.dataset_hash[:16]
