@@ -83,11 +83,16 @@ class _Plan:
     _free_mask: int = -1  # nodes with free GPUs now (-1: not built)
     _blocked: dict[tuple[float, float], tuple[int, int]] = field(default_factory=dict)
     _soon: dict[float, tuple[int, int]] = field(default_factory=dict)  # by -> (seen, mask)
+    # on a tree topology, the nodes slurm_select picks per (usable mask, node count): a pure
+    # function of the two, shared by every pass on the same topology (``_tree_picks``)
+    _picks: dict[tuple[int, int], tuple[int, ...] | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.times = sorted({self.now, *(end for end, _ in self.releases)})
         self._bits = [1 << i for i in range(len(self.free))]
         self._one_leaf = len(self.topo.leaf_names) == 1
+        if not self._one_leaf:
+            self._picks = _tree_picks(self.topo)
 
     def start_now(self, placement: Placement, end: float) -> None:
         apply_placement(self.free, placement)
@@ -199,11 +204,37 @@ class _Plan:
                 placement = slurm_select_usable(
                     self.topo, avail, shape, [i for i, f in enumerate(avail) if f >= per]
                 )
-            else:  # fewest leaf switches reads only which nodes are usable
-                placement = slurm_select_usable(self.topo, (), shape, _nodes_of(fits))
+            else:  # fewest leaf switches reads only which nodes are usable: memoised
+                picks = self._picks
+                key = (fits, need)
+                nodes = picks.get(key, _MISSING)
+                if nodes is _MISSING:
+                    found = slurm_select_usable(self.topo, (), shape, _nodes_of(fits))
+                    nodes = None if found is None else found.nodes
+                    if len(picks) >= _PICKS_MAX:
+                        picks.clear()
+                    picks[key] = nodes
+                placement = None if nodes is None else Placement(tuple((n, per) for n in nodes))
             if placement is not None:
                 return t, placement
         return None
+
+
+_MISSING: tuple[int, ...] = (-1,)
+_PICKS_MAX = 200_000  # memoised picks per topology before the memo starts over
+_PICKS: dict[int, tuple[Topology, dict[tuple[int, int], tuple[int, ...] | None]]] = {}
+
+
+def _tree_picks(topo: Topology) -> dict[tuple[int, int], tuple[int, ...] | None]:
+    """The memo of ``slurm_select``'s picks on this topology (the same object: the entry
+    holds it, so its id is not reused while the entry lives)."""
+    entry = _PICKS.get(id(topo))
+    if entry is None or entry[0] is not topo:
+        if len(_PICKS) >= 8:
+            _PICKS.clear()
+        entry = (topo, {})
+        _PICKS[id(topo)] = entry
+    return entry[1]
 
 
 # the nodes (bit positions) of every byte value, to list a bitmask's nodes a byte at a time
