@@ -54,7 +54,7 @@ def package(tmp_path_factory: pytest.TempPathFactory) -> Path:
                         target_update_interval=20)  # fmt: skip
     algo = build_algo("cql", params, "cpu:0")
     fit(algo, to_mdp_dataset(df, SPEC), params, evaluators={}, adapter=NoopAdapterFactory())
-    return save_package(algo, SPEC, manifest, root / "pkg")
+    return save_package(algo, SPEC, manifest, root / "pkg", predictor=tasks[0].predictor)
 
 
 def _register(pkg: Path, uri: str) -> str:

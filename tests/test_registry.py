@@ -33,7 +33,13 @@ from linkwise.cluster.mdp import (
 from linkwise.cluster.profiles import assign_profiles, load_calibration
 from linkwise.cluster.topology import from_spec, load_topology
 from linkwise.datasets.export import export_dataset, file_sha256, read_dataset, to_mdp_dataset
-from linkwise.datasets.rollouts import cut_windows, jobs_from_trace, make_tasks, run_rollouts
+from linkwise.datasets.rollouts import (
+    cut_windows,
+    jobs_from_trace,
+    make_tasks,
+    run_rollouts,
+    windows_predictor,
+)
 from linkwise.datasets.windows import choose_windows
 from linkwise.models.learned import (
     CHECKSUMS,
@@ -70,7 +76,7 @@ def _states(n: int) -> list[ClusterState]:
     win = choose_windows(
         cut_windows(jobs_from_trace(PHILLY), 3600.0, max_gpus=64), n=1, min_jobs=40
     )
-    jobs = assign_profiles(win[0].jobs, cal, seed=0)
+    jobs = windows_predictor(win).annotate(assign_profiles(win[0].jobs, cal, seed=0))
     workload = Workload(load_topology(TOPO), jobs, model)
     env = ClusterEnv(lambda _s: workload, SPEC)
     adapter = StepPolicyAdapter(make_policy("best_fit"))
@@ -104,7 +110,9 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                         hidden_units=(64, 64), target_update_interval=50)  # fmt: skip
     algo = build_algo("cql", params, "cpu:0")
     fit(algo, to_mdp_dataset(df, SPEC), params, evaluators={}, adapter=NoopAdapterFactory())
-    pkg = save_package(algo, SPEC, manifest, root / "pkg", meta={"test": True})
+    pkg = save_package(
+        algo, SPEC, manifest, root / "pkg", meta={"test": True}, predictor=tasks[0].predictor
+    )
     obs, masks, _ = frame_arrays(df, SPEC)
     model = AnalyticModel(load_calibration(None))
 
@@ -140,6 +148,7 @@ def _copy(pkg: Path, dst: Path) -> Path:
 def _reseal(d: Path) -> None:
     """Rewrite checksums after an edit (an attacker or a stale build with consistent sums)."""
     names = ["network.pt", "obs_spec.json", "dataset.json", "policy.json"]
+    names += ["predictor.json"] if (d / "predictor.json").exists() else []
     (d / CHECKSUMS).write_text("".join(f"{file_sha256(d / n)}  {n}\n" for n in names))
 
 
@@ -155,7 +164,7 @@ def _flip_byte(path: Path, offset: int = 200) -> None:
 def test_package_has_no_pickle_and_reloads_identically(trained: dict[str, Any]) -> None:
     pkg: Path = trained["pkg"]
     assert sorted(p.name for p in pkg.iterdir()) == sorted(
-        ["network.pt", "obs_spec.json", "dataset.json", "policy.json", CHECKSUMS]
+        ["network.pt", "obs_spec.json", "dataset.json", "policy.json", "predictor.json", CHECKSUMS]
     )
     meta = json.loads((pkg / "policy.json").read_text())
     assert meta["algo"] == "DiscreteCQL" and meta["values"] == "q"

@@ -18,6 +18,7 @@ from linkwise.cluster.mdp import MdpConfig, MdpPolicy, make_spec
 from linkwise.cluster.profiles import assign_profiles, load_calibration
 from linkwise.cluster.topology import from_spec, load_topology
 from linkwise.datasets.export import export_dataset
+from linkwise.datasets.prediction import predictor_record
 from linkwise.datasets.rollouts import cut_windows, jobs_from_trace, make_tasks, run_rollouts
 from linkwise.datasets.windows import choose_windows
 from linkwise.evaluation.compare import Scenario, run_policy
@@ -49,7 +50,10 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     )
     tasks = make_tasks(wins, ["best_fit"], [0, 1], from_spec(TOPO), config=CONFIG, block_s=600.0)
     df = run_rollouts(tasks)
-    sources = {"rollouts": {"policies": ["best_fit"], "seeds": [0, 1], "trace": "philly"}}
+    sources = {
+        "rollouts": {"policies": ["best_fit"], "seeds": [0, 1], "trace": "philly"},
+        "predictor": predictor_record(tasks[0].predictor, {"fit_on": "the windows' jobs"}),
+    }
     return export_dataset(df, SPEC, sources, tmp_path_factory.mktemp("data"))
 
 
@@ -232,7 +236,8 @@ def test_learned_policy_runs_in_the_simulator_without_masked_actions(
     win = choose_windows(
         cut_windows(jobs_from_trace(PHILLY), 3600.0, max_gpus=32), n=1, min_jobs=15
     )
-    jobs = assign_profiles(win[0].jobs, cal, seed=0)
+    assert policy.predictor is not None  # the package carries the dataset's predictor
+    jobs = policy.predictor.annotate(assign_profiles(win[0].jobs, cal, seed=0))
     from linkwise.cluster.simulator import simulate
 
     res = simulate(load_topology("4x8,leaf=2"), jobs, AnalyticModel(cal), checked_policy)
