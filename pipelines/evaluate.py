@@ -41,6 +41,7 @@ from linkwise.cluster.topology import DEFAULT_TOPOLOGY, load_topology
 from linkwise.datasets.backlog import Backlog, backlog_from_store
 from linkwise.datasets.decisions import topology_from_store
 from linkwise.datasets.export import file_sha256, read_dataset
+from linkwise.datasets.prediction import fit_history, load_history
 from linkwise.datasets.rollouts import cut_windows, jobs_from_store
 from linkwise.datasets.store import open_store
 from linkwise.datasets.traces import jobs_frame, load_trace
@@ -80,7 +81,6 @@ from linkwise.evaluation.holdout import (
     window_spans,
 )
 from linkwise.evaluation.ope import ope_table, run_ope
-from linkwise.evaluation.predictions import fit_history, load_history
 from linkwise.evaluation.report import EvaluationReport, log_report, write_report
 from linkwise.evaluation.stats import paired_ratio
 from linkwise.models.policy_spec import PolicySpec, split_specs

@@ -12,9 +12,10 @@ from linkwise.cluster.domain import Job
 from linkwise.cluster.heuristics import MissingPredictions, make_policy
 from linkwise.cluster.profiles import load_calibration
 from linkwise.cluster.topology import from_spec
+from linkwise.datasets.prediction import History, fit_history
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.evaluation.compare import Scenario
-from linkwise.evaluation.predictions import History, check_predictions, fit_history
+from linkwise.evaluation.predictions import check_predictions
 
 PAST = [Job(i, float(i), 1 + i % 2, 100.0 * (1 + i % 3), user=f"u{i % 2}") for i in range(30)]
 NOW = tuple(Job(100 + i, 1000.0 + i, 1, 50.0, user="u0") for i in range(5))
