@@ -15,8 +15,13 @@ g4dn.12xlarge: 4 T4 per node, PCIe, 50 Gb/s Ethernet). Three least-squares fits
    placements (one node vs several) and ``compute_s`` at a typical local batch.
 
 ``fit_calibration`` runs all three and returns a ``Calibration`` whose ``fit`` holds the
-diagnostics (residuals, errors, held-out errors); ``write_calibration`` writes the JSON the
-package ships (``python -m linkwise.cluster.calibration --data ../shared/data``).
+diagnostics (residuals, errors, held-out errors) and ``fit["parameters"]``: per profile, every
+fitted parameter with its bounds, whether it sits at one, and whether the measurements
+determine it, leave it weakly determined, or a tie, prior or bound constrains it
+(``parameter_report``; MoE's compute_s is tied to FSDP's, ``COMPUTE_TIES``).
+``write_calibration`` writes the JSON the package ships (``linkwise calibrate --data
+../shared/data --out cluster/data/calibration.json``, or ``python -m
+linkwise.cluster.calibration``).
 """
 
 from __future__ import annotations
