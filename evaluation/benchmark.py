@@ -75,6 +75,7 @@ from linkwise.cluster.metrics import summarize
 from linkwise.cluster.profiles import Calibration, load_calibration
 from linkwise.cluster.simulator import InvalidDecision, SimConfig, SimulationStalled, simulate
 from linkwise.datasets.backlog import Backlog
+from linkwise.datasets.prediction import ensure_predicted
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.rollouts import Window, make_task_runner, window_workload
 from linkwise.evaluation.compare import UNFAIR_SLOWDOWN, Scenario, bounded_slowdown, job_metrics
@@ -235,7 +236,9 @@ def case_running(case: EvalCase) -> tuple[tuple[Job, Placement], ...]:
 def _case_workload(
     case: EvalCase, predictor: RuntimePredictor | None = None
 ) -> tuple[tuple[Job, ...], tuple[tuple[Job, Placement], ...]]:
-    """The case's jobs and backlog, annotated by ``predictor`` (default: the case's)."""
+    """The case's jobs and backlog, annotated by ``predictor`` (default: the case's) where
+    they have no predictions yet (a backlog built with the predictor keeps its own: a running
+    job's are shifted by the time it has run)."""
     jobs, running = window_workload(
         case.window,
         case.seed,
@@ -247,8 +250,10 @@ def _case_workload(
     pred = predictor if predictor is not None else case.predictor
     if pred is None:
         return jobs, running
-    held = pred.annotate(j for j, _ in running)
-    return pred.annotate(jobs), tuple((j, p) for j, (_, p) in zip(held, running, strict=True))
+    held = ensure_predicted((j for j, _ in running), pred)
+    return ensure_predicted(jobs, pred), tuple(
+        (j, p) for j, (_, p) in zip(held, running, strict=True)
+    )
 
 
 def _scenario(case: EvalCase, jobs: tuple[Job, ...] | None = None) -> Any:

@@ -230,7 +230,14 @@ def run_pipeline(
 
     stages.begin("evaluate", "Evaluate heuristics and the learned policies on held-out windows")
     table, evaluation, packages = _evaluate(
-        ws, exp, topo, models, dataset["path"], slurm_cluster=slurm_cluster, seed=seed
+        ws,
+        exp,
+        topo,
+        models,
+        dataset["path"],
+        slurm_cluster=slurm_cluster,
+        seed=seed,
+        predictor=predictor,
     )
     windows: list[dict[str, Any]] = evaluation["windows"] or []
 
@@ -392,10 +399,11 @@ def _evaluate(
     *,
     slurm_cluster: str,
     seed: int,
+    predictor: RuntimePredictor,
 ) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, str]]:
-    """Every heuristic and the learned policies on the held-out windows, and the learned
-    policies' guard counts there: (the comparison table, the evaluation's summary, each
-    learned policy's package folder by its spec)."""
+    """Every heuristic and the learned policies on the held-out windows, with the run's one
+    predictor, and the learned policies' guard counts there: (the comparison table, the
+    evaluation's summary, each learned policy's package folder by its spec)."""
     # each learned policy by its pinned registry version, labelled BC, CQL, PPO
     labels = {
         f"model:models:/{m['model_name']}/{m['version']}": algo.upper()
@@ -420,9 +428,9 @@ def _evaluate(
         warm_start=exp.windows.warm_start,
         # the dataset itself, so held-out windows are chosen even when no model is evaluated
         holdout_from=[dataset_path.removesuffix(".parquet") + ".json"],
-        # the heuristics' predictions: fit on the accounting before the first held-out window
-        # (the dataset's span); the learned packages use their own, the dataset's
-        history=ws.db,
+        # the run's one predictor (fit before the split), for heuristics and warm starts alike;
+        # the learned packages carry the same one
+        predictor=predictor,
     )
     failed: dict[str, Any] = report.context.get("failed", {})
     for spec, info in failed.items():

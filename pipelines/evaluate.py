@@ -42,6 +42,7 @@ from linkwise.datasets.backlog import Backlog, backlog_from_store
 from linkwise.datasets.decisions import topology_from_store
 from linkwise.datasets.export import file_sha256, read_dataset
 from linkwise.datasets.prediction import fit_history, load_history
+from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.rollouts import cut_windows, jobs_from_store
 from linkwise.datasets.store import open_store
 from linkwise.datasets.traces import jobs_frame, load_trace
@@ -198,6 +199,7 @@ def evaluate(
     warm_start: bool = False,
     history: str | Path | None = None,
     history_format: str = "auto",
+    predictor: RuntimePredictor | None = None,
     learned_need_predictions: bool = False,
 ) -> tuple[EvaluationReport, str | None]:
     """Benchmark ``policies`` on held-out windows and write the report (module docstring);
@@ -205,14 +207,17 @@ def evaluate(
     only): every window starts from the cluster's state in the accounting at its start
     (``datasets.backlog``), not from an empty cluster. ``history`` (a trace or a store, the
     workload itself included): a run-time predictor is fit on its jobs submitted before the
-    first evaluation window (``evaluation.predictions``) and annotates every case's jobs;
-    ``qssf`` needs it, and with ``learned_need_predictions`` (``linkwise evaluate``) so does
-    a learned package without its own predictor."""
+    first evaluation window (``datasets.prediction.fit_history``) and annotates every case's
+    jobs; ``predictor`` instead gives one already fit (a run's one predictor; not with
+    ``history``). ``qssf`` needs one, and with ``learned_need_predictions`` (``linkwise
+    evaluate``) so does a learned package without its own predictor."""
 
     if not policies:
         raise ValueError("no policies to evaluate")
     if (trace is None) == (db is None):
         raise ValueError("evaluate on exactly one workload: a trace or a store (db)")
+    if history is not None and predictor is not None:
+        raise ValueError("give a history to fit the predictor on, or a predictor, not both")
     if warm_start and db is None:
         raise ValueError(
             "warm_start needs the accounting store (db): a trace has no placements to start from"
@@ -258,7 +263,9 @@ def evaluate(
             "no evaluation windows left (all overlap the training data or are "
             f"below {min_jobs} jobs)"
         )
-    predictor, fitted = None, None
+    fitted: dict[str, Any] | None = None
+    if predictor is not None:
+        fitted = {"predictor_fit_until": predictor.fit_until, "history_jobs": predictor.n_jobs}
     if history is not None:
         predictor, fitted = fit_history(
             load_history(history, history_format, slurm_cluster=slurm_cluster),
@@ -270,7 +277,9 @@ def evaluate(
     if warm_start:
         with closing(open_store(db)) as con:  # type: ignore[arg-type]
             for w in chosen:
-                backlogs[w.window_id] = backlog_from_store(con, topo, slurm_cluster, w.start)
+                backlogs[w.window_id] = backlog_from_store(
+                    con, topo, slurm_cluster, w.start, predictor
+                )
     cases = make_cases(
         chosen,
         seeds,
