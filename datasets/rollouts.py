@@ -112,8 +112,13 @@ class RolloutTask:
     predictor: RuntimePredictor | None = None
 
     def __post_init__(self) -> None:
-        if self.policy not in policy_names():
-            raise ValueError(f"unknown policy {self.policy!r}; known: {', '.join(policy_names())}")
+        # behaviour policies see what the learner will: every same-information heuristic
+        # (qssf included: the task's jobs carry predictions), never an oracle
+        known = policy_names(predictions=True, oracles=False)
+        if self.policy not in known:
+            raise ValueError(
+                f"unknown or oracle behaviour policy {self.policy!r}; known: {', '.join(known)}"
+            )
         if not 0.0 <= self.epsilon <= 1.0:
             raise ValueError(f"epsilon must be in [0, 1], got {self.epsilon}")
         if self.max_steps is not None and self.max_steps <= 0:

@@ -33,6 +33,7 @@ from linkwise.datasets.rollouts import (
 )
 from linkwise.datasets.store import open_store
 from linkwise.datasets.transitions import TRANSITION_SCHEMA, check_frame
+from linkwise.datasets.windows import choose_windows
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 PHILLY = DATA / "traces" / "philly_2017-09-04_2017-10-15.csv"
@@ -189,7 +190,7 @@ def test_task_grid_and_validation(windows: list[Window]) -> None:
     assert len(tasks) == 2 * 2 * 2 * 2
     assert len({t.episode for t in tasks}) == len(tasks)
     assert behaviour_name("fifo", 0.0) == "fifo" and behaviour_name("fifo", 0.5) == "fifo+eps0.5"
-    with pytest.raises(ValueError, match="unknown policy"):
+    with pytest.raises(ValueError, match="unknown or oracle behaviour policy"):
         _task(ws[0], policy="nope")
     with pytest.raises(ValueError, match="epsilon"):
         _task(ws[0], eps=1.5)
@@ -301,3 +302,14 @@ def test_backlog_predictions_come_from_what_slurm_knew(tmp_path: Path) -> None:
     assert run.pred_s == pytest.approx(3000.0 - 900.0)  # 900 s run of a 3000 s prediction
     assert pend.pred_s == pytest.approx(3000.0) and pend.name == "2"  # "train" predicted it
     assert not bare.pending[0].predicted and not bare.running[0][0].predicted
+
+
+def test_rollouts_take_qssf_and_refuse_oracles() -> None:
+    wins = choose_windows(
+        cut_windows(jobs_from_trace(PHILLY), 3600.0, max_gpus=64), n=1, min_jobs=20
+    )
+    tasks = make_tasks(wins, ["qssf"], [0], from_spec("8x8"), block_s=600.0)
+    df = run_rollouts(tasks)
+    assert df.height > 0 and set(df["behaviour"]) == {"qssf"}
+    with pytest.raises(ValueError, match="oracle"):
+        make_tasks(wins, ["srtf_oracle"], [0], from_spec("8x8"))
