@@ -566,7 +566,7 @@ def run_demo(
     synthetic = exp.workload or SyntheticWorkload(jobs=0)
     history_jobs, workload = workload_jobs(
         trace, trace_format, jobs=synthetic.jobs, load_scale=synthetic.load_scale,
-        max_gpus=topo.total_gpus, seed=seed,
+        max_gpus=topo.total_gpus, seed=seed, min_gpus=exp.min_gpus,
     )  # fmt: skip
     ws.console.print(workload)
     with history_progress(ws.console, progress) as bar:
@@ -584,6 +584,7 @@ def run_demo(
         f"avg {history.avg_queue_s / 60:.1f} min, p99 {history.p99_queue_s / 3600:.2f} h, "
         f"{history.queued_share:.0%} waited > 1 min"
     )
+    whole = trace if exp.min_gpus <= 1 else None  # a filtered trace is written out for PPO
     return run_pipeline(
         ws,
         exp,
@@ -592,13 +593,14 @@ def run_demo(
         workload=workload,
         stages=stages,
         seed=seed,
-        trace=ppo_trace(trace, history_jobs, ws.out) if ppo else None,
+        trace=ppo_trace(whole, history_jobs, ws.out) if ppo else None,
     )
 
 
 def ppo_trace(trace: str | Path | None, jobs: Sequence[Job], out: Path) -> str:
-    """The trace MaskablePPO's environment replays: the given file, else the synthetic
-    workload written as a native trace into ``out``."""
+    """The trace MaskablePPO's environment replays: the given file, else the history's jobs
+    (the synthetic workload, or a trace's jobs filtered by the experiment) written as a
+    native trace into ``out``."""
     if trace is not None:
         return str(Path(trace).resolve())
     path = out / "workload.csv"

@@ -177,18 +177,26 @@ def workload_jobs(
     load_scale: float,
     max_gpus: int,
     seed: int,
+    min_gpus: int = 1,
 ) -> tuple[list[Job], str]:
     """The history's jobs on an epoch clock, with positive ids (Slurm's), and a description:
-    the trace's valid jobs (at its origin epoch) or the synthetic default workload."""
+    the trace's valid jobs (at its origin epoch) or the synthetic default workload, those
+    asking ``min_gpus`` to ``max_gpus`` GPUs."""
     if trace is not None:
         tr = load_trace(trace, trace_format)
         origin = tr.origin_epoch or DEMO_EPOCH
-        raw = [j for j in tr.jobs if j.num_gpus <= max_gpus]
-        what = f"trace {trace} ({tr.format}, {len(raw)} of {len(tr.jobs)} jobs fit)"
+        raw = [j for j in tr.jobs if min_gpus <= j.num_gpus <= max_gpus]
+        what = f"trace {trace} ({tr.format}, {len(raw)} of {len(tr.jobs)} jobs kept)"
     else:
-        raw = list(generate(jobs, seed=seed, load_scale=load_scale, max_gpus=max_gpus))
+        raw = [
+            j
+            for j in generate(jobs, seed=seed, load_scale=load_scale, max_gpus=max_gpus)
+            if j.num_gpus >= min_gpus
+        ]
         origin = DEMO_EPOCH
         what = f"synthetic default workload ({jobs} jobs, seed {seed}, load x{load_scale})"
+    if min_gpus > 1:
+        what += f", jobs of at least {min_gpus} GPUs"
     shift = 1 - min((j.job_id for j in raw), default=1)
     out = [
         replace(j, job_id=j.job_id + max(0, shift), submit_time=j.submit_time + origin) for j in raw
