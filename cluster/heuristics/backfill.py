@@ -184,6 +184,8 @@ class _Plan:
                 return None
             while step < last_step and step_times[step + 1] <= t:
                 step += 1
+            if usable[step].bit_count() < need:  # too few even without reservations
+                continue
             end = t + est
             # the nodes a reservation holds during [t, end] (``s <= end and e > t``): cached
             # per window, brought up to date with the reservations added since
