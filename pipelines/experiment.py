@@ -251,8 +251,9 @@ PHILLY_ALL = Experiment(
     ),
 )
 # ``philly-multigpu``: the multi-GPU jobs alone, where placement decides contention, on 64x8
-# with leaf uplinks oversubscribed 2:1 (8 nodes per leaf): best fit inflates the run time of
-# its multi-node jobs by 243%, SJF-BCO is at 1.64x the lower bound (whole-slice replay).
+# with leaf uplinks oversubscribed 2:1 (8 nodes per leaf): first fit and best fit inflate the
+# run time of their multi-node jobs by 118% and 117%, SJF-BCO is at 1.64x the lower bound
+# (whole-slice replay, shipped calibration; ``benchmarks/settings.md``).
 PHILLY_MULTIGPU = replace(
     PHILLY_ALL,
     name="philly-multigpu",
