@@ -19,7 +19,8 @@ from linkwise.pipelines.tables import format_ratio
 def test_experiments_by_name() -> None:
     assert all(get_experiment(name) is e for name, e in EXPERIMENTS.items())
     assert get_experiment(HEADLINE) is HEADLINE
-    with pytest.raises(ValueError, match="known: ci, daily, full, full-multigpu, headline, philly-all, philly-multigpu"):
+    known = "known: ci, daily, full, full-multigpu, headline, philly-all, philly-multigpu"
+    with pytest.raises(ValueError, match=known):
         get_experiment("nope")
 
 
