@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -155,7 +156,10 @@ def workspace(out_dir: str | Path, tracking_uri: str | None, progress: bool) -> 
     uri = tracking_uri or f"sqlite:///{out / 'mlflow' / 'mlflow.db'}"
     if uri.startswith("sqlite:///"):
         Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    return Workspace(out, out / "linkwise.duckdb", uri, Console(stderr=True, quiet=not progress))
+    # a log file or a pipe gets the whole comparison table, not one folded to 80 columns
+    width = None if sys.stderr.isatty() else 200
+    console = Console(stderr=True, quiet=not progress, width=width)
+    return Workspace(out, out / "linkwise.duckdb", uri, console)
 
 
 def split_time(
