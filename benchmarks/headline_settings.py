@@ -29,16 +29,23 @@ def main() -> int:
     p.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--seed", type=int, default=0, help="training and rollout seed")
+    p.add_argument("--ppo-steps", type=int, help="MaskablePPO timesteps (0: not trained)")
     args = p.parse_args()
+
+    from dataclasses import replace
 
     from linkwise.pipelines.experiment import get_experiment
     from linkwise.pipelines.headline import run_headline
 
+    experiment = get_experiment(args.experiment)
+    if args.ppo_steps is not None and experiment.training is not None:
+        experiment = replace(
+            experiment, training=replace(experiment.training, ppo_steps=args.ppo_steps)
+        )
     t0 = time.perf_counter()
     result = run_headline(
-        args.trace, args.out, experiment=get_experiment(args.experiment), seed=args.seed,
-        progress=False,
-    )  # fmt: skip
+        args.trace, args.out, experiment=experiment, seed=args.seed, progress=False
+    )
     out = {**result.to_json(), "wall_s": time.perf_counter() - t0, "argv": sys.argv}
     (args.out / "result.json").write_text(json.dumps(out, indent=2, default=str) + "\n")
     for row in result.table:
