@@ -205,18 +205,6 @@ class CaseFailure:
         return f"w{self.window_id}/s{self.seed}"
 
 
-def extra_metrics(
-    jct: np.ndarray,
-    run: np.ndarray,
-    isolated: np.ndarray,
-    queue_lb: float = math.nan,
-    nodes: np.ndarray | None = None,
-) -> dict[str, float]:
-    """``evaluation.compare.job_metrics``: the same row fields for ``linkwise compare`` and
-    the benchmark."""
-    return job_metrics(jct, run, isolated, queue_lb, nodes)
-
-
 # ------------------------------------------------------------------------ one run
 
 
@@ -343,7 +331,7 @@ def run_task(task: BenchTask) -> CaseResult:
     nodes = np.array([r.nodes for r in recs])
     # the backlog's running jobs are left out of the bound: dropping work keeps it a bound
     queue_lb = queue_bound([r.job for r in recs], scenario.topology.total_gpus) / len(recs)
-    metrics.update(extra_metrics(jct, run, iso, queue_lb, nodes))
+    metrics.update(job_metrics(jct, run, iso, queue_lb, nodes))
     lat = np.asarray(probe.latencies) if probe.latencies else np.zeros(1)
     return CaseResult(
         policy=task.policy.label,

@@ -227,28 +227,12 @@ DAILY = Experiment(
 # last week evaluated, one run-time predictor fit on the first part.
 # ``philly-all``: every job, on a cluster where queues form (88x8: backfill's mean queue on
 # the evaluated days 2.4 h, SJF-BCO at 1.32x the lower bound, in a whole-slice replay).
-PHILLY_ALL = Experiment(
+PHILLY_ALL = replace(
+    HEADLINE,
     name="philly-all",
     topology="88x8,leaf=8",
-    mdp=MdpConfig(k_slots=4, slot_order="smallest"),
-    windows=Windows(window_s=86400.0, block_s=3600.0, min_jobs=20),
-    dataset=DatasetPlan(
-        rollouts=3,
-        policies=("backfill", "best_fit", "sjf_bco", "qssf"),
-        epsilons=(0.0, 0.1),
-        seeds=(0,),
-        max_steps=3000,
-        log_window_s=86400.0,
-    ),
+    dataset=replace(HEADLINE.dataset, policies=("backfill", "best_fit", "sjf_bco", "qssf")),
     training=TrainingPlan(bc_steps=3000, cql_steps=10_000, steps_per_epoch=1000, ppo_steps=51_200),
-    evaluation=EvaluationPlan(
-        heldout_windows=7,
-        seeds=(0, 1, 2),
-        n_boot=2000,
-        ope_steps=1000,
-        ope_seeds=(0,),
-        shadow_cycles=150,
-    ),
 )
 # ``philly-multigpu``: the multi-GPU jobs alone, where placement decides contention, on 64x8
 # with leaf uplinks oversubscribed 2:1 (8 nodes per leaf): first fit and best fit inflate the
