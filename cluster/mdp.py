@@ -81,6 +81,7 @@ __all__ = [
     "InvalidAction",
     "MdpConfig",
     "MdpPolicy",
+    "ObsLayout",
     "ObsSpec",
     "StepMatch",
     "StepPolicyAdapter",
@@ -96,6 +97,7 @@ __all__ = [
     "jobs_in_system",
     "make_spec",
     "match_start",
+    "obs_layout",
     "predicted_remaining",
     "step_reward",
 ]
@@ -321,6 +323,48 @@ def make_spec(config: MdpConfig | None = None) -> ObsSpec:
     """The spec this code encodes with for ``config`` (default config if None)."""
     cfg = config or MdpConfig()
     return ObsSpec(config=cfg, feature_names=_feature_names(cfg))
+
+
+@dataclass(frozen=True)
+class ObsLayout:
+    """Where the parts of an observation vector lie, for networks that score every
+    (slot, candidate) row with one shared function: ``[global | K x slot | K x P x cand]``,
+    row ``(k, c)`` is action ``k * P + c`` and the last action is "wait"."""
+
+    n_global: int
+    k_slots: int
+    n_slot: int  # features per slot (job)
+    n_candidates: int  # P: candidates per slot
+    n_cand: int  # features per (slot, candidate) row
+
+    @property
+    def slot_offset(self) -> int:
+        return self.n_global
+
+    @property
+    def cand_offset(self) -> int:
+        return self.n_global + self.k_slots * self.n_slot
+
+    @property
+    def dim(self) -> int:
+        return self.cand_offset + self.k_slots * self.n_candidates * self.n_cand
+
+    @property
+    def n_rows(self) -> int:
+        return self.k_slots * self.n_candidates
+
+    def to_json(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def obs_layout(spec: ObsSpec) -> ObsLayout:
+    """The layout of ``spec``'s observation vector (checked against its feature names)."""
+    cfg = spec.config
+    n_global = sum(1 for n in spec.feature_names if n.startswith("g."))
+    layout = ObsLayout(n_global, cfg.k_slots, len(_SLOT), cfg.n_candidates, len(_CAND))
+    if layout.dim != spec.dim:  # pragma: no cover - a bug in the feature lists
+        raise AssertionError(f"layout has {layout.dim} features, the spec {spec.dim}")
+    return layout
 
 
 # ------------------------------------------------------------------- contention
