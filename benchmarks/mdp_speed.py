@@ -18,15 +18,34 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from linkwise.cluster.domain import Job
 
 WORKLOADS = ("philly", "wide")
 
 
+def _predicted(jobs: Sequence[Job], seed: int) -> tuple[Job, ...]:
+    """``jobs`` annotated by a run-time predictor fit on another synthetic trace (the encoder
+    reads predictions, never the true run time)."""
+    from linkwise.datasets.predictor import RuntimePredictor
+    from linkwise.datasets.synthetic import generate
+
+    return RuntimePredictor.fit(generate(2000, seed=seed + 10_000)).annotate(jobs)
+
+
 def latency(
-    points: int, min_pending: int, seed: int, wide: bool, slot_order: str = "head"
+    points: int,
+    min_pending: int,
+    seed: int,
+    wide: bool,
+    slot_order: str = "head",
+    k_slots: int = 8,
 ) -> dict[str, float]:
     """Time candidates + mask + encode on deep-queue states of a 128x8 cluster.
 
@@ -51,10 +70,13 @@ def latency(
         )
     # compress arrivals into the first hour so the queue builds up behind a full cluster
     last = max(j.submit_time for j in raw) or 1.0
-    jobs = assign_profiles(
-        [replace(j, submit_time=j.submit_time / last * 3600.0) for j in raw], cal, seed=seed
+    jobs = _predicted(
+        assign_profiles(
+            [replace(j, submit_time=j.submit_time / last * 3600.0) for j in raw], cal, seed=seed
+        ),
+        seed,
     )
-    spec = mdp.make_spec(mdp.MdpConfig(slot_order=slot_order))
+    spec = mdp.make_spec(mdp.MdpConfig(k_slots=k_slots, slot_order=slot_order))
     policy = make_policy("random", seed=seed, start_prob=0.3)
     sim = Simulator(topo, jobs, AnalyticModel(cal))
     times: list[float] = []
@@ -90,8 +112,11 @@ def latency(
     }
 
 
-def env_speed(episodes: int, seed: int) -> dict[str, float]:
+def env_speed(
+    episodes: int, seed: int, slot_order: str = "head", k_slots: int = 8
+) -> dict[str, float]:
     """Steps per second of ClusterEnv with random allowed actions on a 64x8 cluster."""
+    from linkwise.cluster import mdp
     from linkwise.cluster.contention import AnalyticModel
     from linkwise.cluster.env import ClusterEnv, Workload
     from linkwise.cluster.profiles import assign_profiles, load_calibration
@@ -104,9 +129,11 @@ def env_speed(episodes: int, seed: int) -> dict[str, float]:
 
     def factory(s: int) -> Workload:
         jobs = generate(500, seed=s, max_gpus=topo.total_gpus, load_scale=2.0)
-        return Workload(topo, assign_profiles(jobs, cal, seed=s), model)
+        return Workload(topo, _predicted(assign_profiles(jobs, cal, seed=s), s), model)
 
-    env = ClusterEnv(factory)
+    env = ClusterEnv(
+        factory, spec=mdp.make_spec(mdp.MdpConfig(k_slots=k_slots, slot_order=slot_order))
+    )
     rng = np.random.default_rng(seed)
     steps = 0
     t0 = time.perf_counter()
@@ -133,14 +160,17 @@ def main() -> int:
     p.add_argument("--min-pending", type=int, default=1000)
     p.add_argument("--episodes", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--slot-order", default="head", choices=("head", "fitting", "smallest"))
+    p.add_argument("--slot-order", default="head")
+    p.add_argument("--k-slots", type=int, default=8)
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     lats = {
-        w: latency(args.points, args.min_pending, args.seed, w == "wide", args.slot_order)
+        w: latency(
+            args.points, args.min_pending, args.seed, w == "wide", args.slot_order, args.k_slots
+        )
         for w in WORKLOADS
     }
-    env = env_speed(args.episodes, args.seed)
+    env = env_speed(args.episodes, args.seed, args.slot_order, args.k_slots)
     if args.json:
         print(json.dumps({"latency": lats, "env": env}, indent=2))
         return 0

@@ -4,14 +4,24 @@ At a decision point the policy takes steps: each step either starts one pending 
 one candidate placement or waits (ends the decision point; time advances).
 
 - Slots: the first ``K`` pending jobs in canonical order (``slot_order="head"``, the
-  design's choice), the first ``K`` that fit the free GPUs now (``"fitting"``), or the ``K``
+  design's choice), the first ``K`` that fit the free GPUs now (``"fitting"``), the ``K``
   fitting jobs asking the fewest GPUs, oldest first among equals (``"smallest"``, the order
-  SJF-BCO starts jobs in; it uses no run-time knowledge).
+  SJF-BCO starts jobs in; it uses no run-time knowledge), or ``"mixed"``: the heads of four
+  orders over the jobs that fit the free GPUs now (``ORDERS``: oldest first; fewest GPUs,
+  SJF-BCO's; smallest predicted GPU time ``pred_s x gpus``, QSSF's; least attained
+  service, Tiresias-LAS's; ties by submit order in each), taken round-robin in that order
+  of orders, each order taking its next job not taken yet, until ``K`` slots (or no
+  fitting job) are left. Only predictions are read, never true run times. Every slot
+  carries its rank in each of the four orders (``rank_*``: rank / K, 1 beyond the first
+  ``K``), whatever ``slot_order``, so one per-row network can tell which order picked it.
 - Candidates: per slot, one placement from each of ``P`` deterministic generators
-  (``MdpConfig.generators``): the four of ``linkwise.cluster.placement`` plus
+  (``MdpConfig.generators``): the four of ``linkwise.cluster.placement``,
   ``least_contention`` (defined here: among the other generators' placements and a
   best fit inside each leaf switch, the one minimising the job's predicted slowdown plus
-  the slowdown it adds to running split jobs).
+  the slowdown it adds to running split jobs) and ``bounded`` (SJF-BCO's consolidated
+  placement, ``heuristics._common.bounded_placement``: None when the job would span more
+  than ``ceil(span_lambda x n_min)`` servers, so a policy offered only ``bounded``
+  candidates waits for consolidation).
 - Actions: ``K * P + 1``; ``a < K * P`` is (slot ``a // P``, candidate ``a % P``), the
   last one is "wait". The mask marks empty slots and generators that returned None;
   with ``mask_duplicates`` (default) a candidate equal to an earlier one of the same
@@ -24,7 +34,8 @@ one candidate placement or waits (ends the decision point; time advances).
   submit time, shape, time limit, wait, attained service, and the predictions of
   ``Job.pred_s`` / ``pred_hi_s`` (``datasets.predictor``), never ``Job.duration``,
   ``remaining_s``, a running job's rate or expected end. Times and GPU times are
-  ``log1p(x / unit)`` clipped to ``[0, 1]`` (``_log_time``, ``_log_size``). Encoding a job
+  ``log1p(x / unit)`` clipped to ``[0, 1]`` (``_log_time``, ``_log_size``;
+  ``time_from_log`` inverts the former, e.g. to read a slot's wait). Encoding a job
   without predictions raises ValueError: a run-time predictor fit on history is needed.
 - Reward: ``-(jobs in system x dt) / time_scale - contention_weight x contention``;
   starts inside a decision point carry zero reward, so an episode's return is minus
@@ -66,6 +77,7 @@ from linkwise.cluster.domain import (
     Start,
     Topology,
 )
+from linkwise.cluster.heuristics._common import bounded_placement
 from linkwise.cluster.placement import (
     best_fit,
     first_fit,
@@ -77,6 +89,7 @@ from linkwise.cluster.placement import (
 __all__ = [
     "ENCODER_REVISION",
     "GENERATORS",
+    "ORDERS",
     "Candidates",
     "InvalidAction",
     "MdpConfig",
@@ -100,6 +113,7 @@ __all__ = [
     "obs_layout",
     "predicted_remaining",
     "step_reward",
+    "time_from_log",
 ]
 
 ENCODER_REVISION = 2  # bump when a feature's computation changes without its name changing
@@ -110,8 +124,10 @@ GENERATORS: tuple[str, ...] = (
     "least_busy",
     "first_fit",
     "fragment_first_fit",
+    "bounded",
 )
-SLOT_ORDERS = ("head", "fitting", "smallest")
+SLOT_ORDERS = ("head", "fitting", "smallest", "mixed")
+ORDERS = ("submit", "gpus", "gpu_time", "attained")  # the orders "mixed" draws slots from
 _BASE_POOL = ("best_fit", "same_leaf", "least_busy", "first_fit", "fragment_first_fit")
 
 FloatArray = npt.NDArray[np.float32]
@@ -135,6 +151,7 @@ class MdpConfig:
         "first_fit",
     )
     slot_order: str = "head"
+    span_lambda: float = 1.0  # "bounded": a job spans at most ceil(span_lambda x n_min) servers
     mask_duplicates: bool = True
     contention_weight: float = 0.0
     time_of_day: bool = False
@@ -166,6 +183,8 @@ class MdpConfig:
             raise ValueError("normalisation constants must be positive and finite")
         if self.contention_weight < 0:
             raise ValueError("contention_weight must be non-negative")
+        if not self.span_lambda >= 1.0:
+            raise ValueError(f"span_lambda must be at least 1, got {self.span_lambda}")
 
     @property
     def n_candidates(self) -> int:
@@ -231,11 +250,13 @@ _SLOT = (
     "pred_remaining",
     "pred_remaining_hi",
     "pred_gpu_time",
+    "pred_gpu_time_hi",
     "time_limit",
     "has_time_limit",
     "comm_intensity",
     "preempted",
     "fits_now",
+    *(f"rank_{o}" for o in ORDERS),
 )
 _CAND = (
     "feasible",
@@ -541,8 +562,11 @@ class _Builder:
     """Per-state memo tables shared by all slots (placements by GPU count, predictions by
     job shape and placement)."""
 
-    def __init__(self, state: ClusterState, model: ContentionModel) -> None:
+    def __init__(
+        self, state: ClusterState, model: ContentionModel, span_lambda: float = 1.0
+    ) -> None:
         self.state = state
+        self.span_lambda = span_lambda
         self.topo = state.topology
         self.free = state.free_gpus
         self.busy = state.jobs_per_node
@@ -550,6 +574,7 @@ class _Builder:
         self._placements: dict[tuple[str, int], Placement | None] = {}
         self._predictions: dict[tuple[str, int, Placement], _Prediction] = {}
         self._least: dict[tuple[str, int], Placement | None] = {}
+        self._capacities: list[int] | None = None
 
     def base(self, gen: str, gpus: int) -> Placement | None:
         key = (gen, gpus)
@@ -567,6 +592,11 @@ class _Builder:
             p = first_fit(topo, free, gpus)
         elif gen == "fragment_first_fit":
             p = fragment_first_fit(topo, free, gpus, busy)
+        elif gen == "bounded":
+            if self._capacities is None:
+                self._capacities = sorted((n.gpus for n in topo.nodes), reverse=True)
+            lam = self.span_lambda
+            p = bounded_placement(topo, free, busy, gpus, None, lam, self._capacities)
         else:  # pragma: no cover - guarded by MdpConfig
             raise ValueError(f"unknown generator {gen!r}")
         self._placements[key] = p
@@ -623,6 +653,7 @@ class Candidates:
     mask: BoolArray
     contention: _Contention = field(repr=False)
     intensity: tuple[float, ...] = ()
+    ranks: tuple[tuple[float, ...], ...] = ()  # per slot, its scaled rank in each of ORDERS
 
     def start_for(self, action: int) -> Start:
         """The start an unmasked non-wait action stands for."""
@@ -632,27 +663,76 @@ class Candidates:
         return Start(self.slots[action // p].job.job_id, placement)
 
 
-def _slots(state: ClusterState, cfg: MdpConfig) -> tuple[PendingJob, ...]:
+def _by_gpus(p: PendingJob) -> int:
+    return p.job.num_gpus
+
+
+def _by_gpu_time(p: PendingJob) -> float:
+    return p.job.pred_s * p.job.num_gpus  # a prediction, never the true run time
+
+
+def _by_attained(p: PendingJob) -> float:
+    return p.attained_gpu_s
+
+
+def _order_heads(state: ClusterState, k: int) -> tuple[list[PendingJob], ...]:
+    """The first ``k`` jobs fitting the free GPUs now in each of ``ORDERS`` (stable: submit
+    order among equals, ``state.pending`` being in submit order)."""
+    free = state.total_free_gpus
+    fit = [p for p in state.pending if p.job.num_gpus <= free]
+    return (
+        fit[:k],
+        heapq.nsmallest(k, fit, key=_by_gpus),
+        heapq.nsmallest(k, fit, key=_by_gpu_time),
+        heapq.nsmallest(k, fit, key=_by_attained),
+    )
+
+
+def _round_robin(heads: Sequence[Sequence[PendingJob]], k: int) -> tuple[PendingJob, ...]:
+    """Up to ``k`` jobs taken from ``heads`` in turn, each its next job not yet taken."""
+    out: list[PendingJob] = []
+    taken: set[int] = set()
+    pos = [0] * len(heads)
+    progressed = True
+    while progressed and len(out) < k:
+        progressed = False
+        for i, head in enumerate(heads):
+            while pos[i] < len(head) and head[pos[i]].job.job_id in taken:
+                pos[i] += 1
+            if pos[i] < len(head) and len(out) < k:
+                p = head[pos[i]]
+                out.append(p)
+                taken.add(p.job.job_id)
+                pos[i] += 1
+                progressed = True
+    return tuple(out)
+
+
+def _slots(
+    state: ClusterState, cfg: MdpConfig, heads: Sequence[Sequence[PendingJob]]
+) -> tuple[PendingJob, ...]:
     if cfg.slot_order == "head":
         return state.pending[: cfg.k_slots]
-    free = state.total_free_gpus
+    if cfg.slot_order == "fitting":
+        return tuple(heads[0])
     if cfg.slot_order == "smallest":
-        fit = (p for p in state.pending if p.job.num_gpus <= free)
-        # stable: canonical (submit) order among jobs of one size
-        return tuple(heapq.nsmallest(cfg.k_slots, fit, key=lambda p: p.job.num_gpus))
-    out: list[PendingJob] = []
-    for p in state.pending:
-        if p.job.num_gpus <= free:
-            out.append(p)
-            if len(out) == cfg.k_slots:
-                break
-    return tuple(out)
+        return tuple(heads[1])
+    return _round_robin(heads, cfg.k_slots)
+
+
+def _ranks(
+    slots: Sequence[PendingJob], heads: Sequence[Sequence[PendingJob]], k: int
+) -> tuple[tuple[float, ...], ...]:
+    """Each slot's rank in each order over the fitting jobs, over ``k``; 1 beyond the head."""
+    where = [{p.job.job_id: i / k for i, p in enumerate(head)} for head in heads]
+    return tuple(tuple(w.get(p.job.job_id, 1.0) for w in where) for p in slots)
 
 
 def candidates(state: ClusterState, config: MdpConfig, model: ContentionModel) -> Candidates:
     """Slots, candidate placements, contention predictions and the mask of one state."""
-    b = _Builder(state, model)
-    slots = _slots(state, config)
+    b = _Builder(state, model, config.span_lambda)
+    heads = _order_heads(state, config.k_slots)
+    slots = _slots(state, config, heads)
     n_c = config.n_candidates
     mask = np.zeros(config.n_actions, dtype=np.bool_)
     mask[-1] = True
@@ -686,6 +766,7 @@ def candidates(state: ClusterState, config: MdpConfig, model: ContentionModel) -
         mask=mask,
         contention=b.contention,
         intensity=intensity,
+        ranks=_ranks(slots, heads, config.k_slots),
     )
 
 
@@ -773,6 +854,14 @@ def _log_time(seconds: float, cfg: MdpConfig) -> float:
     return _log_scaled(seconds, cfg.time_scale_s, cfg.max_time_s)
 
 
+def time_from_log(value: float, cfg: MdpConfig) -> float:
+    """The seconds a log-scaled time feature (``wait_log``, ``pred_remaining``, ...) stands for:
+    the exact inverse of the encoder's scaling below ``max_time_s`` (1 gives ``max_time_s``)."""
+    unit, cap = cfg.time_scale_s, cfg.max_time_s
+    x = min(max(float(value), 0.0), 1.0)
+    return min(cap, math.expm1(x * math.log1p(cap / unit)) * unit)
+
+
 def _log_size(gpu_s: float, cfg: MdpConfig) -> float:
     return _log_scaled(gpu_s, cfg.size_scale_gpu_s, cfg.max_size_gpu_s)
 
@@ -830,11 +919,13 @@ def _slot_features(cands: Candidates, k: int) -> list[float]:
         _log_time(remaining, cfg),
         _log_time(remaining_hi, cfg),
         _log_size(job.pred_s * job.num_gpus, cfg),
+        _log_size(job.pred_hi_s * job.num_gpus, cfg),
         _log_time(job.time_limit, cfg),
         1.0 if job.time_limit > 0 else 0.0,
         cands.intensity[k],
         1.0 if pj.preemptions else 0.0,
         1.0 if job.num_gpus <= cands.state.total_free_gpus else 0.0,
+        *cands.ranks[k],
     ]
 
 

@@ -23,18 +23,23 @@ predictor (``LearnedPolicy.predictor``), then at each step it encodes the state 
 model's spec, sets masked actions to -inf, and takes the best; "wait" (always allowed) wins
 only when the model prefers it.
 
-Work-conserving guard (``LearnedPolicy.guard``): what the policy does when the model's best
-allowed action is "wait" while a start is allowed. ``"strict"`` (the default): it takes its
-best-scoring allowed *start* instead, so a learned policy is work-conserving (it decides which
+Guard (``LearnedPolicy.guard``): what the policy does when the model's best allowed action
+is "wait" while a start is allowed. ``"aging"`` (the default): starvation protection. It
+starts the best-scoring allowed start when nothing runs (as ``"idle"``), or when some slot's
+job with an allowed start has waited at least ``starve_s`` (``LearnedPolicy.starve_s``,
+default 6 h; the wait is read from the observation's ``s{k}.wait_log`` with
+``cluster.mdp.time_from_log``), then among the starving slots' rows only; otherwise the
+model may hold GPUs, e.g. to wait for a consolidated placement. ``"strict"``: it always takes
+its best-scoring allowed *start* instead, so the policy is work-conserving (it decides which
 job starts where, never whether GPUs stay idle while a queued job fits them); trained on logs
 of a scheduler that holds GPUs for reservations, a model learns to wait in states its own
-waiting makes ever more common (a longer queue), and without this guard one such run queued
+waiting makes ever more common (a longer queue), and without a guard one such run queued
 jobs for hundreds of hours on the held-out Philly week. ``"idle"``: only when nothing runs
-(the model may hold GPUs for a reservation, but can never stall an idle cluster, the
-simulator's ``SimulationStalled``). ``"off"``: the model's choice. Each override is counted
-in ``wait_overrides``; the guard never picks a masked action. It lives in ``act`` (reading
-"nothing runs" from the observation's ``g.running_log``), so it holds for every caller of
-``act`` (``decide``, the benchmark's step probe), not only ``decide``.
+(the model can never stall an idle cluster, the simulator's ``SimulationStalled``).
+``"off"``: the model's choice. Each override is counted in ``wait_overrides``; the guard
+never picks a masked action. It lives in ``act`` (reading "nothing runs" from the
+observation's ``g.running_log`` and waits from ``s{k}.wait_log``), so it holds for every
+caller of ``act`` (``decide``, the benchmark's step probe), not only ``decide``.
 """
 
 from __future__ import annotations
@@ -52,7 +57,7 @@ import numpy.typing as npt
 
 from linkwise.cluster.contention import AnalyticModel, ContentionModel
 from linkwise.cluster.domain import ClusterState, Decision
-from linkwise.cluster.mdp import ObsSpec, decide_by_steps
+from linkwise.cluster.mdp import ObsSpec, decide_by_steps, time_from_log
 from linkwise.cluster.profiles import load_calibration
 from linkwise.datasets.export import file_sha256
 from linkwise.datasets.prediction import (
@@ -69,6 +74,7 @@ __all__ = [
     "GUARDS",
     "PACKAGE_FORMAT",
     "PREDICTOR",
+    "STARVE_S",
     "LearnedPolicy",
     "PackageError",
     "export_network",
@@ -80,8 +86,10 @@ __all__ = [
 ]
 
 PACKAGE_FORMAT = "linkwise-policy/1"
-GUARDS = ("strict", "idle", "off")  # the work-conserving guard's modes, the default first
+GUARDS = ("aging", "strict", "idle", "off")  # the guard's modes, the default first
 RUNNING_FEATURE = "g.running_log"  # log1p(running jobs) / log1p(queue_scale): 0 iff idle
+WAIT_FEATURE = "wait_log"  # per slot: the job's wait, log-scaled (cluster.mdp.time_from_log)
+STARVE_S = 6 * 3600.0  # the aging guard's default: a job waiting this long must start
 NETWORK = "network.pt"
 OBS_SPEC = "obs_spec.json"
 DATASET = "dataset.json"
@@ -322,8 +330,9 @@ def _read_spec(d: Path, meta: Mapping[str, Any], expected: str | None) -> ObsSpe
 class LearnedPolicy:
     """A learned policy (Policy protocol): all action values from the network, masked, best.
 
-    ``guard`` is the work-conserving guard of the module docstring (``GUARDS``);
-    ``wait_overrides`` counts the steps where it replaced the model's "wait" by a start.
+    ``guard`` is the guard of the module docstring (``GUARDS``), ``starve_s`` the wait after
+    which the ``"aging"`` guard starts a job; ``wait_overrides`` counts the steps where the
+    guard replaced the model's "wait" by a start.
     ``predictor``: the run-time predictor of the package; ``decide`` annotates the jobs that
     have no predictions with it (jobs annotated upstream keep theirs)."""
 
@@ -336,16 +345,24 @@ class LearnedPolicy:
     package_dir: str | None = None
     guard: str = GUARDS[0]
     predictor: RuntimePredictor | None = None
+    starve_s: float = STARVE_S
     wait_overrides: int = field(default=0, init=False)
     _running_feature: int = field(default=0, init=False, repr=False)
+    _wait_features: tuple[int, ...] = field(default=(), init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.guard not in GUARDS:
             raise ValueError(f"guard must be one of {GUARDS}, got {self.guard!r}")
+        if not self.starve_s >= 0:
+            raise ValueError(f"starve_s must be non-negative, got {self.starve_s}")
         names = self.spec.feature_names
-        if RUNNING_FEATURE not in names:
-            raise PackageError(f"the ObsSpec has no {RUNNING_FEATURE!r}: the guard needs it")
+        needed = [RUNNING_FEATURE]
+        needed += [f"s{k}.{WAIT_FEATURE}" for k in range(self.spec.config.k_slots)]
+        missing = [n for n in needed if n not in names]
+        if missing:
+            raise PackageError(f"the ObsSpec has no {missing}: the guard needs them")
         self._running_feature = names.index(RUNNING_FEATURE)
+        self._wait_features = tuple(names.index(n) for n in needed[1:])
 
     def action_values(self, obs: FloatArray) -> npt.NDArray[np.float32]:
         """The network's values for a batch of observations ``(B, dim) -> (B, n_actions)``."""
@@ -362,7 +379,7 @@ class LearnedPolicy:
 
     def act(self, obs: FloatArray, mask: BoolArray) -> int:
         """The best allowed action for one observation (wait when it is the best, unless the
-        work-conserving guard turns it into the best allowed start)."""
+        guard turns it into the best allowed start, of the starving slots under "aging")."""
         values = self.action_values(obs)[0]
         wait = self.spec.config.wait_action
         if not np.isfinite(values[mask]).any():  # a broken network: start nothing
@@ -370,12 +387,30 @@ class LearnedPolicy:
         else:
             best = int(masked_argmax(values, mask))
             a = wait if best < 0 else best
-        if a == wait and (self.guard == "strict" or (self.guard == "idle" and self._idle(obs))):
-            start = self.best_start(obs, mask)
-            if start >= 0:
-                self.wait_overrides += 1
-                return start
-        return a
+        if a != wait or self.guard == "off":
+            return a
+        allowed = mask
+        if self.guard != "strict" and not self._idle(obs):
+            if self.guard == "idle":
+                return a
+            allowed = mask & self._starving_rows(obs)  # "aging"
+        start = self.best_start(obs, allowed)
+        if start < 0:
+            return a
+        self.wait_overrides += 1
+        return start
+
+    def _starving_rows(self, obs: FloatArray) -> BoolArray:
+        """The actions of the slots whose job has waited at least ``starve_s`` (read from
+        ``s{k}.wait_log``); wait excluded."""
+        x = np.asarray(obs, dtype=np.float32).reshape(-1)
+        cfg = self.spec.config
+        p = cfg.n_candidates
+        rows = np.zeros(cfg.n_actions, dtype=np.bool_)
+        for k, i in enumerate(self._wait_features):
+            if time_from_log(float(x[i]), cfg) >= self.starve_s:
+                rows[k * p : (k + 1) * p] = True
+        return rows
 
     def _idle(self, obs: FloatArray) -> bool:
         """Nothing runs, read from the observation (``g.running_log`` is 0 exactly then), so
@@ -428,12 +463,13 @@ def load_package(
     expected_obs_spec: str | None = None,
     name: str | None = None,
     guard: str = GUARDS[0],
+    starve_s: float = STARVE_S,
 ) -> LearnedPolicy:
     """Load a package after verifying its checksums and ObsSpec (PackageError otherwise).
 
     ``model`` is the contention model the encoder predicts with (default: the analytic model
     with the shipped calibration); ``expected_obs_spec`` an ObsSpec version the caller
-    requires; ``guard`` the work-conserving guard (module docstring)."""
+    requires; ``guard`` and ``starve_s`` the guard (module docstring)."""
     import torch
 
     d = Path(pkg_dir)
@@ -470,4 +506,5 @@ def load_package(
         package_dir=os.fspath(d),
         guard=guard,
         predictor=predictor,
+        starve_s=starve_s,
     )

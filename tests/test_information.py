@@ -196,6 +196,12 @@ CONFIGS = (
     mdp.MdpConfig(k_slots=4, slot_order="head"),
     mdp.MdpConfig(k_slots=4, slot_order="fitting", time_of_day=True),
     mdp.MdpConfig(k_slots=8, slot_order="smallest", contention_weight=1.0),
+    mdp.MdpConfig(
+        k_slots=6,
+        slot_order="mixed",
+        generators=("bounded", "best_fit", "least_contention"),
+        span_lambda=1.5,
+    ),
 )
 
 
@@ -234,10 +240,13 @@ def _learned(spec: mdp.ObsSpec, predictor: RuntimePredictor | None = None) -> Le
     return LearnedPolicy(network=traced, spec=spec, model=MODEL, predictor=predictor)
 
 
-@pytest.mark.parametrize("guard", ["strict", "off"])
+@pytest.mark.parametrize("guard", ["aging", "strict", "off"])
+@pytest.mark.parametrize("config", [CONFIGS[2], CONFIGS[3]], ids=lambda c: c.slot_order)
 @pytest.mark.parametrize("seed", SEEDS)
-def test_learned_policy_does_not_read_the_true_run_time(guard: str, seed: int) -> None:
-    spec = mdp.make_spec(CONFIGS[2])
+def test_learned_policy_does_not_read_the_true_run_time(
+    guard: str, config: mdp.MdpConfig, seed: int
+) -> None:
+    spec = mdp.make_spec(config)
     policy = _learned(spec)
     policy.guard = guard
     state = _state(seed)

@@ -178,8 +178,28 @@ def test_mask_is_exactly_the_feasible_candidates(
         assert cands.slots == state.pending[: cfg.k_slots]
     elif slot_order == "fitting":
         assert cands.slots == tuple(fit[: cfg.k_slots])
-    else:  # the smallest fitting jobs, submit order among equal sizes
+    elif slot_order == "smallest":  # the smallest fitting jobs, submit order among equal sizes
         assert cands.slots == tuple(sorted(fit, key=lambda p: p.job.num_gpus)[: cfg.k_slots])
+    else:  # the heads of the four orders, round-robin, each its next job not yet taken
+        assert cands.slots == _mixed_reference(fit, cfg.k_slots)
+
+
+def _mixed_reference(fit: list[Any], k: int) -> tuple[Any, ...]:
+    """``slot_order="mixed"`` written plainly: full sorts of the fitting jobs, one pointer each."""
+    keys = (
+        lambda p: 0,
+        lambda p: p.job.num_gpus,
+        lambda p: p.job.pred_s * p.job.num_gpus,
+        lambda p: p.attained_gpu_s,
+    )
+    orders = [sorted(fit, key=key) for key in keys]  # stable: submit order among equals
+    out: list[Any] = []
+    while len(out) < min(k, len(fit)):
+        for order in orders:
+            nxt = next((p for p in order if p not in out), None)
+            if nxt is not None and len(out) < k:
+                out.append(nxt)
+    return tuple(out)
 
 
 @settings(max_examples=60, deadline=None)

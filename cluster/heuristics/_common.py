@@ -5,7 +5,14 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 
-from linkwise.cluster.domain import ClusterState, Decision, PendingJob, Placement, Start
+from linkwise.cluster.domain import (
+    ClusterState,
+    Decision,
+    PendingJob,
+    Placement,
+    Start,
+    Topology,
+)
 from linkwise.cluster.placement import apply_placement, best_fit, fragment_first_fit, least_busy
 
 
@@ -32,6 +39,42 @@ def min_nodes_for(capacities_desc: Sequence[int], gpus: int) -> int:
     return max(k, 1)
 
 
+def bounded_placement(
+    topo: Topology,
+    free: Sequence[int],
+    busy: Sequence[int],
+    gpus: int,
+    kappa: int | None = None,
+    lam: float = 1.0,
+    capacities_desc: Sequence[int] | None = None,
+) -> Placement | None:
+    """SJF-BCO's placement of one job (Yu et al., MobiHoc'22), None if it must wait.
+
+    A job with ``gpus <= kappa`` (None: the GPUs of the largest node) is placed by
+    ``fragment_first_fit`` (FA-FFP), a larger one by ``least_busy`` (LBSGF). ``lam`` bounds
+    the servers a job spans to ``ceil(lam * n_min)``, ``n_min`` being the fewest servers of
+    the cluster that could hold it: when the rule's placement spans more, the consolidated
+    ``best_fit`` placement is tried instead, and when that spans more too there is none (the
+    job waits for consolidation); ``lam = inf`` removes the bound. ``capacities_desc``: the
+    nodes' GPU counts sorted descending (computed when None)."""
+    if kappa is None:
+        kappa = topo.max_gpus_per_node
+    placement: Placement | None
+    if gpus <= kappa:
+        placement = fragment_first_fit(topo, free, gpus, busy)
+    else:
+        placement = least_busy(topo, free, gpus, busy)
+    if placement is None or math.isinf(lam):
+        return placement
+    if capacities_desc is None:
+        capacities_desc = sorted((n.gpus for n in topo.nodes), reverse=True)
+    bound = math.ceil(lam * min_nodes_for(capacities_desc, gpus) - 1e-9)
+    if placement.num_nodes <= bound:
+        return placement
+    placement = best_fit(topo, free, gpus)
+    return placement if placement is not None and placement.num_nodes <= bound else None
+
+
 def start_bounded(
     state: ClusterState,
     order: Iterable[PendingJob],
@@ -40,26 +83,19 @@ def start_bounded(
     *,
     by_size: bool = False,
 ) -> Decision:
-    """SJF-BCO's placement step (Yu et al., MobiHoc'22) over pending jobs in a given order.
+    """SJF-BCO's placement step over pending jobs in a given order.
 
-    Every job of ``order`` that fits is started (no reservation), in that order. A job with
-    ``gpus <= kappa`` (None: the GPUs of the largest node) is placed by
-    ``fragment_first_fit`` (FA-FFP), a larger one by ``least_busy`` (LBSGF). ``lam`` bounds
-    the servers a job spans to ``ceil(lam * n_min)``, ``n_min`` being the fewest servers of
-    the cluster that could hold it: when the rule's placement spans more, the consolidated
-    ``best_fit`` placement is tried instead, and when that spans more too the job waits;
-    ``lam = inf`` removes the bound. ``by_size``: ``order`` is by GPU count ascending, so the
-    scan stops at the first job larger than the free GPUs. Jobs larger than the cluster are
-    skipped. SJF-BCO, QSSF and the SJF-BCO oracle differ only in ``order``.
+    Every job of ``order`` that fits is started (no reservation), in that order, where
+    ``bounded_placement`` puts it (a job it finds no placement for waits). ``by_size``:
+    ``order`` is by GPU count ascending, so the scan stops at the first job larger than the
+    free GPUs. Jobs larger than the cluster are skipped. SJF-BCO, QSSF and the SJF-BCO
+    oracle differ only in ``order``.
     """
     topo = state.topology
-    if kappa is None:
-        kappa = topo.max_gpus_per_node
     free = list(state.free_gpus)
     total = sum(free)
     busy = list(state.jobs_per_node)
     capacities = sorted((n.gpus for n in topo.nodes), reverse=True)
-    bounded = not math.isinf(lam)
     starts: list[Start] = []
     # free GPUs only shrink within a decision, so a size that cannot be placed within the
     # bound now cannot be later either (best fit spans the fewest nodes possible)
@@ -72,17 +108,7 @@ def start_bounded(
             continue
         if gpus in unplaceable or not can_ever_run(state, p):
             continue
-        placement: Placement | None
-        if gpus <= kappa:
-            placement = fragment_first_fit(topo, free, gpus, busy)
-        else:
-            placement = least_busy(topo, free, gpus, busy)
-        if placement is not None and bounded:
-            bound = math.ceil(lam * min_nodes_for(capacities, gpus) - 1e-9)
-            if placement.num_nodes > bound:
-                placement = best_fit(topo, free, gpus)
-                if placement is not None and placement.num_nodes > bound:
-                    placement = None
+        placement = bounded_placement(topo, free, busy, gpus, kappa, lam, capacities)
         if placement is None:
             unplaceable.add(gpus)
             continue
