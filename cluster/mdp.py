@@ -15,7 +15,7 @@ one candidate placement or waits (ends the decision point; time advances).
   carries its rank in each of the four orders (``rank_*``: rank / K, 1 beyond the first
   ``K``), whatever ``slot_order``, so one per-row network can tell which order picked it.
 - Candidates: per slot, one placement from each of ``P`` deterministic generators
-  (``MdpConfig.generators``): the four of ``linkwise.cluster.placement``,
+  (``MdpConfig.generators``): the five of ``linkwise.cluster.placement``,
   ``least_contention`` (defined here: among the other generators' placements and a
   best fit inside each leaf switch, the one minimising the job's predicted slowdown plus
   the slowdown it adds to running split jobs) and ``bounded`` (SJF-BCO's consolidated

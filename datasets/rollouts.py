@@ -1,8 +1,13 @@
 """Simulator rollouts of behaviour policies: transitions that widen what the logs cover.
 
-Behaviour policies are the heuristics of ``linkwise.cluster.heuristics`` driven step by step
-through ``cluster.mdp.StepPolicyAdapter`` (the same candidates, mask and encoder as the log
-builder, the trainer and the live loop), optionally mixed with random exploration: with
+Behaviour policies are policy specs (``models.policy_spec``): a same-information heuristic
+of ``linkwise.cluster.heuristics`` with its parameters (``sjf_bco:lam=2``; never an oracle)
+driven step by step through ``cluster.mdp.StepPolicyAdapter`` (the same candidates, mask and
+encoder as the log builder, the trainer and the live loop; a preemptive heuristic's
+preemptions cannot be expressed and are ignored, counted by the adapter), or a learned
+package ``model:PATH`` acting on the observation itself (its own greedy action with its
+work-conserving guard; jobs annotated by the task's predictor, else the package's). Either
+is optionally mixed with random exploration: with
 probability ``epsilon`` a step takes a uniformly random allowed action instead of the
 heuristic's (on an idle cluster "wait" is left out of the random draw, so exploration never
 stalls a simulation that nothing else would wake up).
@@ -35,7 +40,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,24 +52,38 @@ import polars as pl
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import Job, Placement, Topology
 from linkwise.cluster.env import ClusterEnv, Workload
-from linkwise.cluster.heuristics import make_policy, policy_names
-from linkwise.cluster.mdp import MdpConfig, StepPolicyAdapter, make_spec
+from linkwise.cluster.heuristics import make_policy, policy_names, spec_name
+from linkwise.cluster.mdp import (
+    BoolArray,
+    FloatArray,
+    MdpConfig,
+    ObsSpec,
+    StepPolicyAdapter,
+    make_spec,
+)
 from linkwise.cluster.profiles import Calibration, assign_profiles, load_calibration
 from linkwise.datasets.backlog import Backlog, warm_jobs
-from linkwise.datasets.prediction import ensure_predicted
+from linkwise.datasets.prediction import ensure_predicted, read_predictor
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.traces import JOB_COLUMNS, frame_jobs, jobs_frame, load_trace
 from linkwise.datasets.transitions import TransitionBuffer, empty_frame
+from linkwise.models.learned import PREDICTOR, load_package
+from linkwise.models.policy_spec import PolicySpec
 
 __all__ = [
+    "Chooser",
     "RolloutTask",
     "Window",
+    "behaviour_chooser",
     "behaviour_name",
+    "behaviour_spec",
     "cut_windows",
     "jobs_from_store",
     "jobs_from_trace",
     "make_task_runner",
     "make_tasks",
+    "package_predictor",
+    "policy_label",
     "resample_window",
     "rollout",
     "rollout_batch",
@@ -112,13 +131,7 @@ class RolloutTask:
     predictor: RuntimePredictor | None = None
 
     def __post_init__(self) -> None:
-        # behaviour policies see what the learner will: every same-information heuristic
-        # (qssf included: the task's jobs carry predictions), never an oracle
-        known = policy_names(predictions=True, oracles=False)
-        if self.policy not in known:
-            raise ValueError(
-                f"unknown or oracle behaviour policy {self.policy!r}; known: {', '.join(known)}"
-            )
+        behaviour_spec(self.policy)  # ValueError for an unknown, ill-typed or oracle spec
         if not 0.0 <= self.epsilon <= 1.0:
             raise ValueError(f"epsilon must be in [0, 1], got {self.epsilon}")
         if self.max_steps is not None and self.max_steps <= 0:
@@ -126,7 +139,7 @@ class RolloutTask:
 
     @property
     def behaviour(self) -> str:
-        return behaviour_name(self.policy, self.epsilon)
+        return behaviour_name(policy_label(self.policy), self.epsilon)
 
     @property
     def episode(self) -> str:
@@ -136,6 +149,35 @@ class RolloutTask:
 def behaviour_name(policy: str, epsilon: float) -> str:
     """``"best_fit"``, or ``"best_fit+eps0.1"`` for an epsilon-mixture."""
     return policy if epsilon == 0 else f"{policy}+eps{epsilon:g}"
+
+
+def behaviour_spec(text: str) -> PolicySpec:
+    """A behaviour policy's parsed spec (``models.policy_spec``, the one parser): behaviour
+    policies see what the learner will, so every same-information heuristic with its
+    parameters (``qssf`` included: the tasks' jobs carry predictions) or a learned package
+    folder (``model:PATH``); ValueError for an oracle ceiling, a registry alias or URI
+    (rollouts must not depend on where an alias points), or anything the parser refuses."""
+    known = policy_names(predictions=True, oracles=False)
+    if spec_name(text) not in (*known, "model"):
+        raise ValueError(
+            f"unknown or oracle behaviour policy {text!r}; known: {', '.join(known)}, model:PATH"
+        )
+    try:
+        spec = PolicySpec.parse(text)
+    except ValueError as exc:
+        raise ValueError(f"behaviour policy {text!r}: {exc}") from None
+    if spec.source is not None and spec.source.kind != "path":
+        raise ValueError(f"behaviour policy {text!r}: a learned one must be a package folder")
+    return spec
+
+
+def policy_label(text: str) -> str:
+    """A behaviour spec as it names episodes: the heuristic spec as given (``sjf_bco:lam=2``),
+    ``model:FOLDER`` (the package folder's name, e.g. the training run id) for a learned one."""
+    spec = behaviour_spec(text)
+    if spec.source is not None:
+        return f"model:{Path(spec.source.target).name}"
+    return text.strip()
 
 
 # ------------------------------------------------------------------------ workloads
@@ -318,7 +360,9 @@ def rollout(task: RolloutTask) -> pl.DataFrame:
     cut the episode or the behaviour waited on an idle cluster with nothing left to arrive.
     """
     topo, cal = task.topology, task.calibration
-    predictor = task.predictor or windows_predictor((task.window,))
+    predictor = (
+        task.predictor or package_predictor(task.policy) or windows_predictor((task.window,))
+    )
     jobs, running = window_workload(
         task.window, task.seed, task.block_s, cal, topo.total_gpus, task.backlog, predictor
     )
@@ -329,8 +373,7 @@ def rollout(task: RolloutTask) -> pl.DataFrame:
     model = AnalyticModel(cal)
     workload = Workload(topo, jobs, model, running=running)
     env = ClusterEnv(lambda _seed: workload, spec, max_steps=task.max_steps)
-    params: dict[str, Any] = {"seed": task.seed} if task.policy == "random" else {}
-    adapter = StepPolicyAdapter(make_policy(task.policy, **params))
+    choose = behaviour_chooser(task, spec, model)
     rng = _rng(task)
     wait = task.config.wait_action
     obs, info = env.reset(seed=task.seed)
@@ -345,8 +388,7 @@ def rollout(task: RolloutTask) -> pl.DataFrame:
             action = int(rng.choice(allowed))
             match = "policy"
         else:
-            action = adapter.act(env.candidates)
-            match = adapter.matches[-1].kind
+            action, match = choose(env, obs, mask)
         next_obs, reward, terminated, truncated, info = env.step(action)
         buf.add(
             episode=task.episode,
@@ -366,6 +408,44 @@ def rollout(task: RolloutTask) -> pl.DataFrame:
             buf.end_episode(terminal=terminated)
             break
     return buf.to_frame()
+
+
+Chooser = Callable[[ClusterEnv, FloatArray, BoolArray], tuple[int, str]]
+
+
+def behaviour_chooser(task: RolloutTask, spec: ObsSpec, model: AnalyticModel) -> Chooser:
+    """The task's behaviour as ``(env, obs, mask) -> (action, match)``: a heuristic through
+    ``StepPolicyAdapter`` (match: exact, nearest, unslotted or wait), a learned package by
+    its own action on the observation (match "policy"; ValueError when its ObsSpec is not the
+    task's)."""
+    parsed = behaviour_spec(task.policy)
+    if parsed.source is not None:
+        learned = load_package(parsed.source.target, model=model, expected_obs_spec=spec.version)
+
+        def act_learned(_env: ClusterEnv, obs: FloatArray, mask: BoolArray) -> tuple[int, str]:
+            return learned.act(obs, mask), "policy"
+
+        return act_learned
+    params = dict(parsed.params)
+    if parsed.heuristic == "random":
+        params.setdefault("seed", task.seed)
+    adapter = StepPolicyAdapter(make_policy(str(parsed.heuristic), **params))
+
+    def act_heuristic(env: ClusterEnv, _obs: FloatArray, _mask: BoolArray) -> tuple[int, str]:
+        action = adapter.act(env.candidates)
+        return action, adapter.matches[-1].kind
+
+    return act_heuristic
+
+
+def package_predictor(policy: str) -> RuntimePredictor | None:
+    """The run-time predictor of a ``model:PATH`` behaviour's package (None for heuristics
+    and for a package without one)."""
+    source = behaviour_spec(policy).source
+    if source is None:
+        return None
+    path = Path(source.target) / PREDICTOR
+    return read_predictor(path) if path.is_file() else None
 
 
 def make_tasks(

@@ -6,11 +6,17 @@
 1. Logs (when ``db_path`` is given): ``datasets.decisions.build_log_transitions`` over the
    store's accounting, on the topology given (``topology``) or rebuilt from the store's
    ``nodes`` table.
-2. Rollouts (when ``rollouts > 0`` or ``windows`` are named): the jobs of ``trace`` (else the
-   store's accounting) cut into ``window_s`` windows; ``rollouts`` windows with at least
-   ``min_jobs`` jobs are picked evenly over the workload (or the ``windows`` ids), and every
-   (policy, epsilon, window, seed) is one rollout (``datasets.rollouts``), run by
-   ``executor`` ("serial", "local[:N]", "dask" or "dask://HOST:PORT").
+2. Rollouts (when ``rollouts`` is None or positive, or ``windows`` are named): the jobs of
+   ``trace`` (else the store's accounting) cut into ``window_s`` windows; ``rollouts`` windows
+   with at least ``min_jobs`` jobs are picked evenly over the workload (None: every one of
+   them, i.e. every training window; or the ``windows`` ids), and every (policy, epsilon,
+   window, seed) is one rollout (``datasets.rollouts``; policies are behaviour specs such as
+   ``sjf_bco:lam=2``), run by ``executor`` ("serial", "local[:N]", "dask" or
+   "dask://HOST:PORT").
+   ``log_share`` caps the log transitions at that share of the dataset: whole log episodes
+   are kept in a fixed pseudo-random order (by a hash of the episode name) while they fit
+   (``cap_log_share``); the manifest records it (``sources.log_share``), so the hash changes
+   with it.
 Before either, one run-time predictor (``datasets.predictor``) is fit on the history before
 the dataset's end (``until``): the store's accounting, else the trace, or ``history`` when
 given (a trace or a store), unless ``predictor`` is passed in. Logs, rollouts and warm starts
@@ -29,6 +35,7 @@ import argparse
 import json
 import math
 import time
+import zlib
 from collections.abc import Sequence
 from contextlib import closing
 from pathlib import Path
@@ -60,6 +67,7 @@ from linkwise.datasets.rollouts import (
 from linkwise.datasets.store import open_store
 from linkwise.datasets.transitions import empty_frame
 from linkwise.datasets.windows import choose_windows
+from linkwise.models.policy_spec import split_specs
 
 __all__ = [
     "DEFAULT_EPSILONS",
@@ -67,6 +75,7 @@ __all__ = [
     "add_build_dataset_parser",
     "build_dataset",
     "build_dataset_flow",
+    "cap_log_share",
     "cmd_build_dataset",
 ]
 
@@ -104,6 +113,46 @@ def _log_transitions(
     return frame, rep
 
 
+def _submitted(jobs: pl.DataFrame, since: float | None, until: float | None) -> pl.DataFrame:
+    """The jobs submitted in ``[since, until)`` (either bound optional), as the store's
+    query bounds them: a trace's rollouts never reach past the dataset's end."""
+    keep = pl.lit(True)
+    if since is not None:
+        keep &= pl.col("submit_time") >= since
+    if until is not None:
+        keep &= pl.col("submit_time") < until
+    return jobs.filter(keep)
+
+
+def cap_log_share(
+    logs: pl.DataFrame, others: int, share: float
+) -> tuple[pl.DataFrame, dict[str, Any]]:
+    """The log transitions subsampled by whole episodes so that they are at most ``share`` of
+    a dataset that also holds ``others`` transitions, and the record of what was kept.
+
+    Episodes are taken in a fixed pseudo-random order (CRC-32 of the episode name, so the
+    same logs always keep the same episodes), each kept while the kept total stays within
+    ``share / (1 - share) * others``; ``share`` 1 keeps everything, 0 nothing."""
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"log_share must be in [0, 1], got {share}")
+    sizes = logs.group_by("episode").len().sort("episode").rows()
+    total = sum(n for _, n in sizes)
+    cap = total if share >= 1.0 else math.floor(share / (1.0 - share) * others + 1e-9)
+    kept: list[str] = []
+    used = 0
+    for episode, n in sorted(sizes, key=lambda r: (zlib.crc32(r[0].encode()), r[0])):
+        if used + n <= cap:
+            kept.append(episode)
+            used += n
+    record = {
+        "share": share,
+        "episodes": {"kept": len(kept), "total": len(sizes)},
+        "transitions": {"kept": used, "total": total, "others": others},
+        "order": "crc32 of the episode name",
+    }
+    return logs.filter(pl.col("episode").is_in(kept)), record
+
+
 def _predictor(
     given: RuntimePredictor | None,
     history: str | Path | None,
@@ -131,7 +180,7 @@ def build_dataset(
     trace: str | Path | None = None,
     *,
     out_dir: str | Path = "linkwise-out/datasets",
-    rollouts: int = 0,
+    rollouts: int | None = 0,
     policies: Sequence[str] = DEFAULT_POLICIES,
     epsilons: Sequence[float] = DEFAULT_EPSILONS,
     windows: Sequence[int] | None = None,
@@ -154,12 +203,15 @@ def build_dataset(
     warm_start: bool = False,
     history: str | Path | None = None,
     predictor: RuntimePredictor | None = None,
+    log_share: float | None = None,
 ) -> dict[str, Any]:
     """Build, export and (optionally) log a dataset; the manifest (``path``, ``hash``,
     ``counts``, ``report``, ``sources``, ``seconds``).
 
     ``rollouts``: how many trace windows to roll out (each with every policy, epsilon and
-    seed); ``windows`` names window ids instead. ``batch``: rollouts per Prefect task run.
+    seed; None: every window with ``min_jobs`` jobs before ``until``); ``windows`` names
+    window ids instead. ``log_share``: the log transitions' largest share of the dataset
+    (``cap_log_share``; None: all of them). ``batch``: rollouts per Prefect task run.
     ``seed`` draws the log jobs' profiles. ``warm_start`` (rollouts from the store): every
     rollout window starts from the accounting's running and queued jobs at its start
     (``datasets.backlog``), as the evaluation does. ``predictor`` (else one fit on
@@ -190,7 +242,10 @@ def build_dataset(
     }
     predictor, fitted_on = _predictor(predictor, history, db, trace, slurm_cluster, until)
     sources["predictor"] = predictor_record(predictor, fitted_on)
+    if log_share is not None and not 0.0 <= log_share <= 1.0:
+        raise ValueError(f"log_share must be in [0, 1], got {log_share}")
     frames: list[pl.DataFrame] = [empty_frame()]
+    logs = empty_frame()
     log_report: dict[str, Any] | None = None
     if db is not None:
         frame, log_report = _log_transitions(
@@ -205,7 +260,7 @@ def build_dataset(
             seed=seed,
             predictor=predictor,
         )
-        frames.append(frame)
+        logs = frame
         window = (
             frame.select(pl.col("time").min().alias("from"), pl.col("time").max().alias("to")).row(
                 0, named=True
@@ -222,18 +277,24 @@ def build_dataset(
             "decision_times": window,
             "profile_seed": seed,
         }
-    want = rollouts > 0 or bool(windows)
+    want = rollouts is None or rollouts > 0 or bool(windows)
     if want:
         if trace is not None:
-            jobs = jobs_from_trace(trace)
-            origin: dict[str, Any] = {"trace": str(trace), "sha256": file_sha256(trace)}
+            jobs = _submitted(jobs_from_trace(trace), since, until)
+            origin: dict[str, Any] = {
+                "trace": str(trace),
+                "sha256": file_sha256(trace),
+                "since": since,
+                "until": until,
+            }
         else:
             assert db is not None
             with closing(open_store(db)) as con:
                 jobs = jobs_from_store(con, cluster=slurm_cluster, since=since, until=until)
             origin = {"db": db, "cluster": slurm_cluster, "since": since, "until": until}
         cut = cut_windows(jobs, window_s, max_gpus=topo.total_gpus)
-        chosen = choose_windows(cut, ids=windows, n=rollouts, min_jobs=min_jobs)
+        n = len(cut) if rollouts is None else rollouts
+        chosen = choose_windows(cut, ids=windows, n=n, min_jobs=min_jobs)
         backlogs: dict[int, Backlog] = {}
         if warm_start:
             if trace is not None or db is None:
@@ -259,7 +320,7 @@ def build_dataset(
         frames.append(run_rollouts(tasks, executor, batch=batch))
         sources["rollouts"] = {
             **origin,
-            "policies": list(policies),
+            "policies": [str(p) for p in policies],
             "epsilons": [float(e) for e in epsilons],
             "seeds": [int(s) for s in seeds],
             "windows": [w.window_id for w in chosen],
@@ -269,7 +330,10 @@ def build_dataset(
             "warm_start": warm_start,
             "resampling": "block bootstrap of the window's arrivals (datasets.rollouts)",
         }
-    df = pl.concat(frames, how="vertical")
+    if log_share is not None and db is not None:
+        others = sum(f.height for f in frames)
+        logs, sources["log_share"] = cap_log_share(logs, others, log_share)
+    df = pl.concat([*frames, logs], how="vertical")
     manifest = export_dataset(df, spec, sources, out_dir)
     run_id = log_to_mlflow(manifest["path"], manifest, tracking_uri=tracking_uri)
     seconds = time.perf_counter() - t0
@@ -301,6 +365,11 @@ def _csv(text: str | None, cast: Any = str) -> list[Any] | None:
     if text is None:
         return None
     return [cast(x.strip()) for x in text.split(",") if x.strip()]
+
+
+def _rollouts_arg(text: str) -> int | None:
+    """``--rollouts``: a count, or ``all`` (None: every eligible window)."""
+    return None if text.strip().lower() == "all" else int(text)
 
 
 def format_report(m: dict[str, Any]) -> str:
@@ -363,12 +432,13 @@ def cmd_build_dataset(args: argparse.Namespace) -> int:
         args.trace,
         out_dir=args.out,
         rollouts=args.rollouts,
-        policies=_csv(args.policies) or list(DEFAULT_POLICIES),
+        policies=split_specs(args.policies or "") or list(DEFAULT_POLICIES),
         epsilons=_csv(args.epsilons, float) or list(DEFAULT_EPSILONS),
         windows=_csv(args.windows, int),
         seeds=_csv(args.seeds, int) or [0],
         window_s=args.window,
         block_s=args.block,
+        min_jobs=args.min_jobs,
         topology=args.cluster,
         slurm_cluster=args.slurm_cluster,
         calibration=str(args.calibration) if args.calibration else None,
@@ -379,6 +449,7 @@ def cmd_build_dataset(args: argparse.Namespace) -> int:
         tracking_uri=args.tracking_uri,
         warm_start=args.warm_start,
         history=args.history,
+        log_share=args.log_share,
     )
     if args.json:
         print(json.dumps(manifest, default=str))
@@ -394,8 +465,20 @@ def add_build_dataset_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--from-db", type=Path, help="the DuckDB store (transitions from the logs)")
     p.add_argument("--trace", type=Path, help="trace file for rollouts (default: the store's jobs)")
-    p.add_argument("--rollouts", type=int, default=0, help="trace windows to roll out (0: none)")
-    p.add_argument("--policies", help=f"comma-separated heuristics ({','.join(DEFAULT_POLICIES)})")
+    p.add_argument(
+        "--rollouts",
+        type=_rollouts_arg,
+        default=0,
+        help="trace windows to roll out (0: none; all: every window with --min-jobs jobs)",
+    )
+    p.add_argument(
+        "--min-jobs", type=int, default=10, help="windows with fewer jobs are not rolled out"
+    )
+    p.add_argument(
+        "--policies",
+        help=f"comma-separated behaviour specs, e.g. sjf_bco:lam=2 or model:PATH "
+        f"(default {','.join(DEFAULT_POLICIES)})",
+    )
     p.add_argument("--epsilons", help="comma-separated exploration rates (default 0,0.1)")
     p.add_argument("--seeds", help="comma-separated resampling seeds (default 0)")
     p.add_argument("--windows", help="comma-separated window ids (instead of --rollouts)")
@@ -433,6 +516,11 @@ def add_build_dataset_parser(subparsers: Any) -> argparse.ArgumentParser:
         type=Path,
         help="a trace or store to fit the run-time predictor on (default: the store, else the "
         "trace); recorded in the manifest",
+    )
+    p.add_argument(
+        "--log-share",
+        type=float,
+        help="at most this share of the dataset from the logs (whole episodes; default: all)",
     )
     p.add_argument("--out", type=Path, default=Path("linkwise-out/datasets"), help="output folder")
     p.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI)")

@@ -385,6 +385,7 @@ def _dataset(
         tracking_uri=ws.uri,
         warm_start=exp.windows.warm_start,
         predictor=predictor,
+        log_share=exp.dataset.log_share,
     )
     return {
         "path": str(built["path"]),

@@ -61,12 +61,20 @@ class Windows:
 class DatasetPlan:
     """The dataset: log transitions from the accounting plus heuristic rollouts."""
 
-    rollouts: int  # rollout windows
-    policies: tuple[str, ...]  # behaviour heuristics
+    rollouts: int | None  # rollout windows; None: every training window (``min_jobs`` jobs)
+    policies: tuple[str, ...]  # behaviour specs (``sjf_bco:lam=2``, ``qssf``, ``model:PATH``)
     epsilons: tuple[float, ...]  # exploration of each behaviour policy
     seeds: tuple[int, ...]
     max_steps: int | None = None  # per rollout episode
     log_window_s: float | None = None  # episodes of the log transitions
+    # the log transitions' largest share of the dataset, by whole episodes (None: all of them)
+    log_share: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.rollouts is not None and self.rollouts < 0:
+            raise ValueError("rollouts must be >= 0 (None: every training window)")
+        if self.log_share is not None and not 0.0 <= self.log_share <= 1.0:
+            raise ValueError(f"log_share must be in [0, 1], got {self.log_share}")
 
 
 @dataclass(frozen=True)

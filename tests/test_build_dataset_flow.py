@@ -30,6 +30,7 @@ from linkwise.pipelines.build_dataset import (
     add_build_dataset_parser,
     build_dataset,
     build_dataset_flow,
+    cap_log_share,
 )
 from linkwise.tests._history import simulated_history
 
@@ -207,3 +208,86 @@ def test_cli_prints_the_report(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert args.func(args) == 0
     asked = json.loads(capsys.readouterr().out)["obs_spec"]["config"]
     assert (asked["k_slots"], asked["slot_order"]) == (3, "smallest")
+
+
+def test_cap_log_share_keeps_whole_episodes_deterministically() -> None:
+    sizes = {"log/a": 10, "log/b": 20, "log/c": 30, "log/d": 40}
+    logs = pl.DataFrame({"episode": [e for e, n in sizes.items() for _ in range(n)]})
+    kept, rec = cap_log_share(logs, others=100, share=0.25)  # at most 100/3 log transitions
+    assert 0 < kept.height <= 33 and rec["transitions"] == {"kept": kept.height, "total": 100,
+                                                            "others": 100}  # fmt: skip
+    counts = dict(kept.group_by("episode").len().rows())
+    assert all(sizes[e] == n for e, n in counts.items())  # whole episodes only
+    assert rec["episodes"] == {"kept": len(counts), "total": 4}
+    assert cap_log_share(logs.reverse(), 100, 0.25)[0].sort("episode").equals(kept.sort("episode"))
+    assert cap_log_share(logs, 100, 1.0)[0].height == 100
+    assert cap_log_share(logs, 100, 0.0)[0].height == 0
+    assert cap_log_share(logs, 900, 0.5)[0].height == 100
+    with pytest.raises(ValueError, match="log_share"):
+        cap_log_share(logs, 100, 1.5)
+
+
+def test_log_share_caps_the_logs_and_changes_the_hash(tmp_path: Path) -> None:
+    db = tmp_path / "store.duckdb"
+    _store(db)
+    kwargs = dict(
+        db_path=str(db), trace=str(PHILLY), rollouts=1, policies=["sjf_bco:lam=2"],
+        epsilons=[0.1], window_s=3600.0, block_s=600.0, topology=TOPO, config=CONFIG,
+        executor="serial", max_steps=30, log_window_s=600.0,
+    )  # fmt: skip
+    full = build_dataset(out_dir=str(tmp_path / "a"), **kwargs)  # type: ignore[arg-type]
+    capped = build_dataset(out_dir=str(tmp_path / "b"), log_share=0.3, **kwargs)  # type: ignore[arg-type]
+    logs = full["counts"]["by_source"]["log"]
+    rolled = full["counts"]["by_source"]["rollout"]["transitions"]
+    assert logs["transitions"] > rolled and logs["episodes"] > 2  # the logs dominate without
+    by = capped["counts"]["by_source"]
+    assert by["rollout"]["transitions"] == rolled  # rollouts untouched
+    assert 0 < by["log"]["transitions"] <= 0.3 * capped["counts"]["transitions"]
+    assert capped["hash"] != full["hash"] and "log_share" not in full["sources"]
+    rec = capped["sources"]["log_share"]
+    assert rec["share"] == 0.3 and rec["transitions"]["kept"] == by["log"]["transitions"]
+    assert capped["counts"]["by_behaviour"]["sjf_bco:lam=2+eps0.1"] == rolled
+    again = build_dataset(out_dir=str(tmp_path / "c"), log_share=0.3, **kwargs)  # type: ignore[arg-type]
+    assert again["hash"] == capped["hash"]
+
+
+def test_every_window_before_until(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``rollouts=None`` (``--rollouts all``) rolls out every window with ``min_jobs`` jobs
+    before ``until``, none after it; ``--policies`` takes specs with parameters."""
+    jobs = jobs_from_trace(PHILLY)
+    since = float(jobs["submit_time"].min()) + 20 * 86400.0  # type: ignore[arg-type]
+    until = since + 12 * 3600.0  # the trace's first busy day: 1,500 jobs
+    span = (pl.col("submit_time") >= since) & (pl.col("submit_time") < until)
+    before = cut_windows(jobs.filter(span), 3600.0, max_gpus=64)
+    want = [w.window_id for w in before if len(w.jobs) >= 20]
+    m = build_dataset(
+        trace=str(PHILLY), since=since, until=until, out_dir=str(tmp_path), rollouts=None,
+        policies=["fifo"], epsilons=[0.0], window_s=3600.0, min_jobs=20, topology=TOPO,
+        executor="serial", max_steps=3,
+    )  # fmt: skip
+    assert m["sources"]["rollouts"]["windows"] == want and 2 <= len(want) < len(before)
+    assert m["counts"]["episodes"] == len(want)
+    parser = argparse.ArgumentParser()
+    add_build_dataset_parser(parser.add_subparsers(dest="command"))
+    base = ["build-dataset", "--trace", str(PHILLY), "--policies", "sjf_bco:lam=2,kappa=4,fifo",
+            "--epsilons", "0", "--window", "3600", "--cluster", TOPO, "--executor", "serial",
+            "--max-steps", "3", "--out", str(tmp_path), "--json"]  # fmt: skip
+    every = parser.parse_args([*base, "--rollouts", "all", "--min-jobs", "3"])
+    assert every.rollouts is None and every.min_jobs == 3
+    args = parser.parse_args([*base, "--rollouts", "1"])
+    assert args.func(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["sources"]["rollouts"]["policies"] == ["sjf_bco:lam=2,kappa=4", "fifo"]
+    assert set(out["counts"]["by_behaviour"]) == {"sjf_bco:lam=2,kappa=4", "fifo"}
+
+
+def test_dataset_plan_takes_every_window_and_a_log_share() -> None:
+    from linkwise.pipelines.experiment import EXPERIMENTS, DatasetPlan
+
+    plan = DatasetPlan(rollouts=None, policies=("sjf_bco:lam=2",), epsilons=(0.1,), seeds=(0,),
+                       log_share=0.3)  # fmt: skip
+    assert plan.rollouts is None and plan.log_share == 0.3
+    for bad in ({"rollouts": -1}, {"log_share": 1.5}):
+        with pytest.raises(ValueError):
+            DatasetPlan(**{"rollouts": 1, "policies": (), "epsilons": (0.0,), "seeds": (0,), **bad})
+    assert all(e.dataset.log_share is None for e in EXPERIMENTS.values())  # unchanged defaults

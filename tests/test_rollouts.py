@@ -22,10 +22,12 @@ from linkwise.datasets.rollouts import (
     RolloutTask,
     Window,
     behaviour_name,
+    behaviour_spec,
     cut_windows,
     jobs_from_store,
     jobs_from_trace,
     make_tasks,
+    policy_label,
     resample_window,
     rollout,
     run_rollouts,
@@ -313,3 +315,27 @@ def test_rollouts_take_qssf_and_refuse_oracles() -> None:
     assert df.height > 0 and set(df["behaviour"]) == {"qssf"}
     with pytest.raises(ValueError, match="oracle"):
         make_tasks(wins, ["srtf_oracle"], [0], from_spec("8x8"))
+
+
+def test_behaviours_are_policy_specs(window: Window) -> None:
+    """Heuristics with parameters go through the one spec parser (their label names the
+    episodes); oracles, bad parameters and registry models are refused."""
+    tasks = make_tasks(
+        [window], ["sjf_bco:lam=2", "tiresias_las"], [0], from_spec(TOPO),
+        epsilons=(0.1,), config=CONFIG, block_s=600.0, max_steps=60,
+    )  # fmt: skip
+    df = run_rollouts(tasks)
+    assert set(df["behaviour"]) == {"sjf_bco:lam=2+eps0.1", "tiresias_las+eps0.1"}
+    assert f"rollout/sjf_bco:lam=2+eps0.1/w{window.window_id}/s0" in set(df["episode"])
+    assert {"exact", "policy"} <= set(df["match"])
+    for bad, why in (
+        ("sjf_bco_oracle:lam=2", "oracle"),
+        ("sjf_bco:lam=x", "lam"),
+        ("sjf_bco:nope=1", "nope"),
+        ("model:challenger", "package folder"),
+        ("model:models:/linkwise-policy/3", "package folder"),
+    ):
+        with pytest.raises(ValueError, match=why):
+            make_tasks([window], [bad], [0], from_spec(TOPO))
+    assert behaviour_spec("model:/tmp/pkg").source is not None
+    assert policy_label("model:/tmp/runs/abc123") == "model:abc123"
