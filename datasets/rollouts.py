@@ -355,7 +355,8 @@ def rollout(task: RolloutTask) -> pl.DataFrame:
     (``datasets.transitions`` schema; source "rollout"). Deterministic for a task.
 
     ``match`` records how each heuristic step maps to the action space (exact, nearest,
-    unslotted, wait, from ``StepPolicyAdapter``); random exploration steps are "policy".
+    unslotted, wait, from ``StepPolicyAdapter``); random exploration steps and a learned
+    behaviour's own actions are "policy".
     The last step is ``terminal`` when every job finished, a ``timeout`` when ``max_steps``
     cut the episode or the behaviour waited on an idle cluster with nothing left to arrive.
     """
