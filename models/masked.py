@@ -243,7 +243,10 @@ class MaskedDiscreteBCConfig(DiscreteBCConfig):  # type: ignore[misc]
 
 
 class MaskedDiscreteBC(DiscreteBC):  # type: ignore[misc]
-    """DiscreteBC whose policy and loss range over allowed actions only."""
+    """DiscreteBC whose policy and loss range over allowed actions only (``policy_class``:
+    the imitator's class, built as ``policy_class(encoder, hidden_size, action_size)``)."""
+
+    policy_class: type[MaskedCategoricalPolicy] = MaskedCategoricalPolicy
 
     def inner_create_impl(self, observation_shape: Any, action_size: int) -> None:
         factory = self._config.encoder_factory
@@ -251,7 +254,7 @@ class MaskedDiscreteBC(DiscreteBC):  # type: ignore[misc]
             factory = MaskedEncoderFactory(encoder=factory)
         encoder = factory.create(observation_shape)
         hidden_size = compute_output_size([observation_shape], encoder)
-        imitator: Any = MaskedCategoricalPolicy(
+        imitator: Any = self.policy_class(
             encoder=encoder, hidden_size=hidden_size, action_size=action_size
         )
         imitator.to(self._device)

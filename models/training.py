@@ -42,7 +42,7 @@ import numpy as np
 import numpy.typing as npt
 import polars as pl
 
-from linkwise.cluster.mdp import MdpConfig, ObsSpec
+from linkwise.cluster.mdp import MdpConfig, ObsSpec, obs_layout
 from linkwise.cluster.topology import DEFAULT_TOPOLOGY
 from linkwise.datasets.transitions import list_column_array
 from linkwise.models.config import check_keys, config_digest, resolve_path
@@ -50,6 +50,7 @@ from linkwise.models.learned import _value_module, masked_argmax
 
 __all__ = [
     "ALGOS",
+    "NETWORKS",
     "AlgoConfig",
     "DatasetConfig",
     "InitialStateValueEvaluator",
@@ -71,6 +72,7 @@ __all__ = [
 ]
 
 ALGOS = ("bc", "cql")
+NETWORKS = ("mlp", "rows")  # AlgoConfig.network
 
 
 # ------------------------------------------------------------------------ configuration
@@ -84,7 +86,11 @@ class AlgoConfig:
     ``masked`` (default): train on the action masks (``models.masked``: the dataset's
     observations carry each step's mask, and CQL's targets and conservative term and BC's
     softmax range over allowed actions only); False trains d3rlpy's stock algorithms on
-    the observations alone, for comparison."""
+    the observations alone, for comparison.
+
+    ``network``: ``"mlp"`` (d3rlpy's vector encoder, ``hidden_units``) or ``"rows"``
+    (``models.rownet``: one scorer shared by every (slot, candidate) row, ``row_hidden`` for
+    the row embedding and context, ``head_hidden`` for the score heads; needs ``masked``)."""
 
     n_steps: int = 2000
     n_steps_per_epoch: int = 500
@@ -97,6 +103,9 @@ class AlgoConfig:
     n_critics: int = 2
     target_update_interval: int = 500
     masked: bool = True
+    network: str = "mlp"
+    row_hidden: tuple[int, ...] = (64, 64)
+    head_hidden: tuple[int, ...] = (64,)
 
     def __post_init__(self) -> None:
         if self.n_steps <= 0 or self.n_steps_per_epoch <= 0 or self.batch_size <= 0:
@@ -111,6 +120,12 @@ class AlgoConfig:
             raise ValueError("n_critics and target_update_interval positive, alpha >= 0")
         if not isinstance(self.masked, bool):
             raise ValueError(f"masked must be true or false, got {self.masked!r}")
+        if self.network not in NETWORKS:
+            raise ValueError(f"network must be one of {NETWORKS}, got {self.network!r}")
+        if self.network == "rows" and not self.masked:
+            raise ValueError("network = 'rows' trains with masks (masked = true)")
+        if not self.row_hidden or min(self.row_hidden) <= 0 or min(self.head_hidden) <= 0:
+            raise ValueError("row_hidden and head_hidden must be non-empty and positive")
 
 
 @dataclass(frozen=True)
@@ -207,7 +222,7 @@ class TrainConfig:
         check_keys(train, {f.name for f in fields(AlgoConfig)}, "[train]")
         check_keys(ds, {f.name for f in fields(DatasetConfig)} - {"mdp"}, "[dataset]")
         check_keys(ml, {"experiment", "model_name", "register"}, "[mlflow]")
-        for key in ("hidden_units",):
+        for key in ("hidden_units", "row_hidden", "head_hidden"):
             if key in train:
                 train[key] = tuple(int(x) for x in train[key])
         for key, cast in (("policies", str), ("epsilons", float), ("seeds", int), ("windows", int)):
@@ -303,10 +318,13 @@ def pick_device(device: str) -> str:
     return device
 
 
-def build_algo(algo: str, params: AlgoConfig, device: str = "cpu:0") -> Any:
+def build_algo(
+    algo: str, params: AlgoConfig, device: str = "cpu:0", spec: ObsSpec | None = None
+) -> Any:
     """A DiscreteBC or DiscreteCQL with every hyperparameter set from ``params``; with
     ``params.masked``, the masked variants of ``models.masked`` (to fit on a dataset built
-    with ``to_mdp_dataset(..., masks=True)``)."""
+    with ``to_mdp_dataset(..., masks=True)``); with ``params.network == "rows"``, the row
+    network of ``models.rownet``, laid out by the dataset's ``spec`` (required then)."""
     import d3rlpy  # type: ignore[import-untyped]
     from d3rlpy.models.encoders import VectorEncoderFactory  # type: ignore[import-untyped]
     from d3rlpy.models.q_functions import MeanQFunctionFactory  # type: ignore[import-untyped]
@@ -321,6 +339,17 @@ def build_algo(algo: str, params: AlgoConfig, device: str = "cpu:0") -> Any:
         encoder = mk.MaskedEncoderFactory(encoder=encoder)
         q_func = mk.MaskedMeanQFunctionFactory(share_encoder=False)
         bc_config = mk.MaskedDiscreteBCConfig
+    if params.network == "rows":
+        from linkwise.models import rownet
+
+        if spec is None:
+            raise ValueError("network = 'rows' needs the dataset's ObsSpec: build_algo(spec=)")
+        rows = rownet.RowEncoderFactory.from_layout(
+            obs_layout(spec), params.row_hidden, params.head_hidden
+        )
+        encoder = mk.MaskedEncoderFactory(encoder=rows)
+        q_func = rownet.RowQFunctionFactory(share_encoder=False)
+        bc_config = rownet.RowDiscreteBCConfig
     optim = AdamFactory(weight_decay=0.0)
     if algo == "bc":
         return bc_config(
