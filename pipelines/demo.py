@@ -14,7 +14,10 @@ Its numbers are one experiment of ``pipelines.experiment`` (``ci`` or ``full``):
    held-out part is reported.
 3. Training (``pipelines.learners``): DiscreteBC, then DiscreteCQL (ends as
    ``@challenger``); then the DeepShare-style online baseline, MaskablePPO in the simulator
-   on the same training days of the workload, registered as ``linkwise-ppo``.
+   on the same training days of the workload, registered as ``linkwise-ppo``. With
+   ``TrainingPlan.validation_windows`` the last windows of the first part are left out of
+   the dataset (and PPO's days) and choose BC's and CQL's checkpoint (every alpha, training
+   seed and epoch; ``pipelines.selection``), reported in ``demo.json``'s ``selection``.
 4. Evaluation (``pipelines.evaluate``): every heuristic, BC, CQL and PPO on held-out later
    windows of the same accounting (the held-out check refuses any overlap with the
    dataset), each window warm-started from the history's running and queued jobs at its
@@ -53,7 +56,7 @@ from linkwise.cluster.topology import load_topology
 from linkwise.datasets.decisions import store_predictor
 from linkwise.datasets.prediction import predictor_digest, write_predictor
 from linkwise.datasets.predictor import RuntimePredictor, accuracy
-from linkwise.datasets.rollouts import jobs_from_store
+from linkwise.datasets.rollouts import Window, cut_windows, jobs_from_store
 from linkwise.datasets.store import open_store
 from linkwise.datasets.traces import write_native
 from linkwise.deployer.promote import current_aliases
@@ -77,6 +80,7 @@ from linkwise.pipelines.history import (
     workload_jobs,
 )
 from linkwise.pipelines.learners import heldout_share, train_offline, train_online
+from linkwise.pipelines.selection import validate_packages, validation_windows
 from linkwise.pipelines.sim_shadow import run_shadow
 from linkwise.pipelines.tables import comparison_table, rich_table
 
@@ -132,6 +136,9 @@ class DemoResult:
     table: list[dict[str, Any]]
     seconds: dict[str, float] = field(default_factory=dict)
     predictor: dict[str, Any] = field(default_factory=dict)
+    # per learned algorithm with validation windows: every checkpoint's validation avg JCT
+    # and the chosen one (``pipelines.selection.Selection.to_json``)
+    selection: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -202,10 +209,16 @@ def run_pipeline(
     split = _split(ws.db, slurm_cluster, topo, exp)
     first, until = split["first_submit"], split["until"]
 
+    validation = _validation_windows(ws.db, slurm_cluster, topo, exp, until)
+    if validation:  # left out of the dataset (and PPO's days): they choose the checkpoints
+        split = _with_validation(split, validation)
+    dataset_until = split["dataset_until"]
+
     stages.begin("dataset", "Build the dataset (logs + rollouts) from the first part")
     console.print(
-        f"dataset from [{time.strftime('%Y-%m-%d %H:%M', time.gmtime(first))}, "
-        f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime(until))}) UTC; later windows held out"
+        f"dataset from [{_utc(first)}, {_utc(dataset_until)}) UTC; "
+        + (f"validation [{_utc(dataset_until)}, {_utc(until)}); " if validation else "")
+        + "later windows held out"
     )
     predictor, predictor_info = _predictor(ws, slurm_cluster, topo, until)
     console.print(
@@ -213,14 +226,25 @@ def run_pipeline(
         f"before the split; on the held-out jobs: {_accuracy_text(predictor_info)}"
     )
     dataset = _dataset(
-        ws, exp, slurm_cluster=slurm_cluster, until=until, seed=seed, predictor=predictor
+        ws, exp, slurm_cluster=slurm_cluster, until=dataset_until, seed=seed, predictor=predictor
     )
     console.print(f"dataset {str(dataset['hash'])[:16]}: {dataset['counts']}")
 
     stages.begin("train", "Train BC and CQL (and MaskablePPO when budgeted)")
-    models = train_offline(dataset["path"], plan, seed=seed, uri=uri, out=out, console=console)
+
+    def validate(packages: Mapping[str, str]) -> Mapping[str, float | None]:
+        return validate_packages(
+            packages, validation, db=ws.db, slurm_cluster=slurm_cluster, topology=topo,
+            block_s=exp.windows.block_s, seed=seed, predictor=predictor, tracking_uri=uri,
+        )  # fmt: skip
+
+    models = train_offline(
+        dataset["path"], plan, seed=seed, uri=uri, out=out, console=console,
+        validate=validate if validation else None,
+    )  # fmt: skip
+    selection = {algo: m.pop("selection") for algo, m in models.items() if "selection" in m}
     if plan.ppo_steps > 0 and trace is not None:
-        train_days = (until - first) / 86400.0
+        train_days = (dataset_until - first) / 86400.0
         models["ppo"] = train_online(
             trace,
             exp,
@@ -244,6 +268,7 @@ def run_pipeline(
         predictor=predictor,
     )
     windows: list[dict[str, Any]] = evaluation["windows"] or []
+    _check_disjoint(windows, split.get("validation_windows", []))
 
     stages.begin("gate", "Gate and promote the challenger (CQL)")
     ope, note = fqe_evidence(
@@ -287,6 +312,7 @@ def run_pipeline(
         table=table,
         seconds=seconds,
         predictor=predictor_info,
+        selection=selection,
     )
     (out / "demo.json").write_text(json.dumps(result.to_json(), indent=2, default=str))
     console.print(
@@ -316,7 +342,49 @@ def _split(db: Path, slurm_cluster: str, topo: Topology, exp: Experiment) -> dic
         "window_s": window_s,
         "train_windows": round((until - first) / window_s),
         "heldout_windows": exp.evaluation.heldout_windows,
+        "dataset_until": until,
     }
+
+
+def _utc(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.gmtime(t))
+
+
+def _validation_windows(
+    db: Path, slurm_cluster: str, topo: Topology, exp: Experiment, until: float
+) -> list[Window]:
+    """The training span's last ``validation_windows`` windows before ``until`` on the
+    evaluation's grid (``pipelines.selection.validation_windows``); none without."""
+    n = training_plan(exp).validation_windows
+    if n <= 0:
+        return []
+    with closing(open_store(db)) as con:
+        jobs = jobs_from_store(con, cluster=slurm_cluster)
+    cut = cut_windows(jobs, exp.windows.window_s, max_gpus=topo.total_gpus)
+    return validation_windows(cut, until, n, exp.windows.min_jobs)
+
+
+def _with_validation(split: Mapping[str, Any], windows: Sequence[Window]) -> dict[str, Any]:
+    """The split with its validation windows: the dataset ends where the first begins."""
+    return {
+        **split,
+        "dataset_until": min(w.start for w in windows),
+        "validation_windows": [
+            {"window_id": w.window_id, "start": w.start, "end": w.end, "jobs": len(w.jobs)}
+            for w in windows
+        ],
+    }
+
+
+def _check_disjoint(
+    evaluated: Sequence[Mapping[str, Any]], validation: Sequence[Mapping[str, Any]]
+) -> None:
+    """Refuse an evaluation window that overlaps a validation window (the evaluation picks
+    the last windows outside the dataset, which the validation windows are too)."""
+    for e in evaluated:
+        for v in validation:
+            if float(e["start"]) < float(v["end"]) and float(v["start"]) < float(e["end"]):
+                raise ValueError(f"evaluation window {e} overlaps validation window {v}")
 
 
 def _predictor(

@@ -12,7 +12,8 @@ it here and nowhere else.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from linkwise.cluster.mdp import MdpConfig
 from linkwise.cluster.topology import DEFAULT_TOPOLOGY
@@ -79,7 +80,14 @@ class DatasetPlan:
 
 @dataclass(frozen=True)
 class TrainingPlan:
-    """Training steps (the TOMLs in ``models/experiments`` hold the hyperparameters)."""
+    """Training steps and the checkpoint selection (the TOMLs in ``models/experiments`` hold
+    the hyperparameters; ``train`` overrides their ``[train]`` tables).
+
+    With ``validation_windows`` > 0 every (alpha, training seed) of CQL and every training
+    seed of BC saves a checkpoint each ``steps_per_epoch`` steps; each checkpoint is run in the
+    simulator on the last ``validation_windows`` windows of the training span (left out of
+    the dataset) and the one with the lowest average JCT becomes the run's package
+    (``pipelines.selection``). With 0 the last checkpoint of one run is the package."""
 
     bc_steps: int
     cql_steps: int
@@ -87,6 +95,29 @@ class TrainingPlan:
     # MaskablePPO (the DeepShare-style online baseline) timesteps on the workload's training
     # days in the simulator; 0: not trained
     ppo_steps: int = 0
+    # ``[train]`` overrides of both TOMLs (``models.training.AlgoConfig`` fields, e.g.
+    # ``learning_rate``, ``hidden_units``; ``pipelines.learners.train_config``): an unknown
+    # key is refused when the configuration is read
+    train: Mapping[str, Any] = field(default_factory=dict)
+    cql_alphas: tuple[float, ...] = ()  # CQL's alpha sweep; (): the TOML's alpha alone
+    # training seeds of BC and CQL, as offsets added to the run's seed ((0,): the run's seed)
+    train_seeds: tuple[int, ...] = (0,)
+    # the last windows of the training span that select the checkpoint; 0: no selection
+    validation_windows: int = 0
+
+    def __post_init__(self) -> None:
+        if min(self.bc_steps, self.cql_steps, self.steps_per_epoch) <= 0 or self.ppo_steps < 0:
+            raise ValueError("training steps must be positive (ppo_steps >= 0)")
+        if not self.train_seeds or len(set(self.train_seeds)) != len(self.train_seeds):
+            raise ValueError(f"train_seeds must be distinct and not empty: {self.train_seeds}")
+        if len(set(self.cql_alphas)) != len(self.cql_alphas) or min(self.cql_alphas, default=0) < 0:
+            raise ValueError(f"cql_alphas must be distinct and >= 0: {self.cql_alphas}")
+        if self.validation_windows < 0:
+            raise ValueError("validation_windows must be >= 0")
+        if self.validation_windows == 0 and (len(self.cql_alphas) > 1 or len(self.train_seeds) > 1):
+            raise ValueError(
+                "several alphas or training seeds need validation_windows > 0 to choose among"
+            )
 
 
 @dataclass(frozen=True)

@@ -1,49 +1,186 @@
 """The learned policies of an experiment: DiscreteBC and DiscreteCQL on the dataset it built
-(``models/experiments/demo_bc.toml``, ``demo_cql.toml`` with the experiment's steps; CQL ends
-as ``@challenger``), and the DeepShare-style online baseline, MaskablePPO in the simulator on
-the workload's training days (``ppo.toml``), registered as ``linkwise-ppo``."""
+(``models/experiments/demo_bc.toml``, ``demo_cql.toml`` with the experiment's steps and
+``[train]`` overrides; CQL ends as ``@challenger``), and the DeepShare-style online baseline,
+MaskablePPO in the simulator on the workload's training days (``ppo.toml``), registered as
+``linkwise-ppo``.
+
+Without validation windows (``TrainingPlan.validation_windows`` 0) each of BC and CQL is one
+``pipelines.train.train`` run and its last step is the package. With them, every training
+seed (and for CQL every alpha of ``cql_alphas``) is one run that writes a package each
+``steps_per_epoch`` steps (``train_checkpoints``); the caller's ``validate`` scores them all
+(average JCT on the validation windows, ``pipelines.selection``) and the best one is registered."""
 
 from __future__ import annotations
 
 import math
+import time
 import tomllib
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
+from linkwise.datasets.export import to_mdp_dataset
+from linkwise.models.learned import save_package
 from linkwise.models.ppo import PpoConfig
-from linkwise.models.registry import MODEL_NAME
-from linkwise.models.training import TrainConfig
+from linkwise.models.registry import MODEL_NAME, log_policy, mlflow_env
+from linkwise.models.training import (
+    MlflowAdapterFactory,
+    TrainConfig,
+    action_values,
+    build_algo,
+    fit,
+    frame_arrays,
+    make_evaluators,
+    pick_device,
+    quiet_d3rlpy,
+    split_episodes,
+)
+from linkwise.pipelines._run import training_run
 from linkwise.pipelines.experiment import Experiment, TrainingPlan
 from linkwise.pipelines.ppo import train_ppo
-from linkwise.pipelines.train import train
+from linkwise.pipelines.selection import Candidate, log_selection, select
+from linkwise.pipelines.train import heldout_report, load_training_data, train
 
-__all__ = ["CONFIGS", "heldout_share", "train_config", "train_offline", "train_online"]
+__all__ = [
+    "CONFIGS",
+    "Validate",
+    "candidate_configs",
+    "heldout_share",
+    "train_checkpoints",
+    "train_config",
+    "train_offline",
+    "train_online",
+]
 
 CONFIGS = Path(__file__).resolve().parents[1] / "models" / "experiments"
 BC_TOML = CONFIGS / "demo_bc.toml"
 CQL_TOML = CONFIGS / "demo_cql.toml"
 PPO_TOML = CONFIGS / "ppo.toml"
 
+# label -> package folder  ->  label -> validation average JCT (None: a failed candidate)
+Validate = Callable[[Mapping[str, str]], Mapping[str, float | None]]
+
 
 def train_config(
-    toml: str | Path, dataset_path: str, *, n_steps: int, per_epoch: int
+    toml: str | Path,
+    dataset_path: str,
+    *,
+    n_steps: int,
+    per_epoch: int,
+    overrides: Mapping[str, Any] | None = None,
 ) -> TrainConfig:
-    """A training configuration: the TOML with the built dataset and ``n_steps`` (a whole
-    number of epochs of ``per_epoch`` steps, at least one)."""
+    """A training configuration: the TOML with the built dataset, its ``[train]`` table
+    updated by ``overrides`` and ``n_steps`` (a whole number of epochs of ``per_epoch``
+    steps, at least one)."""
     data = tomllib.loads(Path(toml).read_text())
     data["dataset"] = {**data.get("dataset", {}), "path": dataset_path}
     per = min(per_epoch, n_steps)
     steps = max(per, n_steps // per * per)
-    data["train"] = {**data.get("train", {}), "n_steps": steps, "n_steps_per_epoch": per}
+    data["train"] = {
+        **data.get("train", {}),
+        **(overrides or {}),
+        "n_steps": steps,
+        "n_steps_per_epoch": per,
+    }
     return TrainConfig.from_mapping(data, base=Path(toml).parent, source=str(toml))
 
 
 def heldout_share(dataset_path: str) -> float:
     """The share of the dataset's episodes training held out (CQL's; FQE runs on them)."""
     return float(train_config(CQL_TOML, dataset_path, n_steps=1, per_epoch=1).dataset.holdout)
+
+
+def candidate_configs(
+    algo: str, dataset_path: str, plan: TrainingPlan, seed: int
+) -> list[TrainConfig]:
+    """The runs of one algorithm: a configuration per training seed (``seed`` plus each of
+    ``plan.train_seeds``) and, for CQL, per alpha of ``plan.cql_alphas`` (alphas outer)."""
+    toml, steps = (BC_TOML, plan.bc_steps) if algo == "bc" else (CQL_TOML, plan.cql_steps)
+    base = train_config(
+        toml, dataset_path, n_steps=steps, per_epoch=plan.steps_per_epoch, overrides=plan.train
+    )
+    alphas = plan.cql_alphas if algo == "cql" and plan.cql_alphas else (base.params.alpha,)
+    return [
+        replace(base, seed=seed + offset, params=replace(base.params, alpha=float(alpha)))
+        for alpha in alphas
+        for offset in plan.train_seeds
+    ]
+
+
+def train_checkpoints(cfg: TrainConfig, *, uri: str, out: Path) -> list[Candidate]:
+    """Train ``cfg`` as ``pipelines.train.train`` does (one MLflow run, the same split,
+    evaluators and package), writing a package every ``n_steps_per_epoch`` steps into
+    ``out/packages/RUN_ID/step_NNNNNN``; nothing is registered. The checkpoints in step
+    order, each with its held-out action match."""
+    mlflow_env()
+    df, manifest, spec = load_training_data(cfg, out)
+    cfg = cfg.with_mdp(spec.config)
+    import d3rlpy  # type: ignore[import-untyped]
+
+    train_df, held_df = split_episodes(df, cfg.dataset.holdout, cfg.seed)
+    with quiet_d3rlpy():
+        masks = cfg.params.masked
+        train_ds = to_mdp_dataset(train_df, spec, masks=masks)
+        held_ds = to_mdp_dataset(held_df, spec, masks=masks) if held_df.height else None
+    held = frame_arrays(held_df, spec) if held_df.height else None
+    device = pick_device(cfg.device)
+    params = {
+        "dataset.hash": str(manifest["hash"]),
+        "dataset.path": str(manifest["path"]),
+        "dataset.obs_spec_version": spec.version,
+        "dataset.train_transitions": str(train_df.height),
+        "dataset.heldout_transitions": str(held_df.height),
+        "device": device,
+        "checkpoint_every": str(cfg.params.n_steps_per_epoch),
+    }
+    out_candidates: list[Candidate] = []
+    with training_run(
+        cfg, tracking_uri=uri, algo=cfg.algo, data_hash=manifest["hash"], params=params,
+        dataset=manifest,
+    ) as run:  # fmt: skip
+        d3rlpy.seed(cfg.seed)
+        algo = build_algo(cfg.algo, cfg.params, device)
+        t0 = time.perf_counter()
+
+        def on_step(fitted: Any, _epoch: int, step: int) -> None:
+            if step % cfg.params.n_steps_per_epoch:
+                return
+            pkg = save_package(
+                fitted, spec, manifest, out / "packages" / run.run_id / f"step_{step:06d}",
+                meta={**run.package_meta(), "checkpoint_step": step},
+            )  # fmt: skip
+            report = (
+                heldout_report(action_values(fitted, held[0]), held[1], held[2],
+                               spec.config.wait_action)
+                if held is not None else {}
+            )  # fmt: skip
+            out_candidates.append(
+                Candidate(
+                    algo=cfg.algo,
+                    seed=cfg.seed,
+                    alpha=cfg.params.alpha if cfg.algo == "cql" else None,
+                    step=step,
+                    package_dir=str(pkg),
+                    run_id=run.run_id,
+                    seconds=time.perf_counter() - t0,
+                    heldout_action_match=report.get("heldout_action_match"),
+                    heldout_chance=report.get("heldout_chance"),
+                )
+            )
+
+        fit(
+            algo,
+            train_ds,
+            cfg.params,
+            evaluators=make_evaluators(cfg.algo, held_ds, held),
+            adapter=MlflowAdapterFactory(run.client, run.run_id),
+            callback=on_step,
+            experiment_name=cfg.name,
+        )
+    return out_candidates
 
 
 def train_offline(
@@ -54,27 +191,74 @@ def train_offline(
     uri: str,
     out: Path,
     console: Console,
+    validate: Validate | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """BC, then CQL (``@challenger``) on the dataset; their model entries by algorithm."""
+    """BC, then CQL (``@challenger``) on the dataset; their model entries by algorithm. With
+    ``plan.validation_windows`` every checkpoint of every candidate run is scored by
+    ``validate`` and the best is registered (the entry's ``selection`` says which and lists
+    them all)."""
+    if plan.validation_windows and validate is None:
+        raise ValueError("validation_windows > 0 needs a validate function")
     models: dict[str, dict[str, Any]] = {}
-    for algo, toml, steps in (("bc", BC_TOML, plan.bc_steps), ("cql", CQL_TOML, plan.cql_steps)):
-        cfg = train_config(toml, dataset_path, n_steps=steps, per_epoch=plan.steps_per_epoch)
-        res = train(replace(cfg, seed=seed), tracking_uri=uri, out_dir=out / "train")
-        models[algo] = {
-            "model_name": MODEL_NAME,
-            "version": res.model_version,
-            "run_id": res.run_id,
-            "package_dir": res.package_dir,
-            "steps": res.steps,
-            "seconds": res.seconds,
-            "heldout_action_match": res.metrics.get("heldout_action_match"),
-            "heldout_chance": res.metrics.get("heldout_chance"),
-        }
+    for algo in ("bc", "cql"):
+        cfgs = candidate_configs(algo, dataset_path, plan, seed)
+        if validate is None:
+            models[algo] = _train_last(cfgs[0], uri=uri, out=out)
+        else:
+            models[algo] = _train_selected(cfgs, validate, uri=uri, out=out, console=console)
+        m = models[algo]
         console.print(
-            f"{algo}: version {res.model_version}, {res.steps} steps in {res.seconds:.0f} s, "
-            f"held-out action match {res.metrics.get('heldout_action_match', math.nan):.3f}"
+            f"{algo}: version {m['version']}, {m['steps']} steps in {m['seconds']:.0f} s, "
+            f"held-out action match {m['heldout_action_match'] or math.nan:.3f}"
         )
     return models
+
+
+def _train_last(cfg: TrainConfig, *, uri: str, out: Path) -> dict[str, Any]:
+    """One run, its last step registered: the model entry."""
+    res = train(cfg, tracking_uri=uri, out_dir=out / "train", progress=False)
+    return {
+        "model_name": MODEL_NAME,
+        "version": res.model_version,
+        "run_id": res.run_id,
+        "package_dir": res.package_dir,
+        "steps": res.steps,
+        "seconds": res.seconds,
+        "heldout_action_match": res.metrics.get("heldout_action_match"),
+        "heldout_chance": res.metrics.get("heldout_chance"),
+    }
+
+
+def _train_selected(
+    cfgs: list[TrainConfig], validate: Validate, *, uri: str, out: Path, console: Console
+) -> dict[str, Any]:
+    """Every configuration with checkpoints, each checkpoint scored by ``validate``, the
+    best registered (``cfg.model_name``, ``@challenger``): the model entry with its
+    ``selection``."""
+    t0 = time.perf_counter()
+    candidates = [c for cfg in cfgs for c in train_checkpoints(cfg, uri=uri, out=out / "train")]
+    train_s = time.perf_counter() - t0
+    scores = validate({c.label: c.package_dir for c in candidates})
+    validate_s = time.perf_counter() - t0 - train_s
+    selection = select(candidates, scores, train_s=train_s, validate_s=validate_s)
+    best = selection.chosen
+    name = cfgs[0].model_name if cfgs[0].register else None
+    reg = log_policy(best.package_dir, run_id=best.run_id, tracking_uri=uri, name=name)
+    files = log_selection(selection, uri=uri, out=out / f"selection_{best.algo}")
+    console.print(selection.format())
+    return {
+        "model_name": reg.name,
+        "version": reg.version,
+        "run_id": best.run_id,
+        "package_dir": best.package_dir,
+        "steps": best.step,
+        "seconds": selection.train_s + selection.validate_s,
+        "heldout_action_match": best.heldout_action_match,
+        "heldout_chance": best.heldout_chance,
+        "seed": best.seed,
+        "alpha": best.alpha,
+        "selection": {**selection.to_json(), "files": files},
+    }
 
 
 def train_online(
