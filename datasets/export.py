@@ -247,15 +247,20 @@ def read_dataset(path: str | Path) -> tuple[pl.DataFrame, dict[str, Any]]:
 
 
 def to_mdp_dataset(df: pl.DataFrame, spec: ObsSpec, *, masks: bool = False) -> Any:
-    """A discrete ``d3rlpy.dataset.MDPDataset`` (``action_size = spec.n_actions``) of the
+    """A discrete d3rlpy dataset (a ``ReplayBuffer``, ``action_size = spec.n_actions``) of the
     frame in canonical order: each episode's last step is a terminal when the episode ended,
     a timeout when it was cut.
 
     With ``masks``, each observation is d3rlpy's tuple ``(obs, mask)``: the step's action mask
     as 0/1 float32 ``(N, n_actions)``, so a sampled transition's next observation carries the
     next state's mask (a terminal's next observation is all zeros: nothing allowed); what
-    ``models.masked`` trains on. A logged action its own mask forbids is refused."""
+    ``models.masked`` trains on. A logged action its own mask forbids is refused.
+
+    The episodes are ``datasets.credit_buffer.TimedEpisode`` (each step's time to the next
+    decision point), for ``with_credit``; d3rlpy's default transition picker ignores that."""
     import d3rlpy  # type: ignore[import-untyped]
+
+    from linkwise.datasets.credit_buffer import timed_dataset
 
     check_frame(df)
     _check_dims(df, spec)
@@ -274,7 +279,7 @@ def to_mdp_dataset(df: pl.DataFrame, spec: ObsSpec, *, masks: bool = False) -> A
                 f"episode {first['episode']!r} step {first['step']} action {first['action']}"
             )
         observations = [observations, allowed.astype(np.float32)]
-    return d3rlpy.dataset.MDPDataset(
+    dataset = d3rlpy.dataset.MDPDataset(
         observations=observations,
         actions=actions,
         rewards=canon["reward"].to_numpy().astype(np.float32),
@@ -283,6 +288,7 @@ def to_mdp_dataset(df: pl.DataFrame, spec: ObsSpec, *, masks: bool = False) -> A
         action_space=d3rlpy.ActionSpace.DISCRETE,
         action_size=spec.n_actions,
     )
+    return timed_dataset(dataset, canon)
 
 
 def log_to_mlflow(

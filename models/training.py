@@ -17,6 +17,11 @@ of ``models.masked`` and the dataset carries each step's mask in its observation
 conservative term and BC's softmax range over allowed actions only; ``masked = false`` in
 ``[train]`` trains d3rlpy's stock algorithms on the observations alone.
 
+Credit (``discount``, ``horizon_s``, ``n_step``, ``reward_baseline`` in ``[train]``,
+``datasets.credit``): CQL's targets with ``gamma`` per ``horizon_s`` of simulated time
+instead of per step, n-step returns and the episode-mean reward baseline; the defaults
+("step", 1, "none") are d3rlpy's one-step target.
+
 Evaluators (on held-out episodes): ``td_error`` and ``initial_state_value`` (Q-learning
 only: d3rlpy's DiscreteBC has no value), ``action_match`` (d3rlpy's greedy action vs the
 logged one: unmasked, or over allowed actions when trained with masks) and
@@ -44,6 +49,7 @@ import polars as pl
 
 from linkwise.cluster.mdp import MdpConfig, ObsSpec, obs_layout
 from linkwise.cluster.topology import DEFAULT_TOPOLOGY
+from linkwise.datasets.credit import Credit
 from linkwise.datasets.transitions import list_column_array
 from linkwise.models.config import check_keys, config_digest, resolve_path
 from linkwise.models.learned import _value_module, masked_argmax
@@ -103,9 +109,24 @@ class AlgoConfig:
     n_critics: int = 2
     target_update_interval: int = 500
     masked: bool = True
+    discount: str = "step"  # "step": gamma per step; "time": gamma per horizon_s simulated
+    horizon_s: float = 3600.0
+    n_step: int = 1
+    reward_baseline: str = "none"  # "none" | "episode_mean" (datasets.credit)
     network: str = "mlp"
     row_hidden: tuple[int, ...] = (64, 64)
     head_hidden: tuple[int, ...] = (64,)
+
+    def credit(self) -> Credit:
+        """How CQL's targets credit rewards (``datasets.credit``; the defaults are d3rlpy's
+        one-step target with ``gamma`` per step)."""
+        return Credit(
+            gamma=self.gamma,
+            discount=self.discount,
+            horizon_s=self.horizon_s,
+            n_step=self.n_step,
+            baseline=self.reward_baseline,
+        )
 
     def __post_init__(self) -> None:
         if self.n_steps <= 0 or self.n_steps_per_epoch <= 0 or self.batch_size <= 0:
@@ -120,6 +141,7 @@ class AlgoConfig:
             raise ValueError("n_critics and target_update_interval positive, alpha >= 0")
         if not isinstance(self.masked, bool):
             raise ValueError(f"masked must be true or false, got {self.masked!r}")
+        self.credit()  # refuses invalid discount, horizon_s, n_step, reward_baseline
         if self.network not in NETWORKS:
             raise ValueError(f"network must be one of {NETWORKS}, got {self.network!r}")
         if self.network == "rows" and not self.masked:
@@ -566,7 +588,10 @@ def fit(
     """``algo.fit`` with the adapter, no progress bar and no files; (epoch, metrics) list.
 
     A masked algorithm (``params.masked``) on a dataset without masks trains as an unmasked
-    one (a warning says so); an unmasked one on a dataset with masks is refused."""
+    one (a warning says so); an unmasked one on a dataset with masks is refused. The
+    dataset is sampled with ``params.credit()`` (``datasets.credit_buffer.with_credit``)."""
+    from linkwise.datasets.credit_buffer import with_credit
+
     has_masks = dataset_has_masks(train)
     if is_masked(algo) and not has_masks:
         warnings.warn(
@@ -581,7 +606,7 @@ def fit(
         )
     with quiet_d3rlpy():
         out: Sequence[tuple[int, dict[str, float]]] = algo.fit(
-            train,
+            with_credit(train, params.credit()),
             n_steps=params.n_steps,
             n_steps_per_epoch=params.n_steps_per_epoch,
             evaluators=dict(evaluators),
