@@ -354,13 +354,20 @@ def _validation_windows(
     db: Path, slurm_cluster: str, topo: Topology, exp: Experiment, until: float
 ) -> list[Window]:
     """The training span's last ``validation_windows`` windows before ``until`` on the
-    evaluation's grid (``pipelines.selection.validation_windows``); none without."""
+    evaluation's grid (``pipelines.selection.validation_windows``); none without. ValueError
+    when the held-out part has fewer busy windows than the evaluation takes."""
     n = training_plan(exp).validation_windows
     if n <= 0:
         return []
     with closing(open_store(db)) as con:
         jobs = jobs_from_store(con, cluster=slurm_cluster)
     cut = cut_windows(jobs, exp.windows.window_s, max_gpus=topo.total_gpus)
+    held = [w for w in cut if w.start >= until and len(w.jobs) >= exp.windows.min_jobs]
+    if len(held) < exp.evaluation.heldout_windows:  # refused before training, not after
+        raise ValueError(
+            f"{len(held)} held-out windows of {exp.windows.min_jobs}+ jobs: the evaluation "
+            f"would take validation windows to make {exp.evaluation.heldout_windows}"
+        )
     return validation_windows(cut, until, n, exp.windows.min_jobs)
 
 

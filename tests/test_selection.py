@@ -105,10 +105,12 @@ SWEEP = replace(
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> DemoResult:
-    """The ci demo with two CQL alphas choosing their checkpoint on one validation window."""
+    """The ci demo with two CQL alphas choosing their checkpoint on one validation window
+    (about 60 s of CPU: marked slow like ``test_demo.py``)."""
     return run_demo(tmp_path_factory.mktemp("sel"), experiment=SWEEP, progress=False)
 
 
+@pytest.mark.slow
 def test_validation_window_lies_in_the_training_span_before_the_held_out_ones(
     demo: DemoResult,
 ) -> None:
@@ -122,6 +124,7 @@ def test_validation_window_lies_in_the_training_span_before_the_held_out_ones(
         assert span["end"] <= val["start"]
 
 
+@pytest.mark.slow
 def test_every_checkpoint_is_scored_and_the_lowest_is_promoted(demo: DemoResult) -> None:
     plan = SWEEP.training
     assert plan is not None
@@ -138,6 +141,13 @@ def test_every_checkpoint_is_scored_and_the_lowest_is_promoted(demo: DemoResult)
         assert (model["steps"], model["alpha"]) == (best["step"], best["alpha"])
         assert Path(sel["files"]["plot"]).stat().st_size > 0
         assert json.loads(Path(sel["files"]["table"]).read_text())["table"] == rows
+    # every checkpoint's score is in its MLflow run at its step
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=demo.tracking_uri)
+    for row in demo.selection["cql"]["table"]:
+        history = client.get_metric_history(row["run_id"], "validation_avg_jct_s")
+        assert {(m.step, m.value) for m in history} >= {(row["step"], row["val_avg_jct_s"])}
     # @challenger is CQL's chosen checkpoint, byte for byte
     version, _ = resolve_version("models:/linkwise-policy@challenger", demo.tracking_uri)
     assert str(version.version) == demo.models["cql"]["version"]
