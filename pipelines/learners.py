@@ -142,7 +142,7 @@ def train_checkpoints(cfg: TrainConfig, *, uri: str, out: Path) -> list[Candidat
         dataset=manifest,
     ) as run:  # fmt: skip
         d3rlpy.seed(cfg.seed)
-        algo = build_algo(cfg.algo, cfg.params, device)
+        algo = build_algo(cfg.algo, cfg.params, device, spec=spec)
         t0 = time.perf_counter()
 
         def on_step(fitted: Any, _epoch: int, step: int) -> None:

@@ -6,18 +6,39 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
-from linkwise.datasets.rollouts import Window
+from linkwise.cluster.mdp import make_spec
+from linkwise.cluster.topology import from_spec
+from linkwise.datasets.export import export_dataset
+from linkwise.datasets.prediction import predictor_record
+from linkwise.datasets.rollouts import (
+    Window,
+    cut_windows,
+    jobs_from_trace,
+    make_tasks,
+    run_rollouts,
+)
+from linkwise.datasets.windows import choose_windows
 from linkwise.models.learned import verify_checksums
 from linkwise.models.registry import resolve_version
 from linkwise.pipelines.demo import DemoResult, run_demo
 from linkwise.pipelines.experiment import DEMO_CI, TrainingPlan
-from linkwise.pipelines.learners import candidate_configs
+from linkwise.pipelines.learners import candidate_configs, train_offline
 from linkwise.pipelines.selection import Candidate, select, validation_windows
+
+PHILLY = (
+    Path(__file__).resolve().parents[2]
+    / "shared"
+    / "data"
+    / "traces"
+    / ("philly_2017-09-04_2017-10-15.csv")
+)
 
 
 def _cand(alpha: float, seed: int, step: int) -> Candidate:
@@ -157,3 +178,55 @@ def test_every_checkpoint_is_scored_and_the_lowest_is_promoted(demo: DemoResult)
         == demo.models["cql"]["steps"]
     )
     verify_checksums(pkg)
+
+
+@pytest.fixture(scope="module")
+def tiny_dataset(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """best_fit rollouts on two busy hours of the Philly arrivals (``DEMO_CI``'s MDP)."""
+    wins = choose_windows(
+        cut_windows(jobs_from_trace(PHILLY), 3600.0, max_gpus=64), n=2, min_jobs=20
+    )
+    tasks = make_tasks(wins, ["best_fit"], [0], from_spec("8x8,leaf=2"), config=DEMO_CI.mdp)
+    sources = {"predictor": predictor_record(tasks[0].predictor, {"fit_on": "the windows"})}
+    spec = make_spec(DEMO_CI.mdp)
+    out = export_dataset(run_rollouts(tasks), spec, sources, tmp_path_factory.mktemp("data"))
+    return str(out["path"])
+
+
+def test_train_offline_registers_the_checkpoint_validation_chose(
+    tiny_dataset: str, tmp_path: Path
+) -> None:
+    plan = TrainingPlan(
+        bc_steps=20, cql_steps=20, steps_per_epoch=10, cql_alphas=(0.5, 2.0),
+        validation_windows=1, train={"batch_size": 32, "hidden_units": [16]},
+    )  # fmt: skip
+    want = {"bc": "bc-s0-step10", "cql": "cql-a2-s0-step10"}  # not the last of anything
+    seen: list[dict[str, str]] = []
+
+    def validate(packages: Mapping[str, str]) -> dict[str, float | None]:
+        seen.append(dict(packages))
+        return {k: 1.0 if k in want.values() else 5.0 for k in packages}
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    models = train_offline(
+        tiny_dataset, plan, seed=0, uri=uri, out=tmp_path, console=Console(quiet=True),
+        validate=validate,
+    )  # fmt: skip
+    assert [sorted(s) for s in seen] == [
+        ["bc-s0-step10", "bc-s0-step20"],
+        sorted(f"cql-a{a}-s0-step{t}" for a in ("0.5", "2") for t in (10, 20)),
+    ]
+    for algo, label in want.items():
+        m = models[algo]
+        assert m["selection"]["chosen"]["label"] == label
+        assert m["package_dir"] == seen[0 if algo == "bc" else 1][label]
+        assert m["steps"] == 10
+    assert models["cql"]["alpha"] == 2.0
+    version, _ = resolve_version("models:/linkwise-policy@challenger", uri)
+    assert str(version.version) == models["cql"]["version"]
+    assert (
+        json.loads((Path(models["cql"]["package_dir"]) / "policy.json").read_text())["config"][
+            "params"
+        ]["alpha"]
+        == 2.0
+    )
