@@ -231,7 +231,7 @@ def train(
         dataset=manifest,
     ) as run:
         d3rlpy.seed(cfg.seed)
-        algo = build_algo(cfg.algo, cfg.params, device)
+        algo = build_algo(cfg.algo, cfg.params, device, spec=spec)
         factory = MlflowAdapterFactory(run.client, run.run_id)
         evaluators = make_evaluators(cfg.algo, held_ds, held)
         n_steps = cfg.params.n_steps
