@@ -51,6 +51,15 @@ def canonical_frame(df: pl.DataFrame) -> pl.DataFrame:
     return df.sort("source", "episode", "step", maintain_order=True)
 
 
+def _with_transitions(canon: pl.DataFrame) -> pl.DataFrame:
+    """The canonical frame without the episodes that give d3rlpy no transition: one step cut
+    by a timeout (no next state). d3rlpy leaves them out of its episodes, so they are left
+    out here too, and the frame's episodes stay those of the dataset."""
+    one = canon.group_by("episode").agg(pl.len().alias("n"), pl.col("terminal").any())
+    empty = one.filter((pl.col("n") == 1) & ~pl.col("terminal"))["episode"]
+    return canon.filter(~pl.col("episode").is_in(empty.implode())) if empty.len() else canon
+
+
 def _list_parts(col: pl.Series) -> tuple[np.ndarray, np.ndarray]:
     """(lengths, flattened values) of a list column without nulls."""
     lens = col.list.len().to_numpy().astype("<i8")
@@ -266,7 +275,9 @@ def to_mdp_dataset(df: pl.DataFrame, spec: ObsSpec, *, masks: bool = False) -> A
     _check_dims(df, spec)
     if df.is_empty():
         raise ValueError("cannot build an MDPDataset from no transitions")
-    canon = canonical_frame(df)
+    canon = _with_transitions(canonical_frame(df))
+    if canon.is_empty():
+        raise ValueError("no episode has a transition (each is one step cut by a timeout)")
     observations: Any = list_column_array(canon, "obs", spec.dim, np.float32)
     actions = canon["action"].to_numpy().astype(np.int64)
     if masks:

@@ -22,27 +22,15 @@ from typing import Any
 
 from rich.console import Console
 
-from linkwise.datasets.export import to_mdp_dataset
-from linkwise.models.learned import save_package
 from linkwise.models.ppo import PpoConfig
-from linkwise.models.registry import MODEL_NAME, log_policy, mlflow_env
+from linkwise.models.registry import MODEL_NAME, log_policy
 from linkwise.models.training import (
-    MlflowAdapterFactory,
     TrainConfig,
-    action_values,
-    build_algo,
-    fit,
-    frame_arrays,
-    make_evaluators,
-    pick_device,
-    quiet_d3rlpy,
-    split_episodes,
 )
-from linkwise.pipelines._run import training_run
 from linkwise.pipelines.experiment import Experiment, TrainingPlan
 from linkwise.pipelines.ppo import train_ppo
 from linkwise.pipelines.selection import Candidate, log_selection, select
-from linkwise.pipelines.train import heldout_report, load_training_data, train
+from linkwise.pipelines.train import train
 
 __all__ = [
     "CONFIGS",
@@ -111,76 +99,31 @@ def candidate_configs(
 
 
 def train_checkpoints(cfg: TrainConfig, *, uri: str, out: Path) -> list[Candidate]:
-    """Train ``cfg`` as ``pipelines.train.train`` does (one MLflow run, the same split,
-    evaluators and package), writing a package every ``n_steps_per_epoch`` steps into
-    ``out/packages/RUN_ID/step_NNNNNN``; nothing is registered. The checkpoints in step
-    order, each with its held-out action match."""
-    mlflow_env()
-    df, manifest, spec = load_training_data(cfg, out)
-    cfg = cfg.with_mdp(spec.config)
-    import d3rlpy  # type: ignore[import-untyped]
-
-    train_df, held_df = split_episodes(df, cfg.dataset.holdout, cfg.seed)
-    with quiet_d3rlpy():
-        masks = cfg.params.masked
-        train_ds = to_mdp_dataset(train_df, spec, masks=masks)
-        held_ds = to_mdp_dataset(held_df, spec, masks=masks) if held_df.height else None
-    held = frame_arrays(held_df, spec) if held_df.height else None
-    device = pick_device(cfg.device)
-    params = {
-        "dataset.hash": str(manifest["hash"]),
-        "dataset.path": str(manifest["path"]),
-        "dataset.obs_spec_version": spec.version,
-        "dataset.train_transitions": str(train_df.height),
-        "dataset.heldout_transitions": str(held_df.height),
-        "device": device,
-        "checkpoint_every": str(cfg.params.n_steps_per_epoch),
-    }
-    out_candidates: list[Candidate] = []
-    with training_run(
-        cfg, tracking_uri=uri, algo=cfg.algo, data_hash=manifest["hash"], params=params,
-        dataset=manifest,
-    ) as run:  # fmt: skip
-        d3rlpy.seed(cfg.seed)
-        algo = build_algo(cfg.algo, cfg.params, device, spec=spec)
-        t0 = time.perf_counter()
-
-        def on_step(fitted: Any, _epoch: int, step: int) -> None:
-            if step % cfg.params.n_steps_per_epoch:
-                return
-            pkg = save_package(
-                fitted, spec, manifest, out / "packages" / run.run_id / f"step_{step:06d}",
-                meta={**run.package_meta(), "checkpoint_step": step},
-            )  # fmt: skip
-            report = (
-                heldout_report(action_values(fitted, held[0]), held[1], held[2],
-                               spec.config.wait_action)
-                if held is not None else {}
-            )  # fmt: skip
-            out_candidates.append(
-                Candidate(
-                    algo=cfg.algo,
-                    seed=cfg.seed,
-                    alpha=cfg.params.alpha if cfg.algo == "cql" else None,
-                    step=step,
-                    package_dir=str(pkg),
-                    run_id=run.run_id,
-                    seconds=time.perf_counter() - t0,
-                    heldout_action_match=report.get("heldout_action_match"),
-                    heldout_chance=report.get("heldout_chance"),
-                )
-            )
-
-        fit(
-            algo,
-            train_ds,
-            cfg.params,
-            evaluators=make_evaluators(cfg.algo, held_ds, held),
-            adapter=MlflowAdapterFactory(run.client, run.run_id),
-            callback=on_step,
-            experiment_name=cfg.name,
+    """Train ``cfg`` (``pipelines.train.train``, nothing registered) with a package every
+    ``n_steps_per_epoch`` steps into ``out/packages/RUN_ID/step_NNNNNN``: the checkpoints in
+    step order, each with its held-out action match."""
+    res = train(
+        cfg,
+        tracking_uri=uri,
+        out_dir=out,
+        register=False,
+        progress=False,
+        checkpoint_every=cfg.params.n_steps_per_epoch,
+    )
+    return [
+        Candidate(
+            algo=cfg.algo,
+            seed=cfg.seed,
+            alpha=cfg.params.alpha if cfg.algo == "cql" else None,
+            step=c.step,
+            package_dir=c.package_dir,
+            run_id=res.run_id,
+            seconds=c.seconds,
+            heldout_action_match=c.heldout.get("heldout_action_match"),
+            heldout_chance=c.heldout.get("heldout_chance"),
         )
-    return out_candidates
+        for c in res.checkpoints
+    ]
 
 
 def train_offline(

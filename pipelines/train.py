@@ -65,6 +65,16 @@ __all__ = [
 
 
 @dataclass(frozen=True)
+class Checkpoint:
+    """A package written during training (``train(checkpoint_every=)``)."""
+
+    step: int
+    package_dir: str
+    seconds: float  # training time up to this step
+    heldout: dict[str, float] = field(default_factory=dict)  # ``heldout_report`` at this step
+
+
+@dataclass(frozen=True)
 class TrainResult:
     """What a training run produced."""
 
@@ -87,6 +97,7 @@ class TrainResult:
     seconds: float
     steps_per_s: float
     metrics: dict[str, float] = field(default_factory=dict)
+    checkpoints: tuple[Checkpoint, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -191,9 +202,14 @@ def train(
     out_dir: str | Path = "linkwise-out/train",
     register: bool | None = None,
     progress: bool = True,
+    checkpoint_every: int = 0,
 ) -> TrainResult:
     """Train the configured policy, track it in MLflow and (unless ``register`` is False or
-    the configuration says so) register it as ``model_name`` with alias ``challenger``."""
+    the configuration says so) register it as ``model_name`` with alias ``challenger``.
+
+    ``checkpoint_every`` > 0: a package every that many steps as well, into
+    ``out_dir/packages/RUN_ID/step_NNNNNN`` (``policy.json``'s ``checkpoint_step``), listed
+    in ``TrainResult.checkpoints`` with its held-out report; the last one is the run's package."""
 
     mlflow_env()
     t0 = time.perf_counter()
@@ -222,6 +238,9 @@ def train(
         "dataset.heldout_transitions": str(held_df.height),
         "device": device,
     }
+    if checkpoint_every:
+        params["checkpoint_every"] = str(checkpoint_every)
+    checkpoints: list[Checkpoint] = []
     with training_run(
         cfg,
         tracking_uri=uri,
@@ -238,9 +257,27 @@ def train(
         with progress_bar(progress) as bar:
             task = bar.add_task(f"{cfg.algo} {cfg.name}", total=n_steps, info="")
 
-            def on_step(_algo: Any, epoch: int, step: int) -> None:
+            def on_step(fitted: Any, epoch: int, step: int) -> None:
                 bar.update(task, completed=step, info=f"epoch {epoch}")
+                if checkpoint_every and step % checkpoint_every == 0:
+                    pkg = save_package(
+                        fitted,
+                        spec,
+                        manifest,
+                        out / "packages" / run.run_id / f"step_{step:06d}",
+                        meta={**run.package_meta(), "checkpoint_step": step},
+                    )
+                    report = (
+                        heldout_report(
+                            action_values(fitted, held[0]), held[1], held[2], wait_action
+                        )
+                        if held is not None
+                        else {}
+                    )
+                    seconds = time.perf_counter() - t_fit
+                    checkpoints.append(Checkpoint(step, str(pkg), seconds, report))
 
+            wait_action = spec.config.wait_action
             t_fit = time.perf_counter()
             epochs = fit(
                 algo,
@@ -261,13 +298,12 @@ def train(
         run.log_final(final, n_steps)
         metrics: dict[str, float] = {**(dict(epochs[-1][1]) if epochs else {}), **final}
 
-        pkg = save_package(
-            algo,
-            spec,
-            manifest,
-            out / "packages" / run.run_id,
-            meta=run.package_meta(),
-        )
+        if checkpoints and checkpoints[-1].step == n_steps:
+            pkg = Path(checkpoints[-1].package_dir)
+        else:
+            pkg = save_package(
+                algo, spec, manifest, out / "packages" / run.run_id, meta=run.package_meta()
+            )
         reg = run.register_package(pkg, register)
     seconds = time.perf_counter() - t0
     return TrainResult(
@@ -290,6 +326,7 @@ def train(
         seconds=seconds,
         steps_per_s=metrics["steps_per_s"],
         metrics={k: float(v) for k, v in metrics.items()},
+        checkpoints=tuple(checkpoints),
     )
 
 

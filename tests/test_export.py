@@ -125,6 +125,28 @@ def test_mdp_dataset_round_trip(frame: pl.DataFrame) -> None:
         to_mdp_dataset(frame, make_spec(MdpConfig(k_slots=5)))
 
 
+def test_one_step_cut_episodes_are_left_out_and_the_rest_line_up(frame: pl.DataFrame) -> None:
+    """A log window cut after one step gives d3rlpy no transition (no next state): it is left
+    out, and every other episode keeps its own times and rewards (they used to shift)."""
+    canon = canonical_frame(frame)
+    first = canon["episode"][0]
+    row = canon.filter(pl.col("episode") == first).head(1)
+    lone = row.with_columns(
+        pl.lit("log/lone").alias("episode"),
+        pl.lit(False).alias("terminal"),
+        pl.lit(True).alias("timeout"),
+    )
+    with_lone = pl.concat([lone, frame], how="vertical_relaxed")
+    ds = to_mdp_dataset(with_lone, SPEC, masks=True)
+    plain = to_mdp_dataset(frame, SPEC, masks=True)
+    assert ds.size() == plain.size() == canon["episode"].n_unique()
+    for a, b in zip(ds.episodes, plain.episodes, strict=True):
+        np.testing.assert_array_equal(a.rewards, b.rewards)
+        np.testing.assert_array_equal(a.dts, b.dts)
+    with pytest.raises(ValueError, match="no episode has a transition"):
+        to_mdp_dataset(lone, SPEC)
+
+
 def test_mdp_dataset_with_masks(frame: pl.DataFrame) -> None:
     """``masks=True``: each observation is (obs, mask); a transition's next observation
     carries the next step's mask; a terminal's next observation allows nothing."""
