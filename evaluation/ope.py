@@ -6,8 +6,9 @@ the held-out episodes' initial states: ``estimate = mean_s0 Q^pi(s0, pi(s0))``. 
 stands what the behaviour policy actually got from the same initial states: its observed
 discounted return ``sum_t gamma^t r_t`` (``behaviour_return``), and FQE's own estimate for
 the behaviour policy (``behaviour_estimate``: the same machinery on the logged actions, so
-FQE's bias can be read off). FQE is fitted once per seed; ``estimate`` is the mean over
-seeds and ``spread`` their sample standard deviation.
+FQE's bias can be read off). FQE is fitted once per seed; ``estimate`` is the median over
+seeds (a seed whose fit diverged, as bootstrapping off the data's support can, does not
+move it) and ``spread`` their sample standard deviation.
 
 How the policy is queried. d3rlpy's FQE asks its ``algo`` for greedy actions at next
 observations (``algo.impl.predict_best_action(tensor)``; ``algo.predict(array)`` for the
@@ -94,7 +95,7 @@ class OpeResult:
     """One policy's off-policy evaluation (values in reward units; higher is better)."""
 
     policy: str
-    estimate: float  # mean over seeds of FQE's initial-state value
+    estimate: float  # median over seeds of FQE's initial-state value
     behaviour_return: float  # observed discounted return from the same initial states
     spread: float  # sample standard deviation of the estimate over seeds (0 for one seed)
     seeds: tuple[int, ...]
@@ -356,12 +357,12 @@ def _run_ope(
         values = behaviour if name == BEHAVIOUR else estimates(choose)
         out[name] = OpeResult(
             policy=name,
-            estimate=float(np.mean(values)),
+            estimate=float(np.median(values)),
             behaviour_return=observed,
             spread=float(np.std(values, ddof=1)) if len(values) > 1 else 0.0,
             seeds=tuple(int(s) for s in seeds),
             estimates=tuple(values),
-            behaviour_estimate=float(np.mean(behaviour)),
+            behaviour_estimate=float(np.median(behaviour)),
             episodes=n_ep,
             transitions=df.height,
             gamma=p.gamma,

@@ -108,14 +108,15 @@ def test_fqe_behaviour_close_to_observed_and_worse_policy_lower(
     res = run_ope(
         manifest["path"],
         {"always_wait": _linear_policy(wait, "always_wait")},
-        seeds=(0, 1),
+        seeds=(0, 1, 2),
         params=FQE,
     )
     table = ope_table(res)
     assert set(table) == {BEHAVIOUR, "always_wait"}
     for row in table.values():
         assert {"estimate", "behaviour_return", "spread", "seeds"} <= set(row)
-        assert row["seeds"] == [0, 1] and row["spread"] >= 0
+        assert row["seeds"] == [0, 1, 2] and row["spread"] >= 0
+        assert row["estimate"] == pytest.approx(float(np.median(row["estimates"])))
     b = res[BEHAVIOUR]
     observed = b.behaviour_return
     assert observed < 0 and b.episodes == frame["episode"].n_unique()
