@@ -51,6 +51,12 @@ def main() -> int:
         metavar="KEY=VALUE",
         help="a [train] override of both TOMLs (a TOML value: 0.95, true, [64, 64], 'mlp')",
     )
+    p.add_argument(
+        "--ship",
+        type=Path,
+        metavar="DIR",
+        help="copy the promoted CQL package into DIR (models/pretrained/SETTING), replacing it",
+    )
     args = p.parse_args()
 
     from dataclasses import asdict, replace
@@ -85,6 +91,12 @@ def main() -> int:
     (args.out / "result.json").write_text(json.dumps(out, indent=2, default=str) + "\n")
     for row in result.table:
         print(json.dumps(row, default=str))
+    if args.ship is not None:
+        import shutil
+
+        shutil.rmtree(args.ship, ignore_errors=True)
+        shutil.copytree(result.models["cql"]["package_dir"], args.ship)
+        print(f"shipped the promoted CQL package to {args.ship}")
     return 0
 
 

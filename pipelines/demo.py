@@ -539,7 +539,7 @@ def _evaluate(
             seed=seed,
         ),
     }
-    ws.console.print(f"work-conserving guard on the held-out windows: {evaluation['guard']}")
+    ws.console.print(f"the guard (aging) on the held-out windows: {evaluation['guard']}")
     return comparison_table(report, labels), evaluation, packages
 
 

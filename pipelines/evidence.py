@@ -1,6 +1,6 @@
 """Evidence about the learned policies beside the benchmark: FQE estimates on the dataset's
-held-out episodes (for the gate), and how often each policy's work-conserving guard
-overrode a wait on the held-out windows."""
+held-out episodes (for the gate), and how often each policy's guard (``models.learned``,
+aging by default) overrode a wait on the held-out windows."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def guard_overrides(
     seed: int = 0,
     calibration: str | None = None,
 ) -> dict[str, dict[str, int]]:
-    """How often each learned policy's work-conserving guard fired (label -> counts): each
+    """How often each learned policy's guard overrode a wait (label -> counts): each
     package (label -> folder) is run over every window's original arrivals from the store
     (``windows``: ``start``/``end``), counting ``wait_overrides``, starts and decision points
     (the benchmark's own cases are block-bootstrapped and keep no policy state)."""

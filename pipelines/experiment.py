@@ -151,6 +151,44 @@ class Experiment:
     min_gpus: int = 1  # jobs asking fewer GPUs are left out of the workload (multi-GPU only: 2)
 
 
+# Issue 16's recipe for the learners, shared by the honest benchmark's settings and the
+# embedded default (scaled down there).
+# The decision problem: 16 slots from the heads of four same-information orders, each with
+# SJF-BCO's span-bounded placement (wait for consolidation), the least-contention one and best
+# fit: 48 (job, placement) rows and wait, scored by one shared row network.
+LEARNING_MDP = MdpConfig(
+    k_slots=16,
+    slot_order="mixed",
+    generators=("bounded", "least_contention", "best_fit"),
+)
+# The behaviour data: the strongest same-information heuristics on every training day, with
+# exploration, three seeds, the backfill logs capped at a quarter of the transitions.
+LEARNING_DATA = DatasetPlan(
+    rollouts=None,
+    policies=("sjf_bco", "sjf_bco:lam=2", "qssf", "tiresias_las"),
+    epsilons=(0.1,),
+    seeds=(0, 1, 2),
+    max_steps=None,
+    log_window_s=86400.0,
+    log_share=0.25,
+)
+# Training: the row network, credit over hours (gamma 0.9 per hour of simulated time, 3-step
+# targets, the episode-mean baseline), checkpoints chosen on the last three training days.
+LEARNING_TRAINING = TrainingPlan(
+    bc_steps=4000,
+    cql_steps=8000,
+    steps_per_epoch=2000,
+    ppo_steps=0,
+    train={
+        "network": "rows",
+        "discount": "time",
+        "gamma": 0.9,
+        "horizon_s": 3600.0,
+        "n_step": 3,
+        "reward_baseline": "episode_mean",
+    },
+    validation_windows=3,
+)
 # The demo's slots are the first K pending jobs that fit the free GPUs ("fitting") rather than
 # the head of the queue ("head"), so fewer of a backfilling history's starts fall outside the
 # K slots (unslotted: applied without a step).
@@ -179,20 +217,22 @@ DEMO_CI = Experiment(
     workload=SyntheticWorkload(jobs=500),
 )
 
+# ``make demo``: issue 16's recipe on the embedded default, scaled to a 10-minute run (8 slots,
+# six rollout windows, two seeds, short training, two validation days).
 DEMO_FULL = Experiment(
     name="full",
     topology="16x8,leaf=4",
-    mdp=MdpConfig(k_slots=4, slot_order="fitting"),
+    mdp=replace(LEARNING_MDP, k_slots=8),
     windows=Windows(window_s=24 * 3600.0, block_s=3600.0, min_jobs=20),
-    dataset=DatasetPlan(
-        rollouts=6,
-        policies=("backfill", "best_fit", "sjf_bco", "tiresias_las"),
-        epsilons=(0.0, 0.1),
-        seeds=(0, 1),
-        max_steps=None,
-        log_window_s=24 * 3600.0,
+    dataset=replace(LEARNING_DATA, rollouts=6, seeds=(0, 1)),
+    training=replace(
+        LEARNING_TRAINING,
+        bc_steps=500,
+        cql_steps=1000,
+        steps_per_epoch=500,
+        ppo_steps=10_240,
+        validation_windows=2,
     ),
-    training=TrainingPlan(bc_steps=1000, cql_steps=2000, steps_per_epoch=250, ppo_steps=10_240),
     evaluation=EvaluationPlan(
         heldout_windows=3,
         seeds=(0, 1, 2),
@@ -269,42 +309,6 @@ DAILY = Experiment(
 # last week evaluated, one run-time predictor fit on the first part. The learners follow
 # issue 16's recipe (``LEARNING_MDP``, ``LEARNING_DATA``, ``LEARNING_TRAINING``); the cluster,
 # the workload and the evaluated days are issue 15's.
-# The decision problem: 16 slots from the heads of four same-information orders, each with
-# SJF-BCO's span-bounded placement (wait for consolidation), the least-contention one and best
-# fit: 48 (job, placement) rows and wait, scored by one shared row network.
-LEARNING_MDP = MdpConfig(
-    k_slots=16,
-    slot_order="mixed",
-    generators=("bounded", "least_contention", "best_fit"),
-)
-# The behaviour data: the strongest same-information heuristics on every training day, with
-# exploration, three seeds, the backfill logs capped at a quarter of the transitions.
-LEARNING_DATA = DatasetPlan(
-    rollouts=None,
-    policies=("sjf_bco", "sjf_bco:lam=2", "qssf", "tiresias_las"),
-    epsilons=(0.1,),
-    seeds=(0, 1, 2),
-    max_steps=None,
-    log_window_s=86400.0,
-    log_share=0.25,
-)
-# Training: the row network, credit over hours (gamma 0.9 per hour of simulated time, 3-step
-# targets, the episode-mean baseline), checkpoints chosen on the last three training days.
-LEARNING_TRAINING = TrainingPlan(
-    bc_steps=4000,
-    cql_steps=8000,
-    steps_per_epoch=2000,
-    ppo_steps=0,
-    train={
-        "network": "rows",
-        "discount": "time",
-        "gamma": 0.9,
-        "horizon_s": 3600.0,
-        "n_step": 3,
-        "reward_baseline": "episode_mean",
-    },
-    validation_windows=3,
-)
 # ``philly-all``: every job, on a cluster where queues form (88x8: backfill's mean queue on
 # the evaluated days 2.4 h, SJF-BCO at 1.32x the lower bound, in a whole-slice replay).
 PHILLY_ALL = replace(
