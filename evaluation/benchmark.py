@@ -171,6 +171,8 @@ class CaseResult:
     decisions: int
     latency_ms: dict[str, float]
     masked_actions: int | None
+    # a learned policy's guard: the waits it overrode on this case (None: no guard)
+    guard_overrides: int | None = None
 
     @property
     def case_id(self) -> str:
@@ -187,6 +189,7 @@ class CaseResult:
             "decisions": self.decisions,
             **{f"latency_ms_{k}": v for k, v in self.latency_ms.items()},
             "masked_actions": self.masked_actions,
+            "guard_overrides": self.guard_overrides,
         }
 
 
@@ -350,7 +353,14 @@ def run_task(task: BenchTask) -> CaseResult:
             "max": float(lat.max()),
         },
         masked_actions=probe.masked,
+        guard_overrides=_overrides(policy),
     )
+
+
+def _overrides(policy: Policy) -> int | None:
+    """The waits a learned policy's guard overrode (``LearnedPolicy.wait_overrides``)."""
+    count = getattr(policy, "wait_overrides", None)
+    return None if count is None else int(count)
 
 
 def try_task(task: BenchTask) -> CaseResult | CaseFailure:
@@ -447,7 +457,8 @@ class Benchmark:
 
     def summary(self) -> list[dict[str, Any]]:
         """Per policy, the mean over cases of every numeric metric (of the cases where it is
-        defined), plus totals of masked actions, the worst p99 decision latency and whether
+        defined), plus totals of masked actions and guard overrides, the worst p99 decision
+        latency and whether
         it is an oracle ceiling (``oracle``)."""
         out: list[dict[str, Any]] = []
         for p in self.policies:
@@ -455,7 +466,8 @@ class Benchmark:
             keys = [
                 k
                 for k, v in rows[0].items()
-                if isinstance(v, int | float) and k not in ("window_id", "seed", "masked_actions")
+                if isinstance(v, int | float)
+                and k not in ("window_id", "seed", "masked_actions", "guard_overrides")
             ]
             spec = self.specs.get(p, p)
             agg: dict[str, Any] = {"policy": p, "spec": spec, "cases": len(rows)}
@@ -463,6 +475,8 @@ class Benchmark:
             agg["oracle"] = is_oracle(spec) or is_oracle(p)
             masked = [r["masked_actions"] for r in rows]
             agg["masked_actions"] = None if any(m is None for m in masked) else int(sum(masked))
+            guard = [r["guard_overrides"] for r in rows]
+            agg["guard_overrides"] = None if any(g is None for g in guard) else int(sum(guard))
             agg["latency_ms_p99"] = float(max(r["latency_ms_p99"] for r in rows))
             agg["latency_ms_max"] = float(max(r["latency_ms_max"] for r in rows))
             out.append(agg)

@@ -47,6 +47,7 @@ def comparison_table(report: EvaluationReport, names: Mapping[str, str]) -> list
             "avg_jct_over_lb": s.get("avg_jct_over_lb"),
             "avg_jct_over_queue_lb": s.get("avg_jct_over_queue_lb"),
             "masked_actions": s.get("masked_actions"),
+            "guard_overrides": s.get("guard_overrides"),
         }
         for stat in ("avg", "p99"):
             r = ratios.get((p, stat))

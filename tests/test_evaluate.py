@@ -126,6 +126,7 @@ def test_report_files_metrics_and_mlflow_run(evaluated: dict[str, Any]) -> None:
         assert r["avg_jct_over_lb"] >= 1.0 and r["p99_jct_over_lb"] >= 1.0
         assert r["avg_jct_s"] == pytest.approx(r["avg_jct_over_lb"] * r["lower_bound_s"], rel=0.3)
         assert 0.0 <= r["unfair_share"] <= 1.0 and r["masked_actions"] is None
+        assert r["guard_overrides"] is None  # heuristics have no guard
         assert r["avg_jct_over_queue_lb"] >= 1.0 - 1e-9 and r["avg_runtime_inflation"] >= -1e-9
     lb = {r["lower_bound_s"] for r in rows.values()}
     assert len(lb) == 1  # the same jobs for every policy

@@ -209,6 +209,7 @@ def test_evaluate_then_gate_the_challenger_end_to_end(package: Path, tmp_path: P
     assert report.context["specs"]["model:challenger"] == f"model:models:/{MODEL_NAME}/{v1}"
     row = {r["policy"]: r for r in report.summary}["model:challenger"]
     assert row["masked_actions"] == 0 and row["decisions"] > 0
+    assert isinstance(row["guard_overrides"], int) and row["guard_overrides"] >= 0
     gate, evidence, version = gate_challenger(tmp_path / "ev", tracking_uri=uri)
     assert version == v1 and evidence.champion is None and evidence.masked_actions == 0
     assert evidence.best_heuristic in ("backfill", "best_fit")
