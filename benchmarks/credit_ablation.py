@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from small_dataset import PHILLY, REPO, build  # benchmarks/ is the script's folder
+from small_dataset import REPO, build, evaluate_on_heldout  # benchmarks/ is the script's folder
 
 
 def variants(gamma_h: float, horizon_s: float, n_step: int) -> dict[str, dict[str, Any]]:
@@ -89,25 +89,17 @@ def main() -> None:
                   f"({time.perf_counter() - t:.0f} s)")  # fmt: skip
     (out / "runs.json").write_text(json.dumps(runs, indent=2, default=str))
 
-    from linkwise.pipelines.evaluate import evaluate, format_evaluation
+    from linkwise.pipelines.evaluate import format_evaluation
 
     models = {f"model:{r['package']}": r["name"] for r in runs}
-    report, _ = evaluate(
+    report = evaluate_on_heldout(
         ["best_fit", "backfill", *models],
-        trace=PHILLY,
-        history=PHILLY,  # run-time predictor: only jobs before the first evaluation window
-        holdout_from=[manifest["manifest_path"]],
-        n_windows=args.eval_windows,
-        seeds=[int(s) for s in args.eval_seeds.split(",")],
+        manifest,
+        out,
         cluster=args.cluster,
         window_s=args.window,
-        block_s=600.0,
-        min_jobs=20,
-        out_dir=out / "evaluation",
-        tracking_uri=f"sqlite:///{out / 'mlflow.db'}",
-        log=False,
-        n_boot=500,
-        baseline="best_fit",
+        n_windows=args.eval_windows,
+        seeds=[int(s) for s in args.eval_seeds.split(",")],
     )
     print(format_evaluation(report, None))
     print("models:", json.dumps(models, indent=1))

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from small_dataset import PHILLY, REPO, build  # benchmarks/ is the script's folder
+from small_dataset import REPO, build, evaluate_on_heldout  # benchmarks/ is the script's folder
 
 
 def train_one(
@@ -114,25 +114,15 @@ def main() -> None:
         r["leak"] = leak(r["package"], manifest["path"])
     (out / "runs.json").write_text(json.dumps(runs, indent=2))
 
-    from linkwise.pipelines.evaluate import evaluate
-
     models = {f"model:{r['package']}": r["name"] for r in runs}
-    report, _ = evaluate(
+    report = evaluate_on_heldout(
         ["best_fit", "sjf_bco", "backfill", "fifo", "random", *models],
-        trace=PHILLY,
-        history=PHILLY,  # run-time predictor: only jobs before the first evaluation window
-        holdout_from=[manifest["manifest_path"]],
-        n_windows=args.eval_windows,
-        seeds=[int(s) for s in args.eval_seeds.split(",")],
+        manifest,
+        out,
         cluster=args.cluster,
         window_s=args.window,
-        block_s=600.0,
-        min_jobs=20,
-        out_dir=out / "evaluation",
-        tracking_uri=f"sqlite:///{out / 'mlflow.db'}",
-        log=False,
-        n_boot=500,
-        baseline="best_fit",
+        n_windows=args.eval_windows,
+        seeds=[int(s) for s in args.eval_seeds.split(",")],
     )
     result = {"dataset": {k: manifest[k] for k in ("hash", "counts", "path")}, "runs": runs,
               "models": models, "evaluation": report.to_json()}  # fmt: skip
