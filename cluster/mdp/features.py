@@ -1,0 +1,237 @@
+"""The observation vector: global, per-slot and per-(slot, candidate) features, log-scaled
+times and sizes. Only what a real Slurm with a run-time predictor knows is read."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from linkwise.cluster.contention import ContentionModel, min_nodes
+from linkwise.cluster.domain import ClusterState, Job, Placement
+from linkwise.cluster.mdp.candidates import Candidates, candidates
+from linkwise.cluster.mdp.config import FloatArray, MdpConfig
+from linkwise.cluster.mdp.slowdown import link_flows
+from linkwise.cluster.mdp.spec import CAND_FEATURES, SLOT_FEATURES, ObsSpec
+
+
+def log_count(n: int, scale: float) -> float:
+    return math.log1p(n) / math.log1p(scale)
+
+
+def _global(cands: Candidates) -> list[float]:
+    state, cfg = cands.state, cands.config
+    topo = state.topology
+    free = state.free_gpus
+    total = topo.total_gpus
+    n_nodes = len(topo.nodes)
+    hist = [0, 0, 0, 0, 0]
+    for node, f in zip(topo.nodes, free, strict=True):
+        cap = node.gpus
+        if f <= 0:
+            hist[0] += 1
+        elif f >= cap:
+            hist[4] += 1
+        elif 4 * f <= cap:
+            hist[1] += 1
+        elif 2 * f <= cap:
+            hist[2] += 1
+        else:
+            hist[3] += 1
+    flows = link_flows(state)
+    nic = flows[:n_nodes]
+    up = flows[n_nodes : n_nodes + len(topo.leaf_names)]
+    load = cands.contention.load[:n_nodes]
+    fs = cfg.flow_scale
+    n_pending, n_running = len(state.pending), len(state.running)
+    split = cands.contention.slowdown
+    demand = sum(p.job.num_gpus for p in state.pending)
+    out = [
+        1.0 - sum(free) / total,
+        *(h / n_nodes for h in hist),
+        sum(nic) / n_nodes / fs,
+        max(nic) / fs,
+        sum(1 for f in nic if f >= 2) / n_nodes,
+        (sum(up) / len(up) / fs) if up else 0.0,
+        (max(up) / fs) if up else 0.0,
+        max(load) / fs,
+        log_count(n_pending, cfg.queue_scale),
+        log_count(n_running, cfg.queue_scale),
+        len(split) / n_running if n_running else 0.0,
+        demand / total,
+        max(0, n_pending - len(cands.slots)) / n_pending if n_pending else 0.0,
+        min(cfg.max_slowdown, sum(s - 1.0 for s in split) / len(split)) if split else 0.0,
+        min(cfg.max_slowdown, max(split) - 1.0) if split else 0.0,
+        *_running_features(state, cfg),
+    ]
+    if cfg.time_of_day:
+        phase = 2.0 * math.pi * (state.time % 86400.0) / 86400.0
+        out += [math.sin(phase), math.cos(phase)]
+    return out
+
+
+def _log_scaled(x: float, unit: float, cap: float) -> float:
+    """``log1p(x / unit) / log1p(cap / unit)``, ``x`` clipped to ``[0, cap]``: in [0, 1]."""
+    return math.log1p(min(max(x, 0.0), cap) / unit) / math.log1p(cap / unit)
+
+
+def log_time(seconds: float, cfg: MdpConfig) -> float:
+    return _log_scaled(seconds, cfg.time_scale_s, cfg.max_time_s)
+
+
+def time_from_log(value: float, cfg: MdpConfig) -> float:
+    """The seconds a log-scaled time feature (``wait_log``, ``pred_remaining``, ...) stands for:
+    the exact inverse of the encoder's scaling below ``max_time_s`` (1 gives ``max_time_s``)."""
+    unit, cap = cfg.time_scale_s, cfg.max_time_s
+    x = min(max(float(value), 0.0), 1.0)
+    return min(cap, math.expm1(x * math.log1p(cap / unit)) * unit)
+
+
+def log_size(gpu_s: float, cfg: MdpConfig) -> float:
+    return _log_scaled(gpu_s, cfg.size_scale_gpu_s, cfg.max_size_gpu_s)
+
+
+def _require_prediction(job: Job) -> None:
+    if not job.predicted:
+        raise ValueError(
+            f"job {job.job_id} has no run-time prediction (pred_s): the observation never "
+            "reads the true run time, so a run-time predictor fit on history is needed "
+            "(datasets.predictor.RuntimePredictor.annotate; --history on the command line)"
+        )
+
+
+def predicted_remaining(job: Job, attained_gpu_s: float, *, upper: bool = False) -> float:
+    """Seconds a job is predicted to still need: its predicted run time (``pred_s``, or
+    ``pred_hi_s`` with ``upper``) less the service it had, at least 0. ValueError for a job
+    without predictions."""
+    _require_prediction(job)
+    pred = job.pred_hi_s if upper else job.pred_s
+    return max(0.0, pred - attained_gpu_s / job.num_gpus)
+
+
+def _running_features(state: ClusterState, cfg: MdpConfig) -> list[float]:
+    """GPU-weighted mean predicted remaining time of the running jobs (log-scaled), and the
+    share of the cluster's GPUs they are predicted to free within ``time_scale_s``."""
+    total = state.topology.total_gpus
+    gpus = 0
+    weighted = 0.0
+    soon = 0
+    for r in state.running:
+        g = r.job.num_gpus
+        rem = predicted_remaining(r.job, r.attained_at(state.time))
+        gpus += g
+        weighted += g * log_time(rem, cfg)
+        if rem <= cfg.time_scale_s:
+            soon += g
+    return [weighted / gpus if gpus else 0.0, soon / total if total else 0.0]
+
+
+def _slot_features(cands: Candidates, k: int) -> list[float]:
+    cfg = cands.config
+    if k >= len(cands.slots):
+        return [0.0] * len(SLOT_FEATURES)
+    pj = cands.slots[k]
+    job = pj.job
+    topo = cands.state.topology
+    remaining = predicted_remaining(job, pj.attained_gpu_s)
+    remaining_hi = predicted_remaining(job, pj.attained_gpu_s, upper=True)
+    return [
+        1.0,
+        job.num_gpus / cfg.gpu_scale,
+        min_nodes(topo, job.num_gpus) / cfg.node_scale,
+        log_time(cands.state.time - job.submit_time, cfg),
+        log_size(pj.attained_gpu_s, cfg),
+        log_time(remaining, cfg),
+        log_time(remaining_hi, cfg),
+        log_size(job.pred_s * job.num_gpus, cfg),
+        log_size(job.pred_hi_s * job.num_gpus, cfg),
+        log_time(job.time_limit, cfg),
+        1.0 if job.time_limit > 0 else 0.0,
+        cands.intensity[k],
+        1.0 if pj.preemptions else 0.0,
+        1.0 if job.num_gpus <= cands.state.total_free_gpus else 0.0,
+        *cands.ranks[k],
+    ]
+
+
+class _Frag:
+    """Partially used nodes before a placement, to score fragmentation after it."""
+
+    def __init__(self, state: ClusterState) -> None:
+        self.caps = [n.gpus for n in state.topology.nodes]
+        self.free = state.free_gpus
+        self.partial = 0
+        self.partial_free = 0
+        for f, c in zip(self.free, self.caps, strict=True):
+            if 0 < f < c:
+                self.partial += 1
+                self.partial_free += f
+        self.total_free = sum(self.free)
+        self.memo: dict[Placement, tuple[float, float]] = {}
+
+    def after(self, placement: Placement) -> tuple[float, float]:
+        hit = self.memo.get(placement)
+        if hit is not None:
+            return hit
+        partial, partial_free = self.partial, self.partial_free
+        for node, g in placement.alloc:
+            f, c = self.free[node], self.caps[node]
+            if 0 < f < c:
+                partial -= 1
+                partial_free -= f
+            f2 = f - g
+            if 0 < f2 < c:
+                partial += 1
+                partial_free += f2
+        left = self.total_free - placement.num_gpus
+        hit = (partial / len(self.caps), partial_free / left if left > 0 else 0.0)
+        self.memo[placement] = hit
+        return hit
+
+
+def encode(cands: Candidates, spec: ObsSpec) -> FloatArray:
+    """The observation vector of a state (deterministic, finite, length ``spec.dim``)."""
+    cfg = spec.config
+    if cands.config != cfg:
+        raise ValueError("candidates were built with another MdpConfig than the spec's")
+    values = _global(cands)
+    for k in range(cfg.k_slots):
+        values += _slot_features(cands, k)
+    topo = cands.state.topology
+    frag = _Frag(cands.state)
+    zeros = [0.0] * len(CAND_FEATURES)
+    ms = cfg.max_slowdown
+    for k in range(cfg.k_slots):
+        if k >= len(cands.slots):
+            values += zeros * cfg.n_candidates
+            continue
+        job = cands.slots[k].job
+        need = min_nodes(topo, job.num_gpus)
+        for c in range(cfg.n_candidates):
+            p = cands.placements[k][c]
+            pred = cands.predictions[k][c]
+            if p is None or pred is None:
+                values += zeros
+                continue
+            leaves = len({topo.nodes[n].leaf for n in p.nodes})
+            partial, fragmented = frag.after(p)
+            values += [
+                1.0,
+                1.0 if cands.redundant[k][c] else 0.0,
+                min(ms, pred.job_slowdown),
+                min(ms, pred.added_slowdown),
+                p.num_nodes / cfg.node_scale,
+                (p.num_nodes - need) / cfg.node_scale,
+                leaves / cfg.leaf_scale,
+                partial,
+                fragmented,
+            ]
+    out = np.asarray(values, dtype=np.float32)
+    if out.shape[0] != spec.dim:  # pragma: no cover - a bug in the feature lists
+        raise AssertionError(f"encoded {out.shape[0]} features, spec has {spec.dim}")
+    return out
+
+
+def encode_state(state: ClusterState, spec: ObsSpec, model: ContentionModel) -> FloatArray:
+    """``encode(candidates(state, spec.config, model), spec)``."""
+    return encode(candidates(state, spec.config, model), spec)
