@@ -35,6 +35,7 @@ import numpy as np
 
 from linkwise.cluster.heuristics import is_oracle
 from linkwise.evaluation.benchmark import UNFAIR_SLOWDOWN, Benchmark, save_benchmark
+from linkwise.evaluation.columns import columns_for, left_out, markdown_table
 from linkwise.evaluation.stats import STATS, RatioCI, paired_ratio
 from linkwise.models.registry import ensure_experiment, mlflow_env
 
@@ -140,8 +141,10 @@ def render_markdown(
     plots: Mapping[str, str],
     references: Mapping[str, str | None] | None = None,
     reference_ratios: Sequence[RatioCI] = (),
+    wide: bool = False,
 ) -> str:
-    """The Markdown report."""
+    """The Markdown report (the results table: the columns ``linkwise evaluate`` prints,
+    ``evaluation.columns``; ``wide``: all of them)."""
     lines = ["# linkwise evaluation", "", "## Setup", ""]
     for key in (
         "cluster",
@@ -202,25 +205,8 @@ def render_markdown(
         "multi-node x the same over jobs spanning more than one node. (oracle): reads the "
         "true run time, a ceiling, never a reference.",
         "",
-        "| policy | avg JCT h | p99 JCT h | avg queue h | run-time inflation | contention x | "
-        "multi-node x | avg/LB | avg/queue LB | p99/LB | avg slowdown | unfair | GPU util | "
-        "latency p99 ms | masked |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        *_summary_table(summary, baseline, wide),
     ]
-    for r in summary:
-        masked = "n/a" if r["masked_actions"] is None else str(r["masked_actions"])
-        lines.append(
-            f"| {_name(r)} | {_h(r['avg_jct_s'])} | {_h(r['p99_jct_s'])} | "
-            f"{_h(r.get('avg_queue_s', math.nan))} | "
-            f"{r.get('avg_runtime_inflation', math.nan):+.1%} | "
-            f"{r['avg_contention_slowdown']:.3f} | "
-            f"{_fmt(r.get('avg_multinode_slowdown'), '{:.3f}')} | "
-            f"{r['avg_jct_over_lb']:.2f} | {r.get('avg_jct_over_queue_lb', math.nan):.2f} | "
-            f"{r['p99_jct_over_lb']:.2f} | "
-            f"{r['avg_slowdown']:.2f} | {r['unfair_share']:.1%} | "
-            f"{r['gpu_utilization']:.1%} | "
-            f"{r['latency_ms_p99']:.1f} | {masked} |"
-        )
     if summary:
         lb = summary[0]
         lines += [
@@ -262,6 +248,15 @@ def render_markdown(
     lines += ["", "## Plots", ""]
     lines += [f"![{name}]({path})" for name, path in plots.items()]
     return "\n".join(lines) + "\n"
+
+
+def _summary_table(summary: Sequence[Mapping[str, Any]], baseline: str, wide: bool) -> list[str]:
+    """The results table, and which columns ``--wide`` adds (``evaluation.columns``)."""
+    lines = markdown_table(summary, columns_for("evaluation", wide), baseline)
+    left = left_out("evaluation", wide, baseline)
+    if left:
+        lines += ["", f"More columns with `--wide` (and in results.json): {', '.join(left)}."]
+    return lines
 
 
 def _fmt(value: Any, fmt: str) -> str:
@@ -389,8 +384,10 @@ def write_report(
     n_boot: int = 2000,
     level: float = 0.95,
     seed: int = 0,
+    wide: bool = False,
 ) -> EvaluationReport:
-    """Write the report folder (see the module docstring)."""
+    """Write the report folder (see the module docstring; ``wide``: every column in the
+    Markdown results table)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     failed = bench.failed()
@@ -444,6 +441,7 @@ def write_report(
         {k: p.name for k, p in plots.items()},
         references,
         reference_ratios,
+        wide,
     )
     (out / "report.md").write_text(md)
     files.update({k: str(p) for k, p in plots.items()})

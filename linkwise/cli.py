@@ -95,6 +95,9 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--json", action="store_true", help="print machine-readable JSON only")
     p.add_argument(
+        "--wide", action="store_true", help="every column (default: those that fit 120 columns)"
+    )
+    p.add_argument(
         "--rejected-out",
         type=Path,
         metavar="CSV",
@@ -182,42 +185,17 @@ def _scenario(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     return scenario, info
 
 
-def _metrics_table(rows: Sequence[dict[str, Any]], title: str) -> Any:
+def _metrics_table(rows: Sequence[dict[str, Any]], title: str, wide: bool = False) -> Any:
     from rich.table import Table
 
+    from linkwise.evaluation.columns import columns_for
+
     table = Table(title=title)
-    cols = [
-        ("policy", "policy", "{}"),
-        ("avg JCT h", "avg_jct_s", "h"),
-        ("p50 h", "p50_jct_s", "h"),
-        ("p99 h", "p99_jct_s", "h"),
-        ("avg queue h", "avg_queue_s", "h"),
-        ("run-time inflation", "avg_runtime_inflation", "{:+.1%}"),
-        ("contention x", "avg_contention_slowdown", "{:.3f}"),
-        ("avg / LB", "avg_jct_over_lb", "{:.2f}"),
-        ("avg / queue LB", "avg_jct_over_queue_lb", "{:.2f}"),
-        ("unfair", "unfair_share", "{:.1%}"),
-        ("GPU util", "gpu_utilization", "{:.1%}"),
-        ("makespan d", "makespan_s", "d"),
-        ("preempt", "preemptions", "{}"),
-        ("wall s", "wall_s", "{:.1f}"),
-    ]
-    for head, _, _ in cols:
-        table.add_column(head, justify="left" if head == "policy" else "right")
+    cols = columns_for("compare", wide)  # evaluation/columns.py decides the default columns
+    for c in cols:
+        table.add_column(c.head(""), justify="left" if c.left else "right")
     for row in rows:
-        cells = []
-        for _, key, fmt in cols:
-            v = row[key]
-            if key == "policy" and row.get("oracle"):
-                v = f"{v} (oracle)"
-            cells.append(
-                f"{v / 3600:.2f}"
-                if fmt == "h"
-                else f"{v / 86400:.2f}"
-                if fmt == "d"
-                else fmt.format(v)
-            )
-        table.add_row(*cells)
+        table.add_row(*(c.cell(row, "") for c in cols))
     if rows:
         table.caption = (
             f"LB: mean isolated run time {rows[0]['lower_bound_isolated_s'] / 3600:.2f} h "
@@ -259,6 +237,7 @@ def _predictions_note(rows: Sequence[dict[str, Any]], history: bool) -> None:
 def cmd_simulate(args: argparse.Namespace) -> int:
     from linkwise.evaluation.compare import run_policy
     from linkwise.models.policy_spec import PolicySpec
+    from linkwise.pipelines.console import print_table
 
     PolicySpec.parse(args.policy)  # a bad spec is refused before the workload is read
     scenario, info = _scenario(args)
@@ -274,15 +253,18 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         return EXIT_OK
     console = _stdout_console()
     console.print(_describe_scenario(info))
-    console.print(_metrics_table([out], "linkwise simulate"))
+    print_table(console, _metrics_table([out], "linkwise simulate", args.wide), args.wide)
     return EXIT_OK
 
 
 def _stdout_console() -> Any:
-    """A rich console; wide when piped, so tables are not cut to 80 columns."""
+    """A rich console: the terminal's width, 120 columns when piped (``print_table`` widens
+    it for ``--wide``)."""
     from rich.console import Console
 
-    return Console(width=None if sys.stdout.isatty() else 200)
+    from linkwise.evaluation.columns import MAX_WIDTH
+
+    return Console(width=None if sys.stdout.isatty() else MAX_WIDTH)
 
 
 def _describe_scenario(info: dict[str, Any]) -> str:
@@ -296,6 +278,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from linkwise.cluster.heuristics import policy_names
     from linkwise.evaluation.compare import compare, plot_jct_cdf
     from linkwise.models.policy_spec import PolicySpec, split_specs
+    from linkwise.pipelines.console import print_table
 
     history = args.history is not None
     specs = split_specs(args.policies) if args.policies else policy_names(predictions=history)
@@ -324,7 +307,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         return EXIT_OK
     out = _stdout_console()
     out.print(_describe_scenario(info))
-    out.print(_metrics_table(rows, "linkwise compare"))
+    print_table(out, _metrics_table(rows, "linkwise compare", args.wide), args.wide)
     out.print(f"JCT CDF plot: {plot}")
     return EXIT_OK
 

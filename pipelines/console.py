@@ -1,5 +1,6 @@
 """The demo's console: the stage log (headings and timings on stderr), the history replay's
-progress bar, and the third-party chatter kept out of it."""
+progress bar, the third-party chatter kept out of it, and how result tables are printed
+(``print_table``: 120 columns at most by default, everything with ``--wide``)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,15 @@ import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, redirect_stderr
+from typing import Any
 
 from rich.console import Console
+from rich.measure import Measurement
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-__all__ = ["Stages", "history_progress", "quiet_libraries"]
+from linkwise.evaluation.columns import MAX_WIDTH
+
+__all__ = ["Stages", "history_progress", "print_table", "quiet_libraries"]
 
 
 class Stages:
@@ -88,3 +93,18 @@ def quiet_libraries() -> Iterator[None]:
     finally:
         mlflow_log.setLevel(level)
         mlflow_log.propagate = propagate
+
+
+def print_table(console: Console, table: Any, wide: bool = False) -> None:
+    """Print a result table: the default view within ``MAX_WIDTH`` columns (narrower on a
+    narrower terminal); ``wide`` at its natural width, however wide the console."""
+    if not wide:
+        console.print(table, width=MAX_WIDTH)
+        return
+    natural = Measurement.get(console, console.options.update(width=10_000), table).maximum
+    width = console.width
+    console.width = max(width, natural)
+    try:
+        console.print(table)
+    finally:
+        console.width = width

@@ -60,10 +60,11 @@ from linkwise.datasets.rollouts import Window, cut_windows, jobs_from_store
 from linkwise.datasets.store import open_store
 from linkwise.datasets.traces import write_native
 from linkwise.deployer.promote import current_aliases
+from linkwise.evaluation.columns import MAX_WIDTH
 from linkwise.evaluation.gates import load_gates
 from linkwise.models.registry import mlflow_env
 from linkwise.pipelines.build_dataset import build_dataset
-from linkwise.pipelines.console import Stages, history_progress, quiet_libraries
+from linkwise.pipelines.console import Stages, history_progress, print_table, quiet_libraries
 from linkwise.pipelines.evaluate import evaluate, promote_from_evaluation, promote_from_shadow
 from linkwise.pipelines.evidence import fqe_evidence, guard_overrides
 from linkwise.pipelines.experiment import (
@@ -152,9 +153,12 @@ class Workspace:
     db: Path
     uri: str
     console: Console
+    wide: bool = False  # every column of the tables (--wide)
 
 
-def workspace(out_dir: str | Path, tracking_uri: str | None, progress: bool) -> Workspace:
+def workspace(
+    out_dir: str | Path, tracking_uri: str | None, progress: bool, wide: bool = False
+) -> Workspace:
     """``out_dir`` (created) with ``linkwise.duckdb`` and, unless ``tracking_uri``, MLflow's
     sqlite store in ``out_dir/mlflow``; a console that is quiet without ``progress``."""
     mlflow_env()
@@ -163,10 +167,10 @@ def workspace(out_dir: str | Path, tracking_uri: str | None, progress: bool) -> 
     uri = tracking_uri or f"sqlite:///{out / 'mlflow' / 'mlflow.db'}"
     if uri.startswith("sqlite:///"):
         Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    # a log file or a pipe gets the whole comparison table, not one folded to 80 columns
-    width = None if sys.stderr.isatty() else 200
+    # a log file or a pipe gets 120 columns, not 80 (print_table widens it for --wide)
+    width = None if sys.stderr.isatty() else MAX_WIDTH
     console = Console(stderr=True, quiet=not progress, width=width)
-    return Workspace(out, out / "linkwise.duckdb", uri, console)
+    return Workspace(out, out / "linkwise.duckdb", uri, console, wide)
 
 
 def split_time(
@@ -290,7 +294,8 @@ def run_pipeline(
     )
 
     stages.begin("table", "Comparison")
-    console.print(rich_table(table, f"held-out windows, {exp.topology}, baseline {BASELINE}"))
+    title = f"held-out windows, {exp.topology}, baseline {BASELINE}"
+    print_table(console, rich_table(table, title, wide=ws.wide), ws.wide)
     seconds = stages.end()
     result = DemoResult(
         out_dir=str(out),
@@ -503,6 +508,7 @@ def _evaluate(
         baseline=BASELINE,
         executor="serial",
         tracking_uri=ws.uri,
+        wide=ws.wide,
         n_boot=exp.evaluation.n_boot,
         seed=seed,
         warm_start=exp.windows.warm_start,
@@ -622,11 +628,13 @@ def run_demo(
     seed: int = 0,
     tracking_uri: str | None = None,
     progress: bool = True,
+    wide: bool = False,
 ) -> DemoResult:
     """The whole pipeline (module docstring) into ``out_dir``: the store
     (``linkwise.duckdb``), datasets, packages, the evaluation report, MLflow (a sqlite store
     in ``out_dir/mlflow`` unless ``tracking_uri``) and ``demo.json``. ``jobs`` and
-    ``cluster`` override the experiment's synthetic workload size and topology."""
+    ``cluster`` override the experiment's synthetic workload size and topology; ``wide``:
+    every column in the tables (``evaluation.columns``)."""
     exp = get_experiment(experiment)
     if jobs is not None:
         load = exp.workload.load_scale if exp.workload is not None else 1.0
@@ -636,7 +644,7 @@ def run_demo(
     if trace is None and exp.workload is None:
         raise ValueError(f"experiment {exp.name!r} has no synthetic workload: give a trace")
     ppo = training_plan(exp).ppo_steps > 0
-    ws = workspace(out_dir, tracking_uri, progress)
+    ws = workspace(out_dir, tracking_uri, progress, wide)
     if ws.db.exists():
         ws.db.unlink()  # the history is replayed afresh: one demo, one cluster history
     topo = load_topology(exp.topology)
@@ -705,6 +713,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             seed=args.seed,
             tracking_uri=args.tracking_uri,
             progress=not args.json,
+            wide=args.wide,
         )
     if args.json:
         print(json.dumps(result.to_json(), indent=2, default=str))
@@ -738,5 +747,8 @@ def add_demo_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tracking-uri", help="MLflow (default: sqlite in OUT/mlflow)")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON only")
+    p.add_argument(
+        "--wide", action="store_true", help="every column (default: those that fit 120 columns)"
+    )
     p.set_defaults(func=cmd_demo)
     return p

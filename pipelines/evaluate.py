@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -64,6 +63,7 @@ from linkwise.evaluation.benchmark import (
     make_cases,
     run_benchmark,
 )
+from linkwise.evaluation.columns import columns_for, left_out, text_table
 from linkwise.evaluation.gates import (
     ChallengerEvidence,
     GateConfig,
@@ -201,6 +201,7 @@ def evaluate(
     history_format: str = "auto",
     predictor: RuntimePredictor | None = None,
     learned_need_predictions: bool = False,
+    wide: bool = False,
 ) -> tuple[EvaluationReport, str | None]:
     """Benchmark ``policies`` on held-out windows and write the report (module docstring);
     the report and the MLflow run id (None when ``log`` is False). ``warm_start`` (store
@@ -210,7 +211,8 @@ def evaluate(
     first evaluation window (``datasets.prediction.fit_history``) and annotates every case's
     jobs; ``predictor`` instead gives one already fit (a run's one predictor; not with
     ``history``). ``qssf`` needs one, and with ``learned_need_predictions`` (``linkwise
-    evaluate``) so does a learned package without its own predictor."""
+    evaluate``) so does a learned package without its own predictor. ``wide``: every column
+    in the report's results table (``evaluation.columns``)."""
 
     if not policies:
         raise ValueError("no policies to evaluate")
@@ -329,7 +331,9 @@ def evaluate(
         "oracles": [x for x in labels if is_oracle(x)],
         "predictor": fitted,
     }
-    report = write_report(bench, out_dir, baseline=base, context=context, n_boot=n_boot, seed=seed)
+    report = write_report(
+        bench, out_dir, baseline=base, context=context, n_boot=n_boot, seed=seed, wide=wide
+    )
     run_id = log_report(report, tracking_uri=uri) if log else None
     return report, run_id
 
@@ -538,26 +542,19 @@ def _csv(text: str | None, cast: Any = str) -> list[Any] | None:
     return [cast(x.strip()) for x in text.split(",") if x.strip()]
 
 
-def format_evaluation(report: EvaluationReport, run_id: str | None) -> str:
-    """The human-readable summary: the table and the ratios to the baseline."""
+def format_evaluation(report: EvaluationReport, run_id: str | None, wide: bool = False) -> str:
+    """The human-readable summary: the table (the columns of ``evaluation.columns``; ``wide``:
+    all of them) and the ratios to the baseline."""
     lines = [
         f"evaluation: {report.context['cases']} cases "
         f"({len(report.context['evaluation_windows'])} windows x "
         f"{len(report.context['seeds'])} seeds) on {report.context['cluster']}"
     ]
-    lines.append(
-        f"  {'policy':<32} {'avg JCT h':>9} {'p99 h':>8} {'queue h':>8} {'infl.':>7} "
-        f"{'cont. x':>7} {'avg/LB':>7} {'/qLB':>6} {'unfair':>7}"
-    )
-    for r in report.summary:
-        name = f"{r['policy']} (oracle)" if r.get("oracle") else str(r["policy"])
-        lines.append(
-            f"  {name:<32} {r['avg_jct_s'] / 3600:>9.2f} {r['p99_jct_s'] / 3600:>8.2f} "
-            f"{r.get('avg_queue_s', math.nan) / 3600:>8.2f} "
-            f"{r.get('avg_runtime_inflation', math.nan):>+7.1%} "
-            f"{r['avg_contention_slowdown']:>7.3f} {r['avg_jct_over_lb']:>7.2f} "
-            f"{r.get('avg_jct_over_queue_lb', math.nan):>6.2f} {r['unfair_share']:>7.1%}"
-        )
+    base = report.baseline
+    lines += text_table(report.summary, columns_for("evaluation", wide), base)
+    left = left_out("evaluation", wide, base)
+    if left:
+        lines.append(f"  (--wide adds: {', '.join(left)})")
     for q in [*report.ratios, *report.reference_ratios]:
         lines.append(
             f"  {q.policy} / {q.baseline} {q.stat}: {q.ratio:.3f} [{q.low:.3f}, {q.high:.3f}]"
@@ -601,11 +598,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         history=args.history,
         history_format=args.history_format,
         learned_need_predictions=True,
+        wide=args.wide,
     )
     if args.json:
         print(json.dumps({**report.to_json(), "mlflow_run_id": run_id}, default=str))
     else:
-        print(format_evaluation(report, run_id))
+        print(format_evaluation(report, run_id, args.wide))
     return 0
 
 
@@ -709,6 +707,11 @@ def add_evaluate_parsers(sub: Any) -> None:
     p.add_argument("--tracking-uri", help=uri_help)
     p.add_argument("--no-log", action="store_true", help="do not log the report to MLflow")
     p.add_argument("--json", action="store_true", help="print the result as JSON only")
+    p.add_argument(
+        "--wide",
+        action="store_true",
+        help="every column, printed and in report.md (default: those that fit 120 columns)",
+    )
     p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser("promote", help="gate and promote: challenger -> shadow -> champion")

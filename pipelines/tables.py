@@ -19,6 +19,7 @@ from typing import Any
 
 from rich.table import Table
 
+from linkwise.evaluation.columns import columns_for, format_ratio, left_out
 from linkwise.evaluation.report import EvaluationReport
 
 __all__ = ["comparison_table", "format_ratio", "rich_table"]
@@ -76,63 +77,24 @@ def comparison_table(report: EvaluationReport, names: Mapping[str, str]) -> list
     return rows
 
 
-def format_ratio(row: Mapping[str, Any], stat: str, baseline: str = "backfill") -> str:
-    """``0.724 [0.544, 0.994]``; ``1 (baseline)`` for the baseline, ``-`` when missing."""
-    r = row.get(f"{stat}_ratio")
-    if r is None:
-        return "1 (baseline)" if row.get("policy") == baseline else "-"
-    return f"{r:.3f} [{row[f'{stat}_low']:.3f}, {row[f'{stat}_high']:.3f}]"
-
-
-def _ref_ratio(row: Mapping[str, Any], key: str) -> str:
-    r = row.get(f"avg_ratio_to_{key}")
-    if r is None:
-        return "-"
-    low, high = row.get(f"avg_ratio_to_{key}_low"), row.get(f"avg_ratio_to_{key}_high")
-    return f"{r:.3f}" if low is None or high is None else f"{r:.3f} [{low:.3f}, {high:.3f}]"
-
-
-def _num(v: Any, fmt: str) -> str:
-    if v is None or (isinstance(v, float) and not math.isfinite(v)):
-        return "-"
-    return fmt.format(v)
-
-
-def rich_table(rows: Sequence[Mapping[str, Any]], title: str, baseline: str = "backfill") -> Table:
+def rich_table(
+    rows: Sequence[Mapping[str, Any]],
+    title: str,
+    baseline: str = "backfill",
+    *,
+    wide: bool = False,
+) -> Table:
     """The table as the demo prints it (hours; queueing and contention apart; ratios to
     ``baseline``, to the best same-information heuristic, to the oracle ceiling and to both
-    lower bounds; oracles marked)."""
+    lower bounds; oracles marked). By default the columns that fit 120 terminal columns
+    (``evaluation.columns.DEFAULT["demo"]``); ``wide``: every column."""
     t = Table(title=title)
-    for col in (
-        "policy",
-        "avg JCT h",
-        "p99 JCT h",
-        "avg queue h",
-        "run-time infl.",
-        "contention x",
-        "unfair",
-        f"avg / {baseline}",
-        f"p99 / {baseline}",
-        "avg / best heur.",
-        "avg / oracle",
-        "avg / LB",
-        "avg / queue LB",
-    ):
-        t.add_column(col, justify="left" if col == "policy" else "right")
+    columns = columns_for("demo", wide)
+    for c in columns:
+        t.add_column(c.head(baseline), justify="left" if c.left else "right")
     for r in rows:
-        t.add_row(
-            f"{r['policy']} (oracle)" if r.get("oracle") else str(r["policy"]),
-            f"{float(r['avg_jct_s']) / 3600:.2f}",
-            f"{float(r['p99_jct_s']) / 3600:.2f}",
-            f"{float(r['avg_queue_s'] or 0) / 3600:.2f}",
-            _num(r.get("avg_runtime_inflation"), "{:+.1%}"),
-            _num(r.get("avg_contention_slowdown"), "{:.3f}"),
-            _num(r.get("unfair_share"), "{:.1%}"),
-            format_ratio(r, "avg", baseline),
-            format_ratio(r, "p99", baseline),
-            _ref_ratio(r, "best_heuristic"),
-            _ref_ratio(r, "oracle"),
-            _num(r.get("avg_jct_over_lb"), "{:.2f}"),
-            _num(r.get("avg_jct_over_queue_lb"), "{:.2f}"),
-        )
+        t.add_row(*(c.cell(r, baseline) for c in columns))
+    left = left_out("demo", wide, baseline)
+    if left:
+        t.caption = f"--wide adds: {', '.join(left)}"
     return t
