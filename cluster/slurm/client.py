@@ -36,7 +36,12 @@ __all__ = [
     "SlurmTimeout",
     "SlurmUnavailable",
     "Transport",
+    "admin_comment_args",
+    "parse_show_job",
     "read_env_file",
+    "requeue_args",
+    "set_nodes_args",
+    "signal_args",
 ]
 
 TransportName = Literal["cli", "rest"]
@@ -148,28 +153,35 @@ class SlurmClient:
 
     def requeue(self, job_id: int, *, hold: bool = False) -> None:
         """Requeue a job (``scontrol requeue`` or ``requeuehold``)."""
-        self.runner.run(["scontrol", "requeuehold" if hold else "requeue", str(int(job_id))])
+        self.runner.run(requeue_args(job_id, hold=hold))
 
     def cancel(self, job_id: int) -> None:
         """Cancel a job (``scancel``)."""
         self.runner.run(["scancel", str(int(job_id))])
 
+    def signal(self, job_id: int, signal: str = "USR1", *, batch: bool = True) -> None:
+        """Send ``signal`` to a running job: its batch shell only (``scancel --batch
+        --signal=USR1``, what ``--signal=B:USR1@GRACE`` jobs trap) or every step."""
+        self.runner.run(signal_args(job_id, signal, batch=batch))
+
+    def set_admin_comment(self, job_id: int, text: str) -> None:
+        """Set a job's AdminComment (administrators only; users cannot change it)."""
+        self.runner.run(admin_comment_args(job_id, text))
+
+    def show_job(self, job_id: int) -> dict[str, str]:
+        """``scontrol -o show job ID`` as its ``Key=Value`` fields (a value may hold spaces:
+        ``Comment``); empty when Slurm no longer knows the job."""
+        try:
+            out = self.runner.run(["scontrol", "-o", "show", "job", str(int(job_id))])
+        except SlurmError as exc:
+            if "invalid job id" in str(exc).lower():
+                return {}
+            raise
+        return parse_show_job(out)
+
     def set_nodes(self, job_id: int, nodes: Sequence[str]) -> None:
         """Place a pending job on exactly ``nodes`` (ReqNodeList and NumNodes)."""
-        if not nodes:
-            raise ValueError("set_nodes needs at least one node")
-        for node in nodes:
-            if not _NODE_NAME.match(node):
-                raise ValueError(f"invalid node name {node!r}")
-        self.runner.run(
-            [
-                "scontrol",
-                "update",
-                f"JobId={int(job_id)}",
-                f"ReqNodeList={','.join(nodes)}",
-                f"NumNodes={len(nodes)}",
-            ]
-        )
+        self.runner.run(set_nodes_args(job_id, nodes))
 
     def submit(
         self,
@@ -206,6 +218,63 @@ class SlurmClient:
         if not job.isdigit():
             raise SlurmError(f"sbatch: unexpected output {out[:100]!r}")
         return int(job)
+
+
+_SIGNAL = re.compile(r"(SIG)?[A-Z0-9]{2,8}\Z")
+_SHOW_KEY = re.compile(r"([A-Za-z][A-Za-z0-9:/_]*)=(.*)\Z", re.S)
+
+
+def requeue_args(job_id: int, *, hold: bool = False) -> list[str]:
+    """The argument list of ``SlurmClient.requeue``."""
+    return ["scontrol", "requeuehold" if hold else "requeue", str(int(job_id))]
+
+
+def set_nodes_args(job_id: int, nodes: Sequence[str]) -> list[str]:
+    """The argument list of ``SlurmClient.set_nodes`` (ReqNodeList and a matching NumNodes)."""
+    if not nodes:
+        raise ValueError("set_nodes needs at least one node")
+    for node in nodes:
+        if not _NODE_NAME.match(node):
+            raise ValueError(f"invalid node name {node!r}")
+    return [
+        "scontrol",
+        "update",
+        f"JobId={int(job_id)}",
+        f"ReqNodeList={','.join(nodes)}",
+        f"NumNodes={len(nodes)}",
+    ]
+
+
+def signal_args(job_id: int, signal: str = "USR1", *, batch: bool = True) -> list[str]:
+    """The argument list of ``SlurmClient.signal``."""
+    if not _SIGNAL.match(signal):
+        raise ValueError(f"invalid signal name {signal!r}")
+    return ["scancel", *(["--batch"] if batch else []), f"--signal={signal}", str(int(job_id))]
+
+
+def admin_comment_args(job_id: int, text: str) -> list[str]:
+    """The argument list of ``SlurmClient.set_admin_comment``."""
+    if any(c in text for c in "\n\r\0"):
+        raise ValueError("an admin comment is one line")
+    return ["scontrol", "update", f"JobId={int(job_id)}", f"AdminComment={text}"]
+
+
+def parse_show_job(text: str) -> dict[str, str]:
+    """The fields of one ``scontrol -o show job`` line: ``Key=Value`` tokens (a key starts
+    with a capital), other tokens continuing the value before them (``Comment=two words``).
+    The first occurrence of a key wins: a user's comment cannot override a field."""
+    line = next((x for x in text.splitlines() if x.strip()), "")
+    fields: dict[str, str] = {}
+    key: str | None = None
+    for token in line.split(" "):
+        m = _SHOW_KEY.match(token)
+        if m and m.group(1)[:1].isupper():
+            key = None if m.group(1) in fields else m.group(1)
+            if key is not None:
+                fields[key] = m.group(2)
+        elif key is not None:
+            fields[key] += " " + token
+    return {k: v.strip() for k, v in fields.items()}
 
 
 class PyslurmTransport:
