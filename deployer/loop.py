@@ -28,7 +28,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
@@ -47,6 +47,7 @@ from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.deployer.decision_log import DecisionLog
 from linkwise.deployer.lease_keeper import LeaseKeeper
 from linkwise.deployer.metrics import ServeMetrics
+from linkwise.deployer.migration import MigrationConfig, MigrationExecutor, moves_of
 from linkwise.deployer.observation import (
     Observation,
     build_observation,
@@ -102,6 +103,7 @@ class ServeConfig:
     watchdog: bool = True
     load_window_s: float = 120.0
     lease_root: str = DEFAULT_LEASE_ROOT  # one per host: every loop and job_submit.lua share it
+    migration: MigrationConfig = field(default_factory=MigrationConfig)  # opted-in jobs
 
     def __post_init__(self) -> None:
         if self.mode not in ("shadow", "active"):
@@ -196,6 +198,10 @@ class SlurmBackend:
         self.inflight: dict[int, tuple[tuple[int, ...], int, float]] = {}
         self.cycles_ok = 0
         self.cycles_failed = 0
+        self.queue: list[QueuedJob] = []  # the last queue read (for moves of running jobs)
+        self.migration = MigrationExecutor(
+            client, recorder, metrics.registry, config.migration, run_id=self.run_id, logger=logger
+        )
 
     # -- the Backend protocol
 
@@ -245,6 +251,7 @@ class SlurmBackend:
             predictor=self._predictor(now),
         )
         self._forget_inflight(queue, now)
+        self.queue = list(queue)
         self._renew()
         self.metrics.pending_jobs.set(len(self.obs.state.pending))
         self.metrics.held_jobs.set(self.obs.held_total)
@@ -267,8 +274,7 @@ class SlurmBackend:
             raise RuntimeError("apply before observe")
         info = self.policy.last
         results = self._act(decision, obs, info) if self.mode == "active" else {}
-        if decision.preempt:
-            log_event(self.log, "preempt_ignored", jobs=list(decision.preempt))
+        self._moves(decision, obs, str(info.get("model_version", "")))
         where = self.decisions.record(self.cycle_id, obs, decision, info, self.topo, results)
         elapsed = time.perf_counter() - self.cycle_started
         self.metrics.cycle_seconds.observe(elapsed)
@@ -294,6 +300,21 @@ class SlurmBackend:
         elapsed = time.perf_counter() - self.cycle_started
         self._sleep(max(0.0, self.cfg.interval_s - elapsed))
         return not self.stop.is_set()
+
+    def _moves(self, decision: Decision, obs: Observation, version: str) -> dict[int, str]:
+        """The policy's preempt and migrate moves (``deployer.migration``): jobs that opted
+        in only; recorded, not taken, in shadow mode; none while the lease is not ours."""
+        free = {n.name: f for n, f in zip(self.topo.nodes, obs.state.free_gpus, strict=True)}
+        paused = self.mode == "active" and not self.keeper.ok()
+        return self.migration.cycle(
+            moves_of(decision, self.topo),
+            self.queue,
+            free,
+            partitions=self.cfg.partitions,
+            mode="paused" if paused else self.mode,
+            cycle_id=self.cycle_id,
+            model_version=version,
+        )
 
     # -- lifecycle
 
