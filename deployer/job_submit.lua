@@ -20,7 +20,9 @@ What it does:
   job's partition has a live lease (so a user cannot bypass the loop), allowed otherwise (the
   loop counts it as a bypass and ends the tag). A user's hold of a tagged job is refused (it
   would keep the tag, and a loop would release it); an administrator's hold is kept
-  (JobHeldAdmin: the loop leaves it alone). Refusals read "Access/permission denied".
+  (JobHeldAdmin: the loop leaves it alone). A change of a tagged job's partition by anyone
+  but an operator is refused while the job's partition has a live lease (it would take the job
+  out of the loop's hold). Refusals read "Access/permission denied".
 
 Fail-open: with no live loop nothing new is held, and the loop's watchdog releases what was
 held for it (its lease is marked released first, then it sweeps twice), so Slurm's own
@@ -92,6 +94,20 @@ end
 function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
   if job_rec.admin_comment ~= HOLD_TAG then
     return slurm.SUCCESS
+  end
+  local moving = job_desc.partition ~= nil and job_desc.partition ~= job_rec.partition
+  if moving and not LOOP_UIDS[modify_uid] then
+    -- another partition would take the job out of the loop's hold (the loop would hand it
+    -- to Slurm, or the user release it there): refused while a loop manages its partition
+    for p in string.gmatch(job_rec.partition or DEFAULT_PARTITION, "[^,]+") do
+      if lease_live(p) then
+        slurm.log_info("linkwise: refused uid %d's partition change of job %s held for the "
+          .. "live loop", modify_uid, tostring(job_rec.job_id))
+        slurm.log_user("linkwise: this job is held for the live scheduling loop; its "
+          .. "partition cannot change while the loop runs; cancel and resubmit it")
+        return ESLURM_ACCESS_DENIED
+      end
+    end
   end
   if job_desc.priority == 0 and not LOOP_UIDS[modify_uid] then
     -- a user's hold would keep the tag (users cannot change an admin comment), so the

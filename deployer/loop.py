@@ -21,6 +21,7 @@ release was bypassed (released by someone else): counted, logged and untagged.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -52,13 +53,18 @@ from linkwise.deployer.observation import (
     Observation,
     build_observation,
     check_start,
+    place_within,
     read_link_load,
     slurm_topology,
+    take_room,
 )
 from linkwise.deployer.policies import GuardedPolicy, LoadedPolicy, PolicyHolder, model_probe
 from linkwise.deployer.safety import (
+    HOLD_TAG,
     Recorder,
     RecordError,
+    clear_nodes_command,
+    held_for_loop,
     lease_dir_for,
     log_event,
     new_id,
@@ -73,10 +79,6 @@ Mode = Literal["shadow", "active"]
 LOG = logging.getLogger("linkwise.serve")
 DEFAULT_DURATION_S = 3600.0
 DEFAULT_LEASE_ROOT = "/var/lib/linkwise/leases"
-_UNUSABLE_FLAGS = frozenset(
-    {"DRAIN", "DRAINING", "DRAINED", "NOT_RESPONDING", "MAINTENANCE", "FAIL", "POWERED_DOWN"}
-)
-_USABLE_STATES = frozenset({"IDLE", "MIXED", "ALLOCATED", "COMPLETING"})
 
 
 # ------------------------------------------------------------------------ configuration
@@ -99,6 +101,7 @@ class ServeConfig:
     max_hold_s: float = 900.0
     reload_s: float = 30.0
     metrics_port: int | None = None
+    metrics_addr: str = "127.0.0.1"  # the address /metrics listens on
     max_cycles: int | None = None
     watchdog: bool = True
     load_window_s: float = 120.0
@@ -202,6 +205,9 @@ class SlurmBackend:
         self.migration = MigrationExecutor(
             client, recorder, metrics.registry, config.migration, run_id=self.run_id, logger=logger
         )
+        self.partition_of: dict[int, str] = {}  # held for the loop -> its partition when seen
+        self.moved: list[QueuedJob] = []  # tagged held jobs whose partition changed (a cycle)
+        self.moved_ids: set[int] = set()  # counted already
 
     # -- the Backend protocol
 
@@ -234,7 +240,12 @@ class SlurmBackend:
             break
         now = time.time()
         load = (
-            read_link_load(self.recorder, self.cluster, now - self.cfg.load_window_s)
+            read_link_load(
+                self.recorder,
+                self.cluster,
+                now - self.cfg.load_window_s,
+                on_bad=lambda n: self.metrics.bad_rows.labels("link_load").inc(n),
+            )
             if self.recorder.db
             else {}
         )
@@ -252,11 +263,13 @@ class SlurmBackend:
         )
         self._forget_inflight(queue, now)
         self.queue = list(queue)
+        self.moved = self._partition_changes(queue, self.obs)
         self._renew()
         self.metrics.pending_jobs.set(len(self.obs.state.pending))
         self.metrics.held_jobs.set(self.obs.held_total)
         self.metrics.foreign_held_jobs.set(self.obs.foreign_held)
         self.metrics.infeasible_jobs.set(len(self.obs.refused))
+        self.metrics.observe_holds((q.submit_time for q in queue if held_for_loop(q)), now)
         return self.obs.state
 
     def _predictor(self, now: float) -> RuntimePredictor | None:
@@ -348,36 +361,93 @@ class SlurmBackend:
 
     def _renew(self) -> None:
         obs = self.obs
-        self.keeper.renew(tuple(sorted(obs.managed)) if obs else None)
+        try:
+            self.keeper.renew(tuple(sorted(obs.managed)) if obs else None)
+        except OSError as exc:  # e.g. a full disk: the loop goes on; ``ok()`` stops acting
+            log_event(self.log, "lease_renew_failed", logging.ERROR, error=_os_error(exc))
+
+    def _partition_changes(self, queue: Sequence[QueuedJob], obs: Observation) -> list[QueuedJob]:
+        """Jobs held for the loop whose partition someone changed since the loop saw them
+        (a way out of the loop's hold that job_submit.lua refuses while a loop is live):
+        counted as bypasses once, then handed back (still held) or untagged."""
+        found = {q.job_id: q for q in obs.partition_moved}
+        for q in queue:
+            was = self.partition_of.get(q.job_id)
+            if was is not None and q.partition != was and q.admin_comment == HOLD_TAG:
+                found.setdefault(q.job_id, q)
+        for q in found.values():
+            self.partition_of.pop(q.job_id, None)
+            if q.job_id in self.moved_ids:
+                continue
+            self.moved_ids.add(q.job_id)
+            self.metrics.hold_bypasses.inc()
+            self.metrics.partition_changes.inc()
+            log_event(
+                self.log,
+                "hold_bypassed",
+                logging.WARNING,
+                job_id=q.job_id,
+                user=q.user,
+                how="partition changed",
+                partition=q.partition,
+            )
+        for j, q in obs.managed.items():
+            self.partition_of[j] = q.partition
+        in_queue = {q.job_id for q in queue}
+        for j in [j for j in self.partition_of if j not in in_queue]:
+            del self.partition_of[j]
+        self.moved_ids &= in_queue
+        return [q for q in found.values() if q.state in ("PENDING", "RUNNING")]
 
     def _act(self, decision: Decision, obs: Observation, info: Mapping[str, Any]) -> dict[int, str]:
-        """Validate, audit, then apply each start; also release no-GPU and over-held jobs."""
+        """Validate each start (moving it onto nodes Slurm accepts for the job when the
+        policy's break its constraints), hand back what the loop will not place (no GPUs,
+        never fits, not modelled, a shape the policy did not give, held over ``max_hold_s``),
+        clear the node list of released jobs Slurm cannot run there, then audit and apply
+        the starts. Hand-backs come first and happen on every path (a lapsed lease, an
+        unwritable store): releasing unchanged is the safe direction."""
         now = time.time()
         for j in obs.managed:
             self.first_seen.setdefault(j, now)
+        version = str(info.get("model_version", ""))
         results: dict[int, str] = {}
-        if not self.keeper.ok():
-            log_event(self.log, "lease_lapsed_not_acting", logging.ERROR, cycle=self.cycle_id)
-            return {s.job_id: "skipped: lease lapsed" for s in decision.starts}
         free = list(obs.state.free_gpus)
+        rooms = list(obs.rooms)
         plan: list[tuple[int, list[list[str]], tuple[int, ...], int]] = []
         seen: set[int] = set()
+        reshaped: list[tuple[QueuedJob, str]] = []
         for start in decision.starts:
             job = obs.managed.get(start.job_id)
+            placement = start.placement
+            moved = ""
             if job is None or start.job_id in seen:
                 why = "not a held job of the managed partitions"
             else:
-                why = check_start(start.placement, obs.shapes[job.job_id], free, self.topo) or ""
+                shape = obs.shapes[job.job_id]
+                why = check_start(placement, shape, free, self.topo, job, rooms) or ""
+                if why.startswith("constraint"):
+                    other = place_within(job, shape, free, self.topo, rooms, placement.nodes)
+                    if other is not None:
+                        moved, placement, why = why, other, ""
             if why:
                 results[start.job_id] = f"rejected: {why}"
                 self.metrics.rejected.labels(why.split(":")[0]).inc()
                 log_event(self.log, "start_rejected", job_id=start.job_id, reason=why)
+                if job is not None and why.startswith("shape") and start.job_id not in seen:
+                    seen.add(start.job_id)
+                    reshaped.append((job, why))
+                    results[start.job_id] += "; handed back to Slurm"
                 continue
+            assert job is not None
             seen.add(start.job_id)
             per = obs.shapes[start.job_id].gpus_per_node
-            for n in start.placement.nodes:
-                free[n] -= per
-            names = [self.topo.nodes[n].name for n in start.placement.nodes]
+            for n in placement.nodes:
+                free[n] = 0 if job.exclusive else free[n] - per
+                rooms[n] = take_room(rooms[n], job)
+            names = [self.topo.nodes[n].name for n in placement.nodes]
+            if moved:
+                self.metrics.moved_starts.inc()
+                log_event(self.log, "start_moved", job_id=job.job_id, reason=moved, nodes=names)
             cmds = [
                 [
                     "scontrol",
@@ -388,37 +458,15 @@ class SlurmBackend:
                 ],
                 ["scontrol", "release", str(start.job_id)],
             ]
-            plan.append((start.job_id, cmds, start.placement.nodes, per))
-        over = [
-            obs.managed[j]
-            for j in obs.managed
-            if j not in seen and now - self.first_seen[j] > self.cfg.max_hold_s
-        ]
-        for q in [*obs.no_gpu, *over]:
-            reason = (
-                "no GPUs requested"
-                if q.gpus <= 0
-                else f"can never fit: {obs.refused[q.job_id]}"
-                if q.job_id in obs.refused
-                else f"held over {self.cfg.max_hold_s:g} s"
-            )
-            log_event(self.log, "handing_to_slurm", job_id=q.job_id, reason=reason)
-        self._untag(obs, str(info.get("model_version", "")))
-        if obs.no_gpu or over:
-            self.released_ids.update(q.job_id for q in [*obs.no_gpu, *over])
-            release_held(
-                self.client,
-                [*obs.no_gpu, *over],
-                recorder=self.recorder,
-                run_id=self.run_id,
-                cycle_id=self.cycle_id,
-                actor="loop:unmanaged",
-                model_version=str(info.get("model_version", "")),
-                logger=self.log,
-            )
+            plan.append((start.job_id, cmds, placement.nodes, per))
+        self._hand_back(obs, now, seen, reshaped, version)
+        self._unstrand(obs, version)
+        self._untag(obs, version)
+        if not self.keeper.ok():
+            log_event(self.log, "lease_lapsed_not_acting", logging.ERROR, cycle=self.cycle_id)
+            return results | {job_id: "skipped: lease lapsed" for job_id, *_ in plan}
         if not plan:
             return results
-        version = str(info.get("model_version", ""))
         audits = [
             {
                 "audit_id": new_id(),
@@ -438,7 +486,7 @@ class SlurmBackend:
             self.recorder.write(audits=audits, must_persist=True)
         except RecordError as exc:
             log_event(self.log, "audit_failed_not_acting", logging.ERROR, error=str(exc)[:300])
-            return {job_id: "skipped: audit not persisted" for job_id, *_ in plan}
+            return results | {job_id: "skipped: audit not persisted" for job_id, *_ in plan}
         outcomes: list[tuple[str, str, float]] = []
         rows = iter(audits)
         for job_id, cmds, nodes_idx, per in plan:
@@ -464,18 +512,95 @@ class SlurmBackend:
         self.recorder.write(outcomes=outcomes)
         return results
 
+    def _hand_back(
+        self,
+        obs: Observation,
+        now: float,
+        starting: set[int],
+        reshaped: Sequence[tuple[QueuedJob, str]],
+        version: str,
+    ) -> None:
+        """Release unchanged (no node list) the held jobs the loop will not place, each with
+        its reason logged and counted (``linkwise_serve_handed_back{reason}``)."""
+        out: dict[int, tuple[QueuedJob, str, str]] = {}
+        for q in obs.no_gpu:
+            if q.job_id in obs.refused:
+                kind = obs.kinds.get(q.job_id, "never_fits")
+                label = "can never fit" if kind == "never_fits" else "left to Slurm"
+                out[q.job_id] = (q, kind, f"{label}: {obs.refused[q.job_id]}")
+            else:
+                out[q.job_id] = (q, "no_gpu", "no GPUs requested")
+        for q, why in reshaped:
+            out[q.job_id] = (q, "shape", f"the policy did not give its shape ({why})")
+        for j, q in obs.managed.items():
+            if j not in starting and now - self.first_seen[j] > self.cfg.max_hold_s:
+                out.setdefault(j, (q, "max_hold", f"held over {self.cfg.max_hold_s:g} s"))
+        for q in self.moved:
+            if q.held and q.job_id not in out:
+                out[q.job_id] = (q, "partition_changed", f"partition changed to {q.partition}")
+        if not out:
+            return
+        for q, kind, reason in out.values():
+            self.metrics.handed_back.labels(kind).inc()
+            log_event(self.log, "handing_to_slurm", job_id=q.job_id, reason=reason, kind=kind)
+        self.released_ids.update(out)
+        release_held(
+            self.client,
+            [q for q, _, _ in out.values()],
+            recorder=self.recorder,
+            run_id=self.run_id,
+            cycle_id=self.cycle_id,
+            actor="loop:unmanaged",
+            model_version=version,
+            logger=self.log,
+        )
+
+    def _unstrand(self, obs: Observation, version: str) -> None:
+        """Clear the node list of jobs the loop released that Slurm reports it cannot run
+        there (BadConstraints, ReqNodeNotAvail, ...): Slurm then places them itself."""
+        if not obs.stranded:
+            return
+        for q in obs.stranded:
+            self.metrics.unstranded.inc()
+            log_event(
+                self.log,
+                "unstranding",
+                logging.WARNING,
+                job_id=q.job_id,
+                reason=q.reason,
+                nodes=compress(q.req_nodes),
+            )
+        release_held(
+            self.client,
+            obs.stranded,
+            recorder=self.recorder,
+            run_id=self.run_id,
+            cycle_id=self.cycle_id,
+            actor="loop:unstrand",
+            model_version=version,
+            logger=self.log,
+            command=clear_nodes_command,
+        )
+
     def _untag(self, obs: Observation, model_version: str) -> None:
         """End the claim on tagged jobs no longer held; count those the loop did not release
         (bypasses: released by someone else, e.g. by their user while no live loop held)."""
-        if not obs.bypassed:
+        known = {q.job_id for q in obs.bypassed}
+        # moved out of the managed partitions and released there: counted when seen moved
+        gone = [*obs.bypassed, *(q for q in self.moved if not q.held and q.job_id not in known)]
+        if not gone:
             return
-        others = [q for q in obs.bypassed if q.job_id not in self.released_ids]
+        others = [
+            q
+            for q in obs.bypassed
+            if q.job_id not in self.released_ids and q.job_id not in self.moved_ids
+        ]
         for q in others:
             self.metrics.hold_bypasses.inc()
             log_event(self.log, "hold_bypassed", logging.WARNING, job_id=q.job_id, user=q.user)
         release_held(
             self.client,
-            obs.bypassed,
+            gone,
             recorder=self.recorder,
             run_id=self.run_id,
             cycle_id=self.cycle_id,
@@ -530,6 +655,12 @@ class ShadowBackend(SlurmBackend):
     mode: Mode = "shadow"
 
 
+def _os_error(exc: OSError) -> str:
+    """An OS error's message, naming ENOSPC (a full disk) where it is one."""
+    text = str(exc)[:300]
+    return f"ENOSPC: {text}" if exc.errno == errno.ENOSPC and "ENOSPC" not in text else text
+
+
 # ------------------------------------------------------------------------ the serve loop
 
 
@@ -554,8 +685,9 @@ def serve(
     topo = slurm_topology(slurm_conf, name=cluster)
     lease_dir = lease_dir_for(config.lease_root, Path(slurm_conf).read_text(encoding="utf-8"))
     metrics = ServeMetrics()
+    metrics.max_hold.set(config.max_hold_s)
     if config.metrics_port is not None:
-        metrics.serve_http(config.metrics_port)
+        metrics.serve_http(config.metrics_port, config.metrics_addr)
     stop = stop or threading.Event()
     if install_signals:
 
@@ -581,6 +713,7 @@ def serve(
         logger=logger,
         on_lost=lambda n: metrics.lost_records.inc(n),
         on_spooled=lambda n: metrics.spooled_records.set(n),
+        on_audit_lost=lambda n: metrics.audit_unwritten.inc(n),
     )
     cls = SlurmBackend if config.mode == "active" else ShadowBackend
     backend = cls(

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -21,6 +22,7 @@ class ServeMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self._serving: set[tuple[str, str]] = set()
         r = self.registry
         self.cycle_seconds = Histogram(
             "linkwise_serve_cycle_seconds",
@@ -67,6 +69,40 @@ class ServeMetrics:
             "Jobs held for the loop found released by someone else (e.g. their user)",
             registry=r,
         )
+        self.partition_changes = Counter(
+            "linkwise_serve_partition_changes",
+            "Jobs held for the loop whose partition someone changed (also hold bypasses)",
+            registry=r,
+        )
+        self.handed_back = Counter(
+            "linkwise_serve_handed_back",
+            "Held jobs released unchanged to Slurm, by why (no_gpu, never_fits, max_hold, "
+            "shape, heterogeneous, array, constraint, unmodelled, several_partitions, "
+            "partition_changed)",
+            ["reason"],
+            registry=r,
+        )
+        self.unstranded = Counter(
+            "linkwise_serve_unstranded",
+            "Released jobs Slurm could not run on the loop's node list: the list was cleared",
+            registry=r,
+        )
+        self.moved_starts = Counter(
+            "linkwise_serve_moved_starts",
+            "Starts moved off nodes the job's constraints refuse onto nodes that accept it",
+            registry=r,
+        )
+        self.bad_rows = Counter(
+            "linkwise_serve_bad_store_rows",
+            "Rows read from the store that were ignored (NaN, infinite or negative)",
+            ["table"],
+            registry=r,
+        )
+        self.audit_unwritten = Counter(
+            "linkwise_serve_audit_unwritten",
+            "Audit records that could be neither stored nor spooled (logged on stderr)",
+            registry=r,
+        )
         self.infeasible_jobs = Gauge(
             "linkwise_serve_infeasible_jobs", "Held requests that can never fit", registry=r
         )
@@ -85,9 +121,56 @@ class ServeMetrics:
         )
         self.lease_expires = Gauge(
             "linkwise_serve_lease_expires_timestamp",
-            "When the lease expires (epoch s)",
+            "When the lease expires (epoch s; 0: no lease, shadow mode)",
             registry=r,
         )
+        # for the dashboard and the alerts (ops/grafana, ops/prometheus)
+        self.model_info = Gauge(
+            "linkwise_serve_model_info",
+            "1 for the policy deciding now and its registry version",
+            ["policy", "model_version"],
+            registry=r,
+        )
+        self.fallback_active = Gauge(
+            "linkwise_serve_fallback_active",
+            "1 while the fallback heuristic decides instead of the configured policy",
+            registry=r,
+        )
+        self.oldest_hold = Gauge(
+            "linkwise_serve_oldest_hold_seconds",
+            "Age (since submission) of the oldest job held for the loop; 0 when none",
+            registry=r,
+        )
+        self.max_hold = Gauge(
+            "linkwise_serve_max_hold_seconds",
+            "The loop's max-hold: held jobs older than this are released unchanged",
+            registry=r,
+        )
+        # the label values known in advance start at 0, so their series exist from the start
+        for outcome in ("ok", "slurm_error"):
+            self.cycles.labels(outcome)
+        for action in ("start", "wait"):
+            self.decisions.labels(action)
+        for reason in ("model_unavailable", "decide_error"):
+            self.fallbacks.labels(reason)
+        for outcome in ("ok", "failed"):
+            self.model_reloads.labels(outcome)
+        for command in ("update", "release"):
+            for outcome in ("ok", "error"):
+                self.actions.labels(command, outcome)
+
+    def serving(self, policy: str, model_version: str, *, fallback: bool) -> None:
+        """Record which policy decides now (one ``model_info`` series) and whether it is the
+        fallback."""
+        if (policy, model_version) not in self._serving:
+            self.model_info.clear()
+            self._serving = {(policy, model_version)}
+        self.model_info.labels(policy, model_version).set(1)
+        self.fallback_active.set(1 if fallback else 0)
+
+    def observe_holds(self, submit_times: Iterable[float], now: float) -> None:
+        """The oldest hold's age, from the submit times of the jobs held for the loop."""
+        self.oldest_hold.set(max((now - t for t in submit_times), default=0.0))
 
     def text(self) -> str:
         """The exposition text of every metric."""

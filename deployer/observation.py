@@ -12,8 +12,11 @@ its attained service (GPUs x the time since it started), as in training."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import math
 import os
-from collections.abc import Iterable, Mapping, Sequence
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -32,25 +35,66 @@ from linkwise.cluster.slurm.records import NodeInfo, QueuedJob
 from linkwise.cluster.topology import load_topology
 from linkwise.datasets.prediction import ensure_predicted
 from linkwise.datasets.predictor import RuntimePredictor
-from linkwise.deployer.safety import Recorder, bypassed, held_for_loop, in_partitions
+from linkwise.deployer.safety import (
+    RELEASED_TAG,
+    Recorder,
+    bypassed,
+    held_for_loop,
+    in_partitions,
+)
 
 __all__ = [
+    "STRANDED_REASONS",
+    "NodeRoom",
     "Observation",
     "build_observation",
     "check_start",
     "job_shape",
+    "left_to_slurm",
     "never_fits",
     "node_usable",
+    "place_within",
     "read_link_load",
     "slurm_topology",
 ]
 
 DEFAULT_DURATION_S = 3600.0
 _UNUSABLE_FLAGS = frozenset(
-    {"DRAIN", "DRAINING", "DRAINED", "NOT_RESPONDING", "MAINTENANCE", "FAIL", "POWERED_DOWN"}
+    {
+        "DRAIN",
+        "DRAINING",
+        "DRAINED",
+        "NOT_RESPONDING",
+        "MAINTENANCE",
+        "RESERVED",
+        "FAIL",
+        "POWERED_DOWN",
+        "POWERING_DOWN",
+        "POWER_DOWN",
+        "REBOOT_REQUESTED",
+        "REBOOT_ISSUED",
+    }
 )
+# pending reasons of a released job that cannot run on the node list the loop gave it
+STRANDED_REASONS = ("BadConstraints", "ReqNodeNotAvail", "PartitionNodeLimit", "NodeDown")
+_SIMPLE_FEATURES = re.compile(r"[A-Za-z0-9_.-]+(?:&[A-Za-z0-9_.-]+)*\Z")
 _USABLE_STATES = frozenset({"IDLE", "MIXED", "ALLOCATED", "COMPLETING"})
 Mode = Literal["shadow", "active"]
+_MAX_FLOWS = 1024.0  # a measured NIC load counts as at most this many flows
+
+
+@dataclass(frozen=True)
+class NodeRoom:
+    """What a node has left for a new job beyond GPUs: CPUs, memory, whether nothing runs on
+    it (``--exclusive``), its features, and what it has in all."""
+
+    usable: bool
+    cpus: int
+    cpus_free: int
+    memory_mb: int  # 0: unknown (not checked)
+    memory_free_mb: int
+    idle: bool
+    features: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -67,6 +111,10 @@ class Observation:
     held_total: int  # held for the loop
     bypassed: tuple[QueuedJob, ...] = ()  # tagged as held for the loop, no longer held
     foreign_held: int = 0  # held, but not for the loop (an admin's, a user's own): left alone
+    rooms: tuple[NodeRoom, ...] = ()  # per topology node (CPUs, memory, features, idle)
+    kinds: Mapping[int, str] = dataclasses.field(default_factory=dict)  # refused -> a label
+    stranded: tuple[QueuedJob, ...] = ()  # released by the loop; Slurm cannot run it there
+    partition_moved: tuple[QueuedJob, ...] = ()  # tagged held, partition changed by its user
 
 
 def slurm_topology(slurm_conf: str | os.PathLike[str], name: str = "slurm") -> Topology:
@@ -105,14 +153,81 @@ def _job(q: QueuedJob) -> Job:
     )
 
 
-def never_fits(shape: Shape, topo: Topology, partition_nodes: Iterable[int]) -> str | None:
-    """Why a request can never fit the partition's nodes (None when it can)."""
+def never_fits(
+    shape: Shape,
+    topo: Topology,
+    partition_nodes: Iterable[int],
+    job: QueuedJob | None = None,
+    rooms: Sequence[NodeRoom] = (),
+) -> str | None:
+    """Why a request can never fit the partition's nodes (None when it can); with ``job``
+    and ``rooms``, only the nodes its constraints accept count (excluded nodes, features,
+    CPUs and memory in all)."""
     big = [i for i in partition_nodes if topo.nodes[i].gpus >= shape.gpus_per_node]
     if len(big) < shape.nodes:
         return (
             f"needs {shape.nodes} node(s) x {shape.gpus_per_node} GPU(s); the partition has "
             f"{len(big)} node(s) with that many GPUs"
         )
+    if job is not None and rooms:
+        ok = [i for i in big if _static_misfit(job, topo.nodes[i].name, rooms[i]) is None]
+        if len(ok) < shape.nodes:
+            return (
+                f"needs {shape.nodes} node(s) x {shape.gpus_per_node} GPU(s) its constraints "
+                f"accept; the partition has {len(ok)}"
+            )
+    return None
+
+
+def left_to_slurm(q: QueuedJob) -> tuple[str, str] | None:
+    """(label, reason) when the loop does not model what the job asks, so Slurm must place
+    it (handed back unchanged, at once); None when the loop can place it itself."""
+    if q.het_job_id:
+        return "heterogeneous", f"heterogeneous job {q.het_job_id}+{q.het_job_offset}"
+    if q.array_job_id:
+        what = f"tasks {q.array_tasks}" if q.array_tasks else f"task {q.array_task_id}"
+        return "array", f"job array {q.array_job_id} ({what}): one node list cannot serve them"
+    if q.features and not _SIMPLE_FEATURES.match(q.features):
+        return "constraint", f"constraint expression {q.features[:80]!r}"
+    if q.unmodelled:
+        return "unmodelled", "asks what the loop does not model: " + ", ".join(q.unmodelled)
+    if q.num_nodes > 1 and q.gpus % q.num_nodes:
+        return "shape", f"{q.gpus} GPU(s) over {q.num_nodes} nodes: an uneven split"
+    return None
+
+
+def _features_of(q: QueuedJob) -> set[str]:
+    return {f for f in q.features.split("&") if f}
+
+
+def _static_misfit(q: QueuedJob, name: str, room: NodeRoom) -> str | None:
+    """Why the node can never take the job (its constraints), None when it can."""
+    if name in q.excluded_nodes:
+        return "excluded"
+    missing = _features_of(q) - room.features
+    if missing:
+        return "lacks feature " + "&".join(sorted(missing))
+    if q.cpus_per_node > room.cpus > 0:
+        return f"has {room.cpus} CPU(s)"
+    if room.memory_mb and q.mem_per_node_mb > room.memory_mb:
+        return f"has {room.memory_mb} MB"
+    return None
+
+
+def node_misfit(q: QueuedJob, name: str, room: NodeRoom) -> str | None:
+    """Why the node cannot take the job now (constraints, state, CPUs, memory, exclusive),
+    None when it can (GPUs are checked apart)."""
+    why = _static_misfit(q, name, room)
+    if why is not None:
+        return why
+    if not room.usable:
+        return "not usable"
+    if q.cpus_per_node > room.cpus_free or room.cpus_free <= 0:
+        return f"{room.cpus_free} free CPU(s)"
+    if room.memory_mb and q.mem_per_node_mb > room.memory_free_mb:
+        return f"{room.memory_free_mb} MB free"
+    if q.exclusive and not room.idle:
+        return "not idle (--exclusive)"
     return None
 
 
@@ -143,10 +258,12 @@ def build_observation(
     part_nodes = sorted(
         index[n.name] for n in nodes if n.name in index and managed_parts & set(n.partitions)
     )
+    in_part = set(part_nodes)
+    rooms = [_room(info.get(t.name), i in in_part) for i, t in enumerate(topo.nodes)]
     free = [0] * len(topo.nodes)
     for i in part_nodes:
         ni = info[topo.nodes[i].name]
-        if node_usable(ni):
+        if rooms[i].usable and rooms[i].cpus_free > 0:
             free[i] = max(0, min(ni.gpus_total, topo.nodes[i].gpus) - ni.gpus_used)
     running: list[RunningJob] = []
     started: dict[int, tuple[float, str]] = {}
@@ -155,9 +272,18 @@ def build_observation(
     shapes: dict[int, Shape] = {}
     no_gpu: list[QueuedJob] = []
     refused: dict[int, str] = {}
+    kinds: dict[int, str] = {}
     refused_jobs: dict[int, QueuedJob] = {}
     gone: list[QueuedJob] = []
+    stranded: list[QueuedJob] = []
+    moved: list[QueuedJob] = []
     held_total = foreign = 0
+
+    def refuse(q: QueuedJob, kind: str, why: str) -> None:
+        refused[q.job_id] = why
+        kinds[q.job_id] = kind
+        refused_jobs[q.job_id] = q
+
     for q in queue:
         if in_partitions(q, managed_parts) and bypassed(q):
             gone.append(q)
@@ -185,39 +311,55 @@ def build_observation(
             continue
         if q.partition not in managed_parts:
             if mode == "active" and held_for_loop(q) and in_partitions(q, managed_parts):
-                # held for the loop but submitted to several partitions: Slurm chooses
-                refused[q.job_id] = f"several partitions ({q.partition}): left to Slurm"
-                refused_jobs[q.job_id] = q
+                # held for the loop but now of several partitions (job_submit.lua holds only
+                # jobs of one): its partition was changed; Slurm chooses
+                refuse(q, "several_partitions", f"several partitions ({q.partition})")
+                moved.append(q)
                 held_total += 1
             continue
+        if (
+            mode == "active"
+            and not q.held
+            and q.admin_comment == RELEASED_TAG
+            and q.req_nodes
+            and q.reason.startswith(STRANDED_REASONS)
+        ):
+            stranded.append(q)
         ours = held_for_loop(q)
         held_total += ours
         foreign += q.held and not ours
         if (mode == "active" and not ours) or (mode == "shadow" and q.held):
             continue  # active: only jobs held for the loop; shadow: held ones wait anyway
+        unmodelled = left_to_slurm(q) if ours else None
+        if unmodelled is not None:
+            refuse(q, *unmodelled)
+            continue
         if q.gpus <= 0:
             if ours:
                 no_gpu.append(q)
             continue
         shape = job_shape(q)
-        why = never_fits(shape, topo, part_nodes)
+        why = never_fits(shape, topo, part_nodes, q, rooms)
         if why is not None:
-            refused[q.job_id] = why
-            refused_jobs[q.job_id] = q
+            refuse(q, "never_fits", why)
             continue
         managed[q.job_id] = q
         shapes[q.job_id] = shape
         job = ensure_predicted((_job(q),), predictor)[0]
         pending.append(PendingJob(job, remaining_s=job.duration))
-    for nodes_idx, per in (inflight or {}).values():
+    by_id = {q.job_id: q for q in queue}
+    for j, (nodes_idx, per) in (inflight or {}).items():
         for i in nodes_idx:
             free[i] = max(0, free[i] - per)
+            if j in by_id:
+                rooms[i] = take_room(rooms[i], by_id[j])
     pending.sort(key=lambda p: (p.job.submit_time, p.job.job_id))
     flows = link_flows(topo, (r.placement for r in running))
     for name, load in (link_load or {}).items():
         k = index.get(name)
-        if k is not None and topo.nodes[k].nic_gbps > 0:
-            measured = round(load / (topo.nodes[k].nic_gbps * 1e9))
+        rate = _rate(load)
+        if k is not None and rate is not None and topo.nodes[k].nic_gbps > 0:
+            measured = round(min(rate / (topo.nodes[k].nic_gbps * 1e9), _MAX_FLOWS))
             flows[k] = max(flows[k], measured)
     state = ClusterState(
         time=now,
@@ -238,34 +380,148 @@ def build_observation(
         held_total=held_total,
         bypassed=tuple(gone),
         foreign_held=foreign,
+        rooms=tuple(rooms),
+        kinds=kinds,
+        stranded=tuple(stranded),
+        partition_moved=tuple(moved),
+    )
+
+
+def _room(info: NodeInfo | None, in_partition: bool) -> NodeRoom:
+    if info is None:
+        return NodeRoom(False, 0, 0, 0, 0, False)
+    cpus_free = max(0, info.cpus - info.cpus_alloc) if info.cpus else 1
+    return NodeRoom(
+        usable=in_partition and node_usable(info),
+        cpus=info.cpus,
+        cpus_free=cpus_free,
+        memory_mb=info.memory_mb,
+        memory_free_mb=max(0, info.memory_mb - info.memory_alloc_mb),
+        idle=info.cpus_alloc == 0 and info.gpus_used == 0,
+        features=frozenset(info.features),
+    )
+
+
+def take_room(room: NodeRoom, q: QueuedJob) -> NodeRoom:
+    """What is left of a node once the job starts on it (an exclusive job takes it all)."""
+    if q.exclusive:
+        return dataclasses.replace(room, cpus_free=0, memory_free_mb=0, idle=False)
+    return dataclasses.replace(
+        room,
+        cpus_free=max(0, room.cpus_free - max(1, q.cpus_per_node)),
+        memory_free_mb=max(0, room.memory_free_mb - q.mem_per_node_mb),
+        idle=False,
     )
 
 
 def check_start(
-    placement: Placement, shape: Shape, free: Sequence[int], topo: Topology
+    placement: Placement,
+    shape: Shape,
+    free: Sequence[int],
+    topo: Topology,
+    job: QueuedJob | None = None,
+    rooms: Sequence[NodeRoom] = (),
 ) -> str | None:
     """Why a start cannot be applied as is (None when it can): Slurm runs the job on exactly
     the placement's nodes with its own GPUs per node, so the node count must match the job
-    and every node needs that many free GPUs (held jobs skip Slurm's feasibility check)."""
+    and every node needs that many free GPUs (held jobs skip Slurm's feasibility check);
+    with ``job`` and ``rooms`` every node must also be one Slurm accepts for the job
+    (``constraint: ...``: excluded, features, state, CPUs, memory, exclusive, contiguous)."""
     if any(not 0 <= n < len(topo.nodes) for n in placement.nodes):
         return "unknown node"
     if placement.num_nodes != shape.nodes:
         return f"shape: {placement.num_nodes} node(s) chosen, the job asks {shape.nodes}"
+    if job is not None and rooms:
+        bad = [
+            f"{topo.nodes[n].name} {why}"
+            for n in placement.nodes
+            if (why := node_misfit(job, topo.nodes[n].name, rooms[n])) is not None
+        ]
+        if bad:
+            return "constraint: " + "; ".join(bad)
+        if job.contiguous and not _contiguous(placement.nodes):
+            return "constraint: --contiguous needs consecutive nodes"
     short = [topo.nodes[n].name for n in placement.nodes if free[n] < shape.gpus_per_node]
     if short:
         return f"busy: {','.join(short)} lack {shape.gpus_per_node} free GPU(s)"
     return None
 
 
-def read_link_load(recorder: Recorder, cluster: str, since: float) -> dict[str, float]:
-    """The latest NIC load (bytes/s, the busiest device and direction) of each node."""
+def _contiguous(nodes: Sequence[int]) -> bool:
+    ordered = sorted(nodes)
+    return all(b == a + 1 for a, b in itertools.pairwise(ordered))
+
+
+def place_within(
+    job: QueuedJob,
+    shape: Shape,
+    free: Sequence[int],
+    topo: Topology,
+    rooms: Sequence[NodeRoom],
+    prefer: Sequence[int] = (),
+) -> Placement | None:
+    """The job's requested shape on nodes Slurm accepts for it that have room now (the
+    ``prefer``red nodes first, then in Slurm's node order; consecutive ones for
+    ``--contiguous``); None when there is none."""
+    fits = [
+        i
+        for i in range(len(topo.nodes))
+        if free[i] >= shape.gpus_per_node and node_misfit(job, topo.nodes[i].name, rooms[i]) is None
+    ]
+    if job.contiguous and shape.nodes > 1:
+        ok = set(fits)
+        windows = [
+            list(range(s, s + shape.nodes))
+            for s in range(len(topo.nodes) - shape.nodes + 1)
+            if all(i in ok for i in range(s, s + shape.nodes))
+        ]
+        if not windows:
+            return None
+        best = max(windows, key=lambda w: len(set(w) & set(prefer)))
+        return Placement.of([(i, shape.gpus_per_node) for i in best])
+    order = [i for i in prefer if i in fits] + [i for i in fits if i not in prefer]
+    chosen = list(dict.fromkeys(order))[: shape.nodes]
+    if len(chosen) < shape.nodes:
+        return None
+    return Placement.of([(i, shape.gpus_per_node) for i in chosen])
+
+
+def read_link_load(
+    recorder: Recorder,
+    cluster: str,
+    since: float,
+    on_bad: Callable[[int], None] | None = None,
+) -> dict[str, float]:
+    """The latest valid NIC load (bytes/s, the busiest device and direction) of each node.
+
+    A rate that is NaN, infinite, negative or not a number is ignored: the latest valid one
+    of its link counts instead, and ``on_bad`` is told how many rows of the window were
+    ignored (the loop counts them; it never dies on a bad row)."""
     rows = recorder.query(
-        "SELECT node, arg_max(bytes_per_s, ts) FROM link_load "
+        "SELECT node, arg_max(bytes_per_s, ts) FILTER (WHERE isfinite(bytes_per_s) "
+        "AND bytes_per_s >= 0), count(*) FILTER (WHERE bytes_per_s IS NULL "
+        "OR NOT isfinite(bytes_per_s) OR bytes_per_s < 0) FROM link_load "
         "WHERE ts >= ? AND link_class IN ('ib', 'eth') AND (cluster = ? OR cluster = '') "
         "GROUP BY node, device, direction",
         [since, cluster],
     )
     out: dict[str, float] = {}
-    for node, load in rows or []:
-        out[str(node)] = max(out.get(str(node), 0.0), float(load))
+    bad = 0
+    for node, load, n_bad in rows or []:
+        bad += int(n_bad or 0)
+        value = _rate(load)
+        if value is None:
+            bad += load is not None
+            continue
+        out[str(node)] = max(out.get(str(node), 0.0), value)
+    if bad and on_bad is not None:
+        on_bad(bad)
     return out
+
+
+def _rate(value: object) -> float | None:
+    """A finite, non-negative rate, else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    rate = float(value)
+    return rate if math.isfinite(rate) and rate >= 0 else None

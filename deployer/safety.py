@@ -29,6 +29,7 @@ persisted stops the action it describes (``RecordError``).
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import logging
@@ -58,6 +59,8 @@ __all__ = [
     "RecordError",
     "Recorder",
     "bypassed",
+    "clear_nodes_command",
+    "error_text",
     "hand_back",
     "held_for_loop",
     "in_partitions",
@@ -97,6 +100,8 @@ DECISION_COLUMNS = (
     "latency_ms",
     "n_pending",
     "note",
+    "deviated",
+    "explanation",
 )
 AUDIT_COLUMNS = (
     "audit_id",
@@ -355,12 +360,14 @@ class Recorder:
         on_lost: Callable[[int], None] | None = None,
         on_spooled: Callable[[int], None] | None = None,
         open_store: Callable[[str], Any] | None = None,
+        on_audit_lost: Callable[[int], None] | None = None,
     ) -> None:
         self.db = db
         self.spool = Path(spool)
         self.log = logger
         self.on_lost = on_lost
         self.on_spooled = on_spooled
+        self.on_audit_lost = on_audit_lost
         self._open = open_store if open_store is not None else default_open_store
         self.store_ok = True
 
@@ -391,19 +398,27 @@ class Recorder:
                 _join(con, joins)
                 return "store"
             except Exception as exc:
-                log_event(self.log, "store_write_failed", logging.WARNING, error=str(exc)[:300])
+                log_event(self.log, "store_write_failed", logging.WARNING, error=error_text(exc))
             finally:
-                con.close()
+                try:
+                    con.close()
+                except Exception as exc:
+                    log_event(self.log, "store_close_failed", logging.WARNING, error=str(exc))
         if not lines:
             return "spool"
         try:
             self._append_spool(lines)
         except OSError as exc:
             log_event(
-                self.log, "records_lost", logging.ERROR, count=len(lines), error=str(exc)[:300]
+                self.log, "records_lost", logging.ERROR, count=len(lines), error=error_text(exc)
             )
             if self.on_lost is not None:
                 self.on_lost(len(lines))
+            lost_audits = [r for t, r in lines if t == "audit"]
+            if lost_audits:  # on stderr at least: what was done, or about to be done
+                log_event(self.log, "audit_unwritten", logging.ERROR, records=lost_audits)
+                if self.on_audit_lost is not None:
+                    self.on_audit_lost(len(lost_audits))
             if must_persist:
                 raise RecordError(f"cannot store or spool {len(lines)} records: {exc}") from exc
             return "lost"
@@ -445,7 +460,7 @@ class Recorder:
                     "store_unavailable",
                     logging.WARNING,
                     db=self.db,
-                    error=str(exc)[:300],
+                    error=error_text(exc),
                     spool=str(self.spool),
                 )
             self.store_ok = False
@@ -518,8 +533,11 @@ def _insert(con: Any, lines: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
                 "UPDATE audit SET outcome = ?, outcome_ts = ? WHERE audit_id = ?", outcomes
             )
         con.commit()
-    except BaseException:
-        con.rollback()
+    except BaseException as exc:
+        try:
+            con.rollback()
+        except Exception as gone:  # e.g. a full disk ended the transaction: keep the cause
+            exc.add_note(f"rollback: {gone}")
         raise
 
 
@@ -560,6 +578,21 @@ def release_command(job_id: int) -> list[str]:
     return ["scontrol", "release", str(int(job_id))]
 
 
+def clear_nodes_command(job_id: int) -> list[str]:
+    """The argument list that clears a pending job's node list (Slurm places it again)."""
+    return ["scontrol", "update", f"JobId={int(job_id)}", "ReqNodeList="]
+
+
+def error_text(exc: BaseException, limit: int = 300) -> str:
+    """An error's message for the logs, naming ENOSPC where a full disk is the cause (DuckDB
+    reports it as an I/O error; an ``OSError`` carries its errno)."""
+    text = " ".join([str(exc), *getattr(exc, "__notes__", ())])
+    full = getattr(exc, "errno", None) == errno.ENOSPC or "no space left" in text.lower()
+    if full and "ENOSPC" not in text:
+        text = f"ENOSPC (disk full): {text}"
+    return text[:limit]
+
+
 def untag_command(job_id: int) -> list[str]:
     """The argument list that ends the loop's claim on a job no longer held."""
     return ["scontrol", "update", f"JobId={int(job_id)}", f"AdminComment={RELEASED_TAG}"]
@@ -580,6 +613,7 @@ def release_held(
     """Run ``command`` (by default: release unchanged) on ``jobs``, each audited first;
     returns the ids it succeeded on. Releasing skips jobs no longer held."""
     targets = [j for j in jobs if j.held or command is not release_command]
+    targets = list({j.job_id: j for j in targets}.values())
     if not targets:
         return []
     now = time.time()

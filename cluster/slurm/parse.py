@@ -522,9 +522,60 @@ def parse_queue(doc: Mapping[str, Any]) -> list[QueuedJob]:
                 and (job.get("priority") == 0 or reason.startswith("JobHeld")),
                 req_nodes=tuple(expand(req)) if req else (),
                 admin_comment=str(job.get("admin_comment") or ""),
+                **_request_fields(job),
             )
         )
     return out
+
+
+# job fields whose requests the live loop does not model: a job with any of them set is
+# left to Slurm (``QueuedJob.unmodelled``)
+_UNMODELLED_FIELDS = (
+    "licenses",
+    "resv_name",
+    "dependency",
+    "tres_per_task",
+    "tres_per_socket",
+    "cpus_per_tres",
+    "memory_per_tres",
+    "cluster_features",
+    "batch_features",
+)
+
+
+def _request_fields(job: Mapping[str, Any]) -> dict[str, Any]:
+    """What else a queue record holds of the job's request (``QueuedJob``'s constraint
+    fields): excluded nodes, features, exclusive, contiguous, CPUs and memory per node,
+    heterogeneous and array membership, and the requests the loop cannot judge."""
+    nodes = max(1, _int(job.get("node_count")))
+    cpus_total = _int(job.get("cpus"))
+    cpus = max(_int(job.get("minimum_cpus_per_node")), -(-cpus_total // nodes))
+    mem = _int(job.get("memory_per_node"))
+    if not mem and _int(job.get("memory_per_cpu")):
+        mem = _int(job.get("memory_per_cpu")) * max(1, cpus)
+    excluded = str(job.get("excluded_nodes") or "")
+    unmodelled = [f"{key}={str(job.get(key))[:60]}" for key in _UNMODELLED_FIELDS if job.get(key)]
+    per_node = str(job.get("tres_per_node") or "")
+    if any(not t.startswith("gres:gpu") for t in per_node.split(",") if t):
+        unmodelled.append(f"tres_per_node={per_node[:60]}")
+    if _int(job.get("minimum_tmp_disk_per_node")):
+        unmodelled.append("tmp disk")
+    task = job.get("array_task_id")
+    shared = str(job.get("shared") or "").lower()
+    return dict(
+        excluded_nodes=tuple(expand(excluded)) if excluded else (),
+        features=str(job.get("features") or ""),
+        exclusive=shared in ("none", "user", "mcs") or bool(job.get("exclusive")),
+        contiguous=bool(job.get("contiguous")),
+        cpus_per_node=cpus,
+        mem_per_node_mb=mem,
+        het_job_id=_int(job.get("het_job_id")),
+        het_job_offset=_int(job.get("het_job_offset")),
+        array_job_id=_int(job.get("array_job_id")),
+        array_task_id=None if task is None or task == "" else int(task),
+        array_tasks=str(job.get("array_task_string") or ""),
+        unmodelled=tuple(unmodelled),
+    )
 
 
 def parse_nodes(doc: Mapping[str, Any]) -> list[NodeInfo]:
@@ -542,9 +593,19 @@ def parse_nodes(doc: Mapping[str, Any]) -> list[NodeInfo]:
                 cpus=int(node.get("cpus") or 0),
                 gpus_total=gres_gpus(str(node.get("gres") or "")),
                 gpus_used=gres_gpus(str(node.get("gres_used") or "")),
+                cpus_alloc=_int(node.get("alloc_cpus")),
+                memory_mb=_int(node.get("real_memory")),
+                memory_alloc_mb=_int(node.get("alloc_memory")),
+                features=_features(node.get("active_features") or node.get("features")),
             )
         )
     return out
+
+
+def _features(value: Any) -> tuple[str, ...]:
+    """A node's features: a comma-separated string (22.05) or a list (later versions)."""
+    items = value if isinstance(value, list) else str(value or "").split(",")
+    return tuple(str(f).strip() for f in items if str(f).strip())
 
 
 def parse_partitions(doc: Mapping[str, Any]) -> list[PartitionInfo]:

@@ -55,6 +55,10 @@ class NodeInfo:
     cpus: int
     gpus_total: int
     gpus_used: int
+    cpus_alloc: int = 0
+    memory_mb: int = 0  # RealMemory (0: unknown)
+    memory_alloc_mb: int = 0
+    features: tuple[str, ...] = ()  # active features (what ``--constraint`` matches)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +87,19 @@ class QueuedJob:
     held: bool
     req_nodes: tuple[str, ...] = ()
     admin_comment: str = ""  # set by administrators (and job_submit plugins) only
+    # what else Slurm holds of the request (squeue --json / slurmrestd v0.0.38 fields)
+    excluded_nodes: tuple[str, ...] = ()  # --exclude
+    features: str = ""  # --constraint, as written
+    exclusive: bool = False  # --exclusive (shared "none", "user" or "mcs")
+    contiguous: bool = False  # --contiguous
+    cpus_per_node: int = 0  # the CPUs it needs on each node (0: not known)
+    mem_per_node_mb: int = 0  # the memory it needs on each node (0: not asked)
+    het_job_id: int = 0  # heterogeneous job (sbatch ... : ...): its leader's id
+    het_job_offset: int = 0
+    array_job_id: int = 0  # job array: the array's id
+    array_task_id: int | None = None  # None with ``array_tasks``: tasks not yet split
+    array_tasks: str = ""  # the pending tasks one record stands for (e.g. "0-9")
+    unmodelled: tuple[str, ...] = ()  # requests the loop cannot judge (licenses, ...)
 
 
 @dataclass(frozen=True, slots=True)
