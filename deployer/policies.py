@@ -181,6 +181,9 @@ class GuardedPolicy:
             decision = chosen.policy.decide(state)
         latency = time.perf_counter() - t0
         self.metrics.decision_seconds.observe(latency)
+        self.metrics.serving(
+            chosen.name, chosen.model_version, fallback=chosen is self.holder.fallback
+        )
         self.last = {
             "policy": chosen.name,
             "model_version": chosen.model_version,
