@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_OUT ?= linkwise-out
 
-.PHONY: install demo demo-slurm test lint format typecheck pytest bench clean slurm-up slurm-down
+.PHONY: install demo demo-slurm test lint format typecheck pytest bench clean slurm-up slurm-down prometheus-up prometheus-down
 
 install: $(STAMP)
 
@@ -38,17 +38,25 @@ format: install
 typecheck: install
 	$(BIN)/mypy -p linkwise
 
-# Tests marked `services` need a real Slurm: the project's own script installs and starts
-# one (scripts/local-slurm), and it is stopped again whatever the outcome.
+# Tests marked `services` need a real Slurm and a real Prometheus: the project's own scripts
+# install and start them (scripts/local-slurm, scripts/local-prometheus), and they are stopped
+# again whatever the outcome.
 pytest: install
 	scripts/local-slurm start
-	$(BIN)/pytest; rc=$$?; scripts/local-slurm stop; exit $$rc
+	scripts/local-prometheus start
+	$(BIN)/pytest; rc=$$?; scripts/local-prometheus stop; scripts/local-slurm stop; exit $$rc
 
 slurm-up:
 	scripts/local-slurm start
 
 slurm-down:
 	scripts/local-slurm stop
+
+prometheus-up:
+	scripts/local-prometheus start
+
+prometheus-down:
+	scripts/local-prometheus stop
 
 test: lint typecheck pytest
 
