@@ -3,6 +3,7 @@
     linkwise serve --mode shadow|active --partition NAME [--policy model:champion|HEURISTIC]
                    [--fallback HEURISTIC] [--slurm-env FILE] [--db PATH] [--interval S]
                    [--lease S] [--lease-root DIR] [--metrics-port N] [--max-cycles N]
+                   [--migrate-budget N] [--migrate-min-run S] [--migrate-grace S]
 
 Also runnable as ``python -m linkwise.deployer.serve ...``. Logs are JSON lines on stderr.
 Exit status 2 on bad options and when another loop manages any of the named partitions.
@@ -18,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from linkwise.deployer.loop import DEFAULT_LEASE_ROOT, ServeConfig, serve
+from linkwise.deployer.migration import MigrationConfig
 from linkwise.deployer.safety import LeaseTaken
 from linkwise.models.registry import ModelSource
 
@@ -99,6 +101,24 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         ),
     )
     p.add_argument(
+        "--migrate-budget",
+        type=int,
+        default=MigrationConfig.budget,
+        help="preemptions/migrations per opted-in job over its life (Slurm's restart count)",
+    )
+    p.add_argument(
+        "--migrate-min-run",
+        type=float,
+        default=MigrationConfig.min_run_s,
+        help="seconds an opted-in job runs after each (re)start before it may be moved",
+    )
+    p.add_argument(
+        "--migrate-grace",
+        type=float,
+        default=MigrationConfig.grace_s,
+        help="checkpoint seconds after USR1 when the job's linkwise:migratable tag names none",
+    )
+    p.add_argument(
         "--no-watchdog",
         action="store_true",
         help="do not start the watchdog process (active mode; not recommended)",
@@ -127,6 +147,9 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         max_cycles=args.max_cycles,
         watchdog=not args.no_watchdog,
         lease_root=args.lease_root,
+        migration=MigrationConfig(
+            grace_s=args.migrate_grace, budget=args.migrate_budget, min_run_s=args.migrate_min_run
+        ),
     )
 
 

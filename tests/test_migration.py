@@ -318,3 +318,17 @@ def test_config_is_validated() -> None:
         MigrationConfig(signal="USR1; rm")
     with pytest.raises(ValueError):
         MigrationConfig(budget=-1)
+
+
+def test_serve_options_set_the_rules() -> None:
+    import argparse
+
+    from linkwise.deployer.serve import config_from_args, configure_parser
+
+    parser = argparse.ArgumentParser()
+    configure_parser(parser)
+    args = ["--partition", "gpu", "--migrate-budget", "1", "--migrate-min-run", "60"]
+    cfg = config_from_args(parser.parse_args([*args, "--migrate-grace", "45"]))
+    assert cfg.migration == MigrationConfig(grace_s=45, budget=1, min_run_s=60)
+    with pytest.raises(ValueError):
+        config_from_args(parser.parse_args(["--partition", "gpu", "--migrate-grace", "-1"]))
