@@ -164,11 +164,20 @@ _V4 = (
     "ALTER TABLE rejected_rows ADD COLUMN field VARCHAR",
 )
 
+# Why each decision (deployer/explain.py): whether the policy deviated from its base, and the
+# explanation recorded at decision time (JSON text: chosen row, runner-up, scores, the base's
+# choice, predicted slowdowns, the guard's reason).
+_V_EXPLAIN = (
+    "ALTER TABLE decisions ADD COLUMN deviated BOOLEAN",
+    "ALTER TABLE decisions ADD COLUMN explanation VARCHAR",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "jobs, job_nodes, nodes, telemetry, link_load, rejected_rows, ingest_state", _V1),
     Migration(2, "telemetry_samples.labels as VARCHAR (JSON text, not validated)", _V2),
     Migration(3, "decisions and audit of the live loop", _V3),
     Migration(4, "rejected_rows.job_id and rejected_rows.field", _V4),
+    Migration(5, "decisions.deviated and decisions.explanation", _V_EXPLAIN),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

@@ -1,7 +1,9 @@
 """The live loop's decision log: one ``decisions`` row per start the policy chose (or one
 ``wait`` row per cycle, and one per request that can never fit), joined later with what
-Slurm did (the job's actual start and nodes), written through the ``Recorder`` (DuckDB, or
-its spool while the store is unavailable), counted in the loop's metrics.
+Slurm did (the job's actual start and nodes), each with its explanation when the policy gave
+one (``info["explanation"]``, built by ``deployer.explain``: why, recorded at decision time;
+``deviated`` whether the policy departed from its base), written through the ``Recorder``
+(DuckDB, or its spool while the store is unavailable), counted in the loop's metrics.
 
 It takes a clock: the live loop stamps rows with wall time, the shadow demo over the
 simulator (``pipelines.sim_shadow``) with simulated time; both run this code. Where a job
@@ -11,6 +13,7 @@ went between two observations (started and finished unseen) is asked of ``finish
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -32,6 +35,18 @@ AWAIT_S = 86400.0  # start decisions older than this are no longer joined
 
 def _no_lookup(_ids: Sequence[int]) -> list[Join]:
     return []
+
+
+def _explained(row: dict[str, Any], why: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The row with its explanation (``deployer.explain``) as JSON text and its deviation."""
+    if why is None:
+        return row
+    dev = why.get("deviated")
+    return {
+        **row,
+        "deviated": None if dev is None else bool(dev),
+        "explanation": json.dumps(why, sort_keys=True, default=str),
+    }
 
 
 @dataclass
@@ -80,6 +95,7 @@ class DecisionLog:
         ) -> dict[str, Any]:
             return self._row(cycle_id, now, job_id, action, nodes, gpus, note, info, n_pending)
 
+        explained: Mapping[int | None, Mapping[str, Any]] = info.get("explanation") or {}
         rows: list[dict[str, Any]] = []
         for j, why in obs.refused.items():
             if j not in self.reported:
@@ -88,10 +104,12 @@ class DecisionLog:
         for start in decision.starts:
             names = compress(topology.nodes[n].name for n in start.placement.nodes)
             note = results.get(start.job_id, "shadow")
-            rows.append(row(start.job_id, "start", names, start.placement.num_gpus, note))
+            r = row(start.job_id, "start", names, start.placement.num_gpus, note)
+            rows.append(_explained(r, explained.get(start.job_id)))
             self.awaiting.setdefault(start.job_id, now)
         if not decision.starts:
-            rows.append(row(None, "wait", "", 0, str(info.get("note", ""))))
+            r = row(None, "wait", "", 0, str(info.get("note", "")))
+            rows.append(_explained(r, explained.get(None)))
         for r in rows:
             self.metrics.decisions.labels(r["action"]).inc()
         joins = self._joins(cycle_id, obs, now)

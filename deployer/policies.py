@@ -11,7 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from linkwise.cluster.contention import AnalyticModel, ContentionModel
 from linkwise.cluster.domain import ClusterState, Decision, Policy
+from linkwise.cluster.profiles import load_calibration
+from linkwise.deployer.explain import decide_explained, explain_cycle
 from linkwise.deployer.metrics import ServeMetrics
 from linkwise.deployer.safety import log_event
 from linkwise.models.policy_spec import PolicySpec
@@ -147,12 +150,14 @@ class PolicyHolder:
 @dataclass
 class GuardedPolicy:
     """A Policy over a ``PolicyHolder``: times each decision and falls back to the heuristic
-    when the policy raises. ``last`` describes the latest decision."""
+    when the policy raises. ``last`` describes the latest decision, with its explanations
+    (``deployer.explain``; ``explain_ms``: their cost, outside ``latency_ms``)."""
 
     holder: PolicyHolder
     metrics: ServeMetrics
     logger: logging.Logger = LOG
     last: dict[str, Any] = field(default_factory=dict)
+    model: ContentionModel | None = None  # the explanations' contention model (a heuristic's)
 
     @property
     def name(self) -> str:
@@ -164,8 +169,9 @@ class GuardedPolicy:
         chosen = self.holder.active
         note = f"fallback: {self.holder.fallback_reason}" if self.holder.fallback_reason else ""
         t0 = time.perf_counter()
+        steps: tuple[Any, ...] | None = None
         try:
-            decision = chosen.policy.decide(state)
+            decision, steps = decide_explained(chosen.policy, state)
         except Exception as exc:
             self.metrics.fallbacks.labels("decide_error").inc()
             log_event(
@@ -184,11 +190,50 @@ class GuardedPolicy:
         self.metrics.serving(
             chosen.name, chosen.model_version, fallback=chosen is self.holder.fallback
         )
+        t1 = time.perf_counter()
+        explanation = self._explain(state, decision, chosen, steps, note)
         self.last = {
             "policy": chosen.name,
             "model_version": chosen.model_version,
             "obs_spec_version": chosen.obs_spec_version,
             "latency_ms": latency * 1e3,
             "note": note,
+            "explanation": explanation,
+            "explain_ms": (time.perf_counter() - t1) * 1e3,
         }
         return decision
+
+    def _explain(
+        self,
+        state: ClusterState,
+        decision: Decision,
+        chosen: LoadedPolicy,
+        steps: tuple[Any, ...] | None,
+        note: str,
+    ) -> dict[int | None, dict[str, Any]] | None:
+        """The cycle's explanations (``deployer.explain``): a model's base is the fallback
+        heuristic (asked on the same state), a heuristic is its own base. None (logged) when
+        they cannot be built: an explanation never stops a decision."""
+        fallback = self.holder.fallback
+        own = not self.holder.is_model or chosen is fallback
+        try:
+            if steps is not None:
+                model = chosen.policy.model  # type: ignore[attr-defined]
+            else:
+                if self.model is None:
+                    self.model = AnalyticModel(load_calibration(None))
+                model = self.model
+            return explain_cycle(
+                state,
+                decision,
+                policy=chosen.name,
+                model_version=chosen.model_version,
+                steps=steps,
+                base=chosen.name if own else fallback.name,
+                base_decision=None if own else fallback.policy.decide(state),
+                model=model,
+                note=note,
+            )
+        except Exception as exc:
+            log_event(self.logger, "explain_failed", logging.WARNING, error=str(exc)[:300])
+            return None

@@ -17,11 +17,12 @@ tags: passed; ``decision.json`` artifact with the reasons) and is printed by the
 
 ``shadow_evidence`` gathers the shadow gate's evidence from the live loop's DuckDB store: the
 shadow version's cycles in the ``decisions`` table (``ts``, ``mode``, ``model_version``,
-``cycle_id``), and the jobs submitted in the logged window (``jobs`` table) replayed in the
-simulator under the shadow policy against the JCTs Slurm actually achieved (last end - first
-submit). The replay starts from an empty cluster and uses each job's actual run time as its
-isolated time (real runs include real contention): both are approximations to read with the
-ratio, documented in the evidence.
+``cycle_id``), and the shadow report of its window (``evaluation.shadow_report``): the jobs of
+the logged window replayed in the simulator under the shadow policy, warm-started from the
+accounting at the window's start, against the JCTs Slurm actually achieved, with the paired
+bootstrap intervals the gate reads (``ShadowGates.require_ci``). The replay uses each job's
+actual run time as its isolated time (real runs include real contention): an approximation to
+read with the ratio, documented in the evidence.
 """
 
 from __future__ import annotations
@@ -35,14 +36,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import polars as pl
-
-from linkwise.cluster.contention import AnalyticModel
-from linkwise.cluster.profiles import assign_profiles
-from linkwise.cluster.simulator import simulate
-from linkwise.datasets.rollouts import runs_from_store
-from linkwise.datasets.traces import JOB_COLUMNS, frame_jobs
 from linkwise.evaluation.gates import GateReport, ShadowEvidence
 from linkwise.models.registry import MODEL_NAME, ensure_experiment, mlflow_env
 
@@ -339,9 +332,15 @@ def shadow_evidence(
     calibration: Any,
     cluster: str | None = None,
     seed: int = 0,
+    tracking_uri: str | None = None,
+    n_boot: int = 2000,
 ) -> tuple[ShadowEvidence, dict[str, Any]]:
-    """The shadow gate's evidence from a live store (see the module docstring): the evidence
-    and a JSON-able description (window, approximations)."""
+    """The shadow gate's evidence from a live store (see the module docstring): the shadow
+    report of the version's shadow window (``evaluation.shadow_report``) and a JSON-able
+    description (window, headline, deviations, the simulator's check, approximations).
+    ``policy``: the spec to replay (a string); anything else (a loaded policy) replays the
+    registry version itself, ``model:models:/NAME/VERSION`` at ``tracking_uri``."""
+    from linkwise.evaluation.shadow_report import shadow_report
 
     (row,) = con.execute(
         "SELECT count(DISTINCT cycle_id), min(ts), max(ts) FROM decisions "
@@ -354,42 +353,55 @@ def shadow_evidence(
     info: dict[str, Any] = {
         "since": since,
         "until": until,
-        "approximations": "replay from an empty cluster; isolated time = Slurm's actual run "
-        "time (includes real contention, so the replay is pessimistic for the shadow policy)",
+        "approximations": "replay warm-started from the accounting at the window's start; "
+        "isolated time = Slurm's actual run time (includes real contention, so the replay is "
+        "pessimistic for the shadow policy); unfinished jobs left out",
     }
     empty = ShadowEvidence(
         str(version), cycles, since, until, 0, math.nan, math.nan, math.nan, math.nan
     )
     if since is None or until is None:
         return empty, info
-    # until is inclusive here: the last shadow decision's jobs count
-    runs = runs_from_store(con, cluster=cluster, since=since, until=math.nextafter(until, math.inf))
-    runs = runs.filter(pl.col("num_gpus") <= topology.total_gpus)
-    jobs = list(frame_jobs(runs.select(list(JOB_COLUMNS))))
-    if not jobs:
-        return empty, info
-    actual = dict(
-        zip(
-            runs["job_id"].to_list(),
-            (runs["last_end"] - runs["submit_time"]).to_list(),
-            strict=True,
+    spec = policy if isinstance(policy, str) else f"model:models:/{MODEL_NAME}/{version}"
+    try:
+        report = shadow_report(
+            con,
+            topology=topology,
+            calibration=calibration,
+            policy=spec,
+            model_version=str(version),
+            cluster=cluster,
+            tracking_uri=tracking_uri,
+            seed=seed,
+            n_boot=n_boot,
         )
-    )
-    jobs = list(assign_profiles(jobs, calibration, seed=seed))
-    result = simulate(topology, jobs, AnalyticModel(calibration), policy)
-    sim = {r.job.job_id: r.jct for r in result.records}
-    ids = sorted(sim)
-    s = np.array([sim[i] for i in ids])
-    a = np.array([actual[i] for i in ids])
+    except ValueError as exc:  # no finished job in the window: nothing to compare
+        return empty, {**info, "shadow_report": str(exc)}
+    avg, p99 = report.interval("avg_jct"), report.interval("p99_jct")
     ev = ShadowEvidence(
         version=str(version),
         cycles=cycles,
         since=since,
         until=until,
-        jobs=len(ids),
-        sim_avg_jct_s=float(s.mean()),
-        actual_avg_jct_s=float(a.mean()),
-        sim_p99_jct_s=float(np.percentile(s, 99)),
-        actual_p99_jct_s=float(np.percentile(a, 99)),
+        jobs=report.jobs,
+        sim_avg_jct_s=report.values["policy"]["avg_jct"],
+        actual_avg_jct_s=report.values["accounting"]["avg_jct"],
+        sim_p99_jct_s=report.values["policy"]["p99_jct"],
+        actual_p99_jct_s=report.values["accounting"]["p99_jct"],
+        avg_jct_ci=_ci(avg),
+        p99_jct_ci=_ci(p99),
     )
+    info |= {
+        "headline": report.headline(),
+        "policy_spec": report.policy_spec,
+        "backlog": report.backlog,
+        "deviations": report.deviations,
+        "backfill_over_accounting_avg_jct": report.interval(
+            "avg_jct", "backfill", "accounting"
+        ).words(),
+    }
     return ev, info
+
+
+def _ci(i: Any) -> tuple[float, float] | None:
+    return None if i.low is None or i.high is None else (float(i.low), float(i.high))

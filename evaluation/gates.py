@@ -16,7 +16,9 @@ Two stages (``evaluation/gates.toml`` documents every threshold):
   evidence (no FQE numbers, no heuristic in the benchmark, masked actions not checked) fails.
 - ``check_shadow``: shadow -> champion. Enough shadow-mode cycles in the live loop's log,
   enough jobs in the replayed window, and the counterfactual JCTs (the shadow policy replayed
-  in the simulator on the logged window) no worse than what Slurm achieved, by ratio.
+  in the simulator on the logged window, warm-started from the accounting:
+  ``evaluation.shadow_report``) no worse than what Slurm achieved, by ratio; with
+  ``require_ci`` the upper end of the report's paired bootstrap interval as well.
 
 Every check yields a ``Check`` with its numbers and a reason, pass or fail.
 """
@@ -73,6 +75,7 @@ class ShadowGates:
     max_avg_jct_ratio: float = 1.0
     max_p99_jct_ratio: float = 1.0
     min_jobs: int = 20
+    require_ci: bool = False  # the shadow report's interval must lie below the ratio too
 
 
 @dataclass(frozen=True)
@@ -190,6 +193,9 @@ class ShadowEvidence:
     actual_avg_jct_s: float
     sim_p99_jct_s: float
     actual_p99_jct_s: float
+    # the shadow report's paired bootstrap intervals of the ratios (evaluation.shadow_report)
+    avg_jct_ci: tuple[float, float] | None = None
+    p99_jct_ci: tuple[float, float] | None = None
 
     @property
     def avg_jct_ratio(self) -> float:
@@ -409,18 +415,27 @@ def check_shadow(ev: ShadowEvidence, cfg: ShadowGates) -> GateReport:
             {"jobs": float(ev.jobs), "min": float(cfg.min_jobs)},
         ),
     ]
-    for stat, ratio, limit, sim, act in (
-        ("avg", ev.avg_jct_ratio, cfg.max_avg_jct_ratio, ev.sim_avg_jct_s, ev.actual_avg_jct_s),
-        ("p99", ev.p99_jct_ratio, cfg.max_p99_jct_ratio, ev.sim_p99_jct_s, ev.actual_p99_jct_s),
-    ):
+    for stat, ratio, limit, sim, act, ci in (
+        ("avg", ev.avg_jct_ratio, cfg.max_avg_jct_ratio, ev.sim_avg_jct_s, ev.actual_avg_jct_s,
+         ev.avg_jct_ci),
+        ("p99", ev.p99_jct_ratio, cfg.max_p99_jct_ratio, ev.sim_p99_jct_s, ev.actual_p99_jct_s,
+         ev.p99_jct_ci),
+    ):  # fmt: skip
         ok = math.isfinite(ratio) and ratio <= limit
-        checks.append(
-            Check(
-                f"counterfactual_{stat}_jct",
-                ok,
-                f"replayed {stat} JCT {sim:.0f} s vs Slurm's {act:.0f} s: ratio {ratio:.3f} "
-                f"{'<=' if ok else '>'} {limit:.3f}",
-                {"ratio": ratio, "limit": limit, "simulated_s": sim, "actual_s": act},
-            )
+        reason = (
+            f"replayed {stat} JCT {sim:.0f} s vs Slurm's {act:.0f} s: ratio {ratio:.3f} "
+            f"{'<=' if ok else '>'} {limit:.3f}"
         )
+        values = {"ratio": ratio, "limit": limit, "simulated_s": sim, "actual_s": act}
+        if ci is not None:
+            values |= {"low": ci[0], "high": ci[1]}
+            reason += f"; interval [{ci[0]:.3f}, {ci[1]:.3f}]"
+        if cfg.require_ci:
+            below = ci is not None and math.isfinite(ci[1]) and ci[1] <= limit
+            if ci is None:
+                reason += "; no interval (missing evidence)"
+            elif not below:
+                reason += f": the interval's upper end is not <= {limit:.3f}"
+            ok = ok and below
+        checks.append(Check(f"counterfactual_{stat}_jct", ok, reason, values))
     return GateReport("shadow->champion", f"version {ev.version}", tuple(checks))

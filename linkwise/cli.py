@@ -552,7 +552,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_collect_parser(sub)
 
+    from linkwise.deployer.explain import add_explain_parser
     from linkwise.deployer.serve import add_serve_parser
+    from linkwise.evaluation.shadow_report import add_shadow_report_parser
     from linkwise.pipelines.build_dataset import add_build_dataset_parser
     from linkwise.pipelines.demo import add_demo_parser
     from linkwise.pipelines.evaluate import add_evaluate_parsers
@@ -564,6 +566,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_ppo_parser(sub)
     add_evaluate_parsers(sub)
     add_serve_parser(sub)
+    add_explain_parser(sub)
+    add_shadow_report_parser(sub)
     add_demo_parser(sub)
     return parser
 

@@ -56,8 +56,18 @@ import numpy as np
 import numpy.typing as npt
 
 from linkwise.cluster.contention import AnalyticModel, ContentionModel
-from linkwise.cluster.domain import ClusterState, Decision
-from linkwise.cluster.mdp import ObsSpec, decide_by_steps, time_from_log
+from linkwise.cluster.domain import ClusterState, Decision, Start
+from linkwise.cluster.mdp import (
+    Candidates,
+    ObsSpec,
+    action_mask,
+    apply_start,
+    candidates,
+    decide_by_steps,
+    decode,
+    encode,
+    time_from_log,
+)
 from linkwise.cluster.profiles import load_calibration
 from linkwise.datasets.export import file_sha256
 from linkwise.datasets.prediction import (
@@ -75,6 +85,7 @@ __all__ = [
     "PACKAGE_FORMAT",
     "PREDICTOR",
     "STARVE_S",
+    "ExplainedStep",
     "LearnedPolicy",
     "PackageError",
     "export_network",
@@ -380,7 +391,13 @@ class LearnedPolicy:
     def act(self, obs: FloatArray, mask: BoolArray) -> int:
         """The best allowed action for one observation (wait when it is the best, unless the
         guard turns it into the best allowed start, of the starving slots under "aging")."""
-        values = self.action_values(obs)[0]
+        return self._choose(self.action_values(obs)[0], obs, mask)[0]
+
+    def _choose(
+        self, values: npt.NDArray[np.float32], obs: FloatArray, mask: BoolArray
+    ) -> tuple[int, str]:
+        """``act`` on the network's values: the action and the guard's reason when it
+        replaced the model's wait ("" otherwise)."""
         wait = self.spec.config.wait_action
         if not np.isfinite(values[mask]).any():  # a broken network: start nothing
             a = wait
@@ -388,17 +405,22 @@ class LearnedPolicy:
             best = int(masked_argmax(values, mask))
             a = wait if best < 0 else best
         if a != wait or self.guard == "off":
-            return a
+            return a, ""
         allowed = mask
-        if self.guard != "strict" and not self._idle(obs):
-            if self.guard == "idle":
-                return a
-            allowed = mask & self._starving_rows(obs)  # "aging"
-        start = self.best_start(obs, allowed)
+        reason = "strict guard: never wait while a start is allowed"
+        if self.guard != "strict":
+            if not self._idle(obs):
+                if self.guard == "idle":
+                    return a, ""
+                allowed = mask & self._starving_rows(obs)  # "aging"
+                reason = f"aging guard: a job has waited {self.starve_s:g} s or more"
+            else:
+                reason = f"{self.guard} guard: nothing runs, the cluster must not stay idle"
+        start = self._best_start_of(values, allowed)
         if start < 0:
-            return a
+            return a, ""
         self.wait_overrides += 1
-        return start
+        return start, reason
 
     def _starving_rows(self, obs: FloatArray) -> BoolArray:
         """The actions of the slots whose job has waited at least ``starve_s`` (read from
@@ -424,11 +446,14 @@ class LearnedPolicy:
 
     def best_start(self, obs: FloatArray, mask: BoolArray) -> int:
         """The best-scoring allowed start (never wait; -1 when no start is allowed)."""
+        return self._best_start_of(self.action_values(obs)[0], mask)
+
+    def _best_start_of(self, values: npt.NDArray[np.float32], mask: BoolArray) -> int:
         starts = mask.copy()
         starts[self.spec.config.wait_action] = False
         if not starts.any():
             return -1
-        return int(masked_argmax(self.action_values(obs)[0], starts))
+        return int(masked_argmax(values, starts))
 
     def decide(self, state: ClusterState) -> Decision:
         """All starts the model chooses at this decision point (steps until it waits), each
@@ -437,6 +462,66 @@ class LearnedPolicy:
         encoder when the policy has none)."""
         state = annotate_state(state, self.predictor)
         return decide_by_steps(state, self.act, self.spec, self.model)
+
+    def decide_explained(self, state: ClusterState) -> tuple[Decision, tuple[ExplainedStep, ...]]:
+        """``decide`` with every step's candidates, the action taken, its value, the best
+        other allowed action (the runner-up) and its value, and the guard's reason when it
+        overrode the model's wait: what ``deployer.explain`` records. The same steps as
+        ``cluster.mdp.decide_by_steps`` (the network is asked once per step, as ``act``
+        does), keeping each step's candidates instead of building them twice."""
+        state = annotate_state(state, self.predictor)
+        cfg = self.spec.config
+        wait = cfg.wait_action
+        starts: list[Start] = []
+        steps: list[ExplainedStep] = []
+        s = state
+        while True:
+            c = candidates(s, cfg, self.model)
+            if not c.mask[:wait].any():
+                break
+            obs = encode(c, self.spec)
+            mask = action_mask(c)
+            values = self.action_values(obs)[0]
+            a, guard = self._choose(values, obs, mask)
+            others = mask.copy()
+            others[a] = False
+            runner = int(masked_argmax(values, others)) if others.any() else -1
+            steps.append(
+                ExplainedStep(
+                    candidates=c,
+                    action=a,
+                    score=_finite(values[a]),
+                    runner_up=runner,
+                    runner_up_score=_finite(values[runner]) if runner >= 0 else None,
+                    guard=guard,
+                )
+            )
+            if a == wait:
+                break
+            start = decode(c, a).starts[0]  # InvalidAction if masked
+            starts.append(start)
+            s = apply_start(s, start, self.model)
+        return Decision(starts=tuple(starts)), tuple(steps)
+
+
+def _finite(x: Any) -> float | None:
+    v = float(x)
+    return v if np.isfinite(v) else None
+
+
+@dataclass(frozen=True)
+class ExplainedStep:
+    """One step of a learned decision (``LearnedPolicy.decide_explained``): the state's
+    candidates, the action taken and its value (Q-value or log-probability, the package's
+    ``values``), the best other allowed action (-1: none) and its value, and the guard's
+    reason when it replaced the model's wait ("" otherwise)."""
+
+    candidates: Candidates
+    action: int
+    score: float | None
+    runner_up: int
+    runner_up_score: float | None
+    guard: str
 
 
 def _load_network(path: Path) -> Any:

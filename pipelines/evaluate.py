@@ -495,6 +495,7 @@ def promote_from_shadow(
             calibration=cal,
             cluster=slurm_cluster,
             seed=seed,
+            tracking_uri=tracking_uri,
         )
     report = check_shadow(ev, cfg.shadow)
     return promote_shadow(

@@ -1,0 +1,387 @@
+"""Why the live loop decided what it did: one explanation per decision row, recorded at
+decision time, and ``linkwise explain JOB_ID`` to read a job's decisions in time order.
+
+``explain_cycle`` builds, for every row a cycle writes (one per start, or the cycle's wait),
+a JSON-able record (``EXPLAIN_VERSION``):
+
+- ``chosen``: the start (job, nodes, GPUs) or the wait, with the policy's value of it where the
+  policy scores its actions (a learned package: Q-value or log-probability); ``runner_up``:
+  the best other allowed action at that step and its value (heuristics give none);
+  ``advantage``: the value over the base policy, for a policy that is a residual on a
+  heuristic (none is yet: always null).
+- ``base``: what the base policy would have done on the same state (a learned policy's base
+  is the loop's fallback heuristic, which also guards it; a heuristic's base is itself):
+  whether it would start this job, where, and every start it would make; ``deviated``: the
+  policy's treatment of the job differs from the base's (another placement, a start the base
+  would not make, a wait where the base would start).
+- ``predicted_slowdown``: the contention model's prediction, as the observation's candidate
+  features compute it (``cluster.mdp``), of the job's slowdown at its placement next to what
+  runs (t / t_best - 1) and of the slowdown it adds to its running neighbours in all.
+- ``guard``: the guard's reason when it replaced the model's choice; ``note``: the loop's
+  note (a fallback and its reason); ``preempt`` / ``migrate``: what the policy asked to
+  preempt or move (the loop does not apply them yet); ``jobs``: every job the record names,
+  for ``job_decisions``.
+
+Nothing here talks to Slurm: the explanation is built from the state the loop already read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from collections.abc import Mapping, Sequence
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+from linkwise.cluster.contention import ContentionModel
+from linkwise.cluster.domain import ClusterState, Decision, Placement, Policy, Start
+from linkwise.cluster.hostlist import compress
+
+__all__ = [
+    "EXPLAIN_VERSION",
+    "add_explain_parser",
+    "decide_explained",
+    "describe",
+    "explain_cycle",
+    "job_decisions",
+]
+
+EXPLAIN_VERSION = 1
+ROW_COLUMNS = (
+    "decision_id",
+    "run_id",
+    "cycle_id",
+    "ts",
+    "mode",
+    "policy",
+    "model_version",
+    "job_id",
+    "action",
+    "nodes",
+    "gpus",
+    "latency_ms",
+    "n_pending",
+    "note",
+    "actual_start",
+    "actual_nodes",
+    "deviated",
+    "explanation",
+)
+
+
+def decide_explained(
+    policy: Policy, state: ClusterState
+) -> tuple[Decision, tuple[Any, ...] | None]:
+    """The policy's decision and, for a policy with a ``decide_explained`` hook (a learned
+    package), its steps (``models.learned.ExplainedStep``); None for the others."""
+    hook = getattr(policy, "decide_explained", None)
+    if callable(hook):
+        decision, steps = hook(state)
+        return decision, tuple(steps)
+    return policy.decide(state), None
+
+
+def _nodes(state: ClusterState, placement: Placement) -> str:
+    return compress(state.topology.nodes[n].name for n in placement.nodes)
+
+
+def _number(x: float | None) -> float | None:
+    return None if x is None or not math.isfinite(x) else round(float(x), 6)
+
+
+def _contention(state: ClusterState, model: ContentionModel) -> Any:
+    """The mdp's contention predictor on this state (the one its candidate features use)."""
+    from linkwise.cluster.mdp import MdpConfig, candidates
+
+    return candidates(state, MdpConfig(k_slots=1), model).contention
+
+
+def _slowdowns(
+    state: ClusterState,
+    starts: Sequence[Start],
+    model: ContentionModel,
+    steps: Sequence[Any] | None,
+) -> list[tuple[float | None, float | None]]:
+    """Per start: (the job's predicted slowdown, the slowdown it adds to its neighbours),
+    each start next to what runs and to the starts before it in the decision."""
+    from linkwise.cluster.mdp import apply_start
+
+    out: list[tuple[float | None, float | None]] = []
+    s = state
+    for i, start in enumerate(starts):
+        step = steps[i] if steps is not None and i < len(steps) else None
+        pred = None
+        if step is not None:
+            p = step.candidates.config.n_candidates
+            pred = step.candidates.predictions[step.action // p][step.action % p]
+        else:
+            pj = next((p for p in s.pending if p.job.job_id == start.job_id), None)
+            if pj is not None:
+                pred = _contention(s, model).predict(pj.job, start.placement)
+        out.append((None, None) if pred is None else (pred.job_slowdown, pred.added_slowdown))
+        try:
+            s = apply_start(s, start, model)
+        except ValueError:
+            break
+    return out + [(None, None)] * (len(starts) - len(out))
+
+
+def _action(step: Any, action: int, score: float | None) -> dict[str, Any] | None:
+    """A step's action in words: a start (job, nodes, GPUs) or wait, with its value."""
+    if action < 0:
+        return None
+    c = step.candidates
+    if action == c.config.wait_action:
+        return {"action": "wait", "score": _number(score)}
+    start = c.start_for(action)
+    return {
+        "action": "start",
+        "job_id": start.job_id,
+        "nodes": _nodes(c.state, start.placement),
+        "gpus": start.placement.num_gpus,
+        "score": _number(score),
+    }
+
+
+def explain_cycle(
+    state: ClusterState,
+    decision: Decision,
+    *,
+    policy: str,
+    model_version: str,
+    steps: Sequence[Any] | None,
+    base: str,
+    base_decision: Decision | None,
+    model: ContentionModel,
+    note: str = "",
+) -> dict[int | None, dict[str, Any]]:
+    """One explanation per row of the cycle (see the module docstring), by job id (None: the
+    cycle's wait row). ``base_decision`` None: the policy is its own base."""
+    own = base_decision is None
+    based = decision if base_decision is None else base_decision
+    base_starts = {s.job_id: s for s in based.starts}
+    base_list = [
+        {"job_id": s.job_id, "nodes": _nodes(state, s.placement), "gpus": s.placement.num_gpus}
+        for s in based.starts
+    ]
+    chosen_ids = {s.job_id for s in decision.starts}
+    cycle_deviated = not own and (
+        chosen_ids != set(base_starts)
+        or any(base_starts[s.job_id].placement != s.placement for s in decision.starts)
+    )
+    common: dict[str, Any] = {
+        "v": EXPLAIN_VERSION,
+        "policy": policy,
+        "model_version": model_version,
+        "advantage": None,
+        "cycle_deviated": cycle_deviated,
+        "preempt": [int(j) for j in decision.preempt],
+        "migrate": [
+            {"job_id": m.job_id, "nodes": _nodes(state, m.placement)}
+            for m in getattr(decision, "migrate", ())
+        ],
+        "note": note,
+    }
+    mentioned = set(base_starts) | chosen_ids | {int(j) for j in decision.preempt}
+    out: dict[int | None, dict[str, Any]] = {}
+    slow = _slowdowns(state, decision.starts, model, steps)
+    for i, start in enumerate(decision.starts):
+        step = steps[i] if steps is not None and i < len(steps) else None
+        b = base_starts.get(start.job_id)
+        deviated = not own and (b is None or b.placement != start.placement)
+        runner = _action(step, step.runner_up, step.runner_up_score) if step else None
+        jobs = set(mentioned)
+        if runner and runner.get("job_id") is not None:
+            jobs.add(int(runner["job_id"]))
+        out[start.job_id] = {
+            **common,
+            "step": i,
+            "chosen": {
+                "action": "start",
+                "job_id": start.job_id,
+                "nodes": _nodes(state, start.placement),
+                "gpus": start.placement.num_gpus,
+                "score": _number(step.score) if step else None,
+            },
+            "runner_up": runner,
+            "base": {
+                "policy": base,
+                "itself": own,
+                "action": "start" if b is not None else "wait",
+                "nodes": _nodes(state, b.placement) if b is not None else "",
+                "starts": base_list,
+            },
+            "deviated": deviated,
+            "predicted_slowdown": {"job": _number(slow[i][0]), "neighbours": _number(slow[i][1])},
+            "guard": step.guard if step else "",
+            "jobs": sorted(jobs),
+        }
+    if not decision.starts:
+        step = steps[-1] if steps else None
+        runner = _action(step, step.runner_up, step.runner_up_score) if step else None
+        jobs = set(mentioned)
+        if runner and runner.get("job_id") is not None:
+            jobs.add(int(runner["job_id"]))
+        out[None] = {
+            **common,
+            "step": 0,
+            "chosen": {"action": "wait", "score": _number(step.score) if step else None},
+            "runner_up": runner,
+            "base": {
+                "policy": base,
+                "itself": own,
+                "action": "start" if base_list else "wait",
+                "nodes": "",
+                "starts": base_list,
+            },
+            "deviated": cycle_deviated,
+            "predicted_slowdown": None,
+            "guard": step.guard if step else "",
+            "jobs": sorted(jobs),
+        }
+    return out
+
+
+# ------------------------------------------------------------------------ reading
+
+
+def job_decisions(con: Any, job_id: int) -> list[dict[str, Any]]:
+    """Every decision row about ``job_id`` (its starts, and the rows whose explanation names
+    it: as the runner-up, as a start the base would have made, as a preemption), oldest
+    first."""
+    sql = (
+        f"SELECT {', '.join(ROW_COLUMNS)} FROM decisions WHERE job_id = ? OR "
+        "(explanation IS NOT NULL AND "
+        "list_contains(CAST(json_extract(explanation, '$.jobs') AS BIGINT[]), ?)) "
+        "ORDER BY ts, cycle_id, decision_id"
+    )
+    rows = con.execute(sql, [int(job_id), int(job_id)]).fetchall()
+    out: list[dict[str, Any]] = []
+    for r in rows:
+        d = dict(zip(ROW_COLUMNS, r, strict=True))
+        raw = d.get("explanation")
+        d["explanation"] = json.loads(raw) if raw else None
+        out.append(d)
+    return out
+
+
+def _when(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ts))
+
+
+def _pct(x: float | None) -> str:
+    return "unknown" if x is None else f"+{100 * x:.0f}%"
+
+
+def _act_words(a: Mapping[str, Any] | None) -> str:
+    if not a:
+        return "none"
+    score = f" (value {a['score']:.4g})" if a.get("score") is not None else ""
+    if a.get("action") == "wait":
+        return f"wait{score}"
+    return f"start job {a['job_id']} on {a['nodes']} ({a['gpus']} GPUs){score}"
+
+
+def describe(row: Mapping[str, Any], job_id: int) -> list[str]:
+    """One decision row, as ``job_id``'s reader needs it, in lines of plain words."""
+    e = row.get("explanation") or {}
+    version = str(row.get("model_version") or "")
+    head = (
+        f"{_when(float(row['ts']))} UTC  cycle {row['cycle_id']}  {row['mode']}  "
+        f"policy {row['policy']}" + (f" (version {version})" if version else "")
+    )
+    lines = [head]
+    mine = row.get("job_id") == job_id
+    if row["action"] == "start" and mine:
+        lines.append(f"  decided: start job {job_id} on {row['nodes']} ({row['gpus']} GPUs)")
+    elif row["action"] == "start":
+        lines.append(f"  decided: start job {row['job_id']} on {row['nodes']}, not job {job_id}")
+    elif mine:
+        lines.append(f"  decided: not to start job {job_id}: {row['note']}")
+    else:
+        lines.append(f"  decided: start nothing ({row['n_pending']} pending)")
+    if not e:
+        lines.append("  (no explanation recorded: a row written before explanations existed)")
+        return lines
+    chosen = e.get("chosen") or {}
+    if chosen.get("score") is not None:
+        lines.append(f"  its value: {chosen['score']:.4g}")
+    runner = e.get("runner_up")
+    if runner:
+        lines.append(f"  runner-up: {_act_words(runner)}")
+    if e.get("advantage") is not None:
+        lines.append(f"  advantage over the base: {e['advantage']:.4g}")
+    sd = e.get("predicted_slowdown")
+    if sd and row["action"] == "start":
+        lines.append(
+            f"  predicted slowdown: job {row['job_id']} {_pct(sd.get('job'))} at these nodes, "
+            f"its running neighbours {_pct(sd.get('neighbours'))} in all"
+        )
+    base = e.get("base") or {}
+    if base.get("itself"):
+        lines.append(f"  base: {base.get('policy')} is the policy itself (no deviation)")
+    else:
+        theirs = {int(s["job_id"]): s for s in base.get("starts", [])}
+        if job_id in theirs:
+            what = f"start job {job_id} on {theirs[job_id]['nodes']}"
+        else:
+            what = f"not start job {job_id}"
+        others = [f"{j} on {s['nodes']}" for j, s in theirs.items() if j != job_id]
+        more = f"; it would start {', '.join(others)}" if others else ""
+        verdict = "the policy DEVIATED" if e.get("deviated") else "the policy agreed"
+        lines.append(f"  base {base.get('policy')} would {what}{more}: {verdict}")
+    if e.get("guard"):
+        lines.append(f"  guard overrode the model: {e['guard']}")
+    if e.get("preempt"):
+        lines.append(f"  asked to preempt (not applied): {e['preempt']}")
+    if e.get("note"):
+        lines.append(f"  note: {e['note']}")
+    if row["action"] == "start" and mine:
+        if row.get("actual_start") is not None:
+            lag = float(row["actual_start"]) - float(row["ts"])
+            lines.append(
+                f"  what Slurm did: started it at {_when(float(row['actual_start']))} UTC "
+                f"({lag:+.0f} s) on {row.get('actual_nodes') or '?'}"
+            )
+        else:
+            lines.append("  what Slurm did: not seen starting it yet")
+    return lines
+
+
+# ------------------------------------------------------------------------ command line
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    """``linkwise explain JOB_ID --db STORE [--json]``."""
+    from linkwise.datasets.store import open_store
+
+    db = Path(args.db)
+    if not db.is_file():
+        raise FileNotFoundError(f"{db}: no such store")
+    with closing(open_store(db, lock_wait_s=args.lock_wait)) as con:
+        rows = job_decisions(con, args.job_id)
+    if args.json:
+        print(json.dumps(rows, default=str))
+        return 0
+    if not rows:
+        print(f"no decision of the loop names job {args.job_id} in {db}")
+        return 0
+    print(f"job {args.job_id}: {len(rows)} decision(s), oldest first")
+    for r in rows:
+        print("\n".join(describe(r, args.job_id)))
+    return 0
+
+
+def add_explain_parser(sub: Any) -> None:
+    """``linkwise explain``."""
+    p = sub.add_parser("explain", help="why the live loop decided what it did about a job")
+    p.add_argument("job_id", type=int, metavar="JOB_ID", help="the Slurm job id")
+    p.add_argument("--db", type=Path, required=True, help="the live loop's DuckDB store")
+    p.add_argument(
+        "--lock-wait", type=float, default=10.0, metavar="S", help="wait for a held store"
+    )
+    p.add_argument("--json", action="store_true", help="the decision rows as JSON")
+    p.set_defaults(func=cmd_explain)
