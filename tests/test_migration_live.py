@@ -244,6 +244,31 @@ def test_the_loop_migrates_and_preempts_what_its_policy_asks(
     assert {(preempted, "loop:shutdown"), (preempted, "loop:unmanaged")} & set(actors)
 
 
+def test_shadow_records_the_would_be_migration_and_changes_nothing(
+    client: SlurmClient, tmp_path: Path, jobs: list[int]
+) -> None:
+    work = tmp_path / "a"
+    jobs.append(submit_counter(client, work, "lw-mig-shadow", "gpu01"))
+    mover = jobs[0]
+    started_counting(client, mover, "gpu01", work)
+    db = tmp_path / "store.duckdb"
+    cfg = ServeConfig(
+        mode="shadow", partitions=("gpu",), slurm_env=ENV_FILE, db=str(db),
+        state_dir=str(tmp_path / "state"), lease_root=str(tmp_path / "leases"),
+        interval_s=0.5, max_cycles=4, migration=MigrationConfig(grace_s=30, min_run_s=1),
+    )  # fmt: skip
+    policy = MoveOnce((mover, 3), ())
+    summary = serve(cfg, policy=LoadedPolicy(policy, "move_once", "test:move_once", ""))
+    assert 'linkwise_serve_migrations_total{mode="shadow"} 1.0' in summary["metrics"]
+    con = duckdb.connect(str(db), read_only=True)
+    rows = con.execute("SELECT job_id, actor, outcome, command FROM audit").fetchall()
+    con.close()
+    assert {(j, a, o) for j, a, o, _ in rows} == {(mover, "shadow:migrate", "shadow")}
+    assert any("ReqNodeList=gpu04" in c for *_, c in rows)
+    time.sleep(GRACE + 1)  # long past the grace: still never signalled nor requeued
+    untouched(client, mover, work, "gpu01")
+
+
 CHILD = """
 import sys
 from linkwise.cluster.domain import Decision, Placement, Start
