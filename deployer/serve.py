@@ -1,5 +1,6 @@
 """``linkwise serve``: the live scheduling loop's command line (see ``deployer.loop``).
 
+    linkwise serve --config FILE            (every setting from a TOML file; see service_config)
     linkwise serve --mode shadow|active --partition NAME [--policy model:champion|HEURISTIC]
                    [--fallback HEURISTIC] [--slurm-env FILE] [--db PATH] [--interval S]
                    [--lease S] [--lease-root DIR] [--metrics-port N] [--max-cycles N]
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -45,9 +45,21 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--partition",
         action="append",
-        required=True,
         metavar="NAME",
-        help="a partition to manage (repeat or comma-separate for several)",
+        help="a partition to manage (repeat or comma-separate for several; required unless "
+        "--config)",
+    )
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help="every setting from this TOML file (deployer/service_config.py; "
+        "ops/linkwise-serve.example.toml); no other option may be given with it",
+    )
+    p.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="text: the JSON events as they are; json: every log record one JSON line",
     )
     p.add_argument(
         "--policy",
@@ -127,7 +139,8 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> ServeConfig:
     """A ``ServeConfig`` from parsed arguments."""
-    parts = tuple(p.strip() for item in args.partition for p in item.split(",") if p.strip())
+    items = args.partition or ()
+    parts = tuple(p.strip() for item in items for p in item.split(",") if p.strip())
     if args.policy.strip().startswith("model:"):
         ModelSource.parse(args.policy)  # an ambiguous or malformed source is refused here
     return ServeConfig(
@@ -155,12 +168,14 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run ``linkwise serve``; prints a JSON summary on stdout."""
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    from linkwise.deployer.service_config import configure_logging, service_from_args
+
     try:
-        config = config_from_args(args)
+        config, log_format = service_from_args(args, config_from_args)
     except ValueError as exc:
         print(f"linkwise serve: {exc}", file=sys.stderr)
         return 2
+    configure_logging(log_format)
     try:
         summary = serve(config, install_signals=True)
     except LeaseTaken as exc:
