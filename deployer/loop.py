@@ -400,9 +400,10 @@ class SlurmBackend:
         return [q for q in found.values() if q.state in ("PENDING", "RUNNING")]
 
     def _act(self, decision: Decision, obs: Observation, info: Mapping[str, Any]) -> dict[int, str]:
-        """Validate each start (moving it onto nodes Slurm accepts for the job when the
-        policy's break its constraints), hand back what the loop will not place (no GPUs,
-        never fits, not modelled, a shape the policy did not give, held over ``max_hold_s``),
+        """Validate each start (moved onto nodes Slurm accepts for the job, in the shape it
+        asked, when the policy's break its constraints or give another shape), hand back what
+        the loop will not place (no GPUs, never fits, not modelled, a shape the policy did not
+        give and no room for the asked one now, held over ``max_hold_s``),
         clear the node list of released jobs Slurm cannot run there, then audit and apply
         the starts. Hand-backs come first and happen on every path (a lapsed lease, an
         unwritable store): releasing unchanged is the safe direction."""
@@ -425,7 +426,8 @@ class SlurmBackend:
             else:
                 shape = obs.shapes[job.job_id]
                 why = check_start(placement, shape, free, self.topo, job, rooms) or ""
-                if why.startswith("constraint"):
+                if why.startswith(("constraint", "shape")):
+                    # the requested shape on nodes the job accepts, the policy's first
                     other = place_within(job, shape, free, self.topo, rooms, placement.nodes)
                     if other is not None:
                         moved, placement, why = why, other, ""

@@ -189,23 +189,34 @@ def test_exclusive_and_contiguous_placements() -> None:
 def test_the_loop_moves_a_start_off_refused_nodes_and_hands_back_odd_shapes(
     tmp_path: Path,
 ) -> None:
-    client = FakeClient(
-        [qjob(1, 1, excluded_nodes=(NAMES[0],)), qjob(2, 2, 2)], [ninfo(n) for n in NAMES]
-    )
+    queue = [qjob(1, 1, excluded_nodes=(NAMES[0],)), qjob(2, 2, 2), qjob(3, 8, 2)]
+    nodes = [ninfo(n) for n in NAMES[:3]] + [ninfo(NAMES[3], used=4)]
+    client = FakeClient(queue, nodes)
     backend = make_backend(tmp_path, client)
     backend.start()
     backend.observe()
-    # the policy puts job 1 on a node it excludes, and job 2 (-N2) on one node
+    # the policy puts job 1 on a node it excludes, and jobs 2 and 3 (-N2) on one node
     backend.apply(
-        Decision(starts=(Start(1, Placement.of([(0, 1)])), Start(2, Placement.of([(3, 2)]))))
+        Decision(
+            starts=(
+                Start(1, Placement.of([(0, 1)])),
+                Start(2, Placement.of([(1, 2)])),
+                Start(3, Placement.of([(2, 4)])),
+            )
+        )
     )
     cmds = client.runner.commands
     assert ["scontrol", "update", "JobId=1", f"ReqNodeList={NAMES[1]}", "NumNodes=1"] in cmds
-    assert ["scontrol", "release", "2"] in cmds  # unchanged: no node list for job 2
-    assert not any(c[:3] == ["scontrol", "update", "JobId=2"] for c in cmds)
+    # job 2 offered the shape it asked (2 nodes x 1), the policy's node first
+    two = next(c for c in cmds if c[:3] == ["scontrol", "update", "JobId=2"])
+    assert set(two[3].removeprefix("ReqNodeList=").split(",")) == {NAMES[0], NAMES[1]}
+    assert two[4] == "NumNodes=2"
+    # job 3 (2 x 4) has no room in its shape now: handed back unchanged, not held
+    assert ["scontrol", "release", "3"] in cmds
+    assert not any(c[:3] == ["scontrol", "update", "JobId=3"] for c in cmds)
     text = backend.metrics.text()
     assert 'linkwise_serve_handed_back_total{reason="shape"} 1.0' in text
-    assert "linkwise_serve_moved_starts_total 1.0" in text
+    assert "linkwise_serve_moved_starts_total 2.0" in text
 
 
 def test_stranded_releases_are_cleared_and_max_hold_holds_with_the_lease_lapsed(

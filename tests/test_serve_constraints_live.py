@@ -7,6 +7,7 @@ heterogeneous jobs, arrays and shapes the policy will not give go back to Slurm 
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -16,6 +17,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import duckdb
 import pytest
@@ -51,10 +53,27 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
     lua = tmp_path_factory.mktemp("lua") / "job_submit.lua"
     lua.write_text(source.replace(MARKER, f'local LEASE_DIR = "{lease_dir}"'))
     env["LINKWISE_SLURM_JOB_SUBMIT_LUA"] = str(lua)
-    subprocess.run([str(SCRIPT), "start"], env=env, check=True, capture_output=True, timeout=120)
+    # stopped first: a running instance would keep an older configuration (and plugin)
+    subprocess.run([str(SCRIPT), "stop"], env=env, capture_output=True, timeout=120)
+    out = subprocess.run([str(SCRIPT), "start"], env=env, capture_output=True, timeout=180)
+    if out.returncode != 0 and (CLUSTER_DIR / "env").exists():
+        # jobs of an interrupted earlier run survive in the saved state and keep nodes busy:
+        # this cluster is this module's alone, so they go, and it starts again
+        conf = read_env_file(CLUSTER_DIR / "env")
+        with contextlib.suppress(Exception):
+            stale = SlurmClient.from_env(conf, "cli")
+            for q in stale.queue():
+                stale.cancel(q.job_id)
+            time.sleep(5)
+        out = subprocess.run([str(SCRIPT), "start"], env=env, capture_output=True, timeout=180)
+    assert out.returncode == 0, out.stderr.decode(errors="replace")[-2000:]
     try:
         conf = read_env_file(CLUSTER_DIR / "env")
         assert lease_dir_for(LEASE_ROOT, Path(conf["SLURM_CONF"]).read_text()) == lease_dir
+        # this cluster is this module's alone: jobs left by an interrupted earlier run go
+        client = SlurmClient.from_env(conf, "cli")
+        for q in client.queue():
+            client.cancel(q.job_id)
         yield conf
     finally:
         subprocess.run([str(SCRIPT), "stop"], env=env, check=False, capture_output=True)
@@ -124,6 +143,13 @@ def tag(client: SlurmClient, job_id: int) -> None:
 class Loop:
     """``linkwise serve --mode active`` in a subprocess on partition gpu (its log: ``log``)."""
 
+    running: ClassVar[list[Loop]] = []
+
+    @classmethod
+    def stop_all(cls) -> None:
+        while cls.running:
+            cls.running.pop().stop()
+
     def __init__(self, tmp: Path, *args: str) -> None:
         self.log = tmp / "serve.log"
         cmd = [
@@ -134,6 +160,7 @@ class Loop:
         ]  # fmt: skip
         with open(self.log, "wb") as fh:
             self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=fh, cwd=tmp)
+        Loop.running.append(self)
         wait_for(lambda: b'"event": "cycle"' in self.log.read_bytes(), 60, "a first cycle")
 
     def events(self) -> list[dict[str, object]]:
@@ -158,9 +185,9 @@ def test_the_loop_places_jobs_only_where_slurm_accepts_them(
     # every CPU of gpu01 taken (one of its GPUs): first fit would pin jobs behind it
     busy = sbatch(cluster, "-J", "i21-busy", "-w", "gpu01", "-c", "8", "--gres=gpu:1",
                   "--wrap=sleep 90")  # fmt: skip
-    wait_for(lambda: acct(client, [busy]).get(str(busy), ("",))[0] == "RUNNING", 30, "busy")
-    loop = Loop(tmp_path, "--policy", "fifo")
+    wait_for(lambda: acct(client, [busy]).get(str(busy), ("",))[0] == "RUNNING", 60, "busy")
     try:
+        loop = Loop(tmp_path, "--policy", "fifo")
         jobs = {
             "plain": sbatch(cluster, "-J", "i21-plain", "--gres=gpu:1", "--wrap=sleep 1"),
             "exclude": sbatch(cluster, "-J", "i21-exc", "--gres=gpu:1", "--exclude=gpu02",
@@ -192,7 +219,7 @@ def test_the_loop_places_jobs_only_where_slurm_accepts_them(
         }
         assert applied >= set(ids), events[-5:]
     finally:
-        loop.stop()
+        Loop.stop_all()
         client.cancel(busy)
 
 
@@ -231,8 +258,8 @@ def test_a_released_job_slurm_cannot_run_there_gets_its_node_list_cleared(
 def test_heterogeneous_jobs_arrays_and_odd_shapes_go_back_to_slurm_at_once(
     cluster: dict[str, str], client: SlurmClient, tmp_path: Path
 ) -> None:
-    loop = Loop(tmp_path, "--policy", "fifo")  # the default max-hold: 900 s
     try:
+        loop = Loop(tmp_path, "--policy", "fifo")  # the default max-hold: 900 s
         het = sbatch(cluster, "-J", "i21-het", "--gres=gpu:1", ":", "--gres=gpu:2",
                      "--wrap=sleep 1")  # fmt: skip
         array = sbatch(cluster, "-J", "i21-array", "--array=0-5", "--gres=gpu:1",
@@ -255,7 +282,7 @@ def test_heterogeneous_jobs_arrays_and_odd_shapes_go_back_to_slurm_at_once(
             for e in events
         ), kinds
     finally:
-        loop.stop()
+        Loop.stop_all()
 
 
 @pytest.fixture
@@ -281,10 +308,8 @@ def fill(path: Path) -> None:
                 fh.flush()
         except OSError:
             pass
-    try:
+    with contextlib.suppress(OSError):
         (path / "filler2").write_bytes(b"\0" * 4096)
-    except OSError:
-        pass
 
 
 def test_max_hold_is_enforced_on_a_full_disk(
@@ -337,9 +362,9 @@ def test_a_user_cannot_move_a_held_job_to_another_partition(
     blocker = sbatch(
         cluster, "-J", "i21-all", "-N4", "--gres=gpu:4", "-w", "gpu[01-04]", "--wrap=sleep 60"
     )  # fmt: skip  (a node list: job_submit.lua leaves it)
-    loop = Loop(tmp_path, "--policy", "fifo")
     job = moved = 0
     try:
+        loop = Loop(tmp_path, "--policy", "fifo")
         job = sbatch(cluster, "-J", "i21-move", "--gres=gpu:1", "--wrap=sleep 1", user="slurm")
         q = next(x for x in client.queue() if x.job_id == job)
         assert q.held and q.admin_comment == HOLD_TAG
@@ -363,7 +388,7 @@ def test_a_user_cannot_move_a_held_job_to_another_partition(
         wait_for(lambda: not next(x for x in client.queue() if x.job_id == moved).held, 30,
                  "the moved job to be handed back")  # fmt: skip
     finally:
-        loop.stop()
+        Loop.stop_all()
         for j in (blocker, job, moved):
             if j:
                 client.cancel(j)
