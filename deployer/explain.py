@@ -104,29 +104,35 @@ def _slowdowns(
     starts: Sequence[Start],
     model: ContentionModel,
     steps: Sequence[Any] | None,
-) -> list[tuple[float | None, float | None]]:
-    """Per start: (the job's predicted slowdown, the slowdown it adds to its neighbours),
-    each start next to what runs and to the starts before it in the decision."""
+) -> list[dict[str, Any]]:
+    """Per start: the job's predicted slowdown and the slowdown it adds to its neighbours,
+    each start next to what runs and to the starts before it in the decision; both None,
+    with the reason, where the model cannot predict (a job without a communication profile)."""
     from linkwise.cluster.mdp import apply_start
 
-    out: list[tuple[float | None, float | None]] = []
-    s = state
+    out: list[dict[str, Any]] = []
+    s: ClusterState | None = state
     for i, start in enumerate(starts):
         step = steps[i] if steps is not None and i < len(steps) else None
-        pred = None
-        if step is not None:
-            p = step.candidates.config.n_candidates
-            pred = step.candidates.predictions[step.action // p][step.action % p]
-        else:
-            pj = next((p for p in s.pending if p.job.job_id == start.job_id), None)
-            if pj is not None:
-                pred = _contention(s, model).predict(pj.job, start.placement)
-        out.append((None, None) if pred is None else (pred.job_slowdown, pred.added_slowdown))
+        pred, why = None, ""
         try:
-            s = apply_start(s, start, model)
-        except ValueError:
-            break
-    return out + [(None, None)] * (len(starts) - len(out))
+            if step is not None:
+                p = step.candidates.config.n_candidates
+                pred = step.candidates.predictions[step.action // p][step.action % p]
+            elif s is not None:
+                pj = next((p for p in s.pending if p.job.job_id == start.job_id), None)
+                if pj is not None:
+                    pred = _contention(s, model).predict(pj.job, start.placement)
+            if s is not None:
+                s = apply_start(s, start, model)
+        except ValueError as exc:
+            why, s = str(exc)[:200], None  # the later starts' neighbours are unknown too
+        if pred is None:
+            out.append({"job": None, "neighbours": None, "unknown": why or "not predicted"})
+        else:
+            sd = {"job": _number(pred.job_slowdown), "neighbours": _number(pred.added_slowdown)}
+            out.append(sd)
+    return out
 
 
 def _action(step: Any, action: int, score: float | None) -> dict[str, Any] | None:
@@ -215,7 +221,7 @@ def explain_cycle(
                 "starts": base_list,
             },
             "deviated": deviated,
-            "predicted_slowdown": {"job": _number(slow[i][0]), "neighbours": _number(slow[i][1])},
+            "predicted_slowdown": slow[i],
             "guard": step.guard if step else "",
             "jobs": sorted(jobs),
         }
@@ -319,6 +325,7 @@ def describe(row: Mapping[str, Any], job_id: int) -> list[str]:
         lines.append(
             f"  predicted slowdown: job {row['job_id']} {_pct(sd.get('job'))} at these nodes, "
             f"its running neighbours {_pct(sd.get('neighbours'))} in all"
+            + (f" ({sd['unknown']})" if sd.get("unknown") else "")
         )
     base = e.get("base") or {}
     if base.get("itself"):

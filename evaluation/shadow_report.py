@@ -51,6 +51,7 @@ __all__ = [
     "ShadowWindow",
     "add_shadow_report_parser",
     "log_shadow_report",
+    "shadow_headline",
     "shadow_policy_spec",
     "shadow_report",
     "shadow_window",
@@ -471,19 +472,19 @@ def _plots(report: ShadowReport, out: Path) -> list[Path]:
     fig.savefig(paths[-1], dpi=100)
     plt.close(fig)
     fig, ax = plt.subplots(figsize=(7, 4))
-    labels: list[str] = []
     for k, (subject, reference) in enumerate(((POLICY, ACCOUNTING), (POLICY, BACKFILL))):
         for m, metric in enumerate(METRICS):
             i = report.interval(metric, subject, reference)
-            x = m + 0.35 * k
             if i.ratio is not None and i.low is not None and i.high is not None:
                 yerr = [[i.ratio - i.low], [i.high - i.ratio]]
-                ax.errorbar(x, i.ratio, yerr=yerr, fmt="o", color=f"C{k}", capsize=3)
-        labels.append(f"{subject} / {reference}")
+                label = f"{subject} / {reference}" if m == 0 else None
+                ax.errorbar(m + 0.2 * k, i.ratio, yerr=yerr, fmt="o", color=f"C{k}",
+                            capsize=3, label=label)  # fmt: skip
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_xticks(range(len(METRICS)), METRICS)
     ax.set_ylabel("ratio (95% interval)")
-    ax.set_title("Shadow policy vs what ran (C0) and vs backfill replayed (C1)")
+    ax.set_title("Shadow policy vs what ran and vs backfill replayed")
+    ax.legend()
     fig.tight_layout()
     paths.append(out / "shadow_ratios.png")
     fig.savefig(paths[-1], dpi=100)
@@ -534,6 +535,36 @@ def log_shadow_report(
     finally:
         client.set_terminated(rid)
     return str(rid)
+
+
+def shadow_headline(
+    db: str | Path,
+    *,
+    topology: Any,
+    tracking_uri: str | None = None,
+    model_version: str | None = None,
+    cluster: str | None = None,
+    seed: int = 0,
+    n_boot: int = 1000,
+) -> str:
+    """The report's headline for the store's shadow window of ``model_version`` (the demo's
+    line), or why there is none."""
+    from linkwise.datasets.store import open_store
+
+    try:
+        with closing(open_store(db)) as con:
+            report = shadow_report(
+                con,
+                topology=topology,
+                model_version=model_version,
+                cluster=cluster,
+                tracking_uri=tracking_uri,
+                seed=seed,
+                n_boot=n_boot,
+            )
+    except ValueError as exc:
+        return f"shadow report: none ({exc})"
+    return report.headline()
 
 
 # ------------------------------------------------------------------------ command line

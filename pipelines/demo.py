@@ -62,6 +62,7 @@ from linkwise.datasets.traces import write_native
 from linkwise.deployer.promote import current_aliases
 from linkwise.evaluation.columns import MAX_WIDTH
 from linkwise.evaluation.gates import load_gates
+from linkwise.evaluation.shadow_report import shadow_headline
 from linkwise.models.registry import mlflow_env
 from linkwise.pipelines.build_dataset import build_dataset
 from linkwise.pipelines.console import Stages, history_progress, print_table, quiet_libraries
@@ -605,11 +606,16 @@ def _shadow(
         f"backfill started {shadow['slurm_starts']} jobs"
     )
     if alias != "shadow":
+        ws.console.print(
+            shadow_headline(ws.db, topology=topo, tracking_uri=ws.uri, cluster=slurm_cluster,
+                            model_version=str(shadow["model_version"]), seed=seed)
+        )  # fmt: skip
         ws.console.print("no @shadow (the challenger did not pass): shadow -> champion not tried")
         return shadow, None
     d = promote_from_shadow(
         ws.db, tracking_uri=ws.uri, cluster=exp.topology, slurm_cluster=slurm_cluster, seed=seed
     )
+    ws.console.print(str(d.evidence.get("headline", "shadow report: none")))
     ws.console.print(d.format())
     return shadow, dict(d.to_json())
 

@@ -120,7 +120,9 @@ def test_explain_prints_a_jobs_decisions_in_time_order(
     assert "what Slurm did" in text
 
 
-def test_explain_refuses_a_missing_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_explain_refuses_a_missing_store(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["explain", "1", "--db", str(tmp_path / "none.duckdb")]) == 2
     assert "no such store" in capsys.readouterr().err
     assert not (tmp_path / "none.duckdb").exists()
