@@ -302,12 +302,42 @@ class RunningJob:
         return self.since + self.remaining_s / self.rate if self.rate > 0 else float("inf")
 
 
+@dataclass(frozen=True, slots=True)
+class TransitJob:
+    """A job between placements: neither pending nor running, and not to be touched.
+
+    ``held``: the GPUs it still holds while it writes its checkpoint (a preempted or
+    migrated job during the signal's grace; None once it has let them go). ``target``: the
+    GPUs reserved for its (re)start (a migration, or a start that waits for GPUs being
+    drained; None for a preempted job, which goes back to the queue). ``until``: when it
+    leaves this state (back to the queue, or running on ``target``). Neither ``held`` nor
+    ``target`` GPUs are in ``ClusterState.free_gpus``.
+    """
+
+    job: Job
+    held: Placement | None
+    target: Placement | None
+    until: float
+    attained_gpu_s: float = 0.0
+    preemptions: int = 0
+
+    @property
+    def draining(self) -> bool:
+        """Whether it still holds GPUs while it checkpoints."""
+        return self.held is not None
+
+
 @dataclass(frozen=True)
 class ClusterState:
     """What a policy sees at a decision point.
 
     ``pending`` is in canonical order (submit time, then job id). ``link_flows`` counts
-    the rings crossing each link of ``topology.links``.
+    the rings crossing each link of ``topology.links``. ``running`` are the jobs that hold
+    GPUs and make progress (a policy may preempt or migrate them); ``transit`` the jobs that
+    are draining (checkpointing after a preemption or a migration, GPUs still held) or
+    waiting for reserved GPUs to start on: they may be neither started, preempted nor
+    migrated. ``free_gpus`` excludes GPUs held or reserved by ``transit`` jobs, so a policy
+    that ignores ``transit`` stays correct.
     """
 
     time: float
@@ -316,6 +346,7 @@ class ClusterState:
     running: tuple[RunningJob, ...]
     pending: tuple[PendingJob, ...]
     link_flows: tuple[int, ...] = ()
+    transit: tuple[TransitJob, ...] = ()
 
     @property
     def total_free_gpus(self) -> int:
@@ -333,7 +364,7 @@ class ClusterState:
 
 @dataclass(frozen=True, slots=True)
 class Start:
-    """Start one pending job on a placement."""
+    """Start one pending job on a placement (in ``Decision.migrate``: move a running one)."""
 
     job_id: int
     placement: Placement
@@ -341,7 +372,15 @@ class Start:
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """What a policy does at a decision point: preempt some running jobs, then start some.
+    """What a policy does at a decision point: preempt, migrate, then start.
+
+    ``preempt``: running jobs to signal; each drains (holds its GPUs for the restart model's
+    grace while it checkpoints), then goes back to the queue. ``migrate``: running jobs to
+    move to a new placement: each drains likewise, its target GPUs are reserved at once (they
+    may include GPUs it holds itself, or GPUs of jobs draining), and it restarts there when
+    the grace is over. ``starts``: pending jobs to start; a start on GPUs still held by jobs
+    draining (e.g. preempted in this decision) waits, reserved, until they are let go. Every
+    restart pays the restore cost (``cluster/restart.py``).
 
     ``wake_at``: when the policy wants its next decision point even if nothing arrives or
     ends (e.g. a job crossing a Tiresias threshold); a backend that decides periodically
@@ -351,10 +390,11 @@ class Decision:
     starts: tuple[Start, ...] = ()
     preempt: tuple[int, ...] = field(default=())
     wake_at: float = float("inf")
+    migrate: tuple[Start, ...] = ()
 
     @property
     def is_wait(self) -> bool:
-        return not self.starts and not self.preempt
+        return not self.starts and not self.preempt and not self.migrate
 
 
 WAIT = Decision()

@@ -15,7 +15,12 @@ BOUNDED_SLOWDOWN_FLOOR_S = 10.0  # the usual bound (Feitelson): short jobs count
 
 @dataclass(frozen=True, slots=True)
 class RunMetrics:
-    """Summary of one run. Times in seconds; ``gpu_utilization`` in [0, 1]."""
+    """Summary of one run. Times in seconds; ``gpu_utilization`` in [0, 1].
+
+    ``preemptions`` and ``migrations`` in all; ``preemptions_per_job`` their mean per job;
+    ``restart_s_per_job``: the mean seconds a job lost to restarts (grace held while
+    checkpointing, restore, work redone; ``cluster/restart.py``).
+    """
 
     policy: str
     jobs: int
@@ -31,6 +36,9 @@ class RunMetrics:
     preemptions: int
     events: int
     wall_s: float
+    migrations: int = 0
+    preemptions_per_job: float = 0.0
+    restart_s_per_job: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -51,6 +59,7 @@ def summarize(
     makespan = float(end.max() - submit.min())
     p50, p95, p99 = np.percentile(jct, [50, 95, 99])
     bounded = np.maximum(1.0, jct / np.maximum(iso, BOUNDED_SLOWDOWN_FLOOR_S))
+    preemptions = sum(r.preemptions for r in records)
     return RunMetrics(
         policy=policy,
         jobs=len(records),
@@ -63,7 +72,10 @@ def summarize(
         avg_contention_slowdown=float((run / iso).mean()),
         avg_bounded_slowdown=float(bounded.mean()),
         gpu_utilization=gpu_s / (total_gpus * makespan) if makespan > 0 else 0.0,
-        preemptions=sum(r.preemptions for r in records),
+        preemptions=preemptions,
         events=events,
         wall_s=wall_s,
+        migrations=sum(r.migrations for r in records),
+        preemptions_per_job=preemptions / len(records),
+        restart_s_per_job=float(sum(r.restart_s for r in records)) / len(records),
     )

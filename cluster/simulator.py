@@ -7,6 +7,11 @@ placement of everything (a fluid model). Rates are recomputed at every event tha
 changes the set of jobs split across nodes (single-node jobs never contend, so their
 rate is fixed at start). Completions are kept in a heap with lazy invalidation.
 
+Preemption and migration cost what the restart model (``cluster/restart.py``) says: a
+signalled job drains (holds its GPUs for the grace, no progress, no communication), then
+frees them; every restart adds the restore cost (and any lost work) to its isolated work.
+Jobs draining or waiting on reserved GPUs are ``ClusterState.transit``.
+
 The simulator is deterministic: it has no randomness of its own; the same jobs,
 topology, model and policy give the same result.
 """
@@ -17,7 +22,7 @@ import heapq
 import math
 import time as wallclock
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from linkwise.cluster.contention import ContentionModel, link_flows
 from linkwise.cluster.domain import (
@@ -29,8 +34,10 @@ from linkwise.cluster.domain import (
     Policy,
     RunningJob,
     Topology,
+    TransitJob,
 )
 from linkwise.cluster.loop import drive
+from linkwise.cluster.restart import RestartModel
 
 _EPS = 1e-9
 
@@ -48,18 +55,17 @@ class SimConfig:
     """Simulator options.
 
     ``tick_s``: a periodic decision point every so many seconds while jobs are pending
-    (None: decide only at arrivals and completions). ``restart_cost_s``: isolated
-    seconds of work added to a preempted job when it restarts (checkpoint reload).
+    (None: decide only at arrivals and completions). ``restart``: what a preemption or a
+    migration costs (default: Sia's measured costs per profile and a 30 s grace;
+    ``RestartModel.free()`` for free preemption).
     """
 
     tick_s: float | None = None
-    restart_cost_s: float = 0.0
+    restart: RestartModel = field(default_factory=RestartModel.sia)
 
     def __post_init__(self) -> None:
         if self.tick_s is not None and not self.tick_s > 0:
             raise ValueError("tick_s must be positive")
-        if self.restart_cost_s < 0:
-            raise ValueError("restart_cost_s must be non-negative")
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +79,8 @@ class JobRecord:
     gpu_s: float  # GPU-seconds held
     preemptions: int
     nodes: int  # nodes spanned by its last placement
+    migrations: int = 0
+    restart_s: float = 0.0  # seconds lost to restarts: grace held, restore, work redone
 
     @property
     def jct(self) -> float:
@@ -103,6 +111,17 @@ class _Run:
     version: int = 0
     split: bool = False
     view: RunningJob | None = None
+    base: float = 0.0  # isolated work left at start, without the restore charge
+    restore: float = 0.0  # restore seconds charged at this start
+    migrations: int = 0
+
+    def real_remaining(self) -> float:
+        """Work left at ``since`` without what is left of the restore charge."""
+        return min(self.remaining, self.base)
+
+    def restore_done(self) -> float:
+        """Seconds of the restore charge worked off by ``since``."""
+        return min(self.restore, self.base + self.restore - self.remaining)
 
     def snapshot(self) -> RunningJob:
         if self.view is None:
@@ -128,11 +147,41 @@ class _Run:
             self.view = None
 
 
-@dataclass
+@dataclass(slots=True)
+class _Transit:
+    """A job draining its old GPUs and/or waiting for reserved ones (internal)."""
+
+    job: Job
+    remaining: float  # isolated work left (lost work included, restore not)
+    attained: float
+    preemptions: int
+    migrations: int
+    held: Placement | None  # GPUs still held while it checkpoints
+    unclaimed: dict[int, int]  # of ``held``: GPUs per node not reserved by another start
+    drain_end: float
+    target: Placement | None = None  # reserved GPUs it starts on
+    start_at: float = math.inf
+    view: TransitJob | None = None
+
+    def snapshot(self) -> TransitJob:
+        if self.view is None:
+            self.view = TransitJob(
+                job=self.job,
+                held=self.held,
+                target=self.target,
+                until=self.start_at if self.target is not None else self.drain_end,
+                attained_gpu_s=self.attained,
+                preemptions=self.preemptions,
+            )
+        return self.view
+
+
+@dataclass(slots=True)
 class _Acc:
     first_start: float = math.nan
     run_s: float = 0.0
     gpu_s: float = 0.0
+    restart_s: float = 0.0
 
 
 class Simulator:
@@ -173,6 +222,13 @@ class Simulator:
         self._pending: dict[int, PendingJob] = {}
         self._running: dict[int, _Run] = {}
         self._heap: list[tuple[float, int, int]] = []  # (end, version, job_id)
+        self._restart = self.config.restart
+        self._transit: dict[int, _Transit] = {}
+        # (time, phase, seq, job_id): phase 0 a drain ends, phase 1 a reserved start
+        self._transit_heap: list[tuple[float, int, int, int]] = []
+        self._claimable = [0] * len(topology.nodes)  # draining GPUs not yet reserved
+        self._transit_view: tuple[TransitJob, ...] = ()
+        self._transit_dirty = False
         self._seq = 0
         self._acc: dict[int, _Acc] = {}
         self._records: list[JobRecord] = []
@@ -207,6 +263,9 @@ class Simulator:
             if self._running_dirty:
                 self._running_view = tuple([r.view or r.snapshot() for r in self._running.values()])
                 self._running_dirty = False
+            if self._transit_dirty:
+                self._transit_view = tuple([t.snapshot() for t in self._transit.values()])
+                self._transit_dirty = False
             self._state = ClusterState(
                 time=self.time,
                 topology=self.topology,
@@ -214,20 +273,27 @@ class Simulator:
                 running=self._running_view,
                 pending=self._pending_view,
                 link_flows=self._flows,
+                transit=self._transit_view,
             )
         return self._state
 
     def apply(self, decision: Decision) -> None:
-        """Preempt, then start, as the decision says; raise InvalidDecision if impossible."""
+        """Preempt, migrate, then start, as the decision says; raise InvalidDecision if
+        impossible (nothing of an invalid preemption or migration is applied; starts are
+        applied one by one)."""
         # each decision says when its policy wants the next one (inf: at the next event)
         self._wake = decision.wake_at if decision.wake_at > self.time else math.inf
         if decision.is_wait:
             return
         split_changed = False
+        self._state = None
         for job_id in decision.preempt:
             split_changed |= self._preempt(job_id)
+        for move in decision.migrate:
+            split_changed |= self._migrate(move.job_id, move.placement)
         for start in decision.starts:
             split_changed |= self._start(start.job_id, start.placement)
+        split_changed |= self._transit_due()
         if split_changed:
             self._update_split_rates()
         self._state = None
@@ -243,8 +309,9 @@ class Simulator:
         t = min(
             next_end,
             next_arrival,
+            self._transit_heap[0][0] if self._transit_heap else math.inf,
             self._next_tick if self._pending else math.inf,
-            self._wake if self._running or self._pending else math.inf,
+            self._wake if self._running or self._pending or self._transit else math.inf,
         )
         if t == math.inf:
             if self._pending:
@@ -259,6 +326,8 @@ class Simulator:
             self._wake = math.inf
         self._events += 1
         split_changed = self._complete_due()
+        if self._transit_heap:
+            split_changed |= self._transit_due()
         self._admit_arrivals()
         if self._next_tick <= self.time + _EPS:
             self._schedule_tick()
@@ -271,7 +340,12 @@ class Simulator:
 
     @property
     def done(self) -> bool:
-        return not self._pending and not self._running and self._next_arrival >= len(self._arrivals)
+        return (
+            not self._pending
+            and not self._running
+            and not self._transit
+            and self._next_arrival >= len(self._arrivals)
+        )
 
     @property
     def events(self) -> int:
@@ -319,45 +393,117 @@ class Simulator:
         tick = self.config.tick_s
         self._next_tick = self.time + tick if tick is not None else math.inf
 
+    def _check_fits(
+        self, job: Job, placement: Placement, own: dict[int, int] | None = None
+    ) -> None:
+        """Raise InvalidDecision unless ``placement`` fits the job and the GPUs free, held by
+        jobs draining (not yet reserved) or, for a migration, its own ``own``."""
+        if placement.num_gpus != job.num_gpus:
+            raise InvalidDecision(
+                f"t={self.time:.1f}: job {job.job_id} asks {job.num_gpus} GPUs, "
+                f"placement gives {placement.num_gpus}"
+            )
+        free = self._free
+        claimable = self._claimable
+        for node, gpus in placement.alloc:
+            if not 0 <= node < len(free):
+                have: object = "no such node"
+            else:
+                have = free[node] + claimable[node] + (own.get(node, 0) if own else 0)
+                if have >= gpus:
+                    continue
+            raise InvalidDecision(
+                f"t={self.time:.1f}: job {job.job_id} wants {gpus} GPUs on node {node}, "
+                f"free: {have}"
+            )
+
+    def _reserve(self, placement: Placement, own: _Transit | None = None) -> float:
+        """Take ``placement``'s GPUs: free ones first, then ones being drained (``own``'s
+        first); return when the last of them is let go (now if all were free). Checked
+        beforehand by ``_check_fits``."""
+        ready = self.time
+        free = self._free
+        for node, gpus in placement.alloc:
+            take = min(free[node], gpus)
+            free[node] -= take
+            need = gpus - take
+            if not need:
+                continue
+            donors = [own] if own is not None else []
+            donors += sorted(
+                (t for t in self._transit.values() if t is not own and t.unclaimed.get(node)),
+                key=lambda t: t.drain_end,
+            )
+            for donor in donors:
+                have = donor.unclaimed.get(node, 0)
+                if not have:
+                    continue
+                got = min(have, need)
+                donor.unclaimed[node] = have - got
+                self._claimable[node] -= got
+                ready = max(ready, donor.drain_end)
+                need -= got
+                if not need:
+                    break
+            assert not need, "reservation checked by _check_fits"
+        return ready
+
     def _start(self, job_id: int, placement: Placement) -> bool:
         pending = self._pending.get(job_id)
         if pending is None:
             raise InvalidDecision(f"t={self.time:.1f}: job {job_id} is not pending")
         job = pending.job
-        if placement.num_gpus != job.num_gpus:
-            raise InvalidDecision(
-                f"t={self.time:.1f}: job {job_id} asks {job.num_gpus} GPUs, "
-                f"placement gives {placement.num_gpus}"
-            )
-        free = self._free
-        for node, gpus in placement.alloc:
-            if not 0 <= node < len(free) or free[node] < gpus:
-                have = free[node] if 0 <= node < len(free) else "no such node"
-                raise InvalidDecision(
-                    f"t={self.time:.1f}: job {job_id} wants {gpus} GPUs on node {node}, "
-                    f"free: {have}"
-                )
-        for node, gpus in placement.alloc:
-            free[node] -= gpus
+        self._check_fits(job, placement)
         del self._pending[job_id]
         self._pending_dirty = True
-        remaining = pending.remaining_s
-        if pending.preemptions:
-            remaining += self.config.restart_cost_s
+        ready = self._reserve(placement)
+        if ready > self.time:  # waits for GPUs being drained
+            tr = _Transit(
+                job=job,
+                remaining=pending.remaining_s,
+                attained=pending.attained_gpu_s,
+                preemptions=pending.preemptions,
+                migrations=0,
+                held=None,
+                unclaimed={},
+                drain_end=self.time,
+                target=placement,
+                start_at=ready,
+            )
+            self._add_transit(tr)
+            return False
+        return self._launch(
+            job, placement, pending.remaining_s, pending.attained_gpu_s, pending.preemptions, 0
+        )
+
+    def _launch(
+        self,
+        job: Job,
+        placement: Placement,
+        work: float,
+        attained: float,
+        preemptions: int,
+        migrations: int,
+    ) -> bool:
+        """Run ``job`` on ``placement`` (its GPUs already taken); a restart pays the restore."""
+        restore = self._restart.restore_s(job.profile) if preemptions or migrations else 0.0
         run = _Run(
             job=job,
             placement=placement,
             start=self.time,
             since=self.time,
-            remaining=remaining,
+            remaining=work + restore,
             rate=0.0,  # set below (single node) or by _update_split_rates (split)
-            attained=pending.attained_gpu_s,
-            preemptions=pending.preemptions,
+            attained=attained,
+            preemptions=preemptions,
             split=placement.num_nodes > 1,
+            base=work,
+            restore=restore,
+            migrations=migrations,
         )
-        self._running[job_id] = run
+        self._running[job.job_id] = run
         self._running_dirty = True
-        acc = self._acc[job_id]
+        acc = self._acc[job.job_id]
         if math.isnan(acc.first_start):
             acc.first_start = self.time
         if not run.split:
@@ -365,23 +511,104 @@ class Simulator:
             self._push_completion(run)
         return run.split
 
-    def _preempt(self, job_id: int) -> bool:
+    def _signal(self, job_id: int, what: str) -> _Run:
+        """Stop a running job for a preemption or a migration: it drains from now on."""
         run = self._running.pop(job_id, None)
         if run is None:
-            raise InvalidDecision(f"t={self.time:.1f}: cannot preempt job {job_id}: not running")
+            raise InvalidDecision(f"t={self.time:.1f}: cannot {what} job {job_id}: not running")
         run.rebase(self.time)
-        self._release(run)
-        self._pending[job_id] = PendingJob(
-            job=run.job,
-            remaining_s=run.remaining,
-            attained_gpu_s=run.attained,
-            preemptions=run.preemptions + 1,
-        )
-        # a preempted job goes back to its canonical place in the queue (sorted at observe)
-        self._pending_unsorted = True
-        self._pending_dirty = True
+        run.version = -1  # invalidates its completion events
         self._running_dirty = True
-        return run.split
+        return run
+
+    def _drain(self, run: _Run, preemptions: int, migrations: int) -> _Transit:
+        """The transit record of a signalled job: holds its GPUs for the grace."""
+        grace = self._restart.grace_s
+        real = run.real_remaining()
+        lost = self._restart.lost_s(run.base - real, self.time - run.start, run.rate)
+        acc = self._acc[run.job.job_id]
+        held = self.time - run.start + grace
+        acc.run_s += held
+        acc.gpu_s += held * run.job.num_gpus
+        acc.restart_s += run.restore_done() + grace + lost
+        tr = _Transit(
+            job=run.job,
+            remaining=real + lost,
+            attained=run.attained,
+            preemptions=preemptions,
+            migrations=migrations,
+            held=run.placement,
+            unclaimed=dict(run.placement.alloc),
+            drain_end=self.time + grace,
+        )
+        for node, gpus in run.placement.alloc:
+            self._claimable[node] += gpus
+        return tr
+
+    def _preempt(self, job_id: int) -> bool:
+        run = self._signal(job_id, "preempt")
+        tr = self._drain(run, run.preemptions + 1, run.migrations)
+        self._add_transit(tr)
+        # without a grace its GPUs are free at once (and it is back in the queue)
+        return self._transit_due() | run.split if tr.drain_end <= self.time else run.split
+
+    def _migrate(self, job_id: int, placement: Placement) -> bool:
+        run = self._running.get(job_id)
+        if run is None:
+            raise InvalidDecision(f"t={self.time:.1f}: cannot migrate job {job_id}: not running")
+        self._check_fits(run.job, placement, dict(run.placement.alloc))
+        self._signal(job_id, "migrate")
+        tr = self._drain(run, run.preemptions, run.migrations + 1)
+        tr.target = placement
+        tr.start_at = max(tr.drain_end, self._reserve(placement, own=tr))
+        self._add_transit(tr)
+        return self._transit_due() | run.split if tr.start_at <= self.time else run.split
+
+    def _add_transit(self, tr: _Transit) -> None:
+        job_id = tr.job.job_id
+        self._transit[job_id] = tr
+        self._transit_dirty = True
+        self._state = None
+        if tr.held is not None:
+            self._seq += 1
+            heapq.heappush(self._transit_heap, (tr.drain_end, 0, self._seq, job_id))
+        if tr.target is not None:
+            self._seq += 1
+            heapq.heappush(self._transit_heap, (tr.start_at, 1, self._seq, job_id))
+
+    def _transit_due(self) -> bool:
+        """Process the drains that end and the reserved starts due by now."""
+        split_changed = False
+        heap = self._transit_heap
+        while heap and heap[0][0] <= self.time + _EPS:
+            _, phase, _, job_id = heapq.heappop(heap)
+            tr = self._transit[job_id]
+            tr.view = None
+            self._transit_dirty = True
+            if phase == 0:  # its checkpoint is written: the GPUs not reserved become free
+                assert tr.held is not None
+                for node, gpus in tr.unclaimed.items():
+                    self._free[node] += gpus
+                    self._claimable[node] -= gpus
+                tr.held = None
+                tr.unclaimed = {}
+                if tr.target is None:  # preempted: back to its place in the queue
+                    del self._transit[job_id]
+                    self._pending[job_id] = PendingJob(
+                        job=tr.job,
+                        remaining_s=tr.remaining,
+                        attained_gpu_s=tr.attained,
+                        preemptions=tr.preemptions,
+                    )
+                    self._pending_unsorted = True
+                    self._pending_dirty = True
+            else:  # its reserved GPUs are all let go: it (re)starts there
+                del self._transit[job_id]
+                assert tr.target is not None
+                split_changed |= self._launch(
+                    tr.job, tr.target, tr.remaining, tr.attained, tr.preemptions, tr.migrations
+                )
+        return split_changed
 
     def _release(self, run: _Run) -> None:
         for node, gpus in run.placement.alloc:
@@ -390,6 +617,7 @@ class Simulator:
         held = self.time - run.start
         acc.run_s += held
         acc.gpu_s += held * run.job.num_gpus
+        acc.restart_s += run.restore_done()
         run.version = -1  # invalidates its completion events
 
     def _push_completion(self, run: _Run) -> None:
@@ -418,6 +646,7 @@ class Simulator:
                 continue
             del self._running[job_id]
             self._running_dirty = True
+            run.rebase(self.time)
             self._release(run)
             acc = self._acc.pop(job_id)
             self._records.append(
@@ -429,6 +658,8 @@ class Simulator:
                     gpu_s=acc.gpu_s,
                     preemptions=run.preemptions,
                     nodes=run.placement.num_nodes,
+                    migrations=run.migrations,
+                    restart_s=acc.restart_s,
                 )
             )
             split_changed |= run.split

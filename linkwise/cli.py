@@ -72,7 +72,18 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
     )
     c.add_argument("--tick", type=float, help="periodic decision points every S seconds")
     c.add_argument(
-        "--restart-cost", type=float, default=0.0, help="seconds added to a preempted job's work"
+        "--restart-cost",
+        default="sia",
+        metavar="sia|0|SECONDS",
+        help="what a preemption or migration costs: sia (default: Sia's measured checkpoint "
+        "plus restore seconds per profile), 0 (free preemption) or seconds for every job",
+    )
+    c.add_argument(
+        "--restart-grace",
+        type=float,
+        metavar="SECONDS",
+        help="seconds a preempted job keeps its GPUs to checkpoint (default 30; 0 with "
+        "--restart-cost 0)",
     )
     h = p.add_argument_group("run-time predictions")
     h.add_argument(
@@ -108,6 +119,7 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
 def _scenario(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     """Build the Scenario the arguments describe, and a description of it."""
     from linkwise.cluster.profiles import assign_profiles, load_calibration
+    from linkwise.cluster.restart import parse_restart
     from linkwise.cluster.simulator import SimConfig
     from linkwise.cluster.topology import load_topology
     from linkwise.datasets import synthetic
@@ -116,10 +128,12 @@ def _scenario(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
 
     topo = load_topology(args.cluster)
     calibration = load_calibration(args.calibration)
+    restart = parse_restart(args.restart_cost, args.restart_grace)
     info: dict[str, Any] = {
         "cluster": args.cluster,
         "gpus": topo.total_gpus,
         "nodes": len(topo.nodes),
+        "restart": restart.describe(),
     }
     origin: float | None = None
     if args.trace is not None:
@@ -178,7 +192,7 @@ def _scenario(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
         jobs=tuple(jobs),
         calibration=calibration,
         contention=args.contention,
-        config=SimConfig(tick_s=args.tick, restart_cost_s=args.restart_cost),
+        config=SimConfig(tick_s=args.tick, restart=restart),
         data_dir=str(data_dir) if data_dir else None,
         predictor=predictor,
     )

@@ -13,6 +13,7 @@ from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import ClusterState, Decision, Job, Placement, Start
 from linkwise.cluster.loop import drive
 from linkwise.cluster.profiles import Calibration, CommProfile
+from linkwise.cluster.restart import RestartModel
 from linkwise.cluster.simulator import (
     InvalidDecision,
     SimConfig,
@@ -220,7 +221,7 @@ def test_preemption_keeps_progress_and_charges_the_restart_cost() -> None:
         return Decision()
 
     policy = Scripted(decide)
-    res = simulate(topo, [job, other], MODEL, policy, SimConfig(restart_cost_s=5.0))
+    res = simulate(topo, [job, other], MODEL, policy, SimConfig(restart=RestartModel.constant(5.0, grace_s=0.0)))
     rec = {r.job.job_id: r for r in res.records}
     assert rec[1].end == pytest.approx(40.0)
     assert rec[0].preemptions == 1

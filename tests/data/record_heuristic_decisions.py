@@ -21,6 +21,7 @@ from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import ClusterState, Decision, Job
 from linkwise.cluster.loop import drive
 from linkwise.cluster.profiles import assign_profiles, load_calibration
+from linkwise.cluster.restart import RestartModel
 from linkwise.cluster.simulator import SimConfig, Simulator
 from linkwise.cluster.topology import from_spec
 from linkwise.models.policy_spec import PolicySpec
@@ -48,7 +49,8 @@ WORKLOADS: tuple[tuple[str, str, int, int, float], ...] = (
     ("6x8", "6x8,leaf=3", 60, 2, 90.0),
     ("3x8", "3x8", 40, 3, 250.0),
 )
-CONFIG = SimConfig(tick_s=None, restart_cost_s=30.0)
+# restart cost 30 s, no grace: the simulator as it was before the restart model (issue 22)
+CONFIG = SimConfig(tick_s=None, restart=RestartModel.constant(30.0, grace_s=0.0))
 
 
 def workload(n: int, seed: int, gap: float, total_gpus: int) -> list[Job]:
