@@ -287,7 +287,7 @@ class MoveOnce:
 
 cfg = ServeConfig(
     mode="active", partitions=("gpu",), slurm_env={env!r}, db={db!r}, state_dir={state!r},
-    lease_root={leases!r}, interval_s=0.5, lease_s=4.0,
+    lease_root={leases!r}, interval_s=0.5, lease_s=20.0,
     migration=MigrationConfig(grace_s=30, min_run_s=1),
 )
 serve(cfg, policy=LoadedPolicy(MoveOnce(), "move_once", "test:move_once", ""),
@@ -332,10 +332,18 @@ def test_kill9_between_requeuehold_and_release_the_job_runs(
     )
     try:
         wait_for(marker.exists, 90, "the loop to requeue-hold the job and try to place it")
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
+        # requeue-held, not yet released (the loop is alive and its lease fresh: no watchdog
+        # sweeps before the kill)
         held = job(client, mover)
         assert held is not None and held.held and held.reason == "JobHeldUser"
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGKILL)
+        killed = time.time()
+        proc.wait(10)
+        # the watchdog sees its owner gone (it polls every second) and releases the job,
+        # long before the 20 s lease would have run out
+        wait_for(lambda: not getattr(job(client, mover), "held", True), 15, "the release")
+        print(f"released {time.time() - killed:.1f} s after kill -9")
         # the watchdog sees the loop gone and releases what it held: the job runs again
         check_resumed(client, mover, work, None)
         con = duckdb.connect(str(db), read_only=True)
