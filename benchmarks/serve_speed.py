@@ -3,8 +3,9 @@
 Starts its own local cluster (``scripts/local-slurm``, dir /tmp/lw-slurm-bench, ports 19000+),
 submits 1,000 tiny jobs that stay pending (``--begin=now+1h``: not held, so the shadow loop
 sees them all as pending), runs the shadow loop for a number of cycles per policy, prints
-p50/p99 of the cycle time (squeue + sinfo JSON, state, decision, DuckDB record) and of the
-decision latency, then cancels the jobs and stops the cluster.
+p50/p99 of the cycle time (squeue + sinfo JSON, state, decision, explanation, DuckDB
+record), of the decision latency and of the explanation (``deployer.explain``), then cancels
+the jobs and stops the cluster.
 
     .venv/bin/python benchmarks/serve_speed.py [--jobs 1000] [--cycles 30]
 """
@@ -80,11 +81,13 @@ def main() -> None:
                 serve(cfg, logger=log)
             cyc = [c["cycle_ms"] for c in handler.cycles[2:]]  # skip warm-up
             lat = [c["latency_ms"] for c in handler.cycles[2:]]
+            why = [c.get("explain_ms", 0.0) for c in handler.cycles[2:]]
             seen = handler.cycles[-1]["pending"]
             print(
                 f"{policy:10s} pending seen {seen:5d}  cycle p50 {pct(cyc, 0.5):7.1f} ms "
                 f"p99 {pct(cyc, 0.99):7.1f} ms  decision p50 {pct(lat, 0.5):7.2f} ms "
-                f"p99 {pct(lat, 0.99):7.2f} ms  (mean cycle {statistics.mean(cyc):.1f} ms, "
+                f"p99 {pct(lat, 0.99):7.2f} ms  explanation p50 {pct(why, 0.5):7.2f} ms "
+                f"p99 {pct(why, 0.99):7.2f} ms  (mean cycle {statistics.mean(cyc):.1f} ms, "
                 f"n={len(cyc)})"
             )
     finally:

@@ -302,6 +302,7 @@ class SlurmBackend:
             pending=len(obs.state.pending),
             starts=len(decision.starts),
             latency_ms=round(float(info.get("latency_ms", 0.0)), 3),
+            explain_ms=round(float(info.get("explain_ms", 0.0)), 3),
             cycle_ms=round(elapsed * 1e3, 3),
             records=where,
         )
