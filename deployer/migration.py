@@ -140,7 +140,7 @@ def opt_in_grace(fields: Mapping[str, str], cfg: MigrationConfig) -> float | Non
 def moves_of(decision: Decision, topology: Topology) -> list[Move]:
     """A policy's ``preempt`` and ``migrate`` as moves with node names."""
     moves = [Move(j, "preempt") for j in decision.preempt]
-    for start in getattr(decision, "migrate", ()):
+    for start in decision.migrate:
         names = tuple(topology.nodes[n].name for n in start.placement.nodes)
         moves.append(Move(start.job_id, "migrate", names))
     return moves
@@ -272,6 +272,11 @@ class MigrationMetrics:
             ["reason"],
             registry=registry,
         )
+        for mode in ("shadow", "active"):  # their series exist from the start (dashboards)
+            self.preemptions.labels(mode)
+            self.migrations.labels(mode)
+        for stage in ("signal", "requeue", "target", "place", "release"):
+            self.failures.labels(stage)
 
 
 @dataclass(frozen=True)
