@@ -112,6 +112,8 @@ class DecisionLog:
             rows.append(_explained(r, explained.get(None)))
         for r in rows:
             self.metrics.decisions.labels(r["action"]).inc()
+            if r.get("deviated"):
+                self.metrics.deviations.inc()
         joins = self._joins(cycle_id, obs, now)
         where = self.recorder.write(decisions=rows, joins=joins)
         for job, _, _ in joins:

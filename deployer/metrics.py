@@ -141,6 +141,11 @@ class ServeMetrics:
             "Age (since submission) of the oldest job held for the loop; 0 when none",
             registry=r,
         )
+        self.deviations = Counter(
+            "linkwise_serve_deviations",
+            "Decision rows where the policy departed from its base heuristic (deployer.explain)",
+            registry=r,
+        )
         self.max_hold = Gauge(
             "linkwise_serve_max_hold_seconds",
             "The loop's max-hold: held jobs older than this are released unchanged",
@@ -155,6 +160,8 @@ class ServeMetrics:
             self.fallbacks.labels(reason)
         for outcome in ("ok", "failed"):
             self.model_reloads.labels(outcome)
+        for reason in ("no_gpu", "never_fits", "shape", "max_hold", "partition_changed"):
+            self.handed_back.labels(reason)
         for command in ("update", "release"):
             for outcome in ("ok", "error"):
                 self.actions.labels(command, outcome)
