@@ -1,7 +1,9 @@
-"""A Gymnasium environment over the simulator: the decision problem of ``cluster/mdp.py``.
+"""A Gymnasium environment over the simulator: the decision problem of ``cluster/mdp/``.
 
-One step either starts one pending job on one candidate placement (the simulator stays at
-the same decision point, reward 0) or waits (the simulator advances to its next event,
+One step either starts one pending job on one candidate placement, or (with running rows,
+``MdpConfig.running_slots``) preempts or migrates one running job (the simulator stays at
+the same decision point, reward 0; a preempted or migrated job drains for the restart
+model's grace, its GPUs held), or waits (the simulator advances to its next event,
 reward ``-(jobs in system x dt) / time_scale``, minus the weighted contention term). The
 mask of allowed actions is ``info["action_mask"]``. An episode ends (``terminated``) when
 every job has finished, so the undiscounted return is minus the total JCT over the time
@@ -9,7 +11,7 @@ scale. Waiting on an idle cluster with nothing left to arrive (and no ticks) wou
 forever: the episode is truncated with ``info["stalled"] = True``.
 
 The observation reads jobs' run-time predictions (``Job.pred_s``, ``pred_hi_s``), never their
-true durations (``cluster/mdp.py``, ``docs/INFORMATION.md``): a workload's jobs must carry
+true durations (``cluster/mdp/``, ``docs/INFORMATION.md``): a workload's jobs must carry
 them (``datasets.predictor.RuntimePredictor.annotate``), else ``reset`` raises ValueError.
 
 With ``skip_trivial`` (default) decision points where only "wait" is allowed are passed
@@ -65,7 +67,8 @@ WorkloadFactory = Callable[[int], Workload]  # episode seed -> workload
 
 
 class ClusterEnv(gym.Env[FloatArray, np.int64]):
-    """Discrete-action scheduling over the simulator (``K * P + 1`` actions, mask in info).
+    """Discrete-action scheduling over the simulator (``MdpConfig.n_actions``: ``K * P`` starts,
+    the running rows if any, and wait; mask in info).
 
     ``factory(seed)`` builds each episode's workload; the seed is drawn from the env's
     ``np_random``, so ``reset(seed=s)`` is reproducible. ``invalid_action="raise"`` (default)
@@ -118,7 +121,8 @@ class ClusterEnv(gym.Env[FloatArray, np.int64]):
         return self._obs(), self._info()
 
     def step(self, action: Any) -> tuple[FloatArray, float, bool, bool, dict[str, Any]]:
-        """Start one job (reward 0) or wait (advance; reward from the time that passed)."""
+        """Start, preempt or migrate one job (reward 0) or wait (advance; reward from the time
+        that passed)."""
         sim, cands = self._require()
         a = int(action)
         wait = self.config.wait_action

@@ -4,7 +4,10 @@ Behaviour policies are policy specs (``models.policy_spec``): a same-information
 of ``linkwise.cluster.heuristics`` with its parameters (``sjf_bco:lam=2``; never an oracle)
 driven step by step through ``cluster.mdp.StepPolicyAdapter`` (the same candidates, mask and
 encoder as the log builder, the trainer and the live loop; a preemptive heuristic's
-preemptions cannot be expressed and are ignored, counted by the adapter), or a learned
+preemptions and migrations are matched actions, ``match`` "preempt", "migrate" or
+"migrate_nearest", when the task's ``MdpConfig`` has running rows, ``running_slots > 0``;
+without them, or when the job's row is masked, they are ignored, counted by the adapter),
+or a learned
 package ``model:PATH`` acting on the observation itself (its own greedy action with its
 work-conserving guard; jobs annotated by the task's predictor, else the package's). Either
 is optionally mixed with random exploration: with
@@ -203,8 +206,17 @@ def runs_from_store(
     every requeued run); the node count is left to ``domain.requested_shape``. Jobs without
     GPUs or run time are left out; ``since`` / ``until`` bound the first submit time
     (``[since, until)``). The one query of finished jobs in the store."""
+    # a job is a chain of runs under one id from run 0 on; an id Slurm reused (its state
+    # cleared) starts a new chain, a later generation, which gets an id of its own
     q = """
-        SELECT job_id,
+        WITH runs AS (
+            SELECT *, sum(CASE WHEN run_index = 0 THEN 1 ELSE 0 END) OVER (
+                PARTITION BY cluster, job_id ORDER BY submit_time, run_index
+            ) - 1 AS generation
+            FROM jobs
+        )
+        SELECT CASE WHEN generation <= 0 THEN job_id
+                    ELSE -(job_id * 1000 + generation * 100) END AS job_id,
                min(submit_time) AS submit_time,
                max(gpus) AS num_gpus,
                sum(end_time - start_time) AS duration,
@@ -214,11 +226,11 @@ def runs_from_store(
                0 AS nodes,
                coalesce(max(time_limit_s), 0) AS time_limit,
                max(end_time) AS last_end
-        FROM jobs
+        FROM runs
         WHERE start_time IS NOT NULL AND end_time IS NOT NULL AND end_time > start_time
           AND gpus > 0
           AND (CAST(? AS VARCHAR) IS NULL OR cluster = ?)
-        GROUP BY cluster, job_id
+        GROUP BY cluster, runs.job_id, generation
         HAVING (CAST(? AS DOUBLE) IS NULL OR min(submit_time) >= ?)
            AND (CAST(? AS DOUBLE) IS NULL OR min(submit_time) < ?)
         ORDER BY submit_time, job_id
@@ -355,7 +367,8 @@ def rollout(task: RolloutTask) -> pl.DataFrame:
     (``datasets.transitions`` schema; source "rollout"). Deterministic for a task.
 
     ``match`` records how each heuristic step maps to the action space (exact, nearest,
-    unslotted, wait, from ``StepPolicyAdapter``); random exploration steps and a learned
+    unslotted, wait, and with running rows preempt, migrate, migrate_nearest, from
+    ``StepPolicyAdapter``); random exploration steps and a learned
     behaviour's own actions are "policy".
     The last step is ``terminal`` when every job finished, a ``timeout`` when ``max_steps``
     cut the episode or the behaviour waited on an idle cluster with nothing left to arrive.

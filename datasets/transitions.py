@@ -29,7 +29,9 @@ TRANSITION_SCHEMA: dict[str, Any] = {
     "timeout": pl.Boolean,
     "source": pl.String,  # "log" or "rollout"
     "behaviour": pl.String,  # the policy that acted ("slurm" for real logs)
-    "match": pl.String,  # how the action was recovered: exact, nearest, unslotted, wait, policy
+    # how the action was recovered: exact, nearest, unslotted, wait, policy; with running rows
+    # also preempt, migrate, migrate_nearest (``cluster.mdp.matching``)
+    "match": pl.String,
 }
 
 

@@ -61,11 +61,12 @@ from linkwise.cluster.mdp import (
     Candidates,
     ObsSpec,
     action_mask,
-    apply_start,
+    apply_decision,
     candidates,
     decide_by_steps,
     decode,
     encode,
+    local_grace,
     time_from_log,
 )
 from linkwise.cluster.profiles import load_calibration
@@ -450,7 +451,7 @@ class LearnedPolicy:
 
     def _best_start_of(self, values: npt.NDArray[np.float32], mask: BoolArray) -> int:
         starts = mask.copy()
-        starts[self.spec.config.wait_action] = False
+        starts[self.spec.config.n_start_actions :] = False  # wait, and preempt/migrate rows
         if not starts.any():
             return -1
         return int(masked_argmax(values, starts))
@@ -472,7 +473,10 @@ class LearnedPolicy:
         state = annotate_state(state, self.predictor)
         cfg = self.spec.config
         wait = cfg.wait_action
+        grace = local_grace(cfg)
         starts: list[Start] = []
+        preempt: list[int] = []
+        migrate: list[Start] = []
         steps: list[ExplainedStep] = []
         s = state
         while True:
@@ -498,10 +502,13 @@ class LearnedPolicy:
             )
             if a == wait:
                 break
-            start = decode(c, a).starts[0]  # InvalidAction if masked
-            starts.append(start)
-            s = apply_start(s, start, self.model)
-        return Decision(starts=tuple(starts)), tuple(steps)
+            d = decode(c, a)  # InvalidAction if masked
+            starts += d.starts
+            preempt += d.preempt
+            migrate += d.migrate
+            s = apply_decision(s, d, self.model, grace)
+        decision = Decision(starts=tuple(starts), preempt=tuple(preempt), migrate=tuple(migrate))
+        return decision, tuple(steps)
 
 
 def _finite(x: Any) -> float | None:

@@ -226,6 +226,34 @@ def test_encoder_and_mask_do_not_read_the_true_run_time(config: mdp.MdpConfig, s
         )
 
 
+RUNNING_ROWS = mdp.MdpConfig(k_slots=4, slot_order="mixed", running_slots=3, min_run_s=60.0)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_running_rows_do_not_read_the_true_run_time(seed: int) -> None:
+    """Preempt and migrate rows (attained service, predicted remaining time, restart cost, the
+    model's slowdown) and the states after each preemption or migration, on twin states."""
+    cfg = RUNNING_ROWS
+    spec = mdp.make_spec(cfg)
+    state = _state(seed)
+    twin = _twin(state, seed)
+    ca = mdp.candidates(state, cfg, MODEL)
+    cb = mdp.candidates(twin, cfg, MODEL)
+    assert np.array_equal(mdp.action_mask(ca), mdp.action_mask(cb))
+    assert mdp.encode(ca, spec).tobytes() == mdp.encode(cb, spec).tobytes()
+    moves = np.flatnonzero(ca.mask[cfg.n_start_actions : cfg.wait_action]) + cfg.n_start_actions
+    assert len(moves) > 0  # running rows are offered: the check is not vacuous
+    for a in moves:
+        da, db = mdp.decode(ca, int(a)), mdp.decode(cb, int(a))
+        assert da == db and (da.preempt or da.migrate)
+        sa = mdp.apply_decision(state, da, MODEL, 30.0)
+        sb = mdp.apply_decision(twin, db, MODEL, 30.0)
+        assert (
+            mdp.encode_state(sa, spec, MODEL).tobytes()
+            == mdp.encode_state(sb, spec, MODEL).tobytes()
+        )
+
+
 def _learned(spec: mdp.ObsSpec, predictor: RuntimePredictor | None = None) -> LearnedPolicy:
     """A learned policy with a fixed random network (its weights do not matter here)."""
     import torch
@@ -241,7 +269,11 @@ def _learned(spec: mdp.ObsSpec, predictor: RuntimePredictor | None = None) -> Le
 
 
 @pytest.mark.parametrize("guard", ["aging", "strict", "off"])
-@pytest.mark.parametrize("config", [CONFIGS[2], CONFIGS[3]], ids=lambda c: c.slot_order)
+@pytest.mark.parametrize(
+    "config",
+    [CONFIGS[2], CONFIGS[3], RUNNING_ROWS],
+    ids=lambda c: f"{c.slot_order}{c.running_slots}",
+)
 @pytest.mark.parametrize("seed", SEEDS)
 def test_learned_policy_does_not_read_the_true_run_time(
     guard: str, config: mdp.MdpConfig, seed: int

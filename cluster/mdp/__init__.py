@@ -53,12 +53,19 @@ decide_by_steps). Import from here (``from linkwise.cluster.mdp import X``).
 """
 
 from linkwise.cluster.mdp.adapters import MdpPolicy, StepPolicyAdapter, decide_by_steps
-from linkwise.cluster.mdp.apply import apply_start
+from linkwise.cluster.mdp.apply import (
+    apply_decision,
+    apply_migrate,
+    apply_preempt,
+    apply_start,
+    local_grace,
+)
 from linkwise.cluster.mdp.candidates import Candidates, action_mask, candidates, decode
 from linkwise.cluster.mdp.config import (
     ENCODER_REVISION,
     GENERATORS,
     ORDERS,
+    RUN_ORDERS,
     SLOT_ORDERS,
     BoolArray,
     FloatArray,
@@ -68,19 +75,31 @@ from linkwise.cluster.mdp.config import (
 from linkwise.cluster.mdp.features import (
     encode,
     encode_state,
-    predicted_remaining,
     time_from_log,
 )
-from linkwise.cluster.mdp.matching import StepMatch, decision_steps, match_start
+from linkwise.cluster.mdp.known import predicted_remaining, preemptable
+from linkwise.cluster.mdp.matching import (
+    MOVE_KINDS,
+    START_KINDS,
+    StepMatch,
+    decision_steps,
+    match_migrate,
+    match_preempt,
+    match_start,
+)
 from linkwise.cluster.mdp.reward import contention_term, jobs_in_system, step_reward
+from linkwise.cluster.mdp.running import RunningRows
 from linkwise.cluster.mdp.slowdown import comm_intensity
 from linkwise.cluster.mdp.spec import ObsLayout, ObsSpec, make_spec, obs_layout
 
 __all__ = [
     "ENCODER_REVISION",
     "GENERATORS",
+    "MOVE_KINDS",
     "ORDERS",
+    "RUN_ORDERS",
     "SLOT_ORDERS",
+    "START_KINDS",
     "BoolArray",
     "Candidates",
     "FloatArray",
@@ -89,9 +108,13 @@ __all__ = [
     "MdpPolicy",
     "ObsLayout",
     "ObsSpec",
+    "RunningRows",
     "StepMatch",
     "StepPolicyAdapter",
     "action_mask",
+    "apply_decision",
+    "apply_migrate",
+    "apply_preempt",
     "apply_start",
     "candidates",
     "comm_intensity",
@@ -102,10 +125,14 @@ __all__ = [
     "encode",
     "encode_state",
     "jobs_in_system",
+    "local_grace",
     "make_spec",
+    "match_migrate",
+    "match_preempt",
     "match_start",
     "obs_layout",
     "predicted_remaining",
+    "preemptable",
     "step_reward",
     "time_from_log",
 ]

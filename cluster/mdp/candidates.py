@@ -3,139 +3,17 @@ a ``Decision``."""
 
 from __future__ import annotations
 
-import heapq
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from linkwise.cluster.contention import ContentionModel
-from linkwise.cluster.domain import WAIT, ClusterState, Decision, Job, PendingJob, Placement, Start
-from linkwise.cluster.heuristics._common import bounded_placement
+from linkwise.cluster.domain import WAIT, ClusterState, Decision, PendingJob, Placement, Start
 from linkwise.cluster.mdp.config import BoolArray, InvalidAction, MdpConfig
+from linkwise.cluster.mdp.placements import Builder
+from linkwise.cluster.mdp.running import RunningRows, running_rows
+from linkwise.cluster.mdp.slots import order_heads, pending_slots, slot_ranks
 from linkwise.cluster.mdp.slowdown import Contention, Prediction, comm_intensity
-from linkwise.cluster.placement import (
-    best_fit,
-    first_fit,
-    fragment_first_fit,
-    least_busy,
-    same_leaf,
-)
-
-# the generators least_contention chooses among (with a best fit inside each leaf)
-_BASE_POOL = ("best_fit", "same_leaf", "least_busy", "first_fit", "fragment_first_fit")
-
-
-def _leaf_best_fit(members: Sequence[int], free: Sequence[int], gpus: int) -> Placement | None:
-    """Best fit inside one leaf: the tightest node that holds the job, else the fewest nodes
-    (most free first, the tail on the tightest node that holds it)."""
-    if sum(free[i] for i in members) < gpus:
-        return None
-    best, best_free = -1, 0
-    for i in members:
-        f = free[i]
-        if f >= gpus and (best < 0 or f < best_free):
-            best, best_free = i, f
-    if best >= 0:
-        return Placement(((best, gpus),))
-    order = sorted((i for i in members if free[i] > 0), key=lambda i: (-free[i], i))
-    need = gpus
-    pairs: list[tuple[int, int]] = []
-    for pos, node in enumerate(order):
-        if free[node] < need:
-            pairs.append((node, free[node]))
-            need -= free[node]
-            continue
-        tail = node
-        for other in order[pos + 1 :]:
-            if free[other] < need:
-                break
-            tail = other
-        pairs.append((tail, need))
-        break
-    return Placement(tuple(sorted(pairs)))
-
-
-class _Builder:
-    """Per-state memo tables shared by all slots (placements by GPU count, predictions by
-    job shape and placement)."""
-
-    def __init__(
-        self, state: ClusterState, model: ContentionModel, span_lambda: float = 1.0
-    ) -> None:
-        self.state = state
-        self.span_lambda = span_lambda
-        self.topo = state.topology
-        self.free = state.free_gpus
-        self.busy = state.jobs_per_node
-        self.contention = Contention(state, model)
-        self._placements: dict[tuple[str, int], Placement | None] = {}
-        self._predictions: dict[tuple[str, int, Placement], Prediction] = {}
-        self._least: dict[tuple[str, int], Placement | None] = {}
-        self._capacities: list[int] | None = None
-
-    def base(self, gen: str, gpus: int) -> Placement | None:
-        key = (gen, gpus)
-        if key in self._placements:
-            return self._placements[key]
-        topo, free, busy = self.topo, self.free, self.busy
-        p: Placement | None
-        if gen == "best_fit":
-            p = best_fit(topo, free, gpus)
-        elif gen == "same_leaf":
-            p = same_leaf(topo, free, gpus)
-        elif gen == "least_busy":
-            p = least_busy(topo, free, gpus, busy)
-        elif gen == "first_fit":
-            p = first_fit(topo, free, gpus)
-        elif gen == "fragment_first_fit":
-            p = fragment_first_fit(topo, free, gpus, busy)
-        elif gen == "bounded":
-            if self._capacities is None:
-                self._capacities = sorted((n.gpus for n in topo.nodes), reverse=True)
-            lam = self.span_lambda
-            p = bounded_placement(topo, free, busy, gpus, None, lam, self._capacities)
-        else:  # pragma: no cover - guarded by MdpConfig
-            raise ValueError(f"unknown generator {gen!r}")
-        self._placements[key] = p
-        return p
-
-    def predict(self, job: Job, placement: Placement) -> Prediction:
-        key = (job.profile, job.num_gpus, placement)
-        hit = self._predictions.get(key)
-        if hit is None:
-            hit = self._predictions[key] = self.contention.predict(job, placement)
-        return hit
-
-    def least_contention(self, job: Job) -> Placement | None:
-        key = (job.profile, job.num_gpus)
-        if key in self._least:
-            return self._least[key]
-        gpus = job.num_gpus
-        pool: list[Placement] = []
-        for gen in _BASE_POOL:
-            p = self.base(gen, gpus)
-            if p is not None and p not in pool:
-                pool.append(p)
-        if pool and pool[0].num_nodes > 1:  # no single node holds it: try every leaf too
-            for members in self.topo.leaf_nodes:
-                p = _leaf_best_fit(members, self.free, gpus)
-                if p is not None and p not in pool:
-                    pool.append(p)
-        best: Placement | None = None
-        best_key = (0.0, 0)
-        for p in pool:
-            pred = self.predict(job, p)
-            k = (pred.job_slowdown + pred.added_slowdown, p.num_nodes)
-            if best is None or k < best_key:
-                best, best_key = p, k
-        self._least[key] = best
-        return best
-
-    def placement(self, gen: str, job: Job) -> Placement | None:
-        if gen == "least_contention":
-            return self.least_contention(job)
-        return self.base(gen, job.num_gpus)
 
 
 @dataclass(frozen=True, eq=False)
@@ -152,85 +30,41 @@ class Candidates:
     contention: Contention = field(repr=False)
     intensity: tuple[float, ...] = ()
     ranks: tuple[tuple[float, ...], ...] = ()  # per slot, its scaled rank in each of ORDERS
+    running: RunningRows | None = None  # the running slots (``MdpConfig.running_slots``)
 
     def start_for(self, action: int) -> Start:
-        """The start an unmasked non-wait action stands for."""
+        """The start an unmasked start action stands for."""
         p = self.config.n_candidates
         placement = self.placements[action // p][action % p]
         assert placement is not None
         return Start(self.slots[action // p].job.job_id, placement)
 
+    def preempt_action(self, job_id: int) -> int | None:
+        """The preempt row of a running job (None when it is in no running slot)."""
+        rows = self.running
+        if rows is None:
+            return None
+        for r, run in enumerate(rows.slots):
+            if run.job.job_id == job_id:
+                return self.config.preempt_offset + r
+        return None
 
-def _by_gpus(p: PendingJob) -> int:
-    return p.job.num_gpus
-
-
-def _by_gpu_time(p: PendingJob) -> float:
-    return p.job.pred_s * p.job.num_gpus  # a prediction, never the true run time
-
-
-def _by_attained(p: PendingJob) -> float:
-    return p.attained_gpu_s
-
-
-def _order_heads(state: ClusterState, k: int) -> tuple[list[PendingJob], ...]:
-    """The first ``k`` jobs fitting the free GPUs now in each of ``ORDERS`` (stable: submit
-    order among equals, ``state.pending`` being in submit order)."""
-    free = state.total_free_gpus
-    fit = [p for p in state.pending if p.job.num_gpus <= free]
-    return (
-        fit[:k],
-        heapq.nsmallest(k, fit, key=_by_gpus),
-        heapq.nsmallest(k, fit, key=_by_gpu_time),
-        heapq.nsmallest(k, fit, key=_by_attained),
-    )
-
-
-def _round_robin(heads: Sequence[Sequence[PendingJob]], k: int) -> tuple[PendingJob, ...]:
-    """Up to ``k`` jobs taken from ``heads`` in turn, each its next job not yet taken."""
-    out: list[PendingJob] = []
-    taken: set[int] = set()
-    pos = [0] * len(heads)
-    progressed = True
-    while progressed and len(out) < k:
-        progressed = False
-        for i, head in enumerate(heads):
-            while pos[i] < len(head) and head[pos[i]].job.job_id in taken:
-                pos[i] += 1
-            if pos[i] < len(head) and len(out) < k:
-                p = head[pos[i]]
-                out.append(p)
-                taken.add(p.job.job_id)
-                pos[i] += 1
-                progressed = True
-    return tuple(out)
-
-
-def _slots(
-    state: ClusterState, cfg: MdpConfig, heads: Sequence[Sequence[PendingJob]]
-) -> tuple[PendingJob, ...]:
-    if cfg.slot_order == "head":
-        return state.pending[: cfg.k_slots]
-    if cfg.slot_order == "fitting":
-        return tuple(heads[0])
-    if cfg.slot_order == "smallest":
-        return tuple(heads[1])
-    return _round_robin(heads, cfg.k_slots)
-
-
-def _ranks(
-    slots: Sequence[PendingJob], heads: Sequence[Sequence[PendingJob]], k: int
-) -> tuple[tuple[float, ...], ...]:
-    """Each slot's rank in each order over the fitting jobs, over ``k``; 1 beyond the head."""
-    where = [{p.job.job_id: i / k for i, p in enumerate(head)} for head in heads]
-    return tuple(tuple(w.get(p.job.job_id, 1.0) for w in where) for p in slots)
+    def migrate_row(self, job_id: int) -> tuple[int, tuple[Placement | None, ...]] | None:
+        """(first migrate action, candidates) of a running job's slot (None: no slot)."""
+        rows, cfg = self.running, self.config
+        if rows is None or not cfg.migrate:
+            return None
+        for r, run in enumerate(rows.slots):
+            if run.job.job_id == job_id:
+                return cfg.migrate_offset + r * cfg.n_migrate, rows.placements[r]
+        return None
 
 
 def candidates(state: ClusterState, config: MdpConfig, model: ContentionModel) -> Candidates:
     """Slots, candidate placements, contention predictions and the mask of one state."""
-    b = _Builder(state, model, config.span_lambda)
-    heads = _order_heads(state, config.k_slots)
-    slots = _slots(state, config, heads)
+    b = Builder(state, model, config.span_lambda)
+    heads = order_heads(state, config.k_slots)
+    slots = pending_slots(state, config, heads)
     n_c = config.n_candidates
     mask = np.zeros(config.n_actions, dtype=np.bool_)
     mask[-1] = True
@@ -254,6 +88,14 @@ def candidates(state: ClusterState, config: MdpConfig, model: ContentionModel) -
             if p is not None and not (config.mask_duplicates and red[c]):
                 mask[k * n_c + c] = True
     intensity = tuple(comm_intensity(model, state.topology, pj.job) for pj in slots)
+    running = None
+    if config.running_slots:
+        running = running_rows(state, config, model, b.contention)
+        m = config.n_migrate
+        for r, movable in enumerate(running.movable):
+            mask[config.preempt_offset + r] = True
+            for c, ok in enumerate(movable):
+                mask[config.migrate_offset + r * m + c] = ok
     return Candidates(
         state=state,
         config=config,
@@ -264,22 +106,35 @@ def candidates(state: ClusterState, config: MdpConfig, model: ContentionModel) -
         mask=mask,
         contention=b.contention,
         intensity=intensity,
-        ranks=_ranks(slots, heads, config.k_slots),
+        ranks=slot_ranks(slots, heads, config.k_slots),
+        running=running,
     )
 
 
 def action_mask(cands: Candidates) -> BoolArray:
-    """Which actions are allowed (a copy): True for feasible starts and for wait."""
+    """Which actions are allowed (a copy): True for feasible starts, preempts and migrations,
+    and for wait."""
     return cands.mask.copy()
 
 
 def decode(cands: Candidates, action: int) -> Decision:
-    """The Decision an action stands for (one Start, or WAIT); InvalidAction if masked."""
+    """The Decision an action stands for (one start, preemption or migration, or WAIT);
+    InvalidAction if masked."""
+    cfg = cands.config
     a = int(action)
-    if not 0 <= a < cands.config.n_actions:
-        raise InvalidAction(f"action {a} out of range 0..{cands.config.n_actions - 1}")
+    if not 0 <= a < cfg.n_actions:
+        raise InvalidAction(f"action {a} out of range 0..{cfg.n_actions - 1}")
     if not cands.mask[a]:
         raise InvalidAction(f"action {a} is masked at t={cands.state.time:.1f}")
-    if a == cands.config.wait_action:
+    if a == cfg.wait_action:
         return WAIT
-    return Decision(starts=(cands.start_for(a),))
+    if a < cfg.n_start_actions:
+        return Decision(starts=(cands.start_for(a),))
+    rows = cands.running
+    assert rows is not None  # an unmasked running row
+    if a < cfg.migrate_offset:
+        return Decision(preempt=(rows.slots[a - cfg.preempt_offset].job.job_id,))
+    r, c = divmod(a - cfg.migrate_offset, cfg.n_migrate)
+    placement = rows.placements[r][c]
+    assert placement is not None
+    return Decision(migrate=(Start(rows.slots[r].job.job_id, placement),))

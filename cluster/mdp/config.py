@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from linkwise.cluster.restart import parse_restart
+
 ENCODER_REVISION = 2  # bump when a feature's computation changes without its name changing
 GENERATORS: tuple[str, ...] = (
     "best_fit",
@@ -23,6 +25,12 @@ GENERATORS: tuple[str, ...] = (
 )
 SLOT_ORDERS = ("head", "fitting", "smallest", "mixed")
 ORDERS = ("submit", "gpus", "gpu_time", "attained")  # the orders "mixed" draws slots from
+# the orders running slots are drawn from, round-robin: most attained service, most predicted
+# remaining GPU time, most predicted slowdown (``MdpConfig.running_slots``)
+RUN_ORDERS = ("attained", "remaining", "slowdown")
+# the running-row fields: left out of ``to_json`` (so of ``ObsSpec.version``) while
+# ``running_slots`` is 0, so every spec without running rows keeps its version
+RUNNING_FIELDS = ("running_slots", "migrate", "preempt_share", "min_run_s", "restart_cost")
 
 FloatArray = npt.NDArray[np.float32]
 BoolArray = npt.NDArray[np.bool_]
@@ -59,6 +67,13 @@ class MdpConfig:
     queue_scale: float = 100.0  # job counts, as log1p(n) / log1p(queue_scale)
     flow_scale: float = 4.0  # rings per link
     max_slowdown: float = 10.0  # slowdowns are clipped to this
+    # rows for running jobs (off with 0): per running slot a preempt row and, with
+    # ``migrate``, one migrate row per candidate generator
+    running_slots: int = 0
+    migrate: bool = True
+    preempt_share: float = 1.0  # share of jobs that may be preempted (by a hash of the job id)
+    min_run_s: float = 600.0  # never preempt or migrate within this of a job's last start
+    restart_cost: str = "sia"  # the restart model the features assume (cluster.restart)
 
     def __post_init__(self) -> None:
         if self.k_slots <= 0:
@@ -79,22 +94,55 @@ class MdpConfig:
             raise ValueError("contention_weight must be non-negative")
         if not self.span_lambda >= 1.0:
             raise ValueError(f"span_lambda must be at least 1, got {self.span_lambda}")
+        if self.running_slots < 0:
+            raise ValueError("running_slots must be non-negative")
+        if not 0.0 <= self.preempt_share <= 1.0:
+            raise ValueError(f"preempt_share must be in [0, 1], got {self.preempt_share}")
+        if not 0.0 <= self.min_run_s < math.inf:
+            raise ValueError("min_run_s must be non-negative and finite")
+        if self.running_slots and not self.min_run_s > 0:
+            # a job moved at a decision point must not be movable again at the same time
+            raise ValueError("running rows need a positive min_run_s")
+        parse_restart(self.restart_cost)  # ValueError for an unknown restart model
 
     @property
     def n_candidates(self) -> int:
         return len(self.generators)
 
     @property
+    def n_start_actions(self) -> int:
+        """``K * P``: the start rows, actions ``0 .. K * P - 1``."""
+        return self.k_slots * self.n_candidates
+
+    @property
+    def preempt_offset(self) -> int:
+        """The first preempt row (running slot ``r`` is ``preempt_offset + r``)."""
+        return self.n_start_actions
+
+    @property
+    def n_migrate(self) -> int:
+        """Migrate rows per running slot (``P`` with ``migrate``, else 0)."""
+        return self.n_candidates if self.migrate else 0
+
+    @property
+    def migrate_offset(self) -> int:
+        """The first migrate row (running slot ``r``, candidate ``c``: ``+ r * P + c``)."""
+        return self.preempt_offset + self.running_slots
+
+    @property
     def n_actions(self) -> int:
-        return self.k_slots * self.n_candidates + 1
+        return self.migrate_offset + self.running_slots * self.n_migrate + 1
 
     @property
     def wait_action(self) -> int:
-        return self.k_slots * self.n_candidates
+        return self.n_actions - 1
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["generators"] = list(self.generators)
+        if not self.running_slots:
+            for name in RUNNING_FIELDS:
+                del d[name]
         return d
 
     @staticmethod

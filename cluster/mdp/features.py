@@ -4,15 +4,18 @@ times and sizes. Only what a real Slurm with a run-time predictor knows is read.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
 from linkwise.cluster.contention import ContentionModel, min_nodes
-from linkwise.cluster.domain import ClusterState, Job, Placement
+from linkwise.cluster.domain import ClusterState, Job, Placement, Topology
 from linkwise.cluster.mdp.candidates import Candidates, candidates
 from linkwise.cluster.mdp.config import FloatArray, MdpConfig
-from linkwise.cluster.mdp.slowdown import link_flows
-from linkwise.cluster.mdp.spec import CAND_FEATURES, SLOT_FEATURES, ObsSpec
+from linkwise.cluster.mdp.known import predicted_remaining
+from linkwise.cluster.mdp.running import RunningRows
+from linkwise.cluster.mdp.slowdown import Prediction, link_flows
+from linkwise.cluster.mdp.spec import CAND_FEATURES, RUN_FEATURES, SLOT_FEATURES, ObsSpec
 
 
 def log_count(n: int, scale: float) -> float:
@@ -89,24 +92,6 @@ def time_from_log(value: float, cfg: MdpConfig) -> float:
 
 def log_size(gpu_s: float, cfg: MdpConfig) -> float:
     return _log_scaled(gpu_s, cfg.size_scale_gpu_s, cfg.max_size_gpu_s)
-
-
-def _require_prediction(job: Job) -> None:
-    if not job.predicted:
-        raise ValueError(
-            f"job {job.job_id} has no run-time prediction (pred_s): the observation never "
-            "reads the true run time, so a run-time predictor fit on history is needed "
-            "(datasets.predictor.RuntimePredictor.annotate; --history on the command line)"
-        )
-
-
-def predicted_remaining(job: Job, attained_gpu_s: float, *, upper: bool = False) -> float:
-    """Seconds a job is predicted to still need: its predicted run time (``pred_s``, or
-    ``pred_hi_s`` with ``upper``) less the service it had, at least 0. ValueError for a job
-    without predictions."""
-    _require_prediction(job)
-    pred = job.pred_hi_s if upper else job.pred_s
-    return max(0.0, pred - attained_gpu_s / job.num_gpus)
 
 
 def _running_features(state: ClusterState, cfg: MdpConfig) -> list[float]:
@@ -189,6 +174,95 @@ class _Frag:
         return hit
 
 
+def _cand_rows(
+    job: Job,
+    placements: Sequence[Placement | None],
+    predictions: Sequence[Prediction | None],
+    redundant: Sequence[bool],
+    frag: _Frag,
+    topo: Topology,
+    cfg: MdpConfig,
+) -> list[float]:
+    """The CAND_FEATURES of one slot's candidates (zeros for a missing one)."""
+    values: list[float] = []
+    zeros = [0.0] * len(CAND_FEATURES)
+    need = min_nodes(topo, job.num_gpus)
+    ms = cfg.max_slowdown
+    for c in range(cfg.n_candidates):
+        p = placements[c]
+        pred = predictions[c]
+        if p is None or pred is None:
+            values += zeros
+            continue
+        leaves = len({topo.nodes[n].leaf for n in p.nodes})
+        partial, fragmented = frag.after(p)
+        values += [
+            1.0,
+            1.0 if redundant[c] else 0.0,
+            min(ms, pred.job_slowdown),
+            min(ms, pred.added_slowdown),
+            p.num_nodes / cfg.node_scale,
+            (p.num_nodes - need) / cfg.node_scale,
+            leaves / cfg.leaf_scale,
+            partial,
+            fragmented,
+        ]
+    return values
+
+
+def _running_slot_features(cands: Candidates, rows: RunningRows, r: int) -> list[float]:
+    """RUN_FEATURES of running slot ``r``: predictions, service and the models' estimates,
+    never the job's true run time, remaining work or rate."""
+    cfg, state = cands.config, cands.state
+    run = rows.slots[r]
+    job = run.job
+    topo = state.topology
+    attained = run.attained_at(state.time)
+    remaining = predicted_remaining(job, attained)
+    return [
+        1.0,
+        job.num_gpus / cfg.gpu_scale,
+        run.placement.num_nodes / cfg.node_scale,
+        len({topo.nodes[n].leaf for n in run.placement.nodes}) / cfg.leaf_scale,
+        log_time(state.time - run.start_time, cfg),
+        log_size(attained, cfg),
+        log_time(remaining, cfg),
+        log_time(predicted_remaining(job, attained, upper=True), cfg),
+        log_size(remaining * job.num_gpus, cfg),
+        log_time(rows.restart_s[r], cfg),
+        min(cfg.max_slowdown, rows.slowdown[r]),
+        log_count(run.preemptions, cfg.queue_scale),
+        rows.intensity[r],
+        *rows.ranks[r],
+    ]
+
+
+def _running_values(cands: Candidates) -> list[float]:
+    """The running slots' features, then their migrate candidates' (zeros for empty slots)."""
+    cfg = cands.config
+    rows = cands.running
+    n = len(rows.slots) if rows is not None else 0
+    values: list[float] = []
+    for r in range(cfg.running_slots):
+        if rows is None or r >= n:
+            values += [0.0] * len(RUN_FEATURES)
+        else:
+            values += _running_slot_features(cands, rows, r)
+    if not cfg.migrate:
+        return values
+    topo = cands.state.topology
+    for r in range(cfg.running_slots):
+        if rows is None or r >= n:
+            values += [0.0] * (len(CAND_FEATURES) * cfg.n_candidates)
+            continue
+        frag = _Frag(rows.bases[r])
+        job = rows.slots[r].job
+        values += _cand_rows(
+            job, rows.placements[r], rows.predictions[r], rows.redundant[r], frag, topo, cfg
+        )
+    return values
+
+
 def encode(cands: Candidates, spec: ObsSpec) -> FloatArray:
     """The observation vector of a state (deterministic, finite, length ``spec.dim``)."""
     cfg = spec.config
@@ -200,32 +274,21 @@ def encode(cands: Candidates, spec: ObsSpec) -> FloatArray:
     topo = cands.state.topology
     frag = _Frag(cands.state)
     zeros = [0.0] * len(CAND_FEATURES)
-    ms = cfg.max_slowdown
     for k in range(cfg.k_slots):
         if k >= len(cands.slots):
             values += zeros * cfg.n_candidates
             continue
-        job = cands.slots[k].job
-        need = min_nodes(topo, job.num_gpus)
-        for c in range(cfg.n_candidates):
-            p = cands.placements[k][c]
-            pred = cands.predictions[k][c]
-            if p is None or pred is None:
-                values += zeros
-                continue
-            leaves = len({topo.nodes[n].leaf for n in p.nodes})
-            partial, fragmented = frag.after(p)
-            values += [
-                1.0,
-                1.0 if cands.redundant[k][c] else 0.0,
-                min(ms, pred.job_slowdown),
-                min(ms, pred.added_slowdown),
-                p.num_nodes / cfg.node_scale,
-                (p.num_nodes - need) / cfg.node_scale,
-                leaves / cfg.leaf_scale,
-                partial,
-                fragmented,
-            ]
+        values += _cand_rows(
+            cands.slots[k].job,
+            cands.placements[k],
+            cands.predictions[k],
+            cands.redundant[k],
+            frag,
+            topo,
+            cfg,
+        )
+    if cfg.running_slots:
+        values += _running_values(cands)
     out = np.asarray(values, dtype=np.float32)
     if out.shape[0] != spec.dim:  # pragma: no cover - a bug in the feature lists
         raise AssertionError(f"encoded {out.shape[0]} features, spec has {spec.dim}")

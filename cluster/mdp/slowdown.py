@@ -11,7 +11,7 @@ from linkwise.cluster.contention import (
     ring_iteration_time,
     sharing_penalty,
 )
-from linkwise.cluster.domain import ClusterState, Job, Placement, Topology
+from linkwise.cluster.domain import ClusterState, Job, Placement, RunningJob, Topology
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +56,7 @@ class Contention:
                 t = self._time(r.job, r.placement, self.links[i], self.weights[i], None, 0.0)
                 self.slowdown.append(max(1.0, t / best))
         else:
+            self._running = state.running
             self._all = [(r.job, r.placement) for r in state.running]
             base = model.rates(topo, self._all) if self._all else []
             self._base_inv = [1.0 / max(r, 1e-9) for r in base]
@@ -119,6 +120,29 @@ class Contention:
             t_new = self._time(r.job, r.placement, self.links[i], self.weights[i], linkset, w)
             added += max(1.0, t_new / self._best[i]) - self.slowdown[i]
         return Prediction(max(0.0, t / best - 1.0), max(0.0, added))
+
+    def running_slowdown(self, run: RunningJob) -> float:
+        """The model's predicted slowdown of a running job where it runs, next to the other
+        running jobs (``t / t_best - 1``, at least 0): computed from the contention model,
+        never the simulator's rate."""
+        job_id = run.job.job_id
+        if self.analytic is None:
+            return max(0.0, self._generic_slowdown.get(job_id, 1.0) - 1.0)
+        if run.placement.num_nodes > 1:
+            i = self._split_index.get(job_id)
+            if i is not None:
+                return max(0.0, self.slowdown[i] - 1.0)
+        best = self.analytic.best_time(self.topo, run.job)
+        t = self._time(run.job, run.placement, (), 0.0, None, 0.0)
+        return max(0.0, t / best - 1.0)
+
+    @property
+    def _split_index(self) -> dict[int, int]:
+        return {r.job.job_id: i for i, r in enumerate(self.split)}
+
+    @property
+    def _generic_slowdown(self) -> dict[int, float]:
+        return {r.job.job_id: inv for r, inv in zip(self._running, self._base_inv, strict=True)}
 
     def _predict_generic(self, job: Job, placement: Placement) -> Prediction:
         rates = self.model.rates(self.topo, [*self._all, (job, placement)])

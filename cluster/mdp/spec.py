@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from linkwise.cluster.mdp.config import ENCODER_REVISION, ORDERS, MdpConfig
+from linkwise.cluster.mdp.config import ENCODER_REVISION, ORDERS, RUN_ORDERS, MdpConfig
 
 GLOBAL_FEATURES = (
     "utilisation",
@@ -64,6 +64,25 @@ CAND_FEATURES = (
     "fragmented_free_after",
 )
 
+# per running slot (``MdpConfig.running_slots``): what Slurm and the models know of a running
+# job (never its true run time, remaining work or rate); its migrate rows carry CAND_FEATURES
+RUN_FEATURES = (
+    "present",
+    "gpus",
+    "nodes",
+    "leaves",
+    "run_log",
+    "attained_log",
+    "pred_remaining",
+    "pred_remaining_hi",
+    "pred_remaining_gpu_time",
+    "restart_cost",
+    "slowdown",
+    "preemptions",
+    "comm_intensity",
+    *(f"rank_{o}" for o in RUN_ORDERS),
+)
+
 
 def _feature_names(cfg: MdpConfig) -> tuple[str, ...]:
     names = [f"g.{n}" for n in GLOBAL_FEATURES]
@@ -74,6 +93,12 @@ def _feature_names(cfg: MdpConfig) -> tuple[str, ...]:
     for k in range(cfg.k_slots):
         for g in cfg.generators:
             names += [f"s{k}.{g}.{n}" for n in CAND_FEATURES]
+    for r in range(cfg.running_slots):
+        names += [f"r{r}.{n}" for n in RUN_FEATURES]
+    if cfg.migrate:
+        for r in range(cfg.running_slots):
+            for g in cfg.generators:
+                names += [f"r{r}.{g}.{n}" for n in CAND_FEATURES]
     return tuple(names)
 
 
@@ -173,8 +198,14 @@ class ObsLayout:
 
 
 def obs_layout(spec: ObsSpec) -> ObsLayout:
-    """The layout of ``spec``'s observation vector (checked against its feature names)."""
+    """The layout of ``spec``'s observation vector (checked against its feature names);
+    ValueError for a spec with running rows (the row network scores start rows only)."""
     cfg = spec.config
+    if cfg.running_slots:
+        raise ValueError(
+            "the observation layout covers start rows only: a spec with running_slots > 0 "
+            "needs a network that reads the whole vector (the MLP), not the row network"
+        )
     n_global = sum(1 for n in spec.feature_names if n.startswith("g."))
     layout = ObsLayout(
         n_global, cfg.k_slots, len(SLOT_FEATURES), cfg.n_candidates, len(CAND_FEATURES)

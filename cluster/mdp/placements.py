@@ -1,0 +1,133 @@
+"""Candidate placements of one state: the generators (``MdpConfig.generators``) with
+per-state memo tables shared by all slots, and the contention model's predictions."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from linkwise.cluster.contention import ContentionModel
+from linkwise.cluster.domain import ClusterState, Job, Placement
+from linkwise.cluster.heuristics._common import bounded_placement
+from linkwise.cluster.mdp.slowdown import Contention, Prediction
+from linkwise.cluster.placement import (
+    best_fit,
+    first_fit,
+    fragment_first_fit,
+    least_busy,
+    same_leaf,
+)
+
+# the generators least_contention chooses among (with a best fit inside each leaf)
+_BASE_POOL = ("best_fit", "same_leaf", "least_busy", "first_fit", "fragment_first_fit")
+
+
+def _leaf_best_fit(members: Sequence[int], free: Sequence[int], gpus: int) -> Placement | None:
+    """Best fit inside one leaf: the tightest node that holds the job, else the fewest nodes
+    (most free first, the tail on the tightest node that holds it)."""
+    if sum(free[i] for i in members) < gpus:
+        return None
+    best, best_free = -1, 0
+    for i in members:
+        f = free[i]
+        if f >= gpus and (best < 0 or f < best_free):
+            best, best_free = i, f
+    if best >= 0:
+        return Placement(((best, gpus),))
+    order = sorted((i for i in members if free[i] > 0), key=lambda i: (-free[i], i))
+    need = gpus
+    pairs: list[tuple[int, int]] = []
+    for pos, node in enumerate(order):
+        if free[node] < need:
+            pairs.append((node, free[node]))
+            need -= free[node]
+            continue
+        tail = node
+        for other in order[pos + 1 :]:
+            if free[other] < need:
+                break
+            tail = other
+        pairs.append((tail, need))
+        break
+    return Placement(tuple(sorted(pairs)))
+
+
+class Builder:
+    """Per-state memo tables shared by all slots (placements by GPU count, predictions by
+    job shape and placement)."""
+
+    def __init__(
+        self, state: ClusterState, model: ContentionModel, span_lambda: float = 1.0
+    ) -> None:
+        self.state = state
+        self.span_lambda = span_lambda
+        self.topo = state.topology
+        self.free = state.free_gpus
+        self.busy = state.jobs_per_node
+        self.contention = Contention(state, model)
+        self._placements: dict[tuple[str, int], Placement | None] = {}
+        self._predictions: dict[tuple[str, int, Placement], Prediction] = {}
+        self._least: dict[tuple[str, int], Placement | None] = {}
+        self._capacities: list[int] | None = None
+
+    def base(self, gen: str, gpus: int) -> Placement | None:
+        key = (gen, gpus)
+        if key in self._placements:
+            return self._placements[key]
+        topo, free, busy = self.topo, self.free, self.busy
+        p: Placement | None
+        if gen == "best_fit":
+            p = best_fit(topo, free, gpus)
+        elif gen == "same_leaf":
+            p = same_leaf(topo, free, gpus)
+        elif gen == "least_busy":
+            p = least_busy(topo, free, gpus, busy)
+        elif gen == "first_fit":
+            p = first_fit(topo, free, gpus)
+        elif gen == "fragment_first_fit":
+            p = fragment_first_fit(topo, free, gpus, busy)
+        elif gen == "bounded":
+            if self._capacities is None:
+                self._capacities = sorted((n.gpus for n in topo.nodes), reverse=True)
+            lam = self.span_lambda
+            p = bounded_placement(topo, free, busy, gpus, None, lam, self._capacities)
+        else:  # pragma: no cover - guarded by MdpConfig
+            raise ValueError(f"unknown generator {gen!r}")
+        self._placements[key] = p
+        return p
+
+    def predict(self, job: Job, placement: Placement) -> Prediction:
+        key = (job.profile, job.num_gpus, placement)
+        hit = self._predictions.get(key)
+        if hit is None:
+            hit = self._predictions[key] = self.contention.predict(job, placement)
+        return hit
+
+    def least_contention(self, job: Job) -> Placement | None:
+        key = (job.profile, job.num_gpus)
+        if key in self._least:
+            return self._least[key]
+        gpus = job.num_gpus
+        pool: list[Placement] = []
+        for gen in _BASE_POOL:
+            p = self.base(gen, gpus)
+            if p is not None and p not in pool:
+                pool.append(p)
+        if pool and pool[0].num_nodes > 1:  # no single node holds it: try every leaf too
+            for members in self.topo.leaf_nodes:
+                p = _leaf_best_fit(members, self.free, gpus)
+                if p is not None and p not in pool:
+                    pool.append(p)
+        best: Placement | None = None
+        best_key = (0.0, 0)
+        for p in pool:
+            pred = self.predict(job, p)
+            k = (pred.job_slowdown + pred.added_slowdown, p.num_nodes)
+            if best is None or k < best_key:
+                best, best_key = p, k
+        self._least[key] = best
+        return best
+
+    def placement(self, gen: str, job: Job) -> Placement | None:
+        if gen == "least_contention":
+            return self.least_contention(job)
+        return self.base(gen, job.num_gpus)
