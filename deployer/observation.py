@@ -318,8 +318,7 @@ def build_observation(
                 held_total += 1
             continue
         if (
-            mode == "active"
-            and not q.held
+            mode == "active"  # (Slurm sets such a job's priority to 0: it looks held)
             and q.admin_comment == RELEASED_TAG
             and q.req_nodes
             and q.reason.startswith(STRANDED_REASONS)
