@@ -168,6 +168,7 @@ class RestartModel:
             "costs": dict(self.costs),
             "checkpoint_on_signal": self.checkpoint_on_signal,
             "checkpoint_interval_s": self.checkpoint_interval_s,
+            "description": self.describe(),
         }
 
 

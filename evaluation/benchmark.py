@@ -31,6 +31,10 @@ Per run (policy x case) the benchmark keeps the metrics of ``linkwise simulate``
 - **Oracles and predictions.** ``Benchmark.summary`` marks oracle ceilings (``oracle``);
   ``EvalCase.predictor`` annotates the case's jobs, backlog included, with run-time
   predictions, except for a learned policy whose package carries its own predictor.
+- **Restart cost.** ``EvalCase.restart`` (default ``RestartModel.sia()``: Sia's measured
+  checkpoint plus restore per profile, a 30 s grace; ``cluster/restart.py``); every run's
+  ``preemptions_per_job``, ``migrations`` and ``restart_s_per_job`` (seconds lost to
+  restarts per job), ``restart`` (the model's name) and ``free_preemption``.
 - **Per-job slowdown.** ``JCT / isolated run time``, bounded as usual (Feitelson: isolated
   times below ``BOUNDED_SLOWDOWN_FLOOR_S`` = 10 s count as 10 s; never below 1).
 - **Fairness.** ``unfair_share``: the share of jobs whose bounded slowdown exceeds
@@ -73,6 +77,7 @@ from linkwise.cluster.heuristics import is_oracle
 from linkwise.cluster.mdp import MdpPolicy
 from linkwise.cluster.metrics import summarize
 from linkwise.cluster.profiles import Calibration, load_calibration
+from linkwise.cluster.restart import RestartModel
 from linkwise.cluster.simulator import InvalidDecision, SimConfig, SimulationStalled, simulate
 from linkwise.datasets.backlog import Backlog
 from linkwise.datasets.prediction import ensure_predicted
@@ -127,7 +132,8 @@ class EvalCase:
     their GPUs from the start, its pending jobs arrive at the start and are scheduled and
     measured like the window's own; None: an empty cluster); ``predictor`` annotates every
     job of the case, the backlog's included, with run-time predictions (fit on the history
-    before the evaluated windows; None: no predictions)."""
+    before the evaluated windows; None: no predictions); ``restart`` what a preemption or a
+    migration costs (default: Sia's measured costs, ``cluster/restart.py``)."""
 
     window: Window
     seed: int
@@ -139,6 +145,7 @@ class EvalCase:
     data_dir: str | None = None
     backlog: Backlog | None = None
     predictor: RuntimePredictor | None = None
+    restart: RestartModel = field(default_factory=RestartModel.sia)
 
     @property
     def case_id(self) -> str:
@@ -254,7 +261,7 @@ def _scenario(case: EvalCase, jobs: tuple[Job, ...] | None = None) -> Any:
         jobs=case_jobs(case) if jobs is None else jobs,
         calibration=case.calibration,
         contention=case.contention,
-        config=SimConfig(tick_s=case.tick_s),
+        config=SimConfig(tick_s=case.tick_s, restart=case.restart),
         data_dir=case.data_dir,
     )
 
@@ -335,6 +342,8 @@ def run_task(task: BenchTask) -> CaseResult:
     # the backlog's running jobs are left out of the bound: dropping work keeps it a bound
     queue_lb = queue_bound([r.job for r in recs], scenario.topology.total_gpus) / len(recs)
     metrics.update(job_metrics(jct, run, iso, queue_lb, nodes))
+    metrics["restart"] = task.case.restart.name
+    metrics["free_preemption"] = task.case.restart.is_free
     lat = np.asarray(probe.latencies) if probe.latencies else np.zeros(1)
     return CaseResult(
         policy=task.policy.label,
@@ -398,10 +407,12 @@ def make_cases(
     data_dir: str | None = None,
     backlogs: Mapping[int, Backlog] | None = None,
     predictor: RuntimePredictor | None = None,
+    restart: RestartModel | None = None,
 ) -> list[EvalCase]:
     """Every window x seed, in that nesting order; ``backlogs`` (window id -> the history's
     state at its start) warm-starts the windows it names; ``calibration`` None is the
-    shipped one; ``predictor`` annotates every case's jobs with run-time predictions."""
+    shipped one; ``predictor`` annotates every case's jobs with run-time predictions;
+    ``restart`` None is the honest default (``RestartModel.sia()``)."""
     cal = calibration if calibration is not None else load_calibration()
     return [
         EvalCase(
@@ -415,6 +426,7 @@ def make_cases(
             data_dir=data_dir,
             backlog=(backlogs or {}).get(w.window_id),
             predictor=predictor,
+            restart=restart if restart is not None else RestartModel.sia(),
         )
         for w in windows
         for s in seeds
@@ -467,12 +479,16 @@ class Benchmark:
                 k
                 for k, v in rows[0].items()
                 if isinstance(v, int | float)
+                and not isinstance(v, bool)
                 and k not in ("window_id", "seed", "masked_actions", "guard_overrides")
             ]
             spec = self.specs.get(p, p)
             agg: dict[str, Any] = {"policy": p, "spec": spec, "cases": len(rows)}
             agg.update({k: _mean([float(r[k]) for r in rows]) for k in keys})
             agg["oracle"] = is_oracle(spec) or is_oracle(p)
+            if "free_preemption" in rows[0]:
+                agg["restart"] = rows[0]["restart"]
+                agg["free_preemption"] = all(bool(r["free_preemption"]) for r in rows)
             masked = [r["masked_actions"] for r in rows]
             agg["masked_actions"] = None if any(m is None for m in masked) else int(sum(masked))
             guard = [r["guard_overrides"] for r in rows]

@@ -10,7 +10,10 @@ run's ``cluster.metrics.RunMetrics`` plus ``job_metrics`` and:
 
 - ``oracle``: whether the policy reads the true run time (``cluster.heuristics.is_oracle``);
   an oracle is a ceiling, never a baseline;
-- ``predictions``: where the predictions it saw came from (``history``, ``package``, None).
+- ``predictions``: where the predictions it saw came from (``history``, ``package``, None);
+- ``restart``: the restart model's name (``sia``, ``free``, ``30s``; ``cluster/restart.py``)
+  and ``free_preemption`` whether preemption cost nothing; the metrics' ``preemptions_per_job``
+  and ``restart_s_per_job`` (grace held + restore + work redone, mean per job) what it cost.
 
 ``job_metrics`` splits the average JCT into its parts, ``avg_jct_s = avg_queue_s +
 lower_bound_isolated_s * (1 + avg_runtime_inflation)``:
@@ -161,6 +164,8 @@ class PolicyRun:
     extra: dict[str, float] = field(default_factory=dict)
     oracle: bool = False
     predictions: str | None = None
+    restart: str = "sia"
+    free_preemption: bool = False
 
     def row(self) -> dict[str, Any]:
         """The JSON row of ``linkwise simulate|compare --json``."""
@@ -169,6 +174,8 @@ class PolicyRun:
             **self.extra,
             "oracle": self.oracle,
             "predictions": self.predictions,
+            "restart": self.restart,
+            "free_preemption": self.free_preemption,
         }
 
 
@@ -196,6 +203,8 @@ def run_policy(scenario: Scenario, spec: str) -> PolicyRun:
         extra=records_metrics(result.records, scenario.topology.total_gpus),
         oracle=is_oracle(spec),
         predictions=source,
+        restart=scenario.config.restart.name,
+        free_preemption=scenario.config.restart.is_free,
     )
 
 

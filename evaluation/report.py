@@ -162,6 +162,9 @@ def render_markdown(
     ):
         if key in context:
             lines.append(f"- **{key}**: {context[key]}")
+    restart = context.get("restart")
+    if isinstance(restart, Mapping):  # cluster/restart.py's RestartModel.to_dict()
+        lines.append(f"- **restart cost**: {restart.get('description', restart.get('name'))}")
     ev = context.get("evaluation_windows", [])
     if ev:
         lines += ["", "Evaluation windows (held out):", ""]
@@ -504,6 +507,8 @@ def log_report(
             "avg_queue_s",
             "avg_runtime_inflation",
             "avg_multinode_slowdown",
+            "preemptions_per_job",
+            "restart_s_per_job",
         )
         for row in report.summary:
             name = _metric_name(str(row["policy"]))

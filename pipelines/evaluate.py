@@ -36,6 +36,7 @@ from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.heuristics import is_oracle, policy_names
 from linkwise.cluster.mdp import ObsSpec
 from linkwise.cluster.profiles import load_calibration
+from linkwise.cluster.restart import parse_restart
 from linkwise.cluster.topology import DEFAULT_TOPOLOGY, load_topology
 from linkwise.datasets.backlog import Backlog, backlog_from_store
 from linkwise.datasets.decisions import topology_from_store
@@ -202,6 +203,8 @@ def evaluate(
     predictor: RuntimePredictor | None = None,
     learned_need_predictions: bool = False,
     wide: bool = False,
+    restart_cost: str | float = "sia",
+    restart_grace: float | None = None,
 ) -> tuple[EvaluationReport, str | None]:
     """Benchmark ``policies`` on held-out windows and write the report (module docstring);
     the report and the MLflow run id (None when ``log`` is False). ``warm_start`` (store
@@ -212,10 +215,13 @@ def evaluate(
     jobs; ``predictor`` instead gives one already fit (a run's one predictor; not with
     ``history``). ``qssf`` needs one, and with ``learned_need_predictions`` (``linkwise
     evaluate``) so does a learned package without its own predictor. ``wide``: every column
-    in the report's results table (``evaluation.columns``)."""
+    in the report's results table (``evaluation.columns``). ``restart_cost``/``restart_grace``:
+    what a preemption costs (``cluster.restart.parse_restart``: ``sia`` by default, ``0``
+    free, or seconds)."""
 
     if not policies:
         raise ValueError("no policies to evaluate")
+    restart = parse_restart(str(restart_cost), restart_grace)
     if (trace is None) == (db is None):
         raise ValueError("evaluate on exactly one workload: a trace or a store (db)")
     if history is not None and predictor is not None:
@@ -292,6 +298,7 @@ def evaluate(
         tick_s=tick_s,
         backlogs=backlogs,
         predictor=predictor,
+        restart=restart,
     )
 
     bench = run_benchmark(
@@ -330,6 +337,7 @@ def evaluate(
         "dataset_windows": [s.to_json() for s in used],
         "oracles": [x for x in labels if is_oracle(x)],
         "predictor": fitted,
+        "restart": restart.to_dict(),
     }
     report = write_report(
         bench, out_dir, baseline=base, context=context, n_boot=n_boot, seed=seed, wide=wide
@@ -551,6 +559,9 @@ def format_evaluation(report: EvaluationReport, run_id: str | None, wide: bool =
         f"({len(report.context['evaluation_windows'])} windows x "
         f"{len(report.context['seeds'])} seeds) on {report.context['cluster']}"
     ]
+    restart = report.context.get("restart")
+    if isinstance(restart, dict):
+        lines.append(f"  restart cost: {restart.get('description', restart.get('name'))}")
     base = report.baseline
     lines += text_table(report.summary, columns_for("evaluation", wide), base)
     left = left_out("evaluation", wide, base)
@@ -600,6 +611,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         history_format=args.history_format,
         learned_need_predictions=True,
         wide=args.wide,
+        restart_cost=args.restart_cost,
+        restart_grace=args.restart_grace,
     )
     if args.json:
         print(json.dumps({**report.to_json(), "mlflow_run_id": run_id}, default=str))
@@ -704,6 +717,19 @@ def add_evaluate_parsers(sub: Any) -> None:
         help="serial, local[:N] (process pool), dask, or dask://HOST:PORT",
     )
     p.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples")
+    p.add_argument(
+        "--restart-cost",
+        default="sia",
+        metavar="sia|0|SECONDS",
+        help="what a preemption or migration costs: sia (default: Sia's measured checkpoint "
+        "plus restore seconds per profile), 0 (free preemption) or seconds for every job",
+    )
+    p.add_argument(
+        "--restart-grace",
+        type=float,
+        metavar="SECONDS",
+        help="seconds a preempted job keeps its GPUs to checkpoint (default 30)",
+    )
     p.add_argument("--out", type=Path, default=Path("linkwise-out/evaluation"), help="report dir")
     p.add_argument("--tracking-uri", help=uri_help)
     p.add_argument("--no-log", action="store_true", help="do not log the report to MLflow")

@@ -197,7 +197,7 @@ def test_parse_restart() -> None:
             parse_restart(bad)
 
 
-@pytest.mark.parametrize("spec", ["tiresias_las:order=submit", "srtf_oracle"])
+@pytest.mark.parametrize("spec", ["tiresias_las", "tiresias_las:order=submit", "srtf_oracle"])
 def test_preemptive_policies_run_to_completion_under_the_honest_default(spec: str) -> None:
     from linkwise.cluster.profiles import assign_profiles, load_calibration
     from linkwise.models.policy_spec import PolicySpec

@@ -1,0 +1,58 @@
+"""Preemptions per job and restart seconds in every row; free preemption said so."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from linkwise.cli import main
+from linkwise.cluster.restart import RestartModel
+from linkwise.evaluation.columns import TABLES
+
+
+def _simulate_json(capsys: pytest.CaptureFixture[str], *extra: str) -> dict[str, object]:
+    argv = ["simulate", "--policy", "tiresias_las", "--jobs", "120", "--cluster", "4x8"]
+    assert main([*argv, "--json", *extra]) == 0
+    row: dict[str, object] = json.loads(capsys.readouterr().out)
+    return row
+
+
+def test_simulate_json_rows_carry_the_restart_cost_and_say_when_preemption_is_free(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    honest = _simulate_json(capsys)
+    assert honest["restart"] == "sia" and honest["free_preemption"] is False
+    free = _simulate_json(capsys, "--restart-cost", "0")
+    assert free["restart"] == "free" and free["free_preemption"] is True
+    assert free["restart_s_per_job"] == 0.0
+    for row in (honest, free):
+        assert row["preemptions_per_job"] == pytest.approx(row["preemptions"] / row["jobs"])
+    assert honest["preemptions"] > 0 and honest["restart_s_per_job"] > 0  # type: ignore[operator]
+
+
+def test_the_text_output_says_preemption_is_free(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["simulate", "--policy", "fifo", "--jobs", "30", "--cluster", "4x8"]
+    assert main([*argv, "--restart-cost", "0"]) == 0
+    assert "preemption is free" in capsys.readouterr().out
+    assert main(argv) == 0
+    assert "Sia's measured cost per profile, grace 30 s" in capsys.readouterr().out
+
+
+def test_a_bad_restart_cost_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--policy", "fifo", "--restart-cost", "soon"]) == 2
+    assert "restart cost" in capsys.readouterr().err
+
+
+def test_the_tables_have_preemptions_per_job_and_restart_seconds() -> None:
+    for table in ("compare", "evaluation"):
+        assert {"preempt_per_job", "restart_s"} <= set(TABLES[table])
+
+
+def test_benchmark_cases_default_to_the_honest_model() -> None:
+    from dataclasses import fields
+
+    from linkwise.evaluation.benchmark import EvalCase
+
+    (restart,) = [f for f in fields(EvalCase) if f.name == "restart"]
+    assert restart.default_factory() == RestartModel.sia()  # type: ignore[misc]
