@@ -17,6 +17,11 @@ then believes the 7-day default limit):
 
     nice .venv/bin/python benchmarks/baselines.py --eval-from 2017-10-09 \
         --policies backfill,nopred:backfill,sjf_bco --out slice.jsonl
+
+Preemption costs what the simulator's default restart model says (``--restart-cost sia``:
+Sia's measured checkpoint plus restore seconds per profile and a 30 s grace,
+``cluster/restart.py``); ``--restart-cost 0`` makes it free, as before issue 22. A checkout
+older than the restart model (``--repo``) ignores the option.
 """
 
 from __future__ import annotations
@@ -39,12 +44,20 @@ NOPRED = "nopred:"
 
 
 def run_one(
-    trace: Path, cluster: str, spec: str, contention: str, seed: int, eval_from: str | None = None
+    trace: Path,
+    cluster: str,
+    spec: str,
+    contention: str,
+    seed: int,
+    eval_from: str | None = None,
+    restart_cost: str = "sia",
+    restart_grace: float | None = None,
 ) -> dict[str, object]:
     """Load, simulate and summarise one policy in this process (linkwise from sys.path).
 
     ``eval_from``: simulate only the jobs submitted from that UTC day on, with run-time
-    predictions fit on the jobs before it (none for a ``nopred:`` spec)."""
+    predictions fit on the jobs before it (none for a ``nopred:`` spec). ``restart_cost``,
+    ``restart_grace``: the restart model (``cluster.restart.parse_restart``)."""
     from linkwise.cluster.profiles import assign_profiles, load_calibration
     from linkwise.cluster.topology import load_topology
     from linkwise.datasets.traces import load_trace
@@ -69,8 +82,23 @@ def run_one(
             predictor = RuntimePredictor.fit(jobs, until=split)
             extra.update(predictions=True, predictor_jobs=predictor.n_jobs)
         jobs = tuple(j for j in jobs if j.submit_time >= split)
+    config: dict[str, object] = {}
+    try:
+        from linkwise.cluster.restart import parse_restart
+        from linkwise.cluster.simulator import SimConfig
+
+        restart = parse_restart(restart_cost, restart_grace)
+        config["config"] = SimConfig(restart=restart)
+        extra.update(restart=restart.name, free_preemption=restart.is_free)
+    except ImportError:  # a checkout before the restart model: preemption was free
+        extra.update(restart="free (before the restart model)", free_preemption=True)
     scenario = Scenario(
-        topology=topo, jobs=jobs, calibration=cal, contention=contention, predictor=predictor
+        topology=topo,
+        jobs=jobs,
+        calibration=cal,
+        contention=contention,
+        predictor=predictor,
+        **config,  # type: ignore[arg-type]
     )
     m = run_policy(scenario, policy).metrics.to_dict()
     m.update(cluster=cluster, spec=spec, contention=contention, jobs=len(jobs), **extra)
@@ -81,16 +109,19 @@ def table(path: Path) -> str:
     """A Markdown table of the runs in ``path`` (JSON lines)."""
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     out = [
-        "| cluster | policy | predictions | avg JCT h | mean queue h | GPU util "
-        "| contention slowdown | wall s |",
-        "|---|---|---|---:|---:|---:|---:|---:|",
+        "| cluster | policy | predictions | restart cost | avg JCT h | mean queue h | GPU util "
+        "| contention slowdown | preempt/job | restart s/job | wall s |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         pred = f"fit before {r['eval_from']}" if r.get("predictions") else "none"
+        per_job = r.get("preemptions_per_job", r["preemptions"] / r["jobs"])
         out.append(
-            f"| {r['cluster']} | {r['spec']} | {pred} | {r['avg_jct_s'] / 3600:,.1f} | "
+            f"| {r['cluster']} | {r['spec']} | {pred} | {r.get('restart', 'free')} | "
+            f"{r['avg_jct_s'] / 3600:,.1f} | "
             f"{r['avg_queue_s'] / 3600:,.1f} | {r['gpu_utilization']:.2f} | "
-            f"{r['avg_contention_slowdown']:.3f} | {r['wall_s']:.0f} |"
+            f"{r['avg_contention_slowdown']:.3f} | {per_job:.2f} | "
+            f"{r.get('restart_s_per_job', 0.0):.0f} | {r['wall_s']:.0f} |"
         )
     return "\n".join(out)
 
@@ -108,6 +139,10 @@ def main() -> int:
     p.add_argument(
         "--eval-from", help="simulate the slice from this UTC day, with run-time predictions"
     )
+    p.add_argument(
+        "--restart-cost", default="sia", help="sia (default), 0 (free preemption) or seconds"
+    )
+    p.add_argument("--restart-grace", type=float, help="signal grace, s (default 30)")
     p.add_argument("--out", type=Path, help="JSON lines file to append to")
     p.add_argument("--table", type=Path, help="print the Markdown table of a JSON lines file")
     p.add_argument("--one", help=argparse.SUPPRESS)
@@ -117,7 +152,16 @@ def main() -> int:
         return 0
     if args.one:
         cluster, spec = args.one.split("|", 1)
-        m = run_one(args.trace, cluster, spec, args.contention, args.seed, args.eval_from)
+        m = run_one(
+            args.trace,
+            cluster,
+            spec,
+            args.contention,
+            args.seed,
+            args.eval_from,
+            args.restart_cost,
+            args.restart_grace,
+        )
         print(json.dumps(m))
         return 0
     if args.out is None:
@@ -127,7 +171,9 @@ def main() -> int:
         for spec in args.policies.split(","):
             cmd = [sys.executable, str(Path(__file__).resolve()), "--one", f"{cluster}|{spec}"]
             cmd += ["--trace", str(args.trace), "--contention", args.contention]
-            cmd += ["--seed", str(args.seed)]
+            cmd += ["--seed", str(args.seed), "--restart-cost", args.restart_cost]
+            if args.restart_grace is not None:
+                cmd += ["--restart-grace", str(args.restart_grace)]
             if args.eval_from:
                 cmd += ["--eval-from", args.eval_from]
             t0 = time.perf_counter()

@@ -4,6 +4,9 @@ Each policy runs in a fresh child process (one core), so wall time and peak memo
 (max RSS) are its own. Prints a Markdown table; ``--json`` prints the rows.
 
     .venv/bin/python benchmarks/simulator_speed.py [--trace PATH] [--cluster 64x8] [--policies a,b]
+
+Preemption costs the default restart model (``--restart-cost sia``, ``cluster/restart.py``);
+``--restart-cost 0`` makes it free.
 """
 
 from __future__ import annotations
@@ -20,9 +23,13 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_TRACE = REPO.parent / "shared" / "data" / "traces" / "philly_2017-09-04_2017-10-15.csv"
 
 
-def run_one(trace: Path, cluster: str, spec: str, seed: int) -> dict[str, object]:
+def run_one(
+    trace: Path, cluster: str, spec: str, seed: int, restart_cost: str = "sia"
+) -> dict[str, object]:
     """Load, simulate and summarise one policy in this process."""
     from linkwise.cluster.profiles import assign_profiles, load_calibration
+    from linkwise.cluster.restart import parse_restart
+    from linkwise.cluster.simulator import SimConfig
     from linkwise.cluster.topology import load_topology
     from linkwise.datasets.traces import load_trace
     from linkwise.evaluation.compare import Scenario, run_policy
@@ -33,8 +40,10 @@ def run_one(trace: Path, cluster: str, spec: str, seed: int) -> dict[str, object
     jobs = assign_profiles(load_trace(trace, "philly").jobs, cal, seed=seed)
     jobs = tuple(j for j in jobs if j.num_gpus <= topo.total_gpus)
     load_s = time.perf_counter() - t0
-    run = run_policy(Scenario(topology=topo, jobs=jobs, calibration=cal), spec)
+    config = SimConfig(restart=parse_restart(restart_cost))
+    run = run_policy(Scenario(topology=topo, jobs=jobs, calibration=cal, config=config), spec)
     m = run.metrics.to_dict()
+    m["restart"] = run.restart
     m["load_s"] = load_s
     m["events_per_s"] = m["events"] / m["wall_s"]
     m["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -49,11 +58,13 @@ def main() -> int:
     p.add_argument("--cluster", default="64x8")
     p.add_argument("--policies", default="fifo,backfill,best_fit,sjf_bco,tiresias_las,random")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--restart-cost", default="sia", help="sia (default), 0 (free) or seconds")
     p.add_argument("--json", action="store_true")
     p.add_argument("--one", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:
-        print(json.dumps(run_one(args.trace, args.cluster, args.one, args.seed)))
+        row = run_one(args.trace, args.cluster, args.one, args.seed, args.restart_cost)
+        print(json.dumps(row))
         return 0
     rows = []
     for spec in args.policies.split(","):
@@ -66,6 +77,8 @@ def main() -> int:
             str(args.trace),
             "--cluster",
             args.cluster,
+            "--restart-cost",
+            args.restart_cost,
         ]
         out = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if out.returncode != 0:
@@ -75,17 +88,21 @@ def main() -> int:
     if args.json:
         print(json.dumps(rows))
         return 0
-    print(f"trace: {args.trace.name}, cluster: {args.cluster}, jobs: {rows[0]['jobs']}\n")
+    print(
+        f"trace: {args.trace.name}, cluster: {args.cluster}, jobs: {rows[0]['jobs']}, "
+        f"restart cost: {rows[0]['restart']}\n"
+    )
     heads = ["policy", "wall s", "events", "events/s", "peak RSS MB", "avg JCT h", "p99 JCT h"]
-    heads += ["avg queue h", "contention x", "GPU util"]
+    heads += ["avg queue h", "contention x", "GPU util", "preempt/job", "restart s/job"]
     print("| " + " | ".join(heads) + " |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|" + "---:|" * (len(heads) - 1))
     for r in rows:
         print(
             f"| {r['policy']} | {r['wall_s']:.1f} | {r['events']} | {r['events_per_s']:.0f} | "
             f"{r['peak_rss_mb']:.0f} | {r['avg_jct_s'] / 3600:.1f} | {r['p99_jct_s'] / 3600:.1f} | "
             f"{r['avg_queue_s'] / 3600:.1f} | {r['avg_contention_slowdown']:.3f} | "
-            f"{r['gpu_utilization']:.1%} |"
+            f"{r['gpu_utilization']:.1%} | {r['preemptions_per_job']:.2f} | "
+            f"{r['restart_s_per_job']:.0f} |"
         )
     return 0
 
