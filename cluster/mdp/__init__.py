@@ -27,14 +27,27 @@ one candidate placement or waits (ends the decision point; time advances).
   with ``mask_duplicates`` (default) a candidate equal to an earlier one of the same
   slot is masked too, so each distinct placement has exactly one action. Wait is
   always allowed.
+- Running rows (``running_slots`` R > 0; off by default, and then no spec changes):
+  after the start rows, R preempt rows (``preempt_offset + r``), then, with ``migrate``,
+  R x P migrate rows (``migrate_offset + r * P + c``), then wait: ``K * P + R * (1 + P) +
+  1`` actions. A running slot holds a job that may be preempted (``preempt_share`` of the
+  jobs, by a hash of the job id; live, the deployer checks the opt-in) and has run
+  ``min_run_s`` since its last start; a draining job is in ``ClusterState.transit``, not
+  running, and gets none. Migrate candidates are the generators' placements with the job's
+  own GPUs counted free; its current placement is masked. ``decode`` gives
+  ``Decision(preempt=(id,))`` or ``Decision(migrate=(Start(id, placement),))``; inside a
+  decision point the preempted or migrated job drains for the restart model's grace (its
+  GPUs held), so a start cannot reuse them before the next decision point.
 - Observation: a fixed-length float32 vector independent of cluster size (global,
-  per-slot, per-(slot, candidate) features), described by an ``ObsSpec`` whose
+  per-slot, per-(slot, candidate) features; with running rows per running slot and per
+  (running slot, candidate): attained service, predicted remaining time, restart cost, the
+  contention model's slowdown where it runs), described by an ``ObsSpec`` whose
   ``version`` hashes the feature names, the configuration and ``ENCODER_REVISION``.
   It holds only what a real Slurm with a run-time predictor knows (``docs/INFORMATION.md``):
   submit time, shape, time limit, wait, attained service, and the predictions of
   ``Job.pred_s`` / ``pred_hi_s`` (``datasets.predictor``), never ``Job.duration``,
   ``remaining_s``, a running job's rate or expected end. Times and GPU times are
-  ``log1p(x / unit)`` clipped to ``[0, 1]`` (``_log_time``, ``_log_size``;
+  ``log1p(x / unit)`` clipped to ``[0, 1]`` (``features.log_time``, ``log_size``;
   ``time_from_log`` inverts the former, e.g. to read a slot's wait). Encoding a job
   without predictions raises ValueError: a run-time predictor fit on history is needed.
 - Reward: ``-(jobs in system x dt) / time_scale - contention_weight x contention``;
@@ -46,9 +59,11 @@ Compute the candidates once per state (``candidates``) and pass them to
 count, placement), so jobs with the same shape share the work.
 
 The package's modules: ``config`` (MdpConfig and the names), ``spec`` (feature names,
-ObsSpec, ObsLayout), ``slowdown`` (contention predictions), ``candidates`` (slots,
-placements, mask, decode), ``features`` (encode), ``reward``, ``apply`` (a step's move on a
-local state), ``matching`` (log matching) and ``adapters`` (StepPolicyAdapter, MdpPolicy,
+ObsSpec, ObsLayout), ``slots`` (which pending jobs get slots), ``placements`` (the
+generators), ``slowdown`` (contention predictions), ``running`` (the running slots),
+``candidates`` (mask, decode), ``known`` (predictions, preemptability, restart cost),
+``features`` (encode), ``reward``, ``apply`` (a step's move on a local state),
+``matching`` (log matching) and ``adapters`` (StepPolicyAdapter, MdpPolicy,
 decide_by_steps). Import from here (``from linkwise.cluster.mdp import X``).
 """
 
