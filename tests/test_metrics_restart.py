@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -56,3 +57,29 @@ def test_benchmark_cases_default_to_the_honest_model() -> None:
 
     (restart,) = [f for f in fields(EvalCase) if f.name == "restart"]
     assert restart.default_factory() == RestartModel.sia()  # type: ignore[misc]
+
+
+def test_benchmark_runs_and_summary_carry_the_restart_cost(tmp_path: Path) -> None:
+    from linkwise.cluster.domain import Job
+    from linkwise.cluster.topology import from_spec
+    from linkwise.datasets.rollouts import Window
+    from linkwise.evaluation.benchmark import load_benchmark, make_cases, run_benchmark
+    from linkwise.evaluation.report import write_report
+
+    t = 1.7e9  # a long job, then small ones that make Tiresias preempt it
+    jobs = (Job(1, t, 16, 20000.0), *(Job(2 + i, t + 4000 + 60 * i, 8, 300.0) for i in range(4)))
+    window = Window(0, t, t + 6000, jobs)
+    topo = from_spec("2x8,leaf=2")
+    for restart, free in ((None, False), (RestartModel.free(), True)):
+        cases = make_cases([window], [0], topo, block_s=0.0, restart=restart)
+        bench = run_benchmark(["tiresias_las"], cases)
+        (run,) = bench.results
+        assert run.metrics["free_preemption"] is free
+        assert run.metrics["preemptions_per_job"] > 0
+        assert (run.metrics["restart_s_per_job"] > 0) is not free
+        (summary,) = bench.summary()
+        assert summary["free_preemption"] is free
+        assert summary["restart_s_per_job"] == run.metrics["restart_s_per_job"]
+        out = tmp_path / ("free" if free else "sia")
+        write_report(bench, out, baseline="tiresias_las", n_boot=20)
+        assert load_benchmark(out).results[0].metrics["restart"] == run.metrics["restart"]
