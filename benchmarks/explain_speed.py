@@ -1,7 +1,8 @@
 """What explaining a decision costs a learned policy (``deployer.explain``, issue 24 item 1).
 
 States come from a busy Philly window on a 16x8 cluster scheduled by backfill in the
-simulator (queues of tens to hundreds of jobs); at each, the shipped package
+simulator (queues of tens to hundreds of jobs); at each where a start is allowed (the
+network is asked), the shipped package
 (``models/pretrained/philly-all``) decides with ``decide`` and with ``decide_explained`` (the
 hook that keeps each step's candidates, values and runner-up), and ``explain_cycle`` builds
 the rows' explanations with the base's (backfill's) decision on the same state. Prints p50 /
@@ -70,6 +71,11 @@ def main() -> None:
                 base="backfill", base_decision=base.decide(state), model=model,
             )  # fmt: skip
             t3 = time.perf_counter()
+            if not steps:  # nothing could start: the network was not asked
+                sim.apply(base.decide(state))
+                if not sim.advance():
+                    break
+                continue
             t_dec.append((t1 - t0) * 1e3)
             t_exp.append((t2 - t1) * 1e3)
             t_rows.append((t3 - t2) * 1e3)

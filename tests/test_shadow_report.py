@@ -171,3 +171,34 @@ def test_written_report_round_trips(known: tuple[Path, float, float], tmp_path: 
     doc = json.loads(paths["json"].read_text())
     assert doc["headline"] == report.headline()
     assert doc["deviations"] == report.deviations
+
+
+def test_the_shadow_gate_reads_the_reports_interval(known: tuple[Path, float, float]) -> None:
+    from dataclasses import replace as dc_replace
+
+    from linkwise.deployer.promote import shadow_evidence
+    from linkwise.evaluation.gates import ShadowGates, check_shadow, load_gates
+
+    db, _, _ = known
+    with closing(open_store(db)) as con:
+        ev, info = shadow_evidence(con, "heuristic:backfill", policy="backfill",
+                                   topology=from_spec(TOPO), calibration=load_calibration(None),
+                                   n_boot=200)  # fmt: skip
+    assert ev.avg_jct_ci is not None and ev.p99_jct_ci is not None
+    assert ev.avg_jct_ci[0] <= ev.avg_jct_ratio <= ev.avg_jct_ci[1]
+    assert info["headline"].startswith("shadow report (backfill, ")
+    assert info["deviations"]["deviated"] == 0
+    assert load_gates().shadow.require_ci is True  # the shipped gate reads the interval
+    loose = ShadowGates(min_cycles=1, min_jobs=1, max_avg_jct_ratio=1.5, max_p99_jct_ratio=1.5,
+                        require_ci=True)  # fmt: skip
+    assert check_shadow(ev, loose).passed
+    # the point estimate passes, the interval's upper end does not: refused
+    wide = dc_replace(ev, avg_jct_ci=(ev.avg_jct_ratio - 0.1, 1.6))
+    report = check_shadow(wide, loose)
+    (avg,) = [c for c in report.checks if c.name == "counterfactual_avg_jct"]
+    assert not avg.passed and "upper end" in avg.reason and avg.values["high"] == 1.6
+    assert check_shadow(wide, dc_replace(loose, require_ci=False)).passed
+    # no interval at all: missing evidence when the gate requires one
+    bare = dc_replace(ev, avg_jct_ci=None)
+    (avg,) = [c for c in check_shadow(bare, loose).checks if c.name == "counterfactual_avg_jct"]
+    assert not avg.passed and "missing evidence" in avg.reason
