@@ -204,10 +204,9 @@ def shadow_policy_spec(window: ShadowWindow) -> str:
 # ------------------------------------------------------------------------ the replay
 
 
-def _actual(con: Any, cluster: str, since: float, until: float) -> tuple[Any, list[int], Any]:
-    """The window's finished jobs (``runs_from_store``, sorted as the benchmark numbers them)
-    and the backlog's pending runs at ``since`` (as ``warm_jobs`` numbers them): per job, the
-    Slurm id and (queue, JCT, run time) as Slurm recorded them, on the window's clock."""
+def _actual(con: Any, cluster: str, since: float, until: float) -> tuple[Any, dict[Any, Any]]:
+    """The window's finished jobs (``runs_from_store``, ``until`` inclusive) and each Slurm
+    job's first start (its queueing as Slurm recorded it)."""
     from linkwise.datasets.rollouts import runs_from_store
 
     runs = runs_from_store(con, cluster=cluster, since=since, until=math.nextafter(until, math.inf))
@@ -218,7 +217,7 @@ def _actual(con: Any, cluster: str, since: float, until: float) -> tuple[Any, li
             [cluster],
         ).fetchall()
     )
-    return runs, [int(j) for j in runs["job_id"].to_list()], firsts
+    return runs, firsts
 
 
 def shadow_report(
@@ -252,7 +251,7 @@ def shadow_report(
     win = shadow_window(con, since=since, until=until, model_version=model_version)
     spec = policy or shadow_policy_spec(win)
     name = _resolve_cluster(con, "jobs", cluster)
-    runs, _, firsts = _actual(con, name, win.since, win.until)
+    runs, firsts = _actual(con, name, win.since, win.until)
     backlog = backlog_from_store(con, topology, name, win.since, predictor)
     window = Window(0, win.since, win.until, frame_jobs(runs.select(list(JOB_COLUMNS))))
     case = EvalCase(
