@@ -418,11 +418,16 @@ class SlurmBackend:
         plan: list[tuple[int, list[list[str]], tuple[int, ...], int]] = []
         seen: set[int] = set()
         reshaped: list[tuple[QueuedJob, str]] = []
+        # over max-hold: handed back whatever the policy says now (a start that is never
+        # applied, e.g. for want of an audit, must not keep a job held)
+        over = {j for j in obs.managed if now - self.first_seen[j] > self.cfg.max_hold_s}
         for start in decision.starts:
             job = obs.managed.get(start.job_id)
             placement = start.placement
             moved = ""
-            if job is None or start.job_id in seen:
+            if start.job_id in over:
+                why = f"held over {self.cfg.max_hold_s:g} s: handed back to Slurm"
+            elif job is None or start.job_id in seen:
                 why = "not a held job of the managed partitions"
             else:
                 shape = obs.shapes[job.job_id]
@@ -462,7 +467,7 @@ class SlurmBackend:
                 ["scontrol", "release", str(start.job_id)],
             ]
             plan.append((start.job_id, cmds, placement.nodes, per))
-        self._hand_back(obs, now, seen, reshaped, version)
+        self._hand_back(obs, over, reshaped, version)
         self._unstrand(obs, version)
         self._untag(obs, version)
         if not self.keeper.ok():
@@ -518,8 +523,7 @@ class SlurmBackend:
     def _hand_back(
         self,
         obs: Observation,
-        now: float,
-        starting: set[int],
+        over: set[int],
         reshaped: Sequence[tuple[QueuedJob, str]],
         version: str,
     ) -> None:
@@ -535,9 +539,8 @@ class SlurmBackend:
                 out[q.job_id] = (q, "no_gpu", "no GPUs requested")
         for q, why in reshaped:
             out[q.job_id] = (q, "shape", f"the policy did not give its shape ({why})")
-        for j, q in obs.managed.items():
-            if j not in starting and now - self.first_seen[j] > self.cfg.max_hold_s:
-                out.setdefault(j, (q, "max_hold", f"held over {self.cfg.max_hold_s:g} s"))
+        for j in sorted(over):
+            out.setdefault(j, (obs.managed[j], "max_hold", f"held over {self.cfg.max_hold_s:g} s"))
         for q in self.moved:
             if q.held and q.job_id not in out:
                 out[q.job_id] = (q, "partition_changed", f"partition changed to {q.partition}")
