@@ -352,6 +352,24 @@ def cmd_topology(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_policies(args: argparse.Namespace) -> int:
+    from linkwise.models.policy_spec import PolicySpec, policy_catalog
+
+    infos = [PolicySpec.parse(s).info() for s in args.spec] if args.spec else policy_catalog()
+    if args.json:
+        print(json.dumps([i.to_json() for i in infos]))
+        return EXIT_OK
+    cols = ("name", "kind", "preemptive", "migrates", "oracle", "needs_predictions")
+    rows = [[str(getattr(i, c)).lower() if c != "name" else i.name for c in cols] for i in infos]
+    widths = [max(len(c), *(len(r[k]) for r in rows)) for k, c in enumerate(cols)]
+    print("  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)) + "  description")
+    for r, i in zip(rows, infos, strict=True):
+        print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) + "  " + i.description)
+        if i.composition and args.verbose:
+            print(" " * 4 + i.composition)
+    return EXIT_OK
+
+
 def _parse_time(text: str | None, flag: str) -> float | None:
     """An ISO date/time (local time unless it has an offset) or epoch seconds."""
     if text is None:
@@ -563,6 +581,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("cluster", help="a spec (64x8,leaf=16), a slurm.conf folder, or the Alibaba CSV")
     p.add_argument("--json", action="store_true", help="compact JSON")
     p.set_defaults(func=cmd_topology)
+
+    p = sub.add_parser(
+        "policies",
+        help="list every policy: kind, preemptive, migrates, oracle, needs predictions",
+    )
+    p.add_argument(
+        "spec", nargs="*", help="describe these specs (a name, compose:..., model:...) only"
+    )
+    p.add_argument("-v", "--verbose", action="store_true", help="show each composition's spec")
+    p.add_argument("--json", action="store_true", help="JSON: a list of objects")
+    p.set_defaults(func=cmd_policies)
 
     _add_collect_parser(sub)
 

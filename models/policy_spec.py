@@ -6,8 +6,14 @@
   parsed by the parameter's declared type: ``int``, ``float``, ``bool`` (``true``/``false``,
   ``yes``/``no``, ``1``/``0``), ``str``, ``none`` for an optional one, ``a;b`` for a tuple.
   An unknown parameter or an ill-typed value is refused.
+- ``compose:order=...,placement=...[,preempt=...][,admission=...]``: a policy composed of
+  parts (``cluster.compose.spec``: a part's own parameters follow it, ``part:key=value``,
+  and a key that is a slot name opens the next part).
 - ``model:...``: a learned policy from a ``models.registry.ModelSource`` (a registry alias,
   a ``models:/`` URI, or a local folder with an optional ``#sha256=`` digest).
+
+``policy_catalog`` lists every policy ``linkwise policies`` shows: the heuristics (each a
+named composition but ``random``) and the learned packages shipped in ``models/pretrained``.
 
 ``PolicySpec.parse`` checks everything that needs no I/O; ``build`` makes the ``Policy``;
 ``pinned`` turns a registry alias into the version it points at now, so that an alias moving
@@ -18,19 +24,21 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
+from linkwise.cluster.compose.spec import ComposeSpec, convert_value
 from linkwise.cluster.contention import ContentionModel
 from linkwise.cluster.domain import Policy
 from linkwise.cluster.heuristics import (
     ORACLE_POLICIES,
     POLICIES,
     PREDICTION_POLICIES,
+    PolicyInfo,
     make_policy,
+    policy_info,
 )
 from linkwise.models.learned import CHECKSUMS
 from linkwise.models.registry import (
@@ -41,10 +49,9 @@ from linkwise.models.registry import (
     resolve_version,
 )
 
-__all__ = ["PolicySpec", "heuristic_parameters", "split_specs"]
+__all__ = ["PolicySpec", "heuristic_parameters", "policy_catalog", "split_specs"]
 
-_TRUE = frozenset({"true", "yes", "1", "on"})
-_FALSE = frozenset({"false", "no", "0", "off"})
+PRETRAINED = Path(__file__).with_name("pretrained")
 
 
 def split_specs(text: str) -> list[str]:
@@ -72,48 +79,14 @@ def heuristic_parameters(name: str) -> dict[str, Any]:
     if not isinstance(factory, type) or not dataclasses.is_dataclass(factory):
         raise TypeError(f"heuristic {name!r} is not a dataclass: its parameters are unknown")
     hints = typing.get_type_hints(factory)
-    return {f.name: hints[f.name] for f in dataclasses.fields(factory) if f.name != "name"}
+    return {
+        f.name: hints[f.name]
+        for f in dataclasses.fields(factory)
+        if f.init and f.name not in ("name", "model") and not f.name.startswith("_")
+    }
 
 
-def _convert(hint: Any, raw: str) -> Any:
-    """``raw`` as a value of the type ``hint`` (ValueError when it is not one)."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        if type(None) in args and raw.lower() == "none":
-            return None
-        errors = []
-        for option in (a for a in args if a is not type(None)):
-            try:
-                return _convert(option, raw)
-            except ValueError as exc:
-                errors.append(str(exc))
-        raise ValueError("; ".join(errors))
-    if origin is Literal:
-        if raw not in [str(a) for a in args]:
-            raise ValueError(f"expected one of {', '.join(map(str, args))}")
-        return next(a for a in args if str(a) == raw)
-    if origin is tuple:
-        elem = args[0] if args else str
-        return tuple(_convert(elem, x.strip()) for x in raw.split(";") if x.strip())
-    if hint is bool:
-        if raw.lower() in _TRUE:
-            return True
-        if raw.lower() in _FALSE:
-            return False
-        raise ValueError("expected true or false")
-    if hint is int:
-        try:
-            return int(raw)
-        except ValueError:
-            raise ValueError("expected an integer") from None
-    if hint is float:
-        try:
-            return float(raw)
-        except ValueError:
-            raise ValueError("expected a number") from None
-    if hint is str:
-        return raw
-    raise ValueError(f"parameters of type {hint} cannot be given on the command line")
+_convert = convert_value  # one parser of typed values: ``cluster.compose.spec``
 
 
 def _parse_heuristic(text: str) -> tuple[str, tuple[tuple[str, Any], ...]]:
@@ -140,9 +113,10 @@ def _parse_heuristic(text: str) -> tuple[str, tuple[tuple[str, Any], ...]]:
 class PolicySpec:
     """A parsed policy specification: a heuristic with typed parameters, or a model source."""
 
-    heuristic: str | None = None
+    heuristic: str | None = None  # a registered name, or "compose"
     params: tuple[tuple[str, Any], ...] = ()
     source: ModelSource | None = None
+    composed: ComposeSpec | None = None
 
     @classmethod
     def parse(cls, text: str, cwd: str | Path | None = None) -> PolicySpec:
@@ -152,6 +126,8 @@ class PolicySpec:
             raise ValueError("empty policy specification")
         if text.startswith("model:"):
             return cls(source=ModelSource.parse(text, cwd=cwd))
+        if text.partition(":")[0].strip() == "compose":
+            return cls(heuristic="compose", composed=ComposeSpec.parse(text))
         name, params = _parse_heuristic(text)
         return cls(heuristic=name, params=params)
 
@@ -164,18 +140,24 @@ class PolicySpec:
     def is_oracle(self) -> bool:
         """Whether this names an oracle ceiling (a heuristic that reads the true run time:
         reported, marked ``oracle``, never a baseline or a gate's reference)."""
+        if self.composed is not None:
+            return self.composed.oracle
         return self.heuristic in ORACLE_POLICIES
 
     @property
     def needs_predictions(self) -> bool:
         """Whether its jobs must carry run-time predictions: ``qssf``, and learned policies
         (from their package's predictor, else from ``--history``)."""
+        if self.composed is not None:
+            return self.composed.needs_predictions
         return self.is_model or self.heuristic in PREDICTION_POLICIES
 
     def describe(self) -> str:
         """The spec as text (parameters in the order given, typed values normalised)."""
         if self.source is not None:
             return self.source.describe()
+        if self.composed is not None:
+            return self.composed.describe()
         items = ",".join(f"{k}={_show(v)}" for k, v in self.params)
         return f"{self.heuristic}:{items}" if items else str(self.heuristic)
 
@@ -186,7 +168,21 @@ class PolicySpec:
         predicts contention with ``model``; registry lookups at ``tracking_uri``)."""
         if self.source is not None:
             return load_source(self.source, model=model, tracking_uri=tracking_uri)
-        return make_policy(str(self.heuristic), **dict(self.params))
+        if self.composed is not None:
+            return self.composed.build(model)
+        params = dict(self.params)
+        factory = POLICIES[str(self.heuristic)]
+        # a heuristic that predicts contention (deepshare) takes the scenario's model
+        if model is not None and "model" in getattr(factory, "__dataclass_fields__", {}):
+            params["model"] = model
+        return make_policy(str(self.heuristic), **params)
+
+    def info(self) -> PolicyInfo:
+        """What this policy is (``linkwise policies``): kind, preemptive, migrates, oracle,
+        needs predictions."""
+        if self.source is not None:
+            return _learned_info(self.source.describe())
+        return policy_info(self.describe())
 
     def registry_version(self, tracking_uri: str | None = None) -> str | None:
         """The registry version this spec names now (None for heuristics and folders)."""
@@ -220,6 +216,33 @@ class PolicySpec:
             found = sorted(folder.rglob(CHECKSUMS))
             sums = found[0] if found else sums
         return hashlib.sha256(sums.read_bytes()).hexdigest() if sums.is_file() else "missing"
+
+
+def _learned_info(name: str) -> PolicyInfo:
+    return PolicyInfo(
+        name=name,
+        kind="learned",
+        preemptive=False,
+        migrates=False,
+        oracle=False,
+        needs_predictions=True,
+        description="a learned policy package (its encoder reads run-time predictions)",
+        composition=None,
+    )
+
+
+def policy_catalog(pretrained: Path = PRETRAINED) -> list[PolicyInfo]:
+    """Every policy ``linkwise policies`` lists: the registered heuristics (registry order)
+    and the learned packages shipped in ``pretrained`` (``model:PATH``)."""
+    out = [policy_info(name) for name in POLICIES]
+    if pretrained.is_dir():
+        for folder in sorted(p for p in pretrained.iterdir() if (p / CHECKSUMS).is_file()):
+            try:
+                shown = folder.resolve().relative_to(Path.cwd())
+            except ValueError:
+                shown = folder
+            out.append(_learned_info(f"model:{shown}"))
+    return out
 
 
 def _show(value: Any) -> str:

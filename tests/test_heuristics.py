@@ -33,9 +33,9 @@ from linkwise.cluster.heuristics import (
     Fifo,
     RandomPolicy,
     SjfBco,
-    SrtfOracle,
     TiresiasLas,
     make_policy,
+    policy_info,
     policy_names,
 )
 from linkwise.cluster.heuristics import backfill as backfill_module
@@ -48,7 +48,8 @@ from linkwise.cluster.placement import (
     least_busy,
     slurm_select,
 )
-from linkwise.cluster.simulator import Simulator
+from linkwise.cluster.restart import RestartModel
+from linkwise.cluster.simulator import SimConfig, Simulator
 from linkwise.cluster.topology import from_spec
 
 # every registered policy with its defaults, plus variants that exercise other branches
@@ -154,8 +155,8 @@ def test_every_policy_makes_valid_deterministic_decisions(state: ClusterState) -
         decision = policy.decide(state)
         check_valid(state, decision)
         assert policy.decide(fresh_copy(state)) == decision, policy.name
-        if not isinstance(policy, TiresiasLas | SrtfOracle):
-            assert not decision.preempt
+        if not policy_info(policy.name).preemptive:
+            assert not decision.preempt and not decision.migrate
 
 
 def _earliest_start(state: ClusterState, job: Job, started: list[tuple[float, Placement]]) -> float:
@@ -421,7 +422,8 @@ def _tiresias_rounds(jobs: list[Job], thresholds: tuple[float, ...], order: str)
         if not d.is_wait:
             rounds.append((state.time, [s.job_id for s in d.starts], list(d.preempt)))
 
-    sim = Simulator(from_spec("1x4"), jobs, NoContention())
+    # free restarts: the test is about the queue order, not what a preemption costs
+    sim = Simulator(from_spec("1x4"), jobs, NoContention(), SimConfig(restart=RestartModel.free()))
     drive(sim, TiresiasLas(thresholds=thresholds, order=order), on_decision=record)
     return rounds
 
@@ -577,7 +579,9 @@ def test_random_policy_is_seeded_and_never_stalls_an_idle_cluster() -> None:
 def test_registry() -> None:
     assert policy_names(oracles=False) == [
         "fifo", "backfill", "best_fit", "sjf_bco", "tiresias_las", "random",
+        "tiresias_consolidated", "deepshare",
     ]  # fmt: skip
+    assert "qssf_preemptive" in policy_names(predictions=True, oracles=False)
     for name in policy_names(predictions=True):
         policy = make_policy(name)
         assert isinstance(policy, Policy)
@@ -606,7 +610,11 @@ def test_policies_run_a_small_trace_to_completion_in_the_simulator() -> None:
     )
     for policy in VARIANTS:
         result = simulate(
-            topo, jobs, AnalyticModel(calibration), policy, SimConfig(restart_cost_s=5.0)
+            topo,
+            jobs,
+            AnalyticModel(calibration),
+            policy,
+            SimConfig(restart=RestartModel.constant(5.0)),
         )
         assert len(result.records) == len(jobs), policy.name
 

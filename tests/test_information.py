@@ -47,7 +47,14 @@ def _oracles() -> frozenset[str]:
     return frozenset(n for n in heuristics.POLICIES if "oracle" in n or "srtf" in n)
 
 
-SAME_INFORMATION = sorted(set(heuristics.POLICIES) - _oracles())
+SAME_INFORMATION = [
+    *sorted(set(heuristics.POLICIES) - _oracles()),
+    # compositions of same-information parts (``cluster.compose``), migration included
+    "compose:order=pred_remaining,placement=least_contention,preempt=priority:margin=1.2",
+    "compose:order=pred_gpu_time,placement=select,admission=easy",
+    "compose:order=gpus,placement=bounded,preempt=migrate:ratio=0.9,min_run_s=0",
+    "compose:order=las:mode=submit,placement=bounded,preempt=priority",
+]
 
 
 def _predictor() -> RuntimePredictor:

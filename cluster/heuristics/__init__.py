@@ -4,7 +4,12 @@
 ``best_fit`` (greedy scan, consolidated placement), ``sjf_bco`` (SJF-BCO, MobiHoc'22),
 ``tiresias_las`` (Tiresias' discretised 2D-LAS, preemptive), ``random`` (seeded) and
 ``qssf`` (Helios' quasi-shortest-service-first on predicted GPU time: needs run-time
-predictions, ``Job.pred_s``).
+predictions, ``Job.pred_s``); the frontier (``frontier``): ``qssf_preemptive``,
+``tiresias_consolidated`` and ``deepshare``.
+
+Every one but ``random`` is a named composition of parts (``cluster.compose``: its
+``composition`` property is the ``compose:`` spec it is); ``policy_info`` says what each
+is (preemptive, migrates, oracle, needs predictions).
 
 Oracle ceilings, which read the true remaining run time no real scheduler has
 (``ORACLE_POLICIES``, ``is_oracle``): ``sjf_bco_oracle`` and ``srtf_oracle`` (preemptive).
@@ -14,14 +19,17 @@ Tables mark them ``oracle``; gates never take one as a reference.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
 from types import MappingProxyType
 from typing import Any
 
+from linkwise.cluster.compose import ComposeSpec
 from linkwise.cluster.domain import Policy
 from linkwise.cluster.heuristics._common import MissingPredictions
 from linkwise.cluster.heuristics.backfill import Backfill
 from linkwise.cluster.heuristics.best_fit import BestFit
 from linkwise.cluster.heuristics.fifo import Fifo
+from linkwise.cluster.heuristics.frontier import DeepShare, QssfPreemptive, TiresiasConsolidated
 from linkwise.cluster.heuristics.oracle import SjfBcoOracle, SrtfOracle
 from linkwise.cluster.heuristics.qssf import Qssf
 from linkwise.cluster.heuristics.random_policy import RandomPolicy
@@ -34,17 +42,22 @@ __all__ = [
     "PREDICTION_POLICIES",
     "Backfill",
     "BestFit",
+    "DeepShare",
     "Fifo",
     "MissingPredictions",
+    "PolicyInfo",
     "Qssf",
+    "QssfPreemptive",
     "RandomPolicy",
     "SjfBco",
     "SjfBcoOracle",
     "SrtfOracle",
+    "TiresiasConsolidated",
     "TiresiasLas",
     "is_oracle",
     "make_policy",
     "needs_predictions",
+    "policy_info",
     "policy_names",
     "spec_name",
 ]
@@ -58,6 +71,9 @@ POLICIES: Mapping[str, Callable[..., Policy]] = MappingProxyType(
         "tiresias_las": TiresiasLas,
         "random": RandomPolicy,
         "qssf": Qssf,
+        "qssf_preemptive": QssfPreemptive,
+        "tiresias_consolidated": TiresiasConsolidated,
+        "deepshare": DeepShare,
         "sjf_bco_oracle": SjfBcoOracle,
         "srtf_oracle": SrtfOracle,
     }
@@ -66,24 +82,93 @@ POLICIES: Mapping[str, Callable[..., Policy]] = MappingProxyType(
 # heuristics that read the true run time: ceilings, marked ``oracle``, never a gate reference
 ORACLE_POLICIES: frozenset[str] = frozenset({"sjf_bco_oracle", "srtf_oracle"})
 # heuristics that order by predicted run time (``Job.pred_s``): they need a fitted predictor
-PREDICTION_POLICIES: frozenset[str] = frozenset({"qssf"})
+PREDICTION_POLICIES: frozenset[str] = frozenset({"qssf", "qssf_preemptive"})
 
 
 def spec_name(spec: str) -> str:
     """The heuristic name of a policy spec or label (``sjf_bco_oracle:lam=2`` ->
-    ``sjf_bco_oracle``); ``model`` for a learned policy (``model:...``)."""
+    ``sjf_bco_oracle``); ``model`` for a learned policy (``model:...``), ``compose`` for a
+    composed one."""
     return spec.strip().partition(":")[0].strip()
 
 
+def _composed(spec: str) -> ComposeSpec | None:
+    """The parsed ``compose:`` spec, None for another spec or one that does not parse."""
+    if spec_name(spec) != "compose":
+        return None
+    try:
+        return ComposeSpec.parse(spec)
+    except ValueError:
+        return None
+
+
 def is_oracle(spec: str) -> bool:
-    """Whether a policy spec (``name[:key=value,...]``) names an oracle ceiling."""
+    """Whether a policy spec (``name[:key=value,...]`` or ``compose:...``) names an oracle
+    ceiling (one whose order reads the true run time)."""
+    composed = _composed(spec)
+    if composed is not None:
+        return composed.oracle
     return spec_name(spec) in ORACLE_POLICIES
 
 
 def needs_predictions(spec: str) -> bool:
-    """Whether a heuristic spec needs run-time predictions on its jobs (``qssf``).
-    Learned policies (``model:...``) carry or need a predictor too: see ``compare``."""
+    """Whether a heuristic spec needs run-time predictions on its jobs (``qssf``, the
+    preemptive QSSF, a composition ordered by predictions). Learned policies
+    (``model:...``) carry or need a predictor too: see ``compare``."""
+    composed = _composed(spec)
+    if composed is not None:
+        return composed.needs_predictions
     return spec_name(spec) in PREDICTION_POLICIES
+
+
+@dataclass(frozen=True)
+class PolicyInfo:
+    """What a policy is, as ``linkwise policies`` lists it."""
+
+    name: str
+    kind: str  # "heuristic", "search" or "learned"
+    preemptive: bool
+    migrates: bool
+    oracle: bool
+    needs_predictions: bool
+    description: str
+    composition: str | None  # the compose: spec it is (None: not a composition)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def policy_info(spec: str) -> PolicyInfo:
+    """What the heuristic (or ``compose:``) spec ``spec`` is (ValueError if unknown)."""
+    name = spec_name(spec)
+    if name == "compose":
+        composed = ComposeSpec.parse(spec)
+        return PolicyInfo(
+            name=composed.describe(),
+            kind="heuristic",
+            preemptive=composed.preemptive,
+            migrates=composed.migrates,
+            oracle=composed.oracle,
+            needs_predictions=composed.needs_predictions,
+            description="a composition of parts (cluster.compose)",
+            composition=composed.describe(),
+        )
+    factory = POLICIES.get(name)
+    if factory is None:
+        raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}, compose:...")
+    text: str | None = getattr(factory(), "composition", None)
+    doc = (factory.__doc__ or "").strip().splitlines()
+    parts = ComposeSpec.parse(text) if text else None
+    return PolicyInfo(
+        name=name,
+        kind="heuristic",
+        preemptive=parts.preemptive if parts else False,
+        migrates=parts.migrates if parts else False,
+        oracle=name in ORACLE_POLICIES,
+        needs_predictions=name in PREDICTION_POLICIES,
+        description=doc[0] if doc else "",
+        composition=text,
+    )
 
 
 def policy_names(*, predictions: bool = False, oracles: bool = True) -> list[str]:
@@ -98,7 +183,10 @@ def policy_names(*, predictions: bool = False, oracles: bool = True) -> list[str
 
 
 def make_policy(name: str, **params: Any) -> Policy:
-    """Build the heuristic ``name`` with ``params``; ValueError naming the known ones if unknown."""
+    """Build the heuristic ``name`` with ``params``; ValueError naming the known ones if
+    unknown. ``make_policy("compose:...")`` builds a composition."""
+    if spec_name(name) == "compose" and not params:
+        return ComposeSpec.parse(name).build()
     try:
         factory = POLICIES[name]
     except KeyError:

@@ -12,6 +12,7 @@ import bisect
 import math
 from dataclasses import dataclass, field
 
+from linkwise.cluster.compose import Composed, compose
 from linkwise.cluster.domain import (
     ClusterState,
     Decision,
@@ -276,6 +277,10 @@ class Backfill:
     time limits (``runtime_estimate``, ``default_limit_s`` where a job has none); an
     overdue job is expected to end within ``OVERDUE_S``. Jobs larger than the whole
     cluster are ignored.
+
+    The composition ``order=submit, placement=select, admission=easy``: the planner is
+    ``plan_backfill`` (the ``easy`` admission part calls it on the queue in the order's
+    order), kept here whole: its node-space is what Slurm's backfill plans in.
     """
 
     name: str = "backfill"
@@ -283,82 +288,105 @@ class Backfill:
     default_limit_s: float = DEFAULT_LIMIT_S
     window_s: float = DEFAULT_LIMIT_S
     resolution_s: float = 60.0
+    _policy: Composed = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_policy", compose(self.composition, name=self.name))
+
+    @property
+    def composition(self) -> str:
+        """The ``compose:`` spec this heuristic is."""
+        return (
+            "compose:order=submit,placement=select,admission=easy:"
+            f"max_job_test={self.max_job_test},default_limit_s={self.default_limit_s!r},"
+            f"window_s={self.window_s!r},resolution_s={self.resolution_s!r}"
+        )
 
     def decide(self, state: ClusterState) -> Decision:
         """Start the fitting queue prefix, then backfill around the planned reservations."""
-        topo = state.topology
-        now = state.time
-        node_gpus = topo.max_gpus_per_node
-        free = list(state.free_gpus)
-        starts: list[Start] = []
-        releases = [
-            (
-                _expected_end(now, r.start_time, runtime_estimate(r.job, self.default_limit_s)),
-                r.placement,
-            )
-            for r in state.running
-        ]
-        pending = state.pending
-        i = 0
-        while i < len(pending):  # the main scheduler: strict queue order
-            job = pending[i].job
-            if not can_ever_run(state, pending[i]):
-                i += 1
-                continue
-            placement = slurm_select(topo, free, requested_shape(job, node_gpus))
-            if placement is None:
-                break
-            i += 1
-            apply_placement(free, placement)
-            starts.append(Start(job.job_id, placement))
-            releases.append((now + runtime_estimate(job, self.default_limit_s), placement))
-        if i >= len(pending) or not any(free):
-            return Decision(starts=tuple(starts))
+        return self._policy.decide(state)
 
-        releases.sort(key=lambda r: r[0])
-        plan = _Plan(topo, now, free, releases)
-        horizon = now + self.window_s
-        res = self.resolution_s
-        # within one pass a request's earliest start never moves earlier (reservations and
-        # starts only take room), so the search for the same shape and estimate resumes there
-        resume: dict[tuple[Shape, float], float] = {}
-        # no job left to test runs shorter than this: once every node with free GPUs is
-        # reserved before now + shortest, nothing more can start now and the pass may stop
-        shortest = min(
-            (
-                runtime_estimate(p.job, self.default_limit_s)
-                for p in pending[i : i + self.max_job_test]
-            ),
-            default=math.inf,
+
+def plan_backfill(
+    state: ClusterState,
+    *,
+    max_job_test: int = 100,
+    default_limit_s: float = DEFAULT_LIMIT_S,
+    window_s: float = DEFAULT_LIMIT_S,
+    resolution_s: float = 60.0,
+) -> tuple[Start, ...]:
+    """One pass of Slurm's main scheduler then sched/backfill over ``state.pending`` in its
+    order (``Backfill``'s docstring): the jobs that start now, where."""
+    topo = state.topology
+    now = state.time
+    node_gpus = topo.max_gpus_per_node
+    free = list(state.free_gpus)
+    starts: list[Start] = []
+    releases = [
+        (
+            _expected_end(now, r.start_time, runtime_estimate(r.job, default_limit_s)),
+            r.placement,
         )
-        tested = 0
-        while i < len(pending) and tested < self.max_job_test and any(free):
-            p = pending[i]
+        for r in state.running
+    ]
+    pending = state.pending
+    i = 0
+    while i < len(pending):  # the main scheduler: strict queue order
+        job = pending[i].job
+        if not can_ever_run(state, pending[i]):
             i += 1
-            if not can_ever_run(state, p):
-                continue
-            tested += 1
-            est = runtime_estimate(p.job, self.default_limit_s)
-            shape = requested_shape(p.job, node_gpus)
-            key = (shape, est)
-            after = resume.get(key, now)
-            if after > horizon:
-                continue
-            found = plan.earliest(shape, est, after, horizon)
-            if found is None:
-                resume[key] = math.inf
-                continue
-            t, placement = found
-            resume[key] = t
-            if t <= now:
-                plan.start_now(placement, now + est)
-                starts.append(Start(p.job.job_id, placement))
-            else:
-                span = (t // res * res, (t + est) // res * res) if res > 0 else (t, t + est)
-                plan.reserve(*span, frozenset(placement.nodes))
-                if plan.all_free_nodes_reserved(now + shortest):
-                    break
-        return Decision(starts=tuple(starts))
+            continue
+        placement = slurm_select(topo, free, requested_shape(job, node_gpus))
+        if placement is None:
+            break
+        i += 1
+        apply_placement(free, placement)
+        starts.append(Start(job.job_id, placement))
+        releases.append((now + runtime_estimate(job, default_limit_s), placement))
+    if i >= len(pending) or not any(free):
+        return tuple(starts)
+
+    releases.sort(key=lambda r: r[0])
+    plan = _Plan(topo, now, free, releases)
+    horizon = now + window_s
+    res = resolution_s
+    # within one pass a request's earliest start never moves earlier (reservations and
+    # starts only take room), so the search for the same shape and estimate resumes there
+    resume: dict[tuple[Shape, float], float] = {}
+    # no job left to test runs shorter than this: once every node with free GPUs is
+    # reserved before now + shortest, nothing more can start now and the pass may stop
+    shortest = min(
+        (runtime_estimate(p.job, default_limit_s) for p in pending[i : i + max_job_test]),
+        default=math.inf,
+    )
+    tested = 0
+    while i < len(pending) and tested < max_job_test and any(free):
+        p = pending[i]
+        i += 1
+        if not can_ever_run(state, p):
+            continue
+        tested += 1
+        est = runtime_estimate(p.job, default_limit_s)
+        shape = requested_shape(p.job, node_gpus)
+        key = (shape, est)
+        after = resume.get(key, now)
+        if after > horizon:
+            continue
+        found = plan.earliest(shape, est, after, horizon)
+        if found is None:
+            resume[key] = math.inf
+            continue
+        t, placement = found
+        resume[key] = t
+        if t <= now:
+            plan.start_now(placement, now + est)
+            starts.append(Start(p.job.job_id, placement))
+        else:
+            span = (t // res * res, (t + est) // res * res) if res > 0 else (t, t + est)
+            plan.reserve(*span, frozenset(placement.nodes))
+            if plan.all_free_nodes_reserved(now + shortest):
+                break
+    return tuple(starts)
 
 
 def _insort(releases: list[tuple[float, Placement]], item: tuple[float, Placement]) -> None:

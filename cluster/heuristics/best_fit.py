@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from linkwise.cluster.domain import ClusterState, Decision, Start
-from linkwise.cluster.heuristics._common import can_ever_run
-from linkwise.cluster.placement import apply_placement, best_fit
+from linkwise.cluster.compose import Composed, compose
+from linkwise.cluster.domain import ClusterState, Decision
 
 
 @dataclass(frozen=True, slots=True)
@@ -14,26 +13,21 @@ class BestFit:
     """Scan the queue in canonical order; start every job that fits, on a best-fit placement.
 
     Unlike ``fifo`` a job that does not fit does not block the ones behind it (greedy,
-    no reservation, so a large job can wait long behind a stream of small ones).
+    no reservation, so a large job can wait long behind a stream of small ones). The
+    composition ``order=submit, placement=best_fit`` (greedy admission).
     """
 
     name: str = "best_fit"
+    _policy: Composed = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_policy", compose(self.composition, name=self.name))
+
+    @property
+    def composition(self) -> str:
+        """The ``compose:`` spec this heuristic is."""
+        return "compose:order=submit,placement=best_fit"
 
     def decide(self, state: ClusterState) -> Decision:
         """Start, in queue order, every job with a best-fit placement on what is still free."""
-        free = list(state.free_gpus)
-        total = sum(free)
-        starts: list[Start] = []
-        for p in state.pending:
-            if total == 0:
-                break
-            gpus = p.job.num_gpus
-            if gpus > total or not can_ever_run(state, p):
-                continue
-            placement = best_fit(state.topology, free, gpus)
-            if placement is None:  # pragma: no cover - best fit fails only on the total
-                continue
-            apply_placement(free, placement)
-            total -= gpus
-            starts.append(Start(p.job.job_id, placement))
-        return Decision(starts=tuple(starts))
+        return self._policy.decide(state)

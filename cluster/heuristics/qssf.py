@@ -3,16 +3,13 @@ Learning Workloads in Large-Scale GPU Datacenters", SC'21, the Helios scheduler)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
+from linkwise.cluster.compose import Composed, ComposeSpec
+from linkwise.cluster.compose.placements import check_bco_params
 from linkwise.cluster.domain import ClusterState, Decision
-from linkwise.cluster.heuristics._common import (
-    MissingPredictions,
-    can_ever_run,
-    check_bco_params,
-    start_bounded,
-)
+from linkwise.cluster.heuristics.sjf_bco import bounded_part
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,7 +21,8 @@ class Qssf:
     predictor's median (``Job.pred_s``, set by ``datasets.predictor.RuntimePredictor``,
     fit only on jobs submitted before the evaluated ones): what a real scheduler can know,
     never the true run time. Ties: submit time, job id. Placement is SJF-BCO's
-    (``_common.start_bounded``: ``kappa``, ``lam`` as in ``sjf_bco``); no preemption.
+    (``kappa``, ``lam`` as in ``sjf_bco``); no preemption: the composition
+    ``order=pred_gpu_time, placement=bounded``.
 
     A pending job without a prediction is an error (``MissingPredictions``): QSSF is the
     best same-information heuristic only when it is given the same history a learned policy
@@ -35,21 +33,18 @@ class Qssf:
     kappa: int | None = None
     lam: float = 1.0
     needs_predictions: ClassVar[bool] = True
+    _policy: Composed = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         check_bco_params(self.kappa, self.lam)
+        spec = ComposeSpec.parse(self.composition)
+        object.__setattr__(self, "_policy", spec.build(name=self.name, who="qssf"))
+
+    @property
+    def composition(self) -> str:
+        """The ``compose:`` spec this heuristic is."""
+        return f"compose:order=pred_gpu_time,{bounded_part(self.kappa, self.lam)}"
 
     def decide(self, state: ClusterState) -> Decision:
         """Start every job that fits, smallest predicted GPU time first."""
-        for p in state.pending:
-            if not p.job.predicted:
-                raise MissingPredictions(
-                    f"qssf orders jobs by predicted GPU time, but job {p.job.job_id} has no "
-                    "run-time prediction: pass --history PATH (a trace or store of jobs "
-                    "submitted before these) to fit the predictor"
-                )
-        order = sorted(
-            (p for p in state.pending if can_ever_run(state, p)),
-            key=lambda p: (p.job.num_gpus * p.job.pred_s, p.job.submit_time, p.job.job_id),
-        )
-        return start_bounded(state, order, self.kappa, self.lam)
+        return self._policy.decide(state)

@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from linkwise.cluster.compose import Composed, compose
+from linkwise.cluster.compose.placements import check_bco_params
 from linkwise.cluster.domain import ClusterState, Decision
-from linkwise.cluster.heuristics._common import can_ever_run, check_bco_params, start_bounded
+
+
+def bounded_part(kappa: int | None, lam: float) -> str:
+    """The ``placement=bounded`` part with these parameters (defaults left out)."""
+    params = []
+    if kappa is not None:
+        params.append(f"kappa={kappa}")
+    if lam != 1.0:
+        params.append(f"lam={lam}")
+    return "placement=bounded" + (":" + ",".join(params) if params else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,21 +35,25 @@ class SjfBco:
     When the rule's placement spans more, the consolidated ``best_fit`` placement is tried
     instead; when that spans more too, the job waits. With the default ``lam = 1`` a job
     that fits in one server is never split and a large one only starts on a fully
-    consolidated placement; ``lam = inf`` removes the bound (the plain rules). The placement
-    step is ``_common.start_bounded``, shared with QSSF and the SJF-BCO oracle.
+    consolidated placement; ``lam = inf`` removes the bound (the plain rules). The
+    composition ``order=gpus, placement=bounded`` (greedy admission), shared with QSSF
+    and the SJF-BCO oracle but for the order.
     """
 
     name: str = "sjf_bco"
     kappa: int | None = None
     lam: float = 1.0
+    _policy: Composed = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         check_bco_params(self.kappa, self.lam)
+        object.__setattr__(self, "_policy", compose(self.composition, name=self.name))
+
+    @property
+    def composition(self) -> str:
+        """The ``compose:`` spec this heuristic is."""
+        return f"compose:order=gpus,{bounded_part(self.kappa, self.lam)}"
 
     def decide(self, state: ClusterState) -> Decision:
         """Start every job that fits, smallest first, with SJF-BCO's placement rules."""
-        order = sorted(
-            (p for p in state.pending if can_ever_run(state, p)),
-            key=lambda p: (p.job.num_gpus, p.job.submit_time, p.job.job_id),
-        )
-        return start_bounded(state, order, self.kappa, self.lam, by_size=True)
+        return self._policy.decide(state)

@@ -2,34 +2,37 @@
 
 from __future__ import annotations
 
-import bisect
-import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from itertools import compress
 
-from linkwise.cluster.domain import ClusterState, Decision, PendingJob, RunningJob, Start
-from linkwise.cluster.placement import apply_placement, best_fit, release_placement
+from linkwise.cluster.compose import Composed, ComposeSpec
+from linkwise.cluster.compose.orders import (
+    DEFAULT_THRESHOLDS,
+    LAS_MODES,
+    Las,
+    parse_thresholds,
+)
+from linkwise.cluster.domain import ClusterState, Decision
 
-# The reference simulator (SymbioticLab/Tiresias, ``dlas-gpu``): thresholds of 3250 and 7200
-# GPU-seconds of attained service (three queues), no starvation guard. (3600 appears only in
-# its ``multi-dlas-gpu``.)
-DEFAULT_THRESHOLDS: tuple[float, ...] = (3250.0, 7200.0)
 DEFAULT_STARVE_FACTOR = 0.0
-ORDERS = ("entry", "submit")
-_EPS = 1e-6  # GPU-seconds: a job this close to a threshold has crossed it
+ORDERS = LAS_MODES
+
+__all__ = ["DEFAULT_STARVE_FACTOR", "DEFAULT_THRESHOLDS", "ORDERS", "TiresiasLas", "las_part"]
 
 
-@dataclass(slots=True)
-class _Queues:
-    """The reference scheduler's queues between decisions: job ids per queue in list order,
-    each job's queue, as left after the round at ``time``; ``before`` is what they were before
-    that round (a second decision at the same instant starts again from it)."""
-
-    time: float = -math.inf
-    lists: list[list[int]] = field(default_factory=list)
-    qid: dict[int, int] = field(default_factory=dict)
-    before: tuple[list[list[int]], dict[int, int]] | None = None
+def las_part(
+    thresholds: tuple[float, ...], order: str, starve_factor: float, running_first: bool
+) -> str:
+    """The ``order=las`` part with these parameters (defaults left out)."""
+    params = []
+    if thresholds != DEFAULT_THRESHOLDS:
+        params.append("thresholds=" + ";".join(repr(t) for t in thresholds))
+    if order != "entry":
+        params.append(f"mode={order}")
+    if starve_factor:
+        params.append(f"starve_factor={starve_factor!r}")
+    if not running_first:
+        params.append("running_first=false")
+    return "order=las" + (":" + ",".join(params) if params else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +46,8 @@ class TiresiasLas:
     (free plus those held by running jobs) suffice, skipping ones that do not fit. Running
     jobs that are not admitted are preempted; admitted pending jobs start, in that order, on
     a best-fit placement over the GPUs free after the preemptions; admitted running jobs
-    keep their placement.
+    keep their placement. The composition ``order=las, placement=best_fit,
+    preempt=priority:refill=false`` (``compose.orders.Las`` keeps the queues).
 
     ``order="entry"`` (default) is the reference ``dlas-gpu``: each queue keeps the order
     jobs entered it (arrivals to queue 0, demoted jobs appended to the tail of the next
@@ -68,254 +72,29 @@ class TiresiasLas:
     starve_factor: float = DEFAULT_STARVE_FACTOR
     running_first: bool = True
     order: str = "entry"
-    _queues: _Queues = field(default_factory=_Queues, init=False, compare=False, repr=False)
+    _policy: Composed = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        raw: object = self.thresholds
-        if isinstance(raw, int | float):  # one threshold, e.g. from a "key=value" spec
-            thresholds: tuple[float, ...] = (float(raw),)
-        elif isinstance(raw, str):  # "3600;36000" or "3600/36000"
-            thresholds = tuple(float(x) for x in raw.replace("/", ";").split(";") if x.strip())
-        elif isinstance(raw, tuple | list):
-            thresholds = tuple(float(x) for x in raw)
-        else:
-            raise ValueError(f"thresholds must be numbers, got {raw!r}")
-        object.__setattr__(self, "thresholds", thresholds)
-        if any(b <= a for a, b in zip(self.thresholds, self.thresholds[1:], strict=False)):
-            raise ValueError(f"thresholds must be strictly ascending, got {self.thresholds}")
-        if any(t <= 0 for t in self.thresholds):
-            raise ValueError(f"thresholds must be positive, got {self.thresholds}")
-        if self.starve_factor < 0:
-            raise ValueError(f"starve_factor must be non-negative, got {self.starve_factor}")
-        if self.order not in ORDERS:
-            raise ValueError(f"order must be one of {ORDERS}, got {self.order!r}")
-        if self.order == "entry" and self.starve_factor > 0:
-            raise ValueError("the starvation guard needs order=submit (dlas-gpu has none)")
+        object.__setattr__(self, "thresholds", parse_thresholds(self.thresholds))
+        # the order's own checks (modes, the starvation guard)
+        Las(self.thresholds, self.order, self.starve_factor, self.running_first)
+        policy = ComposeSpec.parse(self.composition).build(name=self.name)
+        object.__setattr__(self, "_policy", policy)
+
+    @property
+    def composition(self) -> str:
+        """The ``compose:`` spec this heuristic is."""
+        las = las_part(self.thresholds, self.order, self.starve_factor, self.running_first)
+        return f"compose:{las},placement=best_fit,preempt=priority:refill=false"
 
     def queue_of(
         self, attained_gpu_s: float, gpus: int, waited_s: float, running: bool = False
     ) -> int:
         """The queue index of a job with this service, size and time spent without GPUs."""
-        if attained_gpu_s <= 0:
-            return 0
-        executed = attained_gpu_s / gpus
-        factor = self.starve_factor / 2 if running else self.starve_factor
-        if factor > 0 and waited_s >= factor * executed:
-            return 0
-        return bisect.bisect_right(self.thresholds, attained_gpu_s)
+        order = self._policy.order
+        assert isinstance(order, Las)
+        return order.queue_of(attained_gpu_s, gpus, waited_s, running)
 
     def decide(self, state: ClusterState) -> Decision:
         """Admit by priority; preempt the running jobs left out, start the admitted pending ones."""
-        if self.order == "entry":
-            return self._decide_entry(state)
-        return self._decide_submit(state)
-
-    def _decide_entry(self, state: ClusterState) -> Decision:
-        """The reference ``dlas-gpu`` round (see the class docstring)."""
-        now = state.time
-        mem = self._queues
-        thresholds = self.thresholds
-        last = len(thresholds)
-        running = {r.job.job_id: r for r in state.running}
-        pending = {p.job.job_id: p for p in state.pending}
-        if mem.time == now and mem.before is not None:
-            lists, qid = [list(q) for q in mem.before[0]], dict(mem.before[1])
-        elif now < mem.time or not any(j in running or j in pending for j in mem.qid):
-            lists, qid = [[] for _ in range(last + 1)], {}
-        else:
-            lists, qid = [list(q) for q in mem.lists], dict(mem.qid)
-        before = ([list(q) for q in lists], dict(qid))
-        # jobs that ended leave their queue; jobs not seen yet join theirs, in submit order
-        for q, members in enumerate(lists):
-            lists[q] = [j for j in members if j in running or j in pending]
-        qid = {j: q for q, members in enumerate(lists) for j in members}
-        unseen = [r.job for r in state.running if r.job.job_id not in qid]
-        unseen += [p.job for p in state.pending if p.job.job_id not in qid]
-        for job in sorted(unseen, key=lambda j: (j.submit_time, j.job_id)):
-            r = running.get(job.job_id)
-            attained = r.attained_at(now) if r is not None else pending[job.job_id].attained_gpu_s
-            q = bisect.bisect_right(thresholds, attained + _EPS)
-            lists[q].append(job.job_id)
-            qid[job.job_id] = q
-        # a running job at or past its queue's threshold moves one queue down, to the tail
-        for r in sorted(state.running, key=lambda r: (r.job.submit_time, r.job.job_id)):
-            j = r.job.job_id
-            q = qid[j]
-            if q < last and r.attained_at(now) + _EPS >= thresholds[q]:
-                lists[q].remove(j)
-                lists[q + 1].append(j)
-                qid[j] = q + 1
-        # the round: every queue in its order, fit-first
-        left = state.total_free_gpus + sum(r.job.num_gpus for r in state.running)
-        admitted: list[PendingJob] = []
-        preempted: list[RunningJob] = []
-        still: set[int] = set()  # running after the round
-        for members in lists:
-            for j in members:
-                r = running.get(j)
-                gpus = r.job.num_gpus if r is not None else pending[j].job.num_gpus
-                if gpus <= left:
-                    left -= gpus
-                    still.add(j)
-                    if r is None:
-                        admitted.append(pending[j])
-                elif r is not None:
-                    preempted.append(r)
-        # pending jobs move behind the running ones, in their order
-        for q, members in enumerate(lists):
-            lists[q] = [j for j in members if j in still] + [j for j in members if j not in still]
-        mem.time, mem.lists, mem.qid, mem.before = now, lists, qid, before
-
-        starts = _place(state, preempted, admitted)
-        wake = math.inf
-        for j in still:
-            q = qid[j]
-            if q < last:
-                r = running.get(j)
-                job = r.job if r is not None else pending[j].job
-                attained = r.attained_at(now) if r is not None else pending[j].attained_gpu_s
-                wake = min(wake, now + (thresholds[q] - attained) / job.num_gpus)
-        return Decision(
-            starts=tuple(starts),
-            preempt=tuple(r.job.job_id for r in preempted),
-            wake_at=wake,
-        )
-
-    def _decide_submit(self, state: ClusterState) -> Decision:
-        """The earlier stateless order (see the class docstring)."""
-        # Hot path: every decision ranks every running and preempted job. So ``queue_of`` is
-        # inlined and nothing is sorted by (queue, ...) keys: jobs are admitted queue by queue,
-        # pending ones in ``state.pending``'s canonical (submit, id) order, running ones sorted
-        # by (submit, id) only when the order matters (not all of them fit).
-        now = state.time
-        running = state.running
-        thresholds = self.thresholds
-        first_threshold, last_threshold = thresholds[0], thresholds[-1]
-        n_queues = len(thresholds) + 1
-        last_queue = n_queues - 1
-        factor_pending = self.starve_factor
-        factor_running = factor_pending / 2
-        bisect_right = bisect.bisect_right
-        # each queue's running jobs (indices into state.running) and the GPUs they hold
-        run_queues: list[list[int]] = [[] for _ in range(n_queues)]
-        queue_gpus = [0] * n_queues
-        for idx, r in enumerate(running):
-            job = r.job
-            gpus = job.num_gpus
-            attained = r.attained_gpu_s + gpus * (now - r.since)
-            if attained < first_threshold:  # queue 0 whatever the starvation guard says
-                q = 0
-            else:
-                executed = attained / gpus
-                if (
-                    factor_running > 0
-                    and now - job.submit_time - executed >= factor_running * executed
-                ):
-                    q = 0
-                elif attained >= last_threshold:
-                    q = last_queue
-                else:
-                    q = bisect_right(thresholds, attained)
-            run_queues[q].append(idx)
-            queue_gpus[q] += gpus
-
-        # A job too large for the cluster is never admitted: it needs more than ``left``.
-        left = state.total_free_gpus + sum(queue_gpus)
-        dropped = bytearray(len(running))  # 1: a running job left out, to preempt
-        admitted_pending: list[PendingJob] = []
-        # preempted pending jobs of queues >= 1, filled by the scan of queue 0
-        later: list[list[PendingJob]] = [[] for _ in range(n_queues)]
-        running_first = self.running_first
-        for q in range(n_queues):
-            run_q = run_queues[q]
-            if left <= 0:
-                for idx in run_q:
-                    dropped[idx] = 1
-                continue
-            # running jobs still to merge with this queue's pending ones (not running_first)
-            run_keys: list[tuple[float, int, int, int]] = []
-            if not running_first:
-                run_keys = _by_submit(running, run_q)
-            elif queue_gpus[q] <= left:  # they all fit, whatever their order
-                left -= queue_gpus[q]
-            else:
-                for _, _, gpus, idx in _by_submit(running, run_q):
-                    if gpus <= left:
-                        left -= gpus
-                    else:
-                        dropped[idx] = 1
-            k = 0
-            for p in state.pending if q == 0 else later[q]:
-                if left <= 0:
-                    break
-                job = p.job
-                if q == 0:
-                    attained = p.attained_gpu_s
-                    if attained >= first_threshold:
-                        executed = attained / job.num_gpus
-                        if not (
-                            factor_pending > 0
-                            and now - job.submit_time - executed >= factor_pending * executed
-                        ):
-                            later[
-                                last_queue
-                                if attained >= last_threshold
-                                else bisect_right(thresholds, attained)
-                            ].append(p)
-                            continue
-                if k < len(run_keys):  # running jobs submitted earlier go first
-                    key = (job.submit_time, job.job_id)
-                    while k < len(run_keys) and run_keys[k][:2] < key:
-                        _, _, gpus, idx = run_keys[k]
-                        k += 1
-                        if gpus <= left:
-                            left -= gpus
-                        else:
-                            dropped[idx] = 1
-                    if left <= 0:
-                        break
-                gpus = job.num_gpus
-                if gpus <= left:
-                    left -= gpus
-                    admitted_pending.append(p)
-            for _, _, gpus, idx in run_keys[k:]:
-                if gpus <= left:
-                    left -= gpus
-                else:
-                    dropped[idx] = 1
-        if not admitted_pending:
-            # preempting to start nothing would only waste the preempted jobs' work
-            return Decision()
-        preempted = list(compress(running, dropped))
-
-        starts = _place(state, preempted, admitted_pending)
-        return Decision(starts=tuple(starts), preempt=tuple(r.job.job_id for r in preempted))
-
-
-def _by_submit(
-    running: Sequence[RunningJob], members: Sequence[int]
-) -> list[tuple[float, int, int, int]]:
-    """These running jobs as sorted ``(submit time, job id, GPUs, index)`` tuples."""
-    keys = []
-    for idx in members:
-        job = running[idx].job
-        keys.append((job.submit_time, job.job_id, job.num_gpus, idx))
-    keys.sort()
-    return keys
-
-
-def _place(
-    state: ClusterState, preempted: Sequence[RunningJob], admitted: Sequence[PendingJob]
-) -> list[Start]:
-    """Best-fit placements for the admitted jobs, on the GPUs free once ``preempted`` stop."""
-    free = list(state.free_gpus)
-    for r in preempted:
-        release_placement(free, r.placement)
-    starts: list[Start] = []
-    for p in admitted:
-        placement = best_fit(state.topology, free, p.job.num_gpus)
-        if placement is None:  # pragma: no cover - admission counted the GPUs
-            continue
-        apply_placement(free, placement)
-        starts.append(Start(p.job.job_id, placement))
-    return starts
+        return self._policy.decide(state)

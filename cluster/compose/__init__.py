@@ -1,0 +1,21 @@
+"""Schedulers composed of parts (issue 22; Blox keeps its parts apart the same way).
+
+A policy is ``order x placement x preemption`` plus an admission rule:
+
+- ``orders``: which job comes first (submit, fewest GPUs, predicted GPU time, predicted
+  remaining GPU time, Tiresias' attained-service queues, and two oracle orders that read
+  the true remaining run time);
+- ``placements``: where a job goes (first fit, Slurm's select, best fit, SJF-BCO's bounded
+  rule, least added contention);
+- ``admission``: how pending jobs are let in without preemption (``strict`` FIFO prefix,
+  ``greedy`` scan, ``easy`` backfill's reservation);
+- ``preemption``: ``none``, ``priority`` (preempt to admit by priority, with a margin and a
+  minimum run time), ``migrate`` (DeepShare's rule);
+- ``policy``: ``Composed``, the ``Policy`` made of them;
+- ``spec``: the parts by name and ``compose:order=...,placement=...,preempt=...`` specs.
+"""
+
+from linkwise.cluster.compose.policy import Composed
+from linkwise.cluster.compose.spec import PARTS, ComposeSpec, compose, convert_value
+
+__all__ = ["PARTS", "ComposeSpec", "Composed", "compose", "convert_value"]

@@ -1,0 +1,293 @@
+"""Placements: where a composed policy puts a job it starts (or migrates).
+
+Each placement is a small frozen value with ``place(topo, free, busy, flows, job)`` (None:
+no placement now) and ``memo_key(job)``: within one decision free GPUs only shrink, so a
+job of the same key that found no placement finds none later either (``place_greedy``
+skips it). ``busy`` counts running jobs per node (SJF-BCO's busy-ness), ``flows`` the rings
+crossing each link; both are kept up to date as jobs are placed.
+
+- ``first_fit``: Slurm cons_tres-like first fit (``placement.first_fit``; ``fifo``'s);
+- ``select``: Slurm's select on the job's requested shape (``placement.slurm_select``;
+  ``backfill``'s);
+- ``best_fit``: the tightest node, else the fewest nodes under one leaf
+  (``placement.best_fit``);
+- ``bounded``: SJF-BCO's consolidated/bounded rule (``bounded_placement``: FA-FFP for small
+  jobs, LBSGF for large ones, a span of at most ``ceil(lam * n_min)`` servers);
+- ``least_contention``: among the generators' placements, the one whose ring adds the
+  least contention, counted in rings already on the links it would cross (SJF-BCO's
+  ``flows`` sharing), then the fewest nodes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
+
+from linkwise.cluster.domain import Job, Placement, Start, Topology, requested_shape
+from linkwise.cluster.placement import (
+    apply_placement,
+    best_fit,
+    first_fit,
+    fragment_first_fit,
+    least_busy,
+    same_leaf,
+    slurm_select,
+)
+
+
+class PlacementRule(Protocol):
+    """Where a job goes (see the module docstring)."""
+
+    name: ClassVar[str]
+
+    def place(
+        self,
+        topo: Topology,
+        free: Sequence[int],
+        busy: Sequence[int],
+        flows: Sequence[int],
+        job: Job,
+    ) -> Placement | None: ...
+
+    def memo_key(self, job: Job) -> tuple[int, int]: ...
+
+
+def min_nodes_for(capacities_desc: Sequence[int], gpus: int) -> int:
+    """Fewest nodes of these capacities (sorted descending) that hold ``gpus`` GPUs (>= 1)."""
+    need = gpus
+    k = 0
+    for cap in capacities_desc:
+        if need <= 0:
+            break
+        need -= cap
+        k += 1
+    return max(k, 1)
+
+
+def bounded_placement(
+    topo: Topology,
+    free: Sequence[int],
+    busy: Sequence[int],
+    gpus: int,
+    kappa: int | None = None,
+    lam: float = 1.0,
+    capacities_desc: Sequence[int] | None = None,
+) -> Placement | None:
+    """SJF-BCO's placement of one job (Yu et al., MobiHoc'22), None if it must wait.
+
+    A job with ``gpus <= kappa`` (None: the GPUs of the largest node) is placed by
+    ``fragment_first_fit`` (FA-FFP), a larger one by ``least_busy`` (LBSGF). ``lam`` bounds
+    the servers a job spans to ``ceil(lam * n_min)``, ``n_min`` being the fewest servers of
+    the cluster that could hold it: when the rule's placement spans more, the consolidated
+    ``best_fit`` placement is tried instead, and when that spans more too there is none (the
+    job waits for consolidation); ``lam = inf`` removes the bound. ``capacities_desc``: the
+    nodes' GPU counts sorted descending (computed when None)."""
+    if kappa is None:
+        kappa = topo.max_gpus_per_node
+    placement: Placement | None
+    if gpus <= kappa:
+        placement = fragment_first_fit(topo, free, gpus, busy)
+    else:
+        placement = least_busy(topo, free, gpus, busy)
+    if placement is None or math.isinf(lam):
+        return placement
+    if capacities_desc is None:
+        capacities_desc = sorted((n.gpus for n in topo.nodes), reverse=True)
+    bound = math.ceil(lam * min_nodes_for(capacities_desc, gpus) - 1e-9)
+    if placement.num_nodes <= bound:
+        return placement
+    placement = best_fit(topo, free, gpus)
+    return placement if placement is not None and placement.num_nodes <= bound else None
+
+
+def check_bco_params(kappa: int | None, lam: float) -> None:
+    """SJF-BCO's parameter checks (ValueError): ``kappa >= 0`` or None, ``lam >= 1``."""
+    if kappa is not None and kappa < 0:
+        raise ValueError(f"kappa must be non-negative, got {kappa}")
+    if not lam >= 1.0:
+        raise ValueError(f"lam must be at least 1, got {lam}")
+
+
+@dataclass(frozen=True, slots=True)
+class FirstFit:
+    """Slurm cons_tres-like first fit (``fifo``'s placement)."""
+
+    name: ClassVar[str] = "first_fit"
+
+    def place(
+        self,
+        topo: Topology,
+        free: Sequence[int],
+        busy: Sequence[int],
+        flows: Sequence[int],
+        job: Job,
+    ) -> Placement | None:
+        return first_fit(topo, free, job.num_gpus)
+
+    def memo_key(self, job: Job) -> tuple[int, int]:
+        return (job.num_gpus, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Select:
+    """Slurm's select/cons_tres on the job's requested shape (``backfill``'s placement)."""
+
+    name: ClassVar[str] = "select"
+
+    def place(
+        self,
+        topo: Topology,
+        free: Sequence[int],
+        busy: Sequence[int],
+        flows: Sequence[int],
+        job: Job,
+    ) -> Placement | None:
+        return slurm_select(topo, free, requested_shape(job, topo.max_gpus_per_node))
+
+    def memo_key(self, job: Job) -> tuple[int, int]:
+        return (job.num_gpus, job.nodes)
+
+
+@dataclass(frozen=True, slots=True)
+class BestFit:
+    """Consolidated best fit (``placement.best_fit``)."""
+
+    name: ClassVar[str] = "best_fit"
+
+    def place(
+        self,
+        topo: Topology,
+        free: Sequence[int],
+        busy: Sequence[int],
+        flows: Sequence[int],
+        job: Job,
+    ) -> Placement | None:
+        return best_fit(topo, free, job.num_gpus)
+
+    def memo_key(self, job: Job) -> tuple[int, int]:
+        return (job.num_gpus, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Bounded:
+    """SJF-BCO's consolidated/bounded placement (``bounded_placement``; ``kappa``, ``lam``)."""
+
+    name: ClassVar[str] = "bounded"
+    kappa: int | None = None
+    lam: float = 1.0
+
+    def __post_init__(self) -> None:
+        check_bco_params(self.kappa, self.lam)
+
+    def place(
+        self,
+        topo: Topology,
+        free: Sequence[int],
+        busy: Sequence[int],
+        flows: Sequence[int],
+        job: Job,
+    ) -> Placement | None:
+        return bounded_placement(topo, free, busy, job.num_gpus, self.kappa, self.lam)
+
+    def memo_key(self, job: Job) -> tuple[int, int]:
+        return (job.num_gpus, 0)
+
+
+_POOL = (best_fit, same_leaf, first_fit)
+
+
+@dataclass(frozen=True, slots=True)
+class LeastContention:
+    """The generators' placement whose ring adds the least contention (module docstring)."""
+
+    name: ClassVar[str] = "least_contention"
+
+    def place(
+        self,
+        topo: Topology,
+        free: Sequence[int],
+        busy: Sequence[int],
+        flows: Sequence[int],
+        job: Job,
+    ) -> Placement | None:
+        gpus = job.num_gpus
+        pool = [gen(topo, free, gpus) for gen in _POOL]
+        pool += [least_busy(topo, free, gpus, busy), fragment_first_fit(topo, free, gpus, busy)]
+        best: Placement | None = None
+        best_key = (0, 0)
+        for p in pool:
+            if p is None:
+                continue
+            added = sum(flows[link] for link in topo.ring_links(p.nodes)) if flows else 0
+            key = (added, p.num_nodes)
+            if best is None or key < best_key:
+                best, best_key = p, key
+        return best
+
+    def memo_key(self, job: Job) -> tuple[int, int]:
+        return (job.num_gpus, 0)
+
+
+PLACEMENTS: dict[str, type] = {
+    p.name: p for p in (FirstFit, Select, BestFit, Bounded, LeastContention)
+}
+
+
+def add_flows(topo: Topology, flows: list[int], placement: Placement, sign: int = 1) -> None:
+    """Count a ring over ``placement`` on the links it crosses (in place; ``sign=-1`` removes)."""
+    if placement.num_nodes > 1 and flows:
+        for link in topo.ring_links(placement.nodes):
+            flows[link] += sign
+
+
+def add_busy(busy: list[int], placement: Placement, sign: int = 1) -> None:
+    """Count one more (``sign=-1``: one fewer) running job on every node of ``placement``."""
+    for node, _ in placement.alloc:
+        busy[node] += sign
+
+
+def place_greedy(
+    topo: Topology,
+    jobs: Sequence[Job],
+    rule: PlacementRule,
+    free: list[int],
+    busy: list[int],
+    flows: list[int],
+    *,
+    strict: bool = False,
+    by_size: bool = False,
+) -> list[Start]:
+    """Start ``jobs`` in this order where ``rule`` places them, updating ``free``, ``busy``
+    and ``flows`` in place. Greedy (default): a job that cannot be placed now waits and the
+    scan goes on; ``strict``: the scan stops at the first such job (FIFO's head-of-line
+    blocking). ``by_size``: ``jobs`` is by GPU count ascending, so the scan stops at the
+    first job larger than the free GPUs. Jobs larger than the cluster are skipped."""
+    total = sum(free)
+    cluster = topo.total_gpus
+    starts: list[Start] = []
+    unplaceable: set[tuple[int, int]] = set()
+    for job in jobs:
+        gpus = job.num_gpus
+        if gpus > cluster:
+            continue
+        if gpus > total:
+            if strict or by_size:
+                break
+            continue
+        key = rule.memo_key(job)
+        if key in unplaceable:
+            continue
+        placement = rule.place(topo, free, busy, flows, job)
+        if placement is None:
+            if strict:
+                break
+            unplaceable.add(key)
+            continue
+        apply_placement(free, placement)
+        add_busy(busy, placement)
+        add_flows(topo, flows, placement)
+        total -= gpus
+        starts.append(Start(job.job_id, placement))
+    return starts

@@ -1,0 +1,57 @@
+"""``Composed``: a ``Policy`` made of an order, a placement, an admission rule and a
+preemption rule (``cluster.compose``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from linkwise.cluster.compose.admission import Admission, Greedy
+from linkwise.cluster.compose.orders import Order
+from linkwise.cluster.compose.placements import PlacementRule
+from linkwise.cluster.compose.preemption import NoPreemption, Preemption
+from linkwise.cluster.domain import ClusterState, Decision
+
+
+@dataclass(frozen=True)
+class Composed:
+    """``order x placement x preemption`` (plus ``admission`` where nothing is preempted).
+
+    Without preemption the pending jobs, in ``order``, are let in by ``admission`` on
+    ``placement``; a preemption rule decides over running and pending jobs together
+    (``preemption``'s module docstring). ``spec``: the ``compose:...`` text it was built
+    from (or that builds it), shown by ``linkwise policies``.
+    """
+
+    name: str
+    order: Order
+    placement: PlacementRule
+    preemption: Preemption = field(default_factory=NoPreemption)
+    admission: Admission = field(default_factory=Greedy)
+    spec: str = ""
+
+    def __post_init__(self) -> None:
+        if self.order.name == "las" and not self.preemption.preemptive:
+            raise ValueError(
+                "order=las ranks running and pending jobs together: it needs a preemption "
+                "rule that decides over both (preempt=priority)"
+            )
+        if self.preemption.name == "priority" and self.admission.name != "greedy":
+            raise ValueError(
+                f"preempt=priority admits greedily by priority: admission={self.admission.name} "
+                "does not apply"
+            )
+
+    @property
+    def needs_predictions(self) -> bool:
+        """Whether its order reads run-time predictions."""
+        return self.order.needs_predictions
+
+    @property
+    def oracle(self) -> bool:
+        """Whether its order reads the true run time (an oracle ceiling)."""
+        return self.order.oracle
+
+    def decide(self, state: ClusterState) -> Decision:
+        """The preemption rule's decision (which lets pending jobs in by its own rule or
+        by the admission rule)."""
+        return self.preemption.decide(state, self.order, self.placement, self.admission)

@@ -1,0 +1,282 @@
+"""Preemption: what a composed policy may do to running jobs.
+
+- ``none``: nothing; pending jobs are let in by the admission rule.
+- ``priority``: preempt to admit, by priority. Every running and pending job is ranked by
+  the order (a running job's score divided by ``margin``: a pending job must beat it by
+  that factor to take its place), and admitted greedily while the cluster's GPUs suffice;
+  running jobs left out are preempted, admitted pending jobs start in rank order on the
+  placement rule. A running job within ``min_run_s`` of its last start is never preempted
+  (it is admitted first). With ``refill`` (default) a preemption that would free nothing
+  used is undone: a preempted job whose GPUs no start took keeps running, the GPUs still
+  free go to the other pending jobs in rank order, and when nothing starts nothing changes
+  (the SRTF ceiling's rule; without it, Tiresias' reference round).
+- ``migrate``: DeepShare's rule: a running job spread over several nodes whose predicted
+  shared/isolated throughput ratio (its progress rate next to the running jobs, by the
+  contention model, 1.0 being isolated at its best placement) is at most ``ratio`` moves
+  to a consolidated placement (the fewest nodes that can hold it) when one is free, at
+  most one move per job per ``min_run_s``; ``mode=preempt`` preempts it instead (it goes
+  back to the queue, as DeepShare's code also does). Pending jobs are then let in by the
+  admission rule on the GPUs left.
+
+The throughput ratio is predicted from placements and communication profiles, never read
+from the simulator's true rates (``docs/INFORMATION.md``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import ClassVar, Protocol
+
+from linkwise.cluster.compose.admission import Admission
+from linkwise.cluster.compose.orders import Item, Order
+from linkwise.cluster.compose.placements import (
+    PlacementRule,
+    add_busy,
+    add_flows,
+    min_nodes_for,
+    place_greedy,
+)
+from linkwise.cluster.contention import ContentionModel
+from linkwise.cluster.domain import ClusterState, Decision, PendingJob, RunningJob, Start
+from linkwise.cluster.placement import apply_placement, best_fit, release_placement
+
+
+class Preemption(Protocol):
+    """What to do with running jobs, and then which pending jobs start (module docstring)."""
+
+    name: ClassVar[str]
+    preemptive: ClassVar[bool]
+    migrates: ClassVar[bool]
+
+    def decide(
+        self, state: ClusterState, order: Order, rule: PlacementRule, admission: Admission
+    ) -> Decision: ...
+
+
+def _admit(
+    state: ClusterState, order: Order, rule: PlacementRule, admission: Admission
+) -> Decision:
+    ordered = order.pending(state, state.pending)
+    by_size = order.name == "gpus"  # by GPU count: the scan may stop at the first too large
+    return Decision(starts=admission.admit(state, ordered, rule, by_size=by_size))
+
+
+@dataclass(frozen=True, slots=True)
+class NoPreemption:
+    """Never touch a running job."""
+
+    name: ClassVar[str] = "none"
+    preemptive: ClassVar[bool] = False
+    migrates: ClassVar[bool] = False
+
+    def decide(
+        self, state: ClusterState, order: Order, rule: PlacementRule, admission: Admission
+    ) -> Decision:
+        return _admit(state, order, rule, admission)
+
+
+def _busy_of(state: ClusterState, running: Sequence[RunningJob]) -> list[int]:
+    busy = [0] * len(state.topology.nodes)
+    for r in running:
+        add_busy(busy, r.placement)
+    return busy
+
+
+def _flows_of(state: ClusterState, running: Sequence[RunningJob]) -> list[int]:
+    if not state.link_flows:
+        return []
+    flows = [0] * len(state.topology.links)
+    for r in running:
+        add_flows(state.topology, flows, r.placement)
+    return flows
+
+
+@dataclass(frozen=True, slots=True)
+class Priority:
+    """Preempt to admit by priority (module docstring): ``margin``, ``min_run_s``, ``refill``."""
+
+    name: ClassVar[str] = "priority"
+    preemptive: ClassVar[bool] = True
+    migrates: ClassVar[bool] = False
+    margin: float = 1.0
+    min_run_s: float = 0.0
+    refill: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.margin >= 1.0 or math.isinf(self.margin):
+            raise ValueError(f"margin must be a finite number of at least 1, got {self.margin}")
+        if not self.min_run_s >= 0.0:
+            raise ValueError(f"min_run_s must be non-negative, got {self.min_run_s}")
+
+    def decide(
+        self, state: ClusterState, order: Order, rule: PlacementRule, admission: Admission
+    ) -> Decision:
+        now = state.time
+        topo = state.topology
+        kept: set[int] = {
+            r.job.job_id for r in state.running if now - r.start_time < self.min_run_s
+        }  # pinned: within the minimum run time, admitted first
+        left = state.total_free_gpus + sum(
+            r.job.num_gpus for r in state.running if r.job.job_id not in kept
+        )
+        ranked: list[Item] = order.rank(state, state.running, state.pending, self.margin)
+        admitted: list[PendingJob] = []
+        rest: list[PendingJob] = []
+        for item in ranked:
+            if item.job.job_id in kept and isinstance(item, RunningJob):
+                continue
+            gpus = item.job.num_gpus
+            fits = gpus <= left
+            if fits:
+                left -= gpus
+            if isinstance(item, PendingJob):
+                (admitted if fits else rest).append(item)
+            elif fits:
+                kept.add(item.job.job_id)
+        wake = order.settle(state, kept | {p.job.job_id for p in admitted})
+        preempted = [r for r in state.running if r.job.job_id not in kept]
+        free = list(state.free_gpus)
+        for r in preempted:
+            release_placement(free, r.placement)
+        staying = [r for r in state.running if r.job.job_id in kept]
+        first = place_greedy(
+            topo,
+            [p.job for p in admitted],
+            rule,
+            free,
+            _busy_of(state, staying),
+            _flows_of(state, staying),
+        )
+        if not self.refill:
+            return Decision(
+                starts=tuple(first),
+                preempt=tuple(r.job.job_id for r in preempted),
+                wake_at=wake,
+            )
+        # a preempted job whose GPUs no new start took keeps running
+        for r in preempted:
+            if all(free[node] >= g for node, g in r.placement.alloc):
+                apply_placement(free, r.placement)
+                staying.append(r)
+        started = {s.job_id for s in first}
+        position = {item.job.job_id: i for i, item in enumerate(ranked)}
+        again = [p for p in admitted if p.job.job_id not in started] + rest
+        again.sort(key=lambda p: position[p.job.job_id])
+        # the second pass counts busy-ness and flows of the jobs left running, not of the
+        # first pass's starts (as the SRTF ceiling always did)
+        second = place_greedy(
+            topo,
+            [p.job for p in again],
+            rule,
+            free,
+            _busy_of(state, staying),
+            _flows_of(state, staying),
+        )
+        starts = tuple(first) + tuple(second)
+        if not starts:
+            return Decision(wake_at=wake)
+        kept_ids = {r.job.job_id for r in staying}
+        return Decision(
+            starts=starts,
+            preempt=tuple(r.job.job_id for r in state.running if r.job.job_id not in kept_ids),
+            wake_at=wake,
+        )
+
+
+MIGRATE_MODES = ("migrate", "preempt")
+
+
+@dataclass(frozen=True, slots=True)
+class Migrate:
+    """DeepShare's migration rule (module docstring): ``ratio``, ``min_run_s``, ``mode``."""
+
+    name: ClassVar[str] = "migrate"
+    preemptive: ClassVar[bool] = True
+    migrates: ClassVar[bool] = True
+    ratio: float = 0.6
+    min_run_s: float = 0.0
+    mode: str = "migrate"
+    model: ContentionModel | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.ratio <= 1.0:
+            raise ValueError(f"ratio must be in (0, 1], got {self.ratio}")
+        if not self.min_run_s >= 0.0:
+            raise ValueError(f"min_run_s must be non-negative, got {self.min_run_s}")
+        if self.mode not in MIGRATE_MODES:
+            raise ValueError(f"mode must be one of {MIGRATE_MODES}, got {self.mode!r}")
+        if self.model is None:
+            from linkwise.cluster.contention import AnalyticModel
+            from linkwise.cluster.profiles import load_calibration
+
+            object.__setattr__(self, "model", AnalyticModel(load_calibration()))
+
+    def moves(self, state: ClusterState) -> list[tuple[RunningJob, Start]]:
+        """The split jobs to move, each with its consolidated target on free GPUs."""
+        now = state.time
+        topo = state.topology
+        free = list(state.free_gpus)
+        spare = sum(free)
+        candidates = [
+            r
+            for r in state.running
+            if r.placement.num_nodes > 1
+            and now - r.start_time >= self.min_run_s
+            and r.job.num_gpus <= spare
+        ]
+        if not candidates:
+            return []
+        assert self.model is not None
+        try:
+            rates = self.model.rates(topo, [(r.job, r.placement) for r in state.running])
+        except ValueError:  # a job without a communication profile the model knows
+            return []
+        rate_of = {r.job.job_id: rate for r, rate in zip(state.running, rates, strict=True)}
+        capacities = sorted((n.gpus for n in topo.nodes), reverse=True)
+        out: list[tuple[RunningJob, Start]] = []
+        for r in sorted(candidates, key=lambda r: (rate_of[r.job.job_id], r.job.job_id)):
+            if rate_of[r.job.job_id] > self.ratio:
+                break
+            gpus = r.job.num_gpus
+            fewest = min_nodes_for(capacities, gpus)
+            if r.placement.num_nodes <= fewest or gpus > sum(free):
+                continue
+            target = best_fit(topo, free, gpus)
+            if target is None or target.num_nodes > fewest:
+                continue
+            apply_placement(free, target)
+            out.append((r, Start(r.job.job_id, target)))
+        return out
+
+    def decide(
+        self, state: ClusterState, order: Order, rule: PlacementRule, admission: Admission
+    ) -> Decision:
+        moves = self.moves(state)
+        if not moves:
+            return _admit(state, order, rule, admission)
+        free = list(state.free_gpus)
+        running = list(state.running)
+        moved = {r.job.job_id for r, _ in moves}
+        for _, target in moves:
+            apply_placement(free, target.placement)
+        if self.mode == "migrate":
+            # the moved jobs hold their old GPUs while they drain and run on the targets
+            after = running + [replace(r, placement=s.placement) for r, s in moves]
+        else:
+            after = running  # preempted: they hold their GPUs while they drain
+            free = list(state.free_gpus)
+        view = replace(
+            state,
+            free_gpus=tuple(free),
+            running=tuple(after),
+            link_flows=tuple(_flows_of(state, after)),
+        )
+        rest = _admit(view, order, rule, admission)
+        if self.mode == "migrate":
+            return Decision(starts=rest.starts, migrate=tuple(s for _, s in moves))
+        return Decision(starts=rest.starts, preempt=tuple(sorted(moved)))
+
+
+PREEMPTIONS: dict[str, type] = {p.name: p for p in (NoPreemption, Priority, Migrate)}
