@@ -426,7 +426,7 @@ class SlurmBackend:
             placement = start.placement
             moved = ""
             if start.job_id in over:
-                why = f"held over {self.cfg.max_hold_s:g} s: handed back to Slurm"
+                why = f"max_hold: held over {self.cfg.max_hold_s:g} s, handed back to Slurm"
             elif job is None or start.job_id in seen:
                 why = "not a held job of the managed partitions"
             else:
