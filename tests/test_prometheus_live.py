@@ -179,6 +179,7 @@ def _rules() -> list[dict[str, Any]]:
 
 
 def test_promtool_checks_the_rules_and_the_config() -> None:
+    subprocess.run([str(SCRIPT), "install"], check=True, timeout=600)  # promtool comes with it
     rules = subprocess.run(["promtool", "check", "rules", str(RULES)], capture_output=True)
     assert rules.returncode == 0, rules.stdout + rules.stderr
     assert f"{len(_rules())} rules found".encode() in rules.stdout
