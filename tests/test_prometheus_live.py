@@ -139,15 +139,18 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         def scraped() -> bool:
             ups = {r["metric"]["instance"]: r["value"][1] for r in prom.query("up")}
             n = prom.query(f'count_over_time(up{{instance="{instances["good"]}"}}[1m])')
+            ok = prom.query('linkwise_serve_cycles_total{outcome="ok"} >= 2')
             return (
                 ups.get(instances["good"]) == "1"
                 and ups.get(instances["fallback"]) == "1"
                 and ups.get(instances["down"]) == "0"
                 and bool(n)
                 and float(n[0]["value"][1]) >= 8
+                and {r["metric"]["instance"] for r in ok}
+                == {instances["good"], instances["fallback"]}
             )
 
-        wait_for(scraped, 180, "Prometheus scraping both loops for several seconds")
+        wait_for(scraped, 300, "Prometheus scraping both loops, each past two cycles")
         yield {"prom": prom, "instances": instances, "tmp": tmp, "job": job["job_name"]}
     finally:
         subprocess.run([str(SCRIPT), "stop"], env=penv, check=False, timeout=60)
