@@ -23,7 +23,8 @@ from linkwise.cluster.heuristics import (
 )
 from linkwise.cluster.placement import apply_placement
 from linkwise.cluster.profiles import assign_profiles, load_calibration
-from linkwise.cluster.simulator import simulate
+from linkwise.cluster.restart import RestartModel
+from linkwise.cluster.simulator import SimConfig, simulate
 from linkwise.cluster.topology import from_spec
 
 
@@ -95,9 +96,15 @@ def test_qssf_with_equal_predictions_is_sjf_bco() -> None:
 def test_srtf_oracle_preempts_a_long_job_for_a_short_arrival() -> None:
     topo = from_spec("1x1")
     jobs = [Job(0, 0.0, 1, 100.0), Job(1, 10.0, 1, 5.0)]
-    recs = {r.job.job_id: r for r in simulate(topo, jobs, NoContention(), SrtfOracle()).records}
+    free = SimConfig(restart=RestartModel.free())
+    run = simulate(topo, jobs, NoContention(), SrtfOracle(), free)
+    recs = {r.job.job_id: r for r in run.records}
     assert recs[1].end == pytest.approx(15.0)
     assert recs[0].end == pytest.approx(105.0) and recs[0].preemptions == 1
+    # the honest default: job 0 drains 30 s first, then restarts with 30 s of restore
+    recs = {r.job.job_id: r for r in simulate(topo, jobs, NoContention(), SrtfOracle()).records}
+    assert recs[1].end == pytest.approx(10.0 + 30.0 + 5.0)
+    assert recs[0].end == pytest.approx(45.0 + 30.0 + 90.0) and recs[0].preemptions == 1
 
 
 def test_srtf_oracle_keeps_a_job_shorter_than_the_arrival() -> None:
