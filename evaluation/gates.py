@@ -7,7 +7,11 @@ Two stages (``evaluation/gates.toml`` documents every threshold):
   point estimate ``<= 1 - margin``, and with ``require_ci`` the interval's upper end ``< 1``;
   the best heuristic is the best *same-information* one, never an oracle ceiling
   (``cluster.heuristics.is_oracle``: an oracle reads the true run time; evidence naming one
-  as the reference fails),
+  as the reference fails): the candidates are every non-oracle heuristic ``linkwise
+  policies`` lists (``same_information_heuristics``: the frontier ``qssf_preemptive``,
+  ``tiresias_consolidated`` and ``deepshare`` among them, and any ``compose:`` spec whose
+  order reads no true run time), the default policy lists of ``compare`` and ``evaluate``
+  run them all, and the reference is the one with the lowest avg JCT in the benchmark,
   its p99 JCT no worse (ratio ``<= 1 + p99_tolerance``); its FQE estimate is not below the
   behaviour policy's value (``estimate >= reference - fqe_tolerance * spread``, the reference
   being FQE's own estimate of the behaviour policy when given, which shares FQE's bias, else
@@ -32,7 +36,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from linkwise.cluster.heuristics import is_oracle
+from linkwise.cluster.heuristics import POLICIES, is_oracle, policy_info
 from linkwise.evaluation.stats import RatioCI
 
 __all__ = [
@@ -49,9 +53,26 @@ __all__ = [
     "check_shadow",
     "load_gates",
     "ope_evidence",
+    "same_information_heuristics",
 ]
 
 DEFAULT_GATES = Path(__file__).with_name("gates.toml")
+
+
+def same_information_heuristics(*, predictions: bool = True) -> list[str]:
+    """The heuristics a gate may take as its reference, in ``linkwise policies`` order: every
+    one that is no oracle ceiling (it reads no true run time), with the ones that need
+    run-time predictions only when ``predictions``."""
+    out = []
+    for name in POLICIES:
+        info = policy_info(name)
+        if (
+            info.kind == "heuristic"
+            and not info.oracle
+            and (predictions or not info.needs_predictions)
+        ):
+            out.append(name)
+    return out
 
 
 @dataclass(frozen=True)

@@ -186,3 +186,31 @@ def test_an_oracle_is_never_the_gate_reference() -> None:
     report = check_challenger(ev, CFG)
     assert _failed(report) == {"better_than_best_heuristic", "p99_vs_best_heuristic"}
     assert all("oracle" in c.reason for c in report.checks if not c.passed)
+
+
+def test_the_reference_candidates_are_every_non_oracle_heuristic_listed() -> None:
+    from linkwise.cluster.heuristics import ORACLE_POLICIES, POLICIES
+    from linkwise.evaluation.gates import same_information_heuristics
+
+    names = same_information_heuristics()
+    assert {"qssf", "qssf_preemptive", "tiresias_consolidated", "deepshare"} <= set(names)
+    assert set(names) == set(POLICIES) - ORACLE_POLICIES
+    without = same_information_heuristics(predictions=False)
+    assert "qssf" not in without and "qssf_preemptive" not in without and "deepshare" in without
+
+
+def test_a_composed_oracle_is_never_the_gate_reference() -> None:
+    spec = "compose:order=true_remaining,placement=bounded,preempt=priority"
+    ev = dataclasses.replace(
+        _good(),
+        best_heuristic=spec,
+        avg_vs_heuristic=_r(spec, "avg", 0.9, 0.85, 0.95),
+        p99_vs_heuristic=_r(spec, "p99", 0.9, 0.85, 0.95),
+    )
+    assert _failed(check_challenger(ev, CFG)) == {
+        "better_than_best_heuristic",
+        "p99_vs_best_heuristic",
+    }
+    same_info = "compose:order=pred_remaining,placement=bounded,preempt=priority"
+    ev = dataclasses.replace(ev, best_heuristic=same_info)
+    assert check_challenger(ev, CFG).passed
