@@ -1,0 +1,399 @@
+"""Forking the simulator from what a policy knows, and scoring moves by continuing them.
+
+A fork is a fresh ``Simulator`` built from a ``ClusterState``: the running jobs on their
+placements with their attained service, start times and preemption counts, the pending
+jobs, the jobs in transit (draining, or waiting on reserved GPUs), the topology, the
+contention model and the restart model. What a policy does not know, the true run time, is
+never read (``Job.duration``, ``PendingJob.remaining_s``, ``RunningJob.remaining_s`` and
+``rate`` are ignored): every job's run time is drawn from the run-time predictor's
+distribution (``datasets.predictor``: the job's quantiles ``pred_s`` and ``pred_hi_s``, a
+log-normal through them, capped at the time limit Slurm enforces), a job that has run
+``a`` seconds (attained GPU-seconds over its GPUs) conditioned on running longer than
+``a``. Optionally, future arrivals are drawn from history statistics (``Arrivals``).
+
+Common random numbers: sample ``s`` of a decision point draws each job's quantile from a
+hash of (seed, s, job id), and its arrivals from (seed, s), so every alternative scored at
+one decision point sees the same run times and the same arrivals, and their differences
+are low-variance (scoring an alternative twice gives the same value).
+
+``oracle=True`` reads the true remaining work instead: a privileged ceiling, to be
+measured, never trained on for a shipped package.
+
+Scoring (``rollout_cost``): apply a first decision at the fork's time, then let the base
+policy decide at every later decision point, for ``horizon_s`` of simulated time; the cost
+is the jobs-in-system time over the horizon (the sum over jobs of their time in the system
+inside it: Little's law, the total JCT's share of the horizon).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from statistics import NormalDist
+
+from linkwise.cluster.contention import ContentionModel
+from linkwise.cluster.domain import (
+    ClusterState,
+    Decision,
+    Job,
+    PendingJob,
+    Policy,
+    RunningJob,
+    TransitJob,
+)
+from linkwise.cluster.simulator import (
+    SimConfig,
+    SimulationStalled,
+    Simulator,
+    _Acc,
+    _Run,
+    _Transit,
+)
+
+__all__ = [
+    "Arrivals",
+    "RunTimeBelief",
+    "fork",
+    "fresh",
+    "jobs_in_system_s",
+    "rollout_cost",
+    "score_decisions",
+]
+
+_NORMAL = NormalDist()
+_MASK64 = (1 << 64) - 1
+
+
+def _mix(*values: int) -> int:
+    """A 64-bit hash of integers (splitmix64 steps): the common random numbers' key."""
+    h = 0x9E3779B97F4A7C15
+    for v in values:
+        h = (h ^ (v & _MASK64)) & _MASK64
+        h = (h + 0x9E3779B97F4A7C15) & _MASK64
+        z = h
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+        h = z ^ (z >> 31)
+    return h
+
+
+def uniform(*key: int) -> float:
+    """A uniform number in (0, 1) determined by ``key`` (the same key, the same number)."""
+    return ((_mix(*key) >> 11) + 0.5) / float(1 << 53)
+
+
+@dataclass(frozen=True, slots=True)
+class RunTimeBelief:
+    """The run-time distribution a policy may hold of a job: log-normal through the
+    predictor's quantiles (``pred_s`` at ``q_lo``, ``pred_hi_s`` at ``q_hi``; the
+    predictor's defaults are the median and p90), at least ``min_sigma`` wide in log space,
+    capped at the job's time limit."""
+
+    q_lo: float = 0.5
+    q_hi: float = 0.9
+    min_sigma: float = 0.1
+
+    def params(self, job: Job) -> tuple[float, float]:
+        """(mu, sigma) of the job's log run time; ValueError without predictions."""
+        if not job.predicted:
+            raise ValueError(
+                f"job {job.job_id} has no run-time prediction (pred_s): a fork draws run times "
+                "from the predictor and never reads the true one (--history fits a predictor)"
+            )
+        z_lo, z_hi = _NORMAL.inv_cdf(self.q_lo), _NORMAL.inv_cdf(self.q_hi)
+        lo, hi = math.log(job.pred_s), math.log(max(job.pred_hi_s, job.pred_s))
+        sigma = max(self.min_sigma, (hi - lo) / (z_hi - z_lo))
+        return lo - z_lo * sigma, sigma
+
+    def total(self, job: Job, ran_s: float, u: float) -> float:
+        """The job's total run time for the uniform draw ``u``, given it has run ``ran_s``
+        seconds: the inverse CDF above ``ran_s`` (capped at the time limit). A job past its
+        distribution's support is given as long again as it has run."""
+        mu, sigma = self.params(job)
+        cap = job.time_limit if job.time_limit > 0 else math.inf
+        floor = _NORMAL.cdf((math.log(ran_s) - mu) / sigma) if ran_s > 0 else 0.0
+        p = floor + u * (1.0 - floor)
+        tail = p >= 1.0 - 1e-12
+        value = 2.0 * ran_s if tail else math.exp(mu + sigma * _NORMAL.inv_cdf(p))
+        value = max(value, ran_s + 1.0)
+        return min(value, max(cap, ran_s + 1.0))
+
+    def remaining(self, job: Job, attained_gpu_s: float, u: float) -> float:
+        """Seconds of work left for the draw ``u`` (total less what it has run)."""
+        ran = attained_gpu_s / job.num_gpus
+        return max(1.0, self.total(job, ran, u) - ran)
+
+
+@dataclass(frozen=True)
+class Arrivals:
+    """Future arrivals drawn from history statistics: a Poisson process of ``rate_per_s``
+    whose jobs are drawn from ``templates`` (past jobs: their shape, user, name, profile,
+    time limit and predictions; their run times are drawn from the belief like any other).
+    Ids start at ``first_id`` so they never clash with the state's."""
+
+    rate_per_s: float
+    templates: tuple[Job, ...]
+    first_id: int = 1 << 40
+
+    def __post_init__(self) -> None:
+        if self.rate_per_s < 0 or (self.rate_per_s > 0 and not self.templates):
+            raise ValueError("arrivals need a non-negative rate and templates to draw from")
+
+    @classmethod
+    def from_history(cls, jobs: Sequence[Job]) -> Arrivals:
+        """The arrival rate and job mix of past jobs (submit span, the jobs themselves)."""
+        if len(jobs) < 2:
+            raise ValueError("arrivals from history need at least two past jobs")
+        span = max(j.submit_time for j in jobs) - min(j.submit_time for j in jobs)
+        return cls(rate_per_s=(len(jobs) - 1) / max(span, 1.0), templates=tuple(jobs))
+
+    def draw(self, t0: float, horizon_s: float, seed: int, sample: int) -> tuple[Job, ...]:
+        """The arrivals of ``(t0, t0 + horizon_s]`` for one sample (common random numbers:
+        the same seed and sample, the same arrivals)."""
+        out: list[Job] = []
+        t, i = t0, 0
+        while self.rate_per_s > 0:
+            t += -math.log(uniform(seed, sample, 1, i)) / self.rate_per_s
+            if t > t0 + horizon_s:
+                break
+            tpl = self.templates[int(uniform(seed, sample, 2, i) * len(self.templates))]
+            out.append(replace(tpl, job_id=self.first_id + i, submit_time=t))
+            i += 1
+        return tuple(out)
+
+
+def _with_work(job: Job, work: float) -> Job:
+    """The job as the fork sees it: its duration is the drawn work (never the true one)."""
+    return replace(job, duration=max(work, 1e-3))
+
+
+def fork(
+    state: ClusterState,
+    model: ContentionModel,
+    config: SimConfig | None = None,
+    *,
+    seed: int = 0,
+    sample: int = 0,
+    belief: RunTimeBelief | None = None,
+    arrivals: Arrivals | None = None,
+    horizon_s: float = 6 * 3600.0,
+    oracle: bool = False,
+) -> Simulator:
+    """A fresh simulator at ``state.time`` holding what ``state`` shows, every unknown run
+    time drawn from the belief for (``seed``, ``sample``) (see the module docstring);
+    ``oracle`` reads the true remaining work instead (a measured ceiling only)."""
+    belief = belief or RunTimeBelief()
+    cfg = config or SimConfig()
+    t0 = state.time
+
+    def work(job: Job, attained: float, true_left: float) -> float:  # true_left: oracle only
+        if oracle:
+            return true_left
+        return belief.remaining(job, attained, uniform(seed, sample, 0, job.job_id))
+
+    future = arrivals.draw(t0, horizon_s, seed, sample) if arrivals is not None else ()
+    future = tuple(
+        _with_work(
+            j, j.duration if oracle else belief.total(j, 0.0, uniform(seed, sample, 0, j.job_id))
+        )
+        for j in future
+    )
+    sim = Simulator(state.topology, (), model, cfg)
+    sim.time = t0
+    sim._arrivals = sorted(future, key=lambda j: (j.submit_time, j.job_id))
+    sim._free = list(state.free_gpus)
+    for pj in state.pending:
+        left = work(pj.job, pj.attained_gpu_s, pj.remaining_s)
+        sim._pending[pj.job.job_id] = PendingJob(
+            job=_with_work(pj.job, left),
+            remaining_s=left,
+            attained_gpu_s=pj.attained_gpu_s,
+            preemptions=pj.preemptions,
+        )
+        sim._acc[pj.job.job_id] = _Acc()
+    sim._pending_dirty = True
+    for run in state.running:
+        _resume_running(sim, run, work(run.job, run.attained_at(t0), run.remaining_at(t0)))
+    _resume_transit(sim, state, work)
+    if sim._pending:
+        sim._schedule_tick()
+    sim._update_split_rates()
+    sim._state = None
+    return sim
+
+
+def _resume_running(sim: Simulator, run: RunningJob, left: float) -> None:
+    """A running job on its placement with ``left`` seconds of work from now."""
+    t0 = sim.time
+    job = _with_work(run.job, left)
+    r = _Run(
+        job=job,
+        placement=run.placement,
+        start=run.start_time,
+        since=t0,
+        remaining=left,
+        rate=0.0,
+        attained=run.attained_at(t0),
+        preemptions=run.preemptions,
+        split=run.placement.num_nodes > 1,
+        base=left,
+    )
+    sim._running[job.job_id] = r
+    sim._running_dirty = True
+    acc = _Acc()
+    acc.first_start = run.start_time
+    sim._acc[job.job_id] = acc
+    if not r.split:
+        r.rate = sim.model.rates(sim.topology, [(job, run.placement)])[0]
+        sim._push_completion(r)
+
+
+_Work = Callable[[Job, float, float], float]
+
+
+def _resume_transit(sim: Simulator, state: ClusterState, work: _Work) -> None:
+    """Jobs draining or waiting on reserved GPUs, as the state shows them: GPUs held until
+    ``until`` (those a waiting start has reserved are claimed), targets started at ``until``."""
+    if not state.transit:
+        return
+    free = sim._free
+    # GPUs held or reserved per node = capacity - free - running; what targets reserve of the
+    # held GPUs is not shown, so held GPUs are claimed greedily in the order of ``until``
+    target_on: dict[int, int] = {}
+    for tj in state.transit:
+        for node, g in tj.target.alloc if tj.target is not None else ():
+            target_on[node] = target_on.get(node, 0) + g
+    held_on: dict[int, int] = {}
+    for tj in state.transit:
+        for node, g in tj.held.alloc if tj.held is not None else ():
+            held_on[node] = held_on.get(node, 0) + g
+    running_on = [0] * len(free)
+    for run in state.running:
+        for node, g in run.placement.alloc:
+            running_on[node] += g
+    footprint = {
+        n: state.topology.nodes[n].gpus - free[n] - running_on[n]
+        for n in set(target_on) | set(held_on)
+    }
+    claimed = {n: max(0, held_on.get(n, 0) + target_on.get(n, 0) - footprint[n]) for n in footprint}
+    for tj in sorted(state.transit, key=lambda t: (t.until, t.job.job_id)):
+        tr = _transit_record(sim, tj, work)
+        if tj.held is not None:
+            for node, g in tj.held.alloc:
+                take = min(g, claimed.get(node, 0))
+                claimed[node] = claimed.get(node, 0) - take
+                if g - take:
+                    tr.unclaimed[node] = g - take
+                    sim._claimable[node] += g - take
+        sim._add_transit(tr)
+
+
+def _transit_record(sim: Simulator, tj: TransitJob, work: _Work) -> _Transit:
+    left = float(work(tj.job, tj.attained_gpu_s, tj.job.duration))  # oracle: not exact here
+    job = _with_work(tj.job, left)
+    sim._acc[job.job_id] = _Acc()
+    return _Transit(
+        job=job,
+        remaining=left,
+        attained=tj.attained_gpu_s,
+        preemptions=tj.preemptions,
+        migrations=1 if tj.held is not None and tj.target is not None else 0,
+        held=tj.held,
+        unclaimed={},
+        drain_end=tj.until if tj.held is not None else sim.time,
+        target=tj.target,
+        start_at=tj.until if tj.target is not None else math.inf,
+    )
+
+
+def fresh(policy: Policy, model: ContentionModel) -> Policy:
+    """A copy of ``policy`` with its memory as of now (Tiresias' queues), sharing the
+    contention model (immutable) instead of copying it."""
+    return copy.deepcopy(policy, {id(model): model})
+
+
+def jobs_in_system_s(sim: Simulator, t0: float, end: float, known: int) -> float:
+    """Jobs-in-system seconds over ``[t0, end]``: ``known`` jobs in the system at ``t0``
+    plus the arrivals, each until it ended (or ``end``)."""
+    total = 0.0
+    ended: set[int] = set()
+    for rec in sim.records:
+        ended.add(rec.job.job_id)
+        total += min(rec.end, end) - max(rec.job.submit_time, t0)
+    arrived = sim._arrivals[: sim._next_arrival]
+    open_known = known - sum(1 for r in sim.records if r.job.submit_time <= t0)
+    total += open_known * (end - t0)
+    for job in arrived:
+        if job.job_id not in ended:
+            total += end - max(job.submit_time, t0)
+    return total
+
+
+def rollout_cost(
+    sim: Simulator,
+    first: Decision,
+    base: Policy,
+    horizon_s: float,
+    *,
+    complete: bool = False,
+) -> float:
+    """Apply ``first`` at the fork's time, then follow ``base`` for ``horizon_s``; the
+    jobs-in-system seconds over the horizon. ``complete``: ``first`` is one step of a
+    decision point and the base finishes that decision point (decides again at the same
+    time) before time moves on; a wait (``first.is_wait``) ends it at once."""
+    t0 = sim.time
+    end = t0 + horizon_s
+    state = sim.observe()
+    known = len(state.pending) + len(state.running) + len(state.transit)
+    sim.apply(first)
+    if complete and not first.is_wait:
+        sim.apply(base.decide(sim.observe()))
+    try:
+        while sim.advance():
+            if sim.time >= end:
+                break
+            sim.apply(base.decide(sim.observe()))
+    except SimulationStalled:  # waiting on an idle cluster with nothing to arrive: all stay
+        pass
+    return jobs_in_system_s(sim, t0, end, known)
+
+
+def score_decisions(
+    state: ClusterState,
+    decisions: Sequence[Decision],
+    base: Policy,
+    model: ContentionModel,
+    config: SimConfig | None = None,
+    *,
+    horizon_s: float = 6 * 3600.0,
+    n: int = 6,
+    seed: int = 0,
+    belief: RunTimeBelief | None = None,
+    arrivals: Arrivals | None = None,
+    oracle: bool = False,
+    complete: bool = False,
+) -> list[float]:
+    """The mean jobs-in-system seconds of each decision continued by ``base`` (a fresh copy
+    of it per rollout, its memory as of now) over ``n`` forked samples, the same samples
+    (common random numbers) for every decision."""
+    if n < 1:
+        raise ValueError("n must be at least 1")
+    totals = [0.0] * len(decisions)
+    for s in range(n if not oracle else 1):
+        for i, d in enumerate(decisions):
+            sim = fork(
+                state,
+                model,
+                config,
+                seed=seed,
+                sample=s,
+                belief=belief,
+                arrivals=arrivals,
+                horizon_s=horizon_s,
+                oracle=oracle,
+            )
+            totals[i] += rollout_cost(sim, d, fresh(base, model), horizon_s, complete=complete)
+    runs = n if not oracle else 1
+    return [t / runs for t in totals]
