@@ -89,7 +89,12 @@ def reference_policies(bench: Benchmark, baseline: str) -> dict[str, str | None]
     def spec(p: str) -> str:
         return bench.specs.get(p, p)
 
-    heur = [p for p in bench.policies if not spec(p).startswith("model:") and not _oracle(bench, p)]
+    # learned and search policies (``lookahead:``) are reported beside, never the reference
+    heur = [
+        p
+        for p in bench.policies
+        if not spec(p).startswith(("model:", "lookahead:")) and not _oracle(bench, p)
+    ]
     oracles = [p for p in bench.policies if _oracle(bench, p)]
     return {
         "baseline": baseline,

@@ -40,6 +40,7 @@ from linkwise.cluster.heuristics import (
     make_policy,
     policy_info,
 )
+from linkwise.cluster.lookahead import LookaheadSpec, is_lookahead
 from linkwise.models.learned import CHECKSUMS
 from linkwise.models.registry import (
     ModelSource,
@@ -117,6 +118,7 @@ class PolicySpec:
     params: tuple[tuple[str, Any], ...] = ()
     source: ModelSource | None = None
     composed: ComposeSpec | None = None
+    search: LookaheadSpec | None = None  # ``lookahead:...`` (``cluster.lookahead``)
 
     @classmethod
     def parse(cls, text: str, cwd: str | Path | None = None) -> PolicySpec:
@@ -128,6 +130,11 @@ class PolicySpec:
             return cls(source=ModelSource.parse(text, cwd=cwd))
         if text.partition(":")[0].strip() == "compose":
             return cls(heuristic="compose", composed=ComposeSpec.parse(text))
+        if is_lookahead(text):
+            search = LookaheadSpec.parse(text)
+            for inner in (search.base, *search.alternatives):
+                cls.parse(inner, cwd)  # ValueError for a bad base or alternative
+            return cls(heuristic="lookahead", search=search)
         name, params = _parse_heuristic(text)
         return cls(heuristic=name, params=params)
 
@@ -142,6 +149,8 @@ class PolicySpec:
         reported, marked ``oracle``, never a baseline or a gate's reference)."""
         if self.composed is not None:
             return self.composed.oracle
+        if self.search is not None:
+            return self.search.oracle
         return self.heuristic in ORACLE_POLICIES
 
     @property
@@ -150,6 +159,8 @@ class PolicySpec:
         (from their package's predictor, else from ``--history``)."""
         if self.composed is not None:
             return self.composed.needs_predictions
+        if self.search is not None:
+            return True
         return self.is_model or self.heuristic in PREDICTION_POLICIES
 
     def describe(self) -> str:
@@ -158,6 +169,8 @@ class PolicySpec:
             return self.source.describe()
         if self.composed is not None:
             return self.composed.describe()
+        if self.search is not None:
+            return self.search.describe()
         items = ",".join(f"{k}={_show(v)}" for k, v in self.params)
         return f"{self.heuristic}:{items}" if items else str(self.heuristic)
 
@@ -170,6 +183,10 @@ class PolicySpec:
             return load_source(self.source, model=model, tracking_uri=tracking_uri)
         if self.composed is not None:
             return self.composed.build(model)
+        if self.search is not None:
+            from linkwise.models.lookahead import build_lookahead
+
+            return build_lookahead(self.search, model)
         params = dict(self.params)
         factory = POLICIES[str(self.heuristic)]
         # a heuristic that predicts contention (deepshare) takes the scenario's model
@@ -182,6 +199,10 @@ class PolicySpec:
         needs predictions."""
         if self.source is not None:
             return _learned_info(self.source.describe())
+        if self.search is not None:
+            from linkwise.models.lookahead import lookahead_info
+
+            return lookahead_info(self.search)
         return policy_info(self.describe())
 
     def registry_version(self, tracking_uri: str | None = None) -> str | None:
@@ -234,7 +255,10 @@ def _learned_info(name: str) -> PolicyInfo:
 def policy_catalog(pretrained: Path = PRETRAINED) -> list[PolicyInfo]:
     """Every policy ``linkwise policies`` lists: the registered heuristics (registry order)
     and the learned packages shipped in ``pretrained`` (``model:PATH``)."""
+    from linkwise.models.lookahead import DEFAULT_SPEC, lookahead_info
+
     out = [policy_info(name) for name in POLICIES]
+    out.append(lookahead_info(LookaheadSpec.parse(DEFAULT_SPEC)))  # the search policy
     if pretrained.is_dir():
         for folder in sorted(p for p in pretrained.iterdir() if (p / CHECKSUMS).is_file()):
             try:

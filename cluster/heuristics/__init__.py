@@ -108,6 +108,10 @@ def is_oracle(spec: str) -> bool:
     composed = _composed(spec)
     if composed is not None:
         return composed.oracle
+    if spec_name(spec) == "lookahead":  # a search policy: an oracle only with oracle=true
+        from linkwise.cluster.lookahead import LookaheadSpec
+
+        return LookaheadSpec.parse(spec).oracle
     return spec_name(spec) in ORACLE_POLICIES
 
 
@@ -118,6 +122,8 @@ def needs_predictions(spec: str) -> bool:
     composed = _composed(spec)
     if composed is not None:
         return composed.needs_predictions
+    if spec_name(spec) == "lookahead":  # its forks draw run times from the predictions
+        return True
     return spec_name(spec) in PREDICTION_POLICIES
 
 

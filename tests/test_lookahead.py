@@ -1,0 +1,139 @@
+"""The lookahead search policy (``cluster.lookahead``): its spec, its listing as a search
+policy, an obviously better move picked, the base kept on ties, and no true run time read."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from linkwise.cli import main
+from linkwise.cluster.contention import AnalyticModel
+from linkwise.cluster.domain import ClusterState, Job, PendingJob
+from linkwise.cluster.heuristics import is_oracle, make_policy, needs_predictions
+from linkwise.cluster.lookahead import DEFAULT_ALTERNATIVES, LookaheadSpec, decision_key
+from linkwise.cluster.profiles import load_calibration
+from linkwise.cluster.simulator import simulate
+from linkwise.cluster.topology import from_spec
+from linkwise.models.policy_spec import PolicySpec, split_specs
+
+MODEL = AnalyticModel(load_calibration(None))
+
+
+def _job(i: int, gpus: int, pred: float, dur: float = 50.0) -> Job:
+    return Job(i, 0.0, gpus, dur, profile="bert", pred_s=pred, pred_hi_s=1.5 * pred)
+
+
+def _queue(durations: tuple[float, ...] = (50.0,) * 5) -> ClusterState:
+    """One 8-GPU node; the oldest job takes all of it for about 10 h, four 2-GPU jobs of
+    about 30 min wait behind it."""
+    jobs = [_job(1, 8, 36000.0, durations[0])]
+    jobs += [_job(2 + i, 2, 1800.0, durations[1 + i]) for i in range(4)]
+    return ClusterState(
+        time=0.0,
+        topology=from_spec("1x8"),
+        free_gpus=(8,),
+        running=(),
+        pending=tuple(PendingJob(j, remaining_s=j.duration) for j in jobs),
+    )
+
+
+def _lookahead(text: str):  # type: ignore[no-untyped-def]
+    return PolicySpec.parse(text).build(MODEL)
+
+
+def test_spec_parses_describes_and_refuses() -> None:
+    spec = LookaheadSpec.parse("lookahead:base=sjf_bco:lam=2,horizon=90m,n=3,alts=qssf;fifo")
+    assert spec.base == "sjf_bco:lam=2"
+    assert spec.horizon_s == 5400.0 and spec.n == 3
+    assert spec.alternatives == ("qssf", "fifo")
+    assert LookaheadSpec.parse(spec.describe()) == spec
+    default = LookaheadSpec.parse("lookahead:base=qssf")
+    assert default.horizon_s == 6 * 3600 and default.n == 6
+    assert default.alternatives == DEFAULT_ALTERNATIVES
+    composed = LookaheadSpec.parse(
+        "lookahead:base=compose:order=pred_gpu_time,placement=bounded,n=2"
+    )
+    assert composed.base == "compose:order=pred_gpu_time,placement=bounded"
+    for bad in (
+        "lookahead:horizon=6h",
+        "lookahead:base=qssf,n=0",
+        "lookahead:base=qssf,horizon=-1h",
+        "lookahead:base=nosuch",
+        "lookahead:base=qssf,alts=qssf;nosuch",
+        "lookahead:base=lookahead:base=qssf",
+        "lookahead:base=qssf,oracle=maybe",
+    ):
+        with pytest.raises(ValueError):
+            PolicySpec.parse(bad)
+    assert split_specs("qssf,lookahead:base=qssf,horizon=2h,n=2,sjf_bco") == [
+        "qssf",
+        "lookahead:base=qssf,horizon=2h,n=2",
+        "sjf_bco",
+    ]
+
+
+def test_listed_as_search_policy(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["policies", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    search = [r for r in rows if r["kind"] == "search"]
+    assert len(search) == 1 and search[0]["name"].startswith("lookahead:")
+    assert search[0]["needs_predictions"] and not search[0]["oracle"]
+    spec = "lookahead:base=qssf,n=2,oracle=true"
+    assert PolicySpec.parse(spec).is_oracle and is_oracle(spec)
+    assert needs_predictions("lookahead:base=sjf_bco") and not is_oracle("lookahead:base=qssf")
+    info = PolicySpec.parse("lookahead:base=fifo,alts=tiresias_las").info()
+    assert info.kind == "search" and info.preemptive
+
+
+def test_picks_an_obviously_better_alternative() -> None:
+    state = _queue()
+    fifo = make_policy("fifo").decide(state)
+    assert [s.job_id for s in fifo.starts] == [1]  # FIFO starts the long job
+    la = _lookahead("lookahead:base=fifo,horizon=12h,n=2,alts=qssf")
+    d = la.decide(state)
+    assert sorted(s.job_id for s in d.starts) == [2, 3, 4, 5]  # QSSF's four short ones
+    assert la.stats()["deviations_per_1000"] == 1000.0
+    assert la.stats()["decision_ms"] > 0
+
+
+def test_keeps_the_base_when_no_alternative_is_better() -> None:
+    state = _queue()
+    la = _lookahead("lookahead:base=qssf,horizon=12h,n=2,alts=fifo")
+    d = la.decide(state)
+    assert decision_key(d) == decision_key(make_policy("qssf").decide(state))
+    assert la.deviations == 0 and la.searched == 1
+    # identical proposals: no search at all
+    same = _lookahead("lookahead:base=qssf,n=2,alts=qssf,wait=false")
+    same.decide(state)
+    assert same.searched == 0
+
+
+def test_decisions_ignore_true_run_times() -> None:
+    state = _queue()
+    twin = _queue((1e6, 1.0, 2.0, 3e5, 4.0))
+    twin = replace(
+        twin, pending=tuple(replace(p, remaining_s=p.remaining_s * 3) for p in twin.pending)
+    )
+    a = _lookahead("lookahead:base=fifo,horizon=12h,n=3,alts=qssf;sjf_bco").decide(state)
+    b = _lookahead("lookahead:base=fifo,horizon=12h,n=3,alts=qssf;sjf_bco").decide(twin)
+    assert decision_key(a) == decision_key(b)
+
+
+def test_runs_a_workload_and_is_no_worse_here() -> None:
+    from linkwise.datasets import synthetic
+    from linkwise.datasets.predictor import RuntimePredictor
+
+    topo = from_spec("2x8")
+    history = synthetic.generate(100, seed=1, max_gpus=topo.total_gpus)
+    drawn = synthetic.generate(25, seed=0, max_gpus=topo.total_gpus, load_scale=6.0)
+    jobs = tuple(replace(j, profile="bert") for j in RuntimePredictor.fit(history).annotate(drawn))
+    la = _lookahead("lookahead:base=fifo,horizon=3h,n=2,alts=qssf")
+    res = simulate(topo, jobs, MODEL, la)
+    base = simulate(topo, jobs, MODEL, make_policy("fifo"))
+    assert len(res.records) == len(jobs)
+    avg = sum(r.jct for r in res.records) / len(jobs)
+    avg_base = sum(r.jct for r in base.records) / len(jobs)
+    assert la.searched > 0
+    assert avg <= avg_base * 1.05
