@@ -199,7 +199,8 @@ SELECT j.job_id, j.run_index, j.state, j.settled, j.submit_time, j.start_time, j
        list(n.gpus ORDER BY n.node) FILTER (WHERE n.node IS NOT NULL) AS alloc_gpus
 FROM jobs AS j
 LEFT JOIN job_nodes AS n
-  ON n.cluster = j.cluster AND n.job_id = j.job_id AND n.run_index = j.run_index
+  ON n.cluster = j.cluster AND n.job_id = j.job_id AND n.submit_time = j.submit_time
+ AND n.run_index = j.run_index
 WHERE j.cluster = ? AND coalesce(j.end_time, 'infinity'::DOUBLE) > ? AND j.submit_time < ?
 GROUP BY ALL
 ORDER BY j.submit_time, j.job_id, j.run_index
@@ -217,9 +218,9 @@ def load_log_jobs(
     """The usable job runs overlapping ``[since, until)`` and the count of the others by reason.
 
     Columns: ``job_id`` (the run's id in the replay: Slurm's id for a first run, a negative
-    id for a requeued run), ``slurm_job_id``, ``run_index``, ``submit``, ``start``, ``end``,
-    ``gpus``, ``alloc_idx`` / ``alloc_gpus`` (node indices into ``topology`` and GPUs),
-    ``time_limit`` (seconds, 0 where Slurm had none).
+    id for a requeued run or a later job under an id Slurm reused), ``slurm_job_id``,
+    ``run_index``, ``submit``, ``start``, ``end``, ``gpus``, ``alloc_idx`` / ``alloc_gpus``
+    (node indices into ``topology`` and GPUs), ``time_limit`` (seconds, 0 where Slurm had none).
     """
     lo = -math.inf if since is None else float(since)
     hi = math.inf if until is None else float(until)
@@ -235,12 +236,12 @@ def load_log_jobs(
         schema={"node": pl.String, "node_idx": pl.Int64, "node_cap": pl.Int64},
     )
     per_node = (
-        raw.select("job_id", "run_index", "alloc_nodes", "alloc_gpus")
+        raw.select("job_id", "submit_time", "run_index", "alloc_nodes", "alloc_gpus")
         .explode(["alloc_nodes", "alloc_gpus"])
         .drop_nulls("alloc_nodes")
         .rename({"alloc_nodes": "node"})
         .join(node_frame, on="node", how="left")
-        .group_by("job_id", "run_index")
+        .group_by("job_id", "submit_time", "run_index")
         .agg(
             pl.col("node_idx").is_null().any().alias("unknown_node"),
             (pl.col("alloc_gpus") > pl.col("node_cap")).fill_null(False).any().alias("over_cap"),
@@ -249,7 +250,16 @@ def load_log_jobs(
             pl.col("alloc_gpus"),
         )
     )
-    df = raw.drop("alloc_gpus").join(per_node, on=["job_id", "run_index"], how="left")
+    df = raw.drop("alloc_gpus").join(
+        per_node, on=["job_id", "submit_time", "run_index"], how="left"
+    )
+    # a job id Slurm reused (its state cleared): each later job with that id is generation
+    # 1, 2, ... (a new job starts at run 0), and its runs get ids of their own
+    df = df.with_columns(
+        ((pl.col("run_index") == 0).cum_sum().over("job_id", order_by="submit_time") - 1)
+        .clip(lower_bound=0)
+        .alias("_generation")
+    )
     reason = (
         pl.when(~pl.col("settled"))
         .then(pl.lit("unsettled"))
@@ -282,9 +292,11 @@ def load_log_jobs(
     good = (
         df.filter(pl.col("reason").is_null())
         .with_columns(
-            pl.when(pl.col("run_index") == 0)
+            pl.when((pl.col("run_index") == 0) & (pl.col("_generation") == 0))
             .then(pl.col("job_id"))
-            .otherwise(-(pl.col("job_id") * 1000 + pl.col("run_index")))
+            .otherwise(
+                -(pl.col("job_id") * 1000 + pl.col("_generation") * 100 + pl.col("run_index"))
+            )
             .alias("rid"),
             pl.min_horizontal("submit_time", "start_time").alias("submit"),
         )

@@ -7,7 +7,9 @@ and, given the cluster's ``ClusterLimits``, more GPUs or nodes than the cluster 
 deduplicated by key, and merged into ``jobs`` and
 ``job_nodes`` with DuckDB SQL inside ONE transaction: a failure anywhere leaves the store as
 it was. A settled record replaces an unsettled one; an unsettled one never replaces a
-settled one; re-ingesting identical records changes nothing.
+settled one; re-ingesting identical records changes nothing. A run is keyed by cluster, job
+id, submit time and run index: Slurm reuses ids (after its state is cleared, or across a
+slurmdbd purge), and two jobs with one id and different submit times are both kept.
 
 Incremental collection: ``windows(since, until, step, overlap)`` cuts a time range into
 overlapping windows, and ``get_watermark``/``set_watermark`` keep where the last collection
@@ -35,7 +37,9 @@ from linkwise.datasets.store import run_sql, scalar
 
 _FIELDS: tuple[str, ...] = tuple(f.name for f in fields(JobRun))
 _RENAME = {"user": "user_name", "partition": "partition_name"}
-_KEY = ("cluster", "job_id", "run_index")
+# a run: Slurm's id, its submit time (ids restart when Slurm's state is cleared, so two jobs
+# may share an id) and its index among the requeued runs of that job
+_KEY = ("cluster", "job_id", "submit_time", "run_index")
 _SCHEMA: dict[str, pl.DataType] = {
     "cluster": pl.String(),
     "job_id": pl.Int64(),
@@ -219,7 +223,8 @@ def _classify(con: duckdb.DuckDBPyConnection, stage: pl.DataFrame) -> pl.DataFra
             WHEN {same} THEN 'unchanged'
             ELSE 'update' END AS _action
         FROM stage AS s LEFT JOIN jobs AS j
-          ON j.cluster = s.cluster AND j.job_id = s.job_id AND j.run_index = s.run_index
+          ON j.cluster = s.cluster AND j.job_id = s.job_id
+         AND j.submit_time = s.submit_time AND j.run_index = s.run_index
     """
     classified: pl.DataFrame = con.sql(query).pl()
     return classified
@@ -235,7 +240,8 @@ def _write_jobs(
         run_sql(
             con,
             "DELETE FROM jobs AS j USING changed_jobs AS c WHERE j.cluster = c.cluster "
-            "AND j.job_id = c.job_id AND j.run_index = c.run_index",
+            "AND j.job_id = c.job_id AND j.submit_time = c.submit_time "
+            "AND j.run_index = c.run_index",
         )
         run_sql(
             con,
@@ -263,12 +269,13 @@ def _replace_job_nodes(con: duckdb.DuckDBPyConnection, changed: pl.DataFrame) ->
         run_sql(
             con,
             "DELETE FROM job_nodes AS n USING changed_keys AS c WHERE n.cluster = c.cluster "
-            "AND n.job_id = c.job_id AND n.run_index = c.run_index",
+            "AND n.job_id = c.job_id AND n.submit_time = c.submit_time "
+            "AND n.run_index = c.run_index",
         )
         run_sql(
             con,
-            "INSERT INTO job_nodes (cluster, job_id, run_index, node, gpus) "
-            "SELECT cluster, job_id, run_index, node, gpus FROM changed_nodes",
+            "INSERT INTO job_nodes (cluster, job_id, submit_time, run_index, node, gpus) "
+            "SELECT cluster, job_id, submit_time, run_index, node, gpus FROM changed_nodes",
         )
     finally:
         con.unregister("changed_keys")

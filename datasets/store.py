@@ -172,12 +172,47 @@ _V_EXPLAIN = (
     "ALTER TABLE decisions ADD COLUMN explanation VARCHAR",
 )
 
+# Job ids restart when Slurm's state is cleared (or across a slurmdbd purge): a run is keyed
+# by its submit time too, so an old job 1 and a new job 1 are both kept. The tables are
+# rebuilt with the new key and every row is kept (job_nodes takes its run's submit time).
+_JOB_COLUMNS = (
+    "cluster, job_id, run_index, name, user_name, account, partition_name, state, exit_code, "
+    "signal, submit_time, start_time, end_time, time_limit_s, nodes, gpus, gpus_per_node, "
+    "allocation_nodes, settled, array_job_id, array_task_id, comment, source, ingested_at"
+)
+_V_JOB_KEY = (
+    _V1[0]
+    .replace("CREATE TABLE jobs (", "CREATE TABLE jobs_keyed (")
+    .replace(
+        "PRIMARY KEY (cluster, job_id, run_index)",
+        "PRIMARY KEY (cluster, job_id, submit_time, run_index)",
+    ),
+    f"INSERT INTO jobs_keyed ({_JOB_COLUMNS}) SELECT {_JOB_COLUMNS} FROM jobs",
+    """CREATE TABLE job_nodes_keyed (
+        cluster VARCHAR NOT NULL,
+        job_id BIGINT NOT NULL,
+        submit_time DOUBLE NOT NULL,
+        run_index INTEGER NOT NULL,
+        node VARCHAR NOT NULL,
+        gpus INTEGER NOT NULL,
+        PRIMARY KEY (cluster, job_id, submit_time, run_index, node)
+    )""",
+    "INSERT INTO job_nodes_keyed (cluster, job_id, submit_time, run_index, node, gpus) "
+    "SELECT n.cluster, n.job_id, j.submit_time, n.run_index, n.node, n.gpus "
+    "FROM job_nodes AS n JOIN jobs AS j USING (cluster, job_id, run_index)",
+    "DROP TABLE job_nodes",
+    "DROP TABLE jobs",
+    "ALTER TABLE jobs_keyed RENAME TO jobs",
+    "ALTER TABLE job_nodes_keyed RENAME TO job_nodes",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "jobs, job_nodes, nodes, telemetry, link_load, rejected_rows, ingest_state", _V1),
     Migration(2, "telemetry_samples.labels as VARCHAR (JSON text, not validated)", _V2),
     Migration(3, "decisions and audit of the live loop", _V3),
     Migration(4, "rejected_rows.job_id and rejected_rows.field", _V4),
     Migration(5, "decisions.deviated and decisions.explanation", _V_EXPLAIN),
+    Migration(6, "jobs and job_nodes keyed by submit time too (job ids are reused)", _V_JOB_KEY),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

@@ -20,12 +20,14 @@ Parsing is vectorised with Polars; storing is DuckDB SQL over the frames.
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import json
 import re
+import socket
+import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -177,6 +179,8 @@ class RateReport:
     capped: int
     port_directions: int = 0
     without_rate: tuple[tuple[str, int], ...] = ()
+    non_finite: int = 0  # counter samples (or line rates) that were NaN or infinite, skipped
+    invalid_rates: int = 0  # derived rates that were negative or not finite, dropped
 
     @property
     def ports_without_rate(self) -> int:
@@ -410,6 +414,10 @@ def _label_columns(
     return good.join(sets, on="lbl", how="left", maintain_order="left")
 
 
+NON_FINITE_REASON = "non-finite value (NaN, +Inf or -Inf)"
+"""The ``rejected_rows`` reason of a sample whose value is not a finite number."""
+
+
 def parse_prometheus(text: str, *, ts: float | None = None, host: str | None = None) -> PromParse:
     """Parse Prometheus text exposition into a sample frame (vectorised with Polars).
 
@@ -434,10 +442,18 @@ def parse_prometheus(text: str, *, ts: float | None = None, host: str | None = N
     if not data.is_empty():
         slow = _general_parts(data)
         parts = pl.concat([parts, slow]).sort("_row") if not parts.is_empty() else slow
-    bad = pl.col("_why").is_not_null() | pl.col("value").is_null()
-    malformed = parts.filter(bad).select(
-        "_row", "raw", pl.col("_why").fill_null("value is not a number").alias("reason")
+    # NaN, +Inf and -Inf are valid exposition values, but no sample or rate can use them:
+    # they are rejected (counted, kept in rejected_rows) like any unusable line
+    non_finite = pl.col("value").is_not_null() & ~pl.col("value").is_finite()
+    bad = pl.col("_why").is_not_null() | pl.col("value").is_null() | non_finite
+    reason = (
+        pl.when(pl.col("_why").is_not_null())
+        .then(pl.col("_why"))
+        .when(non_finite)
+        .then(pl.lit(NON_FINITE_REASON))
+        .otherwise(pl.lit("value is not a number"))
     )
+    malformed = parts.filter(bad).select("_row", "raw", reason.alias("reason"))
     good = parts.filter(~bad).drop("raw")
     # DCGM blanks: only rows whose value is one of the sentinels' floats can be one
     maybe = good.filter(
@@ -494,23 +510,73 @@ class Scrape:
 
 
 def scrape_http(url: str, timeout: float = 5.0, *, max_bytes: int = 256 * 2**20) -> Scrape:
-    """GET an exporter endpoint (http/https only) with a timeout; raise ScrapeError clearly."""
-    scheme = urllib.parse.urlsplit(url).scheme
-    if scheme not in ("http", "https"):
+    """GET an exporter endpoint (http/https only); raise ScrapeError clearly.
+
+    ``timeout`` bounds the whole scrape (connect, headers and body), not each read: at the
+    deadline a timer shuts the socket down, so an exporter that trickles bytes cannot hold
+    the caller longer than ``timeout`` (and a little)."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https"):
         raise ScrapeError(f"{url}: only http and https endpoints can be scraped")
-    request = urllib.request.Request(url, headers={"Accept": "text/plain"})
+    if not timeout > 0:
+        raise ScrapeError(f"{url}: the timeout must be positive, not {timeout}")
+    conn: http.client.HTTPConnection
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as resp:
-            body = resp.read(max_bytes + 1)
-            charset = resp.headers.get_content_charset() or "utf-8"
-    except urllib.error.HTTPError as exc:
-        raise ScrapeError(f"{url}: HTTP {exc.code} {exc.reason}") from exc
-    except (urllib.error.URLError, TimeoutError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise ScrapeError(f"{url}: cannot scrape within {timeout} s: {reason}") from exc
+        if parts.scheme == "https":
+            conn = http.client.HTTPSConnection(parts.netloc, timeout=timeout)
+        else:
+            conn = http.client.HTTPConnection(parts.netloc, timeout=timeout)
+    except (http.client.InvalidURL, ValueError) as exc:
+        raise ScrapeError(f"{url}: {exc}") from exc
+    expired = threading.Event()
+
+    def abort() -> None:
+        expired.set()
+        sock = conn.sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    deadline = time.monotonic() + timeout
+    timer = threading.Timer(timeout, abort)
+    timer.daemon = True
+    timer.start()
+    chunks: list[bytes] = []
+    try:
+        conn.request("GET", path, headers={"Accept": "text/plain", "Connection": "close"})
+        resp = conn.getresponse()
+        if resp.status >= 400:
+            raise ScrapeError(f"{url}: HTTP {resp.status} {resp.reason}")
+        size = 0
+        while size <= max_bytes and not expired.is_set():
+            chunk = resp.read1(min(2**16, max_bytes + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+            if time.monotonic() > deadline:
+                expired.set()
+        charset = resp.headers.get_content_charset() or "utf-8"
+    except ScrapeError:
+        raise
+    except (http.client.HTTPException, OSError, ValueError) as exc:
+        if expired.is_set():
+            raise ScrapeError(f"{url}: cannot scrape within {timeout} s: deadline passed") from exc
+        raise ScrapeError(f"{url}: cannot scrape within {timeout} s: {exc}") from exc
+    finally:
+        timer.cancel()
+        conn.close()
+    if expired.is_set():
+        raise ScrapeError(f"{url}: cannot scrape within {timeout} s: deadline passed")
+    body = b"".join(chunks)
     if len(body) > max_bytes:
         raise ScrapeError(f"{url}: response larger than {max_bytes} bytes")
-    return Scrape(url=url, text=body.decode(charset, errors="replace"), fetched_at=time.time())
+    try:
+        text = body.decode(charset, errors="replace")
+    except LookupError:
+        text = body.decode("utf-8", errors="replace")
+    return Scrape(url=url, text=text, fetched_at=time.time())
 
 
 @dataclass(frozen=True, slots=True)
@@ -648,6 +714,12 @@ def counter_rates(
     link_class, direction, ts (interval start), interval_s, bytes_per_s; the report also
     says, per port direction without any rate, why (``NO_RATE_REASONS``).
     """
+    finite = pl.col("value").is_finite() & pl.col("ts").is_finite()
+    non_finite = counters.filter(~finite.fill_null(False)).height
+    line_rate = pl.col("max_bytes_per_s")
+    counters = counters.filter(finite.fill_null(False)).with_columns(
+        pl.when(line_rate.is_finite() & (line_rate > 0)).then(line_rate).alias("max_bytes_per_s")
+    )
     df = counters.sort([*_RATE_KEYS, "ts"]).with_columns(
         pl.col("value").shift(1).over(_RATE_KEYS).alias("_pv"),
         pl.col("ts").shift(1).over(_RATE_KEYS).alias("_pt"),
@@ -698,6 +770,9 @@ def counter_rates(
         .otherwise(pl.col("_raw_rate"))
         .alias("bytes_per_s"),
     )
+    valid = pl.col("bytes_per_s").is_finite() & (pl.col("bytes_per_s") >= 0)
+    invalid = out.filter(~valid.fill_null(False)).height
+    out = out.filter(valid.fill_null(False))
     counts = dict(df.group_by("_case").len().rows())
     series = df.group_by(_RATE_KEYS).agg(
         pl.col("_case").is_in(["ok", "wrap"]).any().alias("_rated"),
@@ -716,6 +791,8 @@ def counter_rates(
         capped=int(out["_capped"].sum()),
         port_directions=series.height,
         without_rate=tuple((NO_RATE_REASONS.get(str(k), str(k)), int(n)) for k, n in why),
+        non_finite=non_finite,
+        invalid_rates=invalid,
     )
     rates = out.select(
         "node",
@@ -750,7 +827,15 @@ def store_samples(con: duckdb.DuckDBPyConnection, samples: pl.DataFrame, *, sour
 def _store_link_load(
     con: duckdb.DuckDBPyConnection, rows: pl.DataFrame, *, cluster: str, source: str
 ) -> int:
-    """Insert link_load rows, keeping existing ones for the same key (idempotent)."""
+    """Insert link_load rows, keeping existing ones for the same key (idempotent). The last
+    guard: a rate or interval that is not a finite non-negative number is never stored."""
+    valid = (
+        pl.col("bytes_per_s").is_finite()
+        & (pl.col("bytes_per_s") >= 0)
+        & pl.col("interval_s").is_finite()
+        & pl.col("ts").is_finite()
+    )
+    rows = rows.filter(valid.fill_null(False))
     if rows.is_empty():
         return 0
     before = _count(con, "link_load")

@@ -212,29 +212,40 @@ def _keep_known_exit_codes(con: duckdb.DuckDBPyConnection, runs: list[JobRun]) -
     slurmrestd 22.05 knows the exit code of a FAILED run only while the controller holds the
     job (MinJobAge); a later read through it would otherwise replace 3 with NULL.
     """
-    missing = [(r.cluster, r.job_id, r.run_index) for r in runs if r.exit_code is None]
+    missing = [
+        (r.cluster, r.job_id, float(r.submit_time), r.run_index)
+        for r in runs
+        if r.exit_code is None
+    ]
     if not missing:
         return runs
     frame = pl.DataFrame(
         missing,
-        schema={"cluster": pl.String(), "job_id": pl.Int64(), "run_index": pl.Int32()},
+        schema={
+            "cluster": pl.String(),
+            "job_id": pl.Int64(),
+            "submit_time": pl.Float64(),
+            "run_index": pl.Int32(),
+        },
         orient="row",
     )
     con.register("missing_codes", frame)
     try:
         known = con.execute(
-            "SELECT j.cluster, j.job_id, j.run_index, j.exit_code, j.signal FROM jobs AS j "
-            "JOIN missing_codes AS m USING (cluster, job_id, run_index) "
+            "SELECT j.cluster, j.job_id, j.submit_time, j.run_index, j.exit_code, j.signal "
+            "FROM jobs AS j JOIN missing_codes AS m "
+            "USING (cluster, job_id, submit_time, run_index) "
             "WHERE j.exit_code IS NOT NULL"
         ).fetchall()
     finally:
         con.unregister("missing_codes")
     if not known:
         return runs
-    codes = {(c, int(j), int(i)): (int(e), s) for c, j, i, e, s in known}
+    codes = {(c, int(j), float(t), int(i)): (int(e), s) for c, j, t, i, e, s in known}
     out = []
     for r in runs:
-        code = codes.get((r.cluster, r.job_id, r.run_index)) if r.exit_code is None else None
+        key = (r.cluster, r.job_id, float(r.submit_time), r.run_index)
+        code = codes.get(key) if r.exit_code is None else None
         out.append(r if code is None else replace(r, exit_code=code[0], signal=r.signal or code[1]))
     return out
 
@@ -427,7 +438,8 @@ class TelemetryCollectReport:
 
 def _rate_dict(r: RateReport) -> dict[str, Any]:
     names = ("intervals", "rates", "first_samples", "gaps", "resets", "wraps", "saturated")
-    names2 = ("non_increasing_time", "capped", "port_directions", "ports_without_rate")
+    names2: tuple[str, ...] = ("non_increasing_time", "capped", "port_directions")
+    names2 += ("ports_without_rate", "non_finite", "invalid_rates")
     counts = {n: int(getattr(r, n)) for n in (*names, *names2)}
     return {**counts, "without_rate": dict(r.without_rate)}
 
@@ -465,17 +477,28 @@ def collect_telemetry(
     reader = read or _read_sysfs_now
     t0 = time.perf_counter()
     first_ts = time.time()
+    # read every source first, then open the store: a slow source must not hold the store's
+    # lock (a concurrent accounting collection waits for it)
     reports: list[SourceReport] = []
+    scraped: list[tuple[str, str, Scrape]] = []
+    for url in endpoints:
+        source = f"prometheus:{url}"
+        try:
+            scraped.append((url, source, scrape(url, timeout)))
+        except ScrapeError as exc:
+            log.warning("%s", exc)
+            reports.append(SourceReport(source, "prometheus", error=str(exc)))
+    readings: list[tuple[str | Path, str, SysfsReading]] = []
+    for root in sysfs_roots:
+        source = f"sysfs:{root}"
+        try:
+            readings.append((root, source, reader(root, host or socket.gethostname())))
+        except ScrapeError as exc:
+            log.warning("%s", exc)
+            reports.append(SourceReport(source, "sysfs", error=str(exc)))
     con = open_store(store_path, lock_wait_s=lock_wait_s)
     try:
-        for url in endpoints:
-            source = f"prometheus:{url}"
-            try:
-                got = scrape(url, timeout)
-            except ScrapeError as exc:
-                log.warning("%s", exc)
-                reports.append(SourceReport(source, "prometheus", error=str(exc)))
-                continue
+        for url, source, got in scraped:
             before = time.time()
             rep = ingest_prometheus(
                 con,
@@ -507,14 +530,9 @@ def collect_telemetry(
                 rep.malformed,
                 sum(n for _, n in rep.sentinels),
             )
-        for root in sysfs_roots:
-            source = f"sysfs:{root}"
-            try:
-                reading = reader(root, host or socket.gethostname())
-            except ScrapeError as exc:
-                log.warning("%s", exc)
-                reports.append(SourceReport(source, "sysfs", error=str(exc)))
-                continue
+            for reason, n in reasons:
+                log.warning("%s: rejected %d line(s): %s", url, n, reason)
+        for root, source, reading in readings:
             rep = ingest_samples(
                 con, reading.samples, source=source, unsupported=reading.unsupported
             )
@@ -548,6 +566,8 @@ def collect_telemetry(
                 log.warning("%d InfiniBand port direction(s) without a rate: %s", n, reason)
     finally:
         con.close()
+    order = [f"prometheus:{u}" for u in endpoints] + [f"sysfs:{r}" for r in sysfs_roots]
+    reports.sort(key=lambda r: order.index(r.source))  # the order sources were given in
     return TelemetryCollectReport(
         sources=tuple(reports),
         ib_link_load_rows=ib_rows,

@@ -280,3 +280,92 @@ def test_impossible_records_are_rejected_one_by_one_and_the_rest_stored() -> Non
     )
     assert _count(con, "jobs") == 1 and _count(con, "job_nodes") == 2
     assert dict(rep.rejected_reasons)["more GPUs than the cluster has"] == 1
+
+
+def test_a_reused_job_id_keeps_both_jobs() -> None:
+    """Issue 21 (9): after Slurm's state is cleared job ids restart, and sacct lists the old
+    and the new job 1: both are kept (they differ in submit time), each with its nodes."""
+    con = _store()
+    old = dataclasses.replace(BASE, job_id=1)
+    ingest_job_runs(con, [old], source="sacct")
+    new = dataclasses.replace(
+        BASE,
+        job_id=1,
+        name="new job",
+        submit_time=90000.0,
+        start_time=90010.0,
+        end_time=90100.0,
+        nodes=("gpu03",),
+        gpus=1,
+        gpus_per_node=(1,),
+        allocation_nodes=1,
+    )
+    rep = ingest_job_runs(con, [old, new], source="sacct")
+    assert (rep.inserted, rep.updated, rep.unchanged) == (1, 0, 1)
+    rows = con.execute(
+        "SELECT name, submit_time, nodes FROM jobs WHERE job_id = 1 ORDER BY submit_time"
+    ).fetchall()
+    assert rows == [(BASE.name, 1000.0, ["gpu01", "gpu02"]), ("new job", 90000.0, ["gpu03"])]
+    assert con.execute(
+        "SELECT submit_time, node FROM job_nodes WHERE job_id = 1 ORDER BY ALL"
+    ).fetchall() == [(1000.0, "gpu01"), (1000.0, "gpu02"), (90000.0, "gpu03")]
+
+
+def test_in_one_batch_the_settled_record_wins_over_a_stale_running_one() -> None:
+    """Issue 21 (9): one run listed twice in a batch, settled and stale RUNNING (either
+    order): the settled record is stored, the stale one counted as a duplicate."""
+    stale = dataclasses.replace(
+        BASE, state="RUNNING", end_time=None, exit_code=None, settled=False, allocation_nodes=0
+    )
+    for batch in ([BASE, stale], [stale, BASE]):
+        con = _store()
+        rep = ingest_job_runs(con, batch, source="sacct")
+        assert (rep.inserted, rep.duplicates) == (1, 1)
+        row = _job(con, 101)
+        assert (row["state"], row["settled"], row["end_time"]) == ("COMPLETED", True, 2010.0)
+
+
+def test_requeued_records_of_one_submit_time_collapse_to_one() -> None:
+    """Issue 21 (9): the key gained the submit time; records of one run (same id, same
+    submit time, same run index) listed several times still collapse to one row."""
+    con = _store()
+    pending = dataclasses.replace(
+        BASE, state="PENDING", start_time=None, end_time=None, exit_code=None, nodes=(),
+        gpus_per_node=(), allocation_nodes=0,
+    )  # fmt: skip
+    rep = ingest_job_runs(con, [pending, BASE, BASE], source="sacct")
+    assert (rep.inserted, rep.duplicates) == (1, 2)
+    assert _count(con, "jobs") == 1 and _job(con, 101)["state"] == "COMPLETED"
+    assert ingest_job_runs(con, [BASE], source="sacct").unchanged == 1
+
+
+def test_readers_of_the_jobs_table_tell_a_reused_id_apart() -> None:
+    """Issue 21 (9): the readers of ``jobs`` (the runs for rollouts and the log builder's
+    replay) see two jobs where Slurm reused an id, each with its own allocation and id."""
+    from linkwise.datasets.decisions import load_log_jobs, topology_from_store
+    from linkwise.datasets.rollouts import runs_from_store
+
+    con = _store()
+    ingest_nodes(
+        con,
+        "c1",
+        [NodeInfo(f"gpu0{i}", "idle", ("gpu",), 32, 4, 0) for i in (1, 2, 3)],
+    )
+    run0 = dataclasses.replace(BASE, job_id=1, state="REQUEUED", end_time=1500.0)
+    run1 = dataclasses.replace(BASE, job_id=1, run_index=1, submit_time=1500.0, start_time=1600.0)
+    reused = dataclasses.replace(
+        BASE, job_id=1, submit_time=9000.0, start_time=9010.0, end_time=9110.0,
+        nodes=("gpu03",), gpus=2, gpus_per_node=(2,), allocation_nodes=1,
+    )  # fmt: skip
+    ingest_job_runs(con, [run0, run1, reused], source="sacct")
+    runs = runs_from_store(con, cluster="c1").sort("submit_time")
+    assert runs["submit_time"].to_list() == [1000.0, 9000.0]
+    assert runs["duration"].to_list() == [490.0 + 410.0, 100.0]  # the requeued runs summed
+    assert runs["num_gpus"].to_list() == [8, 2]
+    assert runs["job_id"].n_unique() == 2 and runs["job_id"][0] == 1
+    log, skipped = load_log_jobs(con, topology_from_store(con, "c1"), "c1")
+    assert skipped == {}
+    log = log.sort("submit")
+    assert log["slurm_job_id"].to_list() == [1, 1, 1]
+    assert log["job_id"].n_unique() == 3 and log["job_id"][0] == 1
+    assert log["alloc_gpus"].to_list() == [[4, 4], [4, 4], [2]]

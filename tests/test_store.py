@@ -94,3 +94,37 @@ def test_migration_versions_must_increase() -> None:
     con = duckdb.connect(":memory:")
     with pytest.raises(ValueError, match="increasing"):
         apply_migrations(con, (Migration(2, "a", ()), Migration(1, "b", ())))
+
+
+def test_the_job_key_migration_keeps_every_row(tmp_path: Path) -> None:
+    """Issue 21 (9): a store of the old key (cluster, job id, run index) moves to the new one
+    (submit time too) with every jobs and job_nodes row kept; a reused id then fits beside."""
+    path = tmp_path / "old.duckdb"
+    old = duckdb.connect(str(path))
+    key_migration = next(m.version for m in MIGRATIONS if "submit time" in m.description)
+    apply_migrations(old, [m for m in MIGRATIONS if m.version < key_migration])
+    row = "('c', {id}, {run}, 'n', 'u', 'a', 'p', 'COMPLETED', 0, NULL, {sub}, {sub} + 1, "
+    row += "{sub} + 9, 60.0, ['g1', 'g2'], 2, [1, 1], 2, true, NULL, NULL, '', 's', 1.0)"
+    for job_id, run, sub in ((1, 0, 10.0), (1, 1, 20.0), (2, 0, 30.0)):
+        old.execute(f"INSERT INTO jobs VALUES {row.format(id=job_id, run=run, sub=sub)}")
+        for node in ("g1", "g2"):
+            old.execute(f"INSERT INTO job_nodes VALUES ('c', {job_id}, {run}, '{node}', 1)")
+    old.close()
+    con = open_store(path)
+    assert schema_version(con) == SCHEMA_VERSION
+    assert con.execute(
+        "SELECT job_id, run_index, submit_time FROM jobs ORDER BY ALL"
+    ).fetchall() == [(1, 0, 10.0), (1, 1, 20.0), (2, 0, 30.0)]
+    nodes = con.execute(
+        "SELECT job_id, submit_time, run_index, node, gpus FROM job_nodes ORDER BY ALL"
+    ).fetchall()
+    assert nodes == [
+        (j, s, r, n, 1)
+        for j, r, s in ((1, 0, 10.0), (1, 1, 20.0), (2, 0, 30.0))
+        for n in ["g1", "g2"]
+    ]
+    # the new key: job 1 again, submitted later, is a row of its own
+    con.execute(f"INSERT INTO jobs VALUES {row.format(id=1, run=0, sub=500.0)}")
+    assert scalar(con, "SELECT count(*) FROM jobs WHERE job_id = 1") == 3
+    with pytest.raises(duckdb.ConstraintException):
+        con.execute(f"INSERT INTO jobs VALUES {row.format(id=1, run=0, sub=500.0)}")

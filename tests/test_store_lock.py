@@ -38,7 +38,8 @@ def test_a_locked_store_is_retried_for_a_bounded_time_then_refused(tmp_path: Pat
         t0 = time.monotonic()
         with pytest.raises(StoreLockedError, match=rf"locked by another process.*PID {proc.pid}"):
             open_store(db, lock_wait_s=1.0)
-        assert 1.0 <= time.monotonic() - t0 < 5.0
+        # bounded: at least the wait, and not open-ended (loose: CI machines are loaded)
+        assert 1.0 <= time.monotonic() - t0 < 30.0
     with held(db, 1.0):
         con = open_store(db, lock_wait_s=20.0)  # the holder lets go within the wait
         con.close()
