@@ -203,7 +203,7 @@ def test_the_loop_places_jobs_only_where_slurm_accepts_them(
         }  # fmt: skip
         ids = list(jobs.values())
         # while gpu01's CPUs stay taken, every job runs (none pinned behind it, none stranded)
-        wait_for(lambda: finished(client, ids), 60, "the constrained jobs to run")
+        wait_for(lambda: finished(client, ids), 120, "the constrained jobs to run")
         assert acct(client, [busy])[str(busy)][0] == "RUNNING"
         ran = {k: acct(client, [j])[str(j)][1] for k, j in jobs.items()}
         assert "gpu01" not in ran["plain"], ran
@@ -268,7 +268,7 @@ def test_heterogeneous_jobs_arrays_and_odd_shapes_go_back_to_slurm_at_once(
         tasks = sbatch(cluster, "-J", "i21-tasks", "-N2", "--ntasks-per-node=2",
                        "--gres=gpu:1", "--wrap=sleep 1")  # fmt: skip
         ids = [het, array, uneven, tasks]
-        wait_for(lambda: finished(client, ids, at_least=2 + 6 + 2), 90, "every job to run")
+        wait_for(lambda: finished(client, ids, at_least=2 + 6 + 2), 180, "every job to run")
         ran = acct(client, ids)
         assert {k for k in ran if k.startswith(f"{het}+")} == {f"{het}+0", f"{het}+1"}
         array_nodes = {ran[f"{array}_{i}"][1] for i in range(6)}
