@@ -398,7 +398,7 @@ def cmd_collect_accounting(args: argparse.Namespace) -> int:
     env = read_env_file(env_file) if env_file else dict(os.environ)
     cluster = args.slurm_cluster or env.get("LINKWISE_SLURM_CLUSTER")
     if not cluster:
-        raise ValueError("no cluster name: pass --cluster (or LINKWISE_SLURM_CLUSTER)")
+        raise ValueError("no cluster name: pass --slurm-cluster (or LINKWISE_SLURM_CLUSTER)")
     try:
         client = SlurmClient.from_env(env, args.transport, timeout=args.timeout)
         report = collect_accounting(
@@ -526,7 +526,9 @@ def _add_collect_parser(sub: Any) -> None:
     t.add_argument(
         "--slurm-cluster", default="", help="the Slurm cluster's name stored with link_load rows"
     )
-    t.add_argument("--timeout", type=float, default=5.0, help="per scrape, seconds")
+    t.add_argument(
+        "--timeout", type=float, default=5.0, help="deadline of each whole scrape, seconds"
+    )
     t.add_argument("--interval", type=float, default=30.0, help="scrape interval, seconds")
     _add_lock_wait(t)
     t.add_argument("--json", action="store_true", help="print machine-readable JSON only")

@@ -127,3 +127,16 @@ def test_text_output_names_the_rejections(
     text = capsys.readouterr().out
     assert f"{n_hostile} rejected" in text
     assert "rejected 1: more nodes than the cluster has" in text
+
+
+def test_a_missing_cluster_name_names_the_real_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 21 (11): the error names ``--slurm-cluster``, the flag that exists."""
+    env = tmp_path / "env"
+    env.write_text(f"SLURM_CONF={tmp_path / 'slurm.conf'}\n")
+    code = main(["collect", "accounting", "--db", str(tmp_path / "s.duckdb"), "--slurm-env",
+                 str(env)])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and "pass --slurm-cluster" in err and "--cluster " not in err
+    assert not (tmp_path / "s.duckdb").exists()  # refused before touching the store
