@@ -139,6 +139,8 @@ def test_evaluate_and_its_report_show_the_default_columns_and_wide_all(tmp_path:
         if wide:
             assert shown == _headers("evaluation", "fifo")
         else:
-            assert _widest(text) <= MAX_WIDTH, text
-            assert "latency p99 ms" not in text.splitlines()[1]  # the header line
+            table = text.splitlines()[1 : 2 + len(report.summary)]  # header and rows
+            assert table[0].split()[0] == "policy" and "srtf_oracle (oracle)" in table[-1]
+            assert _widest("\n".join(table)) <= MAX_WIDTH, text
+            assert "latency p99 ms" not in table[0]
             assert "--wide adds:" in text and "More columns with `--wide`" in md
