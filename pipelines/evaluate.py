@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import tempfile
+import textwrap
 from collections.abc import Mapping, Sequence
 from contextlib import closing
 from pathlib import Path
@@ -64,7 +65,7 @@ from linkwise.evaluation.benchmark import (
     make_cases,
     run_benchmark,
 )
-from linkwise.evaluation.columns import columns_for, left_out, text_table
+from linkwise.evaluation.columns import MAX_WIDTH, columns_for, left_out, text_table
 from linkwise.evaluation.gates import (
     ChallengerEvidence,
     GateConfig,
@@ -565,8 +566,9 @@ def format_evaluation(report: EvaluationReport, run_id: str | None, wide: bool =
     base = report.baseline
     lines += text_table(report.summary, columns_for("evaluation", wide), base)
     left = left_out("evaluation", wide, base)
-    if left:
-        lines.append(f"  (--wide adds: {', '.join(left)})")
+    if left:  # wrapped: the note stays within the default width however many columns
+        note = f"(--wide adds: {', '.join(left)})"
+        lines += ["  " + part for part in textwrap.wrap(note, MAX_WIDTH - 2)]
     for q in [*report.ratios, *report.reference_ratios]:
         lines.append(
             f"  {q.policy} / {q.baseline} {q.stat}: {q.ratio:.3f} [{q.low:.3f}, {q.high:.3f}]"
