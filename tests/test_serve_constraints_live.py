@@ -184,7 +184,7 @@ def test_the_loop_places_jobs_only_where_slurm_accepts_them(
 ) -> None:
     # every CPU of gpu01 taken (one of its GPUs): first fit would pin jobs behind it
     busy = sbatch(cluster, "-J", "i21-busy", "-w", "gpu01", "-c", "8", "--gres=gpu:1",
-                  "--wrap=sleep 90")  # fmt: skip
+                  "--wrap=sleep 600")  # fmt: skip
     wait_for(lambda: acct(client, [busy]).get(str(busy), ("",))[0] == "RUNNING", 60, "busy")
     try:
         loop = Loop(tmp_path, "--policy", "fifo")
@@ -364,10 +364,12 @@ def test_a_user_cannot_move_a_held_job_to_another_partition(
     cluster: dict[str, str], client: SlurmClient, tmp_path: Path
 ) -> None:
     blocker = sbatch(
-        cluster, "-J", "i21-all", "-N4", "--gres=gpu:4", "-w", "gpu[01-04]", "--wrap=sleep 60"
+        cluster, "-J", "i21-all", "-N4", "--gres=gpu:4", "-w", "gpu[01-04]", "--wrap=sleep 600"
     )  # fmt: skip  (a node list: job_submit.lua leaves it)
     job = moved = 0
-    try:
+    try:  # every GPU busy: the loop holds what comes next
+        wait_for(lambda: acct(client, [blocker]).get(str(blocker), ("",))[0] == "RUNNING", 60,
+                 "the blocker to run")  # fmt: skip
         loop = Loop(tmp_path, "--policy", "fifo")
         job = sbatch(cluster, "-J", "i21-move", "--gres=gpu:1", "--wrap=sleep 1", user="slurm")
         q = next(x for x in client.queue() if x.job_id == job)
