@@ -72,6 +72,7 @@ from linkwise.deployer.safety import (
     untag_command,
     valid_name,
 )
+from linkwise.deployer.systemd import SystemdNotify
 
 __all__ = ["DEFAULT_LEASE_ROOT", "ServeConfig", "ShadowBackend", "SlurmBackend", "serve"]
 
@@ -201,6 +202,7 @@ class SlurmBackend:
         self.inflight: dict[int, tuple[tuple[int, ...], int, float]] = {}
         self.cycles_ok = 0
         self.cycles_failed = 0
+        self.heartbeat: Callable[[], object] | None = None  # systemd's watchdog (serve)
         self.queue: list[QueuedJob] = []  # the last queue read (for moves of running jobs)
         self.migration = MigrationExecutor(
             client, recorder, metrics.registry, config.migration, run_id=self.run_id, logger=logger
@@ -361,6 +363,8 @@ class SlurmBackend:
                 self._renew()
 
     def _renew(self) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat()
         obs = self.obs
         try:
             self.keeper.renew(tuple(sorted(obs.managed)) if obs else None)
@@ -745,10 +749,14 @@ def serve(
         nodes=len(topo.nodes),
     )
     backend.start()
+    notify = SystemdNotify.from_env()  # a no-op outside systemd
+    backend.heartbeat = notify.alive
+    notify.ready(f"{config.mode} on {','.join(config.partitions)}, run {backend.run_id}")
     released: list[int] = []
     try:
         drive(backend, guarded)
     finally:
+        notify.stopping()
         released = backend.shutdown()
         if recorder.db and recorder.spooled():
             recorder.write()  # a last try to move the spool into the store

@@ -28,7 +28,8 @@ from typing import Any
 import pytest
 import yaml
 
-from linkwise.cluster.slurm.client import read_env_file
+from linkwise.cluster.slurm.client import SlurmClient, read_env_file
+from linkwise.cluster.slurm.errors import SlurmError
 
 pytestmark = pytest.mark.services
 
@@ -39,7 +40,6 @@ RULES = OPS / "prometheus" / "rules.yml"
 CONFIG = OPS / "prometheus" / "prometheus.yml"
 SCRIPT = ROOT / "scripts" / "local-prometheus"
 SLURM_DIR = Path(os.environ.get("LINKWISE_SLURM_DIR", "/tmp/linkwise-slurm"))
-SLURM_SCRIPT = ROOT / "scripts" / "local-slurm"
 
 # Grafana's variables, as Grafana would expand them for "All" loops
 GRAFANA_VARS = {"$__rate_interval": "1m", "$instance": ".+"}
@@ -57,6 +57,16 @@ UNDERLYING = {
     "LinkwiseRecordsLost": "increase(linkwise_serve_lost_records_total[15m])",
 }
 RHS_ALSO = {"LinkwiseJobHeldTooLong": "linkwise_serve_max_hold_seconds + 60"}
+
+
+def require_slurm(env_file: Path) -> None:
+    """The shared local Slurm answers (other engineers' jobs may keep its nodes busy)."""
+    try:
+        SlurmClient.from_env(read_env_file(env_file), "cli").nodes()
+    except (OSError, SlurmError) as exc:
+        pytest.fail(
+            f"local Slurm is not up in {SLURM_DIR} ({exc}): run `scripts/local-slurm start`"
+        )
 
 
 def _free_port() -> int:
@@ -107,10 +117,7 @@ def _serve(env_file: str, tmp: Path, name: str, port: int, policy: str) -> subpr
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     env_file = SLURM_DIR / "env"
-    status = subprocess.run([str(SLURM_SCRIPT), "status"], capture_output=True, check=False)
-    if not env_file.exists() or status.returncode != 0:
-        pytest.fail(f"local Slurm is not up in {SLURM_DIR}: run `scripts/local-slurm start`")
-    read_env_file(env_file)
+    require_slurm(env_file)
     tmp = tmp_path_factory.mktemp("prom-live")
     ports = {"good": _free_port(), "fallback": _free_port(), "down": _free_port()}
     loops = [
