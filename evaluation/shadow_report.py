@@ -67,7 +67,8 @@ _STAT = {"avg_jct": "avg", "p99_jct": "p99", "avg_queue": "avg", "avg_inflation"
 @dataclass(frozen=True)
 class Interval:
     """A paired ratio ``subject / reference`` of one metric with its bootstrap interval
-    (None where the reference's value is 0, e.g. no job queued)."""
+    (``ratio`` None where the reference's value is 0, e.g. no job queued; an end None where
+    some draws had none: unbounded)."""
 
     metric: str
     subject: str
@@ -79,9 +80,13 @@ class Interval:
     jobs: int
 
     def words(self) -> str:
-        if self.ratio is None or self.low is None or self.high is None:
+        if self.ratio is None:
             return "n/a"
-        return f"x{self.ratio:.3f} [{self.low:.3f}, {self.high:.3f}]"
+
+        def end(x: float | None) -> str:
+            return "unbounded" if x is None else f"{x:.3f}"
+
+        return f"x{self.ratio:.3f} [{end(self.low)}, {end(self.high)}]"
 
 
 @dataclass(frozen=True)
@@ -354,10 +359,15 @@ def _interval(
     a, b = arrays[subject][_series(metric)], arrays[reference][_series(metric)]
     if _value(arrays[reference], metric) <= 0:
         return Interval(metric, subject, reference, None, None, None, level, len(a))
-    ratio, low, high = bootstrap_ratio(
-        [a], [b], _STAT[metric], n_boot=n_boot, level=level, seed=seed
-    )
-    return Interval(metric, subject, reference, ratio, low, high, level, len(a))
+    with np.errstate(divide="ignore", invalid="ignore"):  # draws where no job queued
+        ratio, low, high = bootstrap_ratio(
+            [a], [b], _STAT[metric], n_boot=n_boot, level=level, seed=seed
+        )
+    return Interval(metric, subject, reference, ratio, _finite(low), _finite(high), level, len(a))
+
+
+def _finite(x: float) -> float | None:
+    return float(x) if math.isfinite(x) else None
 
 
 def _deviations(
