@@ -36,15 +36,14 @@ from linkwise.cluster.topology import load_topology
 from linkwise.datasets.prediction import ensure_predicted
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.deployer.safety import (
-    RELEASED_TAG,
     Recorder,
     bypassed,
     held_for_loop,
     in_partitions,
 )
+from linkwise.deployer.safety import stranded as is_stranded
 
 __all__ = [
-    "STRANDED_REASONS",
     "NodeRoom",
     "Observation",
     "build_observation",
@@ -75,8 +74,6 @@ _UNUSABLE_FLAGS = frozenset(
         "REBOOT_ISSUED",
     }
 )
-# pending reasons of a released job that cannot run on the node list the loop gave it
-STRANDED_REASONS = ("BadConstraints", "ReqNodeNotAvail", "PartitionNodeLimit", "NodeDown")
 _SIMPLE_FEATURES = re.compile(r"[A-Za-z0-9_.-]+(?:&[A-Za-z0-9_.-]+)*\Z")
 _USABLE_STATES = frozenset({"IDLE", "MIXED", "ALLOCATED", "COMPLETING"})
 Mode = Literal["shadow", "active"]
@@ -317,12 +314,7 @@ def build_observation(
                 moved.append(q)
                 held_total += 1
             continue
-        if (
-            mode == "active"  # (Slurm sets such a job's priority to 0: it looks held)
-            and q.admin_comment == RELEASED_TAG
-            and q.req_nodes
-            and q.reason.startswith(STRANDED_REASONS)
-        ):
+        if mode == "active" and is_stranded(q):
             stranded.append(q)
         ours = held_for_loop(q)
         held_total += ours

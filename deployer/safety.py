@@ -52,6 +52,7 @@ __all__ = [
     "DECISION_COLUMNS",
     "HOLD_TAG",
     "RELEASED_TAG",
+    "STRANDED_REASONS",
     "WATCHDOG_HOLDER",
     "Lease",
     "LeaseTaken",
@@ -73,6 +74,7 @@ __all__ = [
     "pid_start_time",
     "read_lease",
     "release_held",
+    "stranded",
     "sweep",
     "write_lease",
 ]
@@ -573,6 +575,21 @@ def bypassed(job: QueuedJob) -> bool:
     return not job.held and job.admin_comment == HOLD_TAG and job.state in ("PENDING", "RUNNING")
 
 
+# pending reasons of a released job that cannot run on the node list the loop gave it
+STRANDED_REASONS = ("BadConstraints", "ReqNodeNotAvail", "PartitionNodeLimit", "NodeDown")
+
+
+def stranded(job: QueuedJob) -> bool:
+    """Released by the loop with a node list Slurm reports it cannot run on (22.05 also
+    gives such a job priority 0, so it may look held): its node list must be cleared."""
+    return (
+        job.state == "PENDING"
+        and job.admin_comment == RELEASED_TAG
+        and bool(job.req_nodes)
+        and job.reason.startswith(STRANDED_REASONS)
+    )
+
+
 def release_command(job_id: int) -> list[str]:
     """The argument list that releases a held job."""
     return ["scontrol", "release", str(int(job_id))]
@@ -663,7 +680,8 @@ def sweep(
     untag: Iterable[int] = (),
 ) -> list[int]:
     """Release (unchanged) every job of the lease's partitions held for the loop; end the
-    tag of the ``untag`` jobs found released but still tagged (no job_submit.lua ended it)."""
+    tag of the ``untag`` jobs found released but still tagged (no job_submit.lua ended it);
+    clear the node list of released jobs Slurm cannot run there (``stranded``)."""
     managed = set(lease.partitions)
     queue = [q for q in client.queue() if in_partitions(q, managed)]
     done = set(untag)
@@ -673,6 +691,9 @@ def sweep(
     )
     if stale:
         release_held(client, stale, actor=actor + ":untag", command=untag_command, **common)
+    lost = [q for q in queue if stranded(q)]
+    if lost:  # released where Slurm cannot run them: Slurm places them itself
+        release_held(client, lost, actor=actor + ":unstrand", command=clear_nodes_command, **common)
     return release_held(client, [q for q in queue if held_for_loop(q)], actor=actor, **common)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from linkwise.deployer.observation import (
     read_link_load,
 )
 from linkwise.deployer.policies import GuardedPolicy, PolicyHolder
-from linkwise.deployer.safety import HOLD_TAG, RELEASED_TAG, Recorder
+from linkwise.deployer.safety import HOLD_TAG, RELEASED_TAG, Lease, Recorder, sweep
 
 LOG = logging.getLogger("test.serve.constraints")
 TOPO = from_spec("4x4")
@@ -263,3 +264,24 @@ def test_bad_link_load_rows_are_ignored_and_counted(tmp_path: Path) -> None:
     nodes = [ninfo(n) for n in NAMES]
     obs = build_observation([], nodes, TOPO, ["gpu"], 200.0, mode="active", link_load=odd)
     assert obs.state.link_flows[0] == 0 and obs.state.link_flows[1] == 0
+
+
+def test_the_watchdogs_sweep_clears_stranded_node_lists_too(tmp_path: Path) -> None:
+    """With the loop gone, the hand-back (the watchdog's, the shutdown's) also frees a job
+    released where Slurm cannot run it; a released job waiting for resources is left."""
+    lease = Lease(os.getpid(), None, time.time() + 60, ("gpu",), None, None, "r")
+    queue = [
+        qjob(1, 1, held=True, admin_comment=RELEASED_TAG, reason="ReqNodeNotAvail",
+             req_nodes=(NAMES[0],)),
+        qjob(2, 1, held=False, admin_comment=RELEASED_TAG, reason="Resources",
+             req_nodes=(NAMES[1],)),
+        qjob(3, 1),
+    ]  # fmt: skip
+    client = FakeClient(queue, [])
+    recorder = Recorder(None, tmp_path / "spool.jsonl", logger=LOG)
+    released = sweep(client, lease, recorder, actor="watchdog", logger=LOG)  # type: ignore[arg-type]
+    assert released == [3]
+    assert client.runner.commands == [
+        ["scontrol", "update", "JobId=1", "ReqNodeList="],
+        ["scontrol", "release", "3"],
+    ]
