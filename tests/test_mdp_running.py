@@ -360,3 +360,12 @@ def test_learned_policy_decodes_running_rows_and_its_guard_only_starts() -> None
     guarded = strict.decide(state)
     assert [s.job_id for s in guarded.starts] == [3] and not guarded.preempt
     assert strict.decide_explained(state)[0] == guarded
+
+
+def test_preemptable_share_is_deterministic_and_about_the_share() -> None:
+    for share in (0.1, 0.5, 0.9):
+        picked = [i for i in range(10_000) if mdp.preemptable(i, share)]
+        assert abs(len(picked) / 10_000 - share) < 0.03
+        assert picked == [i for i in range(10_000) if mdp.preemptable(i, share)]
+    assert all(mdp.preemptable(i, 1.0) for i in range(100))
+    assert not any(mdp.preemptable(i, 0.0) for i in range(100))
