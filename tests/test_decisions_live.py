@@ -61,9 +61,9 @@ def test_burst_on_real_slurm_becomes_transitions(env: dict[str, str]) -> None:
         client.submit(f"sleep {s}", name=f"burst-{k}", nodes=n, gpus_per_node=g, time_limit_min=2)
         for k, (n, g, s) in enumerate(BURST)
     ]
-    deadline = time.time() + 50
+    deadline = time.time() + 240  # generous: Slurm is slower on a loaded machine
     while any(q.job_id in ids for q in client.queue()):
-        assert time.time() < deadline, "the burst did not finish within 50 s"
+        assert time.time() < deadline, "the burst did not finish within 240 s"
         time.sleep(0.5)
     runs = client.jobs(t0)
     while not all(r.settled for r in runs if r.job_id in ids) and time.time() < deadline:
