@@ -369,3 +369,15 @@ def test_preemptable_share_is_deterministic_and_about_the_share() -> None:
         assert picked == [i for i in range(10_000) if mdp.preemptable(i, share)]
     assert all(mdp.preemptable(i, 1.0) for i in range(100))
     assert not any(mdp.preemptable(i, 0.0) for i in range(100))
+
+
+def test_preempt_rows_without_migrate_rows() -> None:
+    cfg = replace(RUN, migrate=False)
+    spec = mdp.make_spec(cfg)
+    state = _state([_run(_job(1, 8), Placement.of([(0, 8)]), start=0.0)])
+    c = mdp.candidates(state, cfg, MODEL)
+    assert cfg.n_migrate == 0 and cfg.migrate_offset == cfg.wait_action
+    assert c.mask[cfg.preempt_offset : cfg.wait_action].tolist() == [True, False, False]
+    assert mdp.decode(c, cfg.preempt_offset) == Decision(preempt=(1,))
+    assert mdp.encode(c, spec).shape == (spec.dim,)
+    assert not any(".best_fit." in n for n in spec.feature_names if n.startswith("r"))

@@ -92,8 +92,8 @@ def candidates(state: ClusterState, config: MdpConfig, model: ContentionModel) -
     if config.running_slots:
         running = running_rows(state, config, model, b.contention)
         m = config.n_migrate
+        mask[config.preempt_offset : config.preempt_offset + len(running.slots)] = True
         for r, movable in enumerate(running.movable):
-            mask[config.preempt_offset + r] = True
             for c, ok in enumerate(movable):
                 mask[config.migrate_offset + r * m + c] = ok
     return Candidates(

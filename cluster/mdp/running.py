@@ -39,11 +39,13 @@ class RunningRows:
     slowdown: tuple[float, ...]  # the model's predicted slowdown where it runs (t/t_best - 1)
     restart_s: tuple[float, ...]  # what a preemption or migration costs it (restart model)
     intensity: tuple[float, ...]  # its communication share (``slowdown.comm_intensity``)
-    bases: tuple[ClusterState, ...]  # per slot, the state without the job (its GPUs free)
-    placements: tuple[tuple[Placement | None, ...], ...]  # migrate candidates (P, or none)
+    # per slot with ``migrate`` (else empty): the state without the job (its GPUs free), and
+    # its migrate candidates, their predictions, and which are unmasked
+    bases: tuple[ClusterState, ...]
+    placements: tuple[tuple[Placement | None, ...], ...]
     redundant: tuple[tuple[bool, ...], ...]
     predictions: tuple[tuple[Prediction | None, ...], ...]
-    movable: tuple[tuple[bool, ...], ...]  # per migrate candidate: unmasked
+    movable: tuple[tuple[bool, ...], ...]
 
 
 def eligible(state: ClusterState, cfg: MdpConfig) -> list[RunningJob]:
@@ -111,15 +113,9 @@ def running_rows(
     reds: list[tuple[bool, ...]] = []
     preds: list[tuple[Prediction | None, ...]] = []
     movable: list[tuple[bool, ...]] = []
-    for r in slots:
+    for r in slots if cfg.migrate else ():
         base = without(state, r)
         bases.append(base)
-        if not cfg.migrate:
-            rows.append(())
-            reds.append(())
-            preds.append(())
-            movable.append(())
-            continue
         b = Builder(base, model, cfg.span_lambda)
         row = tuple(b.placement(g, r.job) for g in cfg.generators)
         red = tuple(p is not None and p in row[:c] for c, p in enumerate(row))

@@ -4,6 +4,7 @@ candidates' ``job_slowdown`` and ``added_slowdown``), and link flows of a state.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from linkwise.cluster.contention import (
     AnalyticModel,
@@ -136,11 +137,11 @@ class Contention:
         t = self._time(run.job, run.placement, (), 0.0, None, 0.0)
         return max(0.0, t / best - 1.0)
 
-    @property
+    @cached_property
     def _split_index(self) -> dict[int, int]:
         return {r.job.job_id: i for i, r in enumerate(self.split)}
 
-    @property
+    @cached_property
     def _generic_slowdown(self) -> dict[int, float]:
         return {r.job.job_id: inv for r, inv in zip(self._running, self._base_inv, strict=True)}
 
