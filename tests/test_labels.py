@@ -1,0 +1,96 @@
+"""Counterfactual labels (``datasets.labels``): the base's own action scores 0, the label
+set is well formed and content-hashed, and the process pool gives the rows serial gives."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from linkwise.cluster.heuristics import make_policy
+from linkwise.cluster.mdp import MdpConfig, make_spec
+from linkwise.cluster.restart import RestartModel
+from linkwise.cluster.topology import from_spec
+from linkwise.datasets import synthetic
+from linkwise.datasets.labels import LabelTask, read_labels, run_labels, write_labels
+from linkwise.datasets.predictor import RuntimePredictor
+from linkwise.datasets.rollouts import cut_windows
+from linkwise.datasets.traces import jobs_frame
+
+TOPO = from_spec("2x8")
+CFG = MdpConfig(k_slots=3)
+
+
+def _tasks(config: MdpConfig = CFG, seeds: tuple[int, ...] = (0,)) -> list[LabelTask]:
+    jobs = synthetic.generate(60, seed=2, max_gpus=TOPO.total_gpus, load_scale=8.0)
+    predictor = RuntimePredictor.fit(synthetic.generate(100, seed=9, max_gpus=16))
+    windows = cut_windows(jobs_frame(jobs), 6 * 3600.0, max_gpus=TOPO.total_gpus, min_jobs=5)
+    assert windows
+    return [
+        LabelTask(
+            base=make_policy("sjf_bco"),
+            base_name="sjf_bco",
+            window=windows[0],
+            topology=TOPO,
+            seed=s,
+            config=config,
+            predictor=predictor,
+            horizon_s=2 * 3600.0,
+            n=2,
+            points=3,
+            alternatives=4,
+        )
+        for s in seeds
+    ]
+
+
+def test_labels_are_well_formed_and_the_base_scores_zero(tmp_path: Path) -> None:
+    df = run_labels(_tasks(), "serial")
+    assert df.height > 0
+    spec = make_spec(CFG)
+    assert set(df["obs"].list.len().to_list()) == {spec.dim}
+    assert set(df["mask"].list.len().to_list()) == {CFG.n_actions}
+    for (_, _), part in df.group_by("episode", "point"):
+        base = part.filter(pl.col("action") == pl.col("base_action"))
+        assert base.height == 1 and base["label_s"][0] == 0.0
+        assert part["action"].n_unique() == part.height
+        assert CFG.wait_action in part["action"].to_list()
+        assert all(part["mask"][0][a] for a in part["action"].to_list())
+    assert df["label_s"].is_finite().all() and (df["cost_s"] >= 0).all()
+    assert (df["horizon_s"] == 7200.0).all() and (df["samples"] == 2).all()
+    manifest = write_labels(df, CFG, {"base": "sjf_bco"}, tmp_path)
+    again = write_labels(df.reverse(), CFG, {"base": "sjf_bco"}, tmp_path)
+    assert manifest["hash"] == again["hash"]
+    assert Path(manifest["path"]).name.startswith("labels-")
+    back, meta = read_labels(manifest["path"])
+    assert back.height == df.height and meta["obs_spec_version"] == spec.version
+    assert meta["counts"]["rows"] == df.height
+    other = write_labels(df, CFG, {"base": "qssf"}, tmp_path)
+    assert other["hash"] != manifest["hash"]
+
+
+def test_labels_are_deterministic_and_run_in_the_process_pool() -> None:
+    tasks = _tasks(seeds=(0, 1))
+    serial = run_labels(tasks, "serial")
+    pooled = run_labels(tasks, "local:2")
+    assert serial.equals(pooled)
+    assert serial["episode"].unique(maintain_order=True).to_list() == [t.episode for t in tasks]
+
+
+def test_running_rows_are_labelled() -> None:
+    cfg = MdpConfig(k_slots=2, running_slots=2, min_run_s=60.0, migrate=False)
+    tasks = [replace(t, restart=RestartModel.free(), alternatives=6) for t in _tasks(cfg)]
+    df = run_labels(tasks, "serial")
+    assert "preempt" in df["kind"].to_list()
+
+
+def test_bad_inputs_are_refused(tmp_path: Path) -> None:
+    task = _tasks()[0]
+    with pytest.raises(ValueError):
+        replace(task, n=0)
+    with pytest.raises(ValueError, match="executor"):
+        run_labels([task], "mpi")
+    with pytest.raises(ValueError, match="columns"):
+        write_labels(pl.DataFrame({"x": [1]}), CFG, {}, tmp_path)
