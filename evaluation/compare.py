@@ -185,6 +185,13 @@ def make_scenario_policy(scenario: Scenario, spec: str) -> Policy:
     return PolicySpec.parse(spec).build(AnalyticModel(scenario.calibration))
 
 
+def _stats(policy: Policy) -> dict[str, float]:
+    """What a policy reports of its own run (the lookahead: decision latency in ms per
+    decision point, searched points, deviations per 1,000), else nothing."""
+    stats = getattr(policy, "stats", None)
+    return dict(stats()) if callable(stats) else {}
+
+
 def run_policy(scenario: Scenario, spec: str) -> PolicyRun:
     """Simulate one policy (``name[:key=value,...]`` or ``model:ALIAS|PATH``) on the scenario."""
     policy = make_scenario_policy(scenario, spec)
@@ -200,7 +207,7 @@ def run_policy(scenario: Scenario, spec: str) -> PolicyRun:
     return PolicyRun(
         metrics=metrics,
         jct_s=tuple(r.jct for r in result.records),
-        extra=records_metrics(result.records, scenario.topology.total_gpus),
+        extra={**records_metrics(result.records, scenario.topology.total_gpus), **_stats(policy)},
         oracle=is_oracle(spec),
         predictions=source,
         restart=scenario.config.restart.name,
