@@ -614,6 +614,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_explain_parser(sub)
     add_shadow_report_parser(sub)
     add_demo_parser(sub)
+
+    from linkwise.pipelines.label import add_label_parser
+
+    add_label_parser(sub)
     return parser
 
 

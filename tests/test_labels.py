@@ -94,3 +94,23 @@ def test_bad_inputs_are_refused(tmp_path: Path) -> None:
         run_labels([task], "mpi")
     with pytest.raises(ValueError, match="columns"):
         write_labels(pl.DataFrame({"x": [1]}), CFG, {}, tmp_path)
+
+
+def test_label_command_writes_a_label_set(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from linkwise.cli import main
+
+    argv = ["label", "--base", "sjf_bco", "--jobs", "300", "--cluster", "2x8"]
+    argv += ["--window-hours", "12", "--windows", "1", "--horizon", "1h", "--samples", "2"]
+    argv += ["--points", "2", "--alternatives", "3", "--k-slots", "3", "--executor", "serial"]
+    assert main([*argv, "--out", str(tmp_path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["sources"]["base"] == "sjf_bco" and out["sources"]["horizon_s"] == 3600.0
+    assert out["speed"]["labels"] == out["counts"]["rows"] > 0
+    df, _ = read_labels(out["path"])
+    assert df.height == out["counts"]["rows"]
+    assert main(["label", "--base", "srtf_oracle", "--out", str(tmp_path)]) == 2
+    assert "oracle" in capsys.readouterr().err
