@@ -49,6 +49,7 @@ __all__ = [
     "FqeParams",
     "MaskedGreedy",
     "OpeResult",
+    "ValueBounds",
     "behaviour_returns",
     "fqe_values",
     "initial_observations",
@@ -219,6 +220,54 @@ class MaskedGreedy:
 # ------------------------------------------------------------------------ FQE
 
 
+@dataclass(frozen=True)
+class ValueBounds:
+    """The range every value lies in: a discounted sum of rewards in ``[r_min, r_max]``
+    (each step discounted by at least ``gamma``) is within ``[min(0, r_min), max(0, r_max)]
+    / (1 - gamma)``. Rewards here are non-positive, so values lie in ``[r_min / (1-gamma), 0]``."""
+
+    low: float
+    high: float
+
+    @classmethod
+    def of_rewards(cls, rewards: npt.ArrayLike, gamma: float) -> ValueBounds:
+        r = np.asarray(rewards, dtype=np.float64)
+        if r.size == 0 or not np.isfinite(r).all():
+            raise ValueError("value bounds need finite rewards")
+        scale = 1.0 / (1.0 - gamma)
+        return cls(min(0.0, float(r.min())) * scale, max(0.0, float(r.max())) * scale)
+
+
+def _bounded_fqe(bounds: ValueBounds) -> Any:
+    """``DiscreteFQE`` whose bootstrap target ``Q'(s', pi(s'))`` is clipped to ``bounds``:
+    off the data's support nothing anchors ``Q'``, and an unclipped target can run away (an
+    always-wait policy was once valued at +17 where every reward is <= 0)."""
+    import d3rlpy  # type: ignore[import-untyped]
+    from d3rlpy.ope.torch.fqe_impl import DiscreteFQEImpl  # type: ignore[import-untyped]
+
+    class BoundedImpl(DiscreteFQEImpl):  # type: ignore[misc]
+        def compute_target(self, batch: Any, next_actions: Any) -> Any:
+            return super().compute_target(batch, next_actions).clamp(bounds.low, bounds.high)
+
+    class BoundedFQE(d3rlpy.ope.DiscreteFQE):  # type: ignore[misc]
+        def inner_create_impl(self, observation_shape: Any, action_size: int) -> None:
+            super().inner_create_impl(observation_shape, action_size)
+            base: Any = self.impl
+            self._impl = BoundedImpl(
+                observation_shape=observation_shape,
+                action_size=action_size,
+                algo=base._algo,
+                modules=base._modules,
+                q_func_forwarder=base._q_func_forwarder,
+                targ_q_func_forwarder=base._targ_q_func_forwarder,
+                gamma=base._gamma,
+                target_update_interval=base._target_update_interval,
+                device=self._device,
+            )
+
+    return BoundedFQE
+
+
 def fqe_values(
     dataset: Any,
     choose: Chooser,
@@ -226,10 +275,12 @@ def fqe_values(
     params: FqeParams,
     seed: int,
     device: str = "cpu:0",
+    bounds: ValueBounds | None = None,
 ) -> float:
     """Fit DiscreteFQE for the chooser's policy on a d3rlpy dataset (one seed); the mean of
-    ``Q(s0, pi(s0))`` over the initial observations."""
-    import d3rlpy  # type: ignore[import-untyped]
+    ``Q(s0, pi(s0))`` over the initial observations. With ``bounds`` (``run_ope`` passes the
+    data's), the bootstrap targets and the values read are clipped to them."""
+    import d3rlpy
     from d3rlpy.logging import NoopAdapterFactory  # type: ignore[import-untyped]
     from d3rlpy.models.encoders import VectorEncoderFactory  # type: ignore[import-untyped]
     from d3rlpy.models.q_functions import MeanQFunctionFactory  # type: ignore[import-untyped]
@@ -249,7 +300,8 @@ def fqe_values(
     )
     with quiet_d3rlpy():
         d3rlpy.seed(seed)
-        fqe = d3rlpy.ope.DiscreteFQE(algo=MaskedGreedy(choose), config=config, device=device)
+        cls = d3rlpy.ope.DiscreteFQE if bounds is None else _bounded_fqe(bounds)
+        fqe = cls(algo=MaskedGreedy(choose), config=config, device=device)
         fqe.fit(
             dataset,
             n_steps=params.n_steps,
@@ -260,6 +312,8 @@ def fqe_values(
         )
     actions = choose(initial_obs)
     values = np.asarray(fqe.predict_value(initial_obs, actions), dtype=np.float64)
+    if bounds is not None:
+        values = np.clip(values, bounds.low, bounds.high)
     return float(values.mean())
 
 
@@ -301,15 +355,25 @@ def run_ope(
 
     ``threads``: torch CPU threads while fitting (restored after; None leaves torch's
     setting). One thread is about 5x faster than two for these small networks on a shared
-    2-core machine."""
+    2-core machine, and with one thread and torch's deterministic algorithms (on while
+    fitting) a seed gives the same estimate run after run.
+
+    FQE's bootstrap targets and values are bounded by the range of discounted returns the
+    data's rewards allow (``ValueBounds``: ``[min reward / (1 - gamma), 0]`` for these
+    non-positive rewards). Off the data's support FQE still cannot tell a policy's long-run
+    cost (an always-wait policy's actions are rarely logged), but it no longer reports a
+    value no reward sequence could give."""
     import torch
 
     saved = torch.get_num_threads()
+    deterministic = torch.are_deterministic_algorithms_enabled()
     if threads is not None:
         torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(True)
     try:
         return _run_ope(transitions, policies, spec, seeds, params or FqeParams(), device)
     finally:
+        torch.use_deterministic_algorithms(deterministic)
         torch.set_num_threads(saved)
 
 
@@ -343,8 +407,10 @@ def _run_ope(
     observed = float(behaviour_returns(df, p.gamma).mean())
     n_ep = len(s0)
 
+    bounds = ValueBounds.of_rewards(df["reward"].to_numpy(), p.gamma)
+
     def estimates(choose: Chooser) -> list[float]:
-        return [fqe_values(dataset, choose, s0, p, int(s), device) for s in seeds]
+        return [fqe_values(dataset, choose, s0, p, int(s), device, bounds) for s in seeds]
 
     behaviour = estimates(logged_policy(df, spec))
     choosers: dict[str, Chooser] = {BEHAVIOUR: logged_policy(df, spec)}
