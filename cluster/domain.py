@@ -174,6 +174,9 @@ class Job:
     # ``duration`` is the simulator's alone: a policy reads these instead.
     pred_s: float = 0.0  # the predictor's median
     pred_hi_s: float = 0.0  # its upper quantile (p90 by default)
+    # whether it may be preempted or migrated: None unknown (the simulator's share decides,
+    # ``mdp.known.may_preempt``); live, True only for jobs that opted in (deployer/migration)
+    preemptible: bool | None = None
 
     def __post_init__(self) -> None:
         if self.num_gpus <= 0:

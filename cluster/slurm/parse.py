@@ -522,6 +522,8 @@ def parse_queue(doc: Mapping[str, Any]) -> list[QueuedJob]:
                 and (job.get("priority") == 0 or reason.startswith("JobHeld")),
                 req_nodes=tuple(expand(req)) if req else (),
                 admin_comment=str(job.get("admin_comment") or ""),
+                comment=str(job.get("comment") or ""),
+                requeue=bool(job.get("requeue")),
                 **_request_fields(job),
             )
         )

@@ -100,6 +100,8 @@ class QueuedJob:
     array_task_id: int | None = None  # None with ``array_tasks``: tasks not yet split
     array_tasks: str = ""  # the pending tasks one record stands for (e.g. "0-9")
     unmodelled: tuple[str, ...] = ()  # requests the loop cannot judge (licenses, ...)
+    comment: str = ""  # the user's --comment (opt-in and profile tags, deployer/)
+    requeue: bool = False  # --requeue (Slurm's default with JobRequeue=1)
 
 
 @dataclass(frozen=True, slots=True)
