@@ -281,7 +281,9 @@ def run_labels(tasks: Sequence[LabelTask], executor: str = "local") -> pl.DataFr
     elif executor.startswith(("dask://", "tcp://")):
         from dask.distributed import Client
 
-        with Client(executor.replace("dask://", "tcp://", 1)) as client:
+        address = executor.removeprefix("dask://")
+        address = address if "://" in address else f"tcp://{address}"
+        with Client(address) as client:  # type: ignore[no-untyped-call]
             frames = client.gather(client.map(label_task, list(tasks), pure=False))
     else:
         raise ValueError(f"unknown executor {executor!r}: serial, local[:N] or dask://HOST:PORT")

@@ -114,3 +114,14 @@ def test_label_command_writes_a_label_set(
     assert df.height == out["counts"]["rows"]
     assert main(["label", "--base", "srtf_oracle", "--out", str(tmp_path)]) == 2
     assert "oracle" in capsys.readouterr().err
+
+
+def test_labels_run_on_a_dask_cluster() -> None:
+    from dask.distributed import LocalCluster
+
+    tasks = _tasks()
+    with LocalCluster(
+        n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None
+    ) as cluster:
+        df = run_labels(tasks, f"dask://{cluster.scheduler_address}")
+    assert df.equals(run_labels(tasks, "serial"))
