@@ -180,6 +180,8 @@ class CaseResult:
     masked_actions: int | None
     # a learned policy's guard: the waits it overrode on this case (None: no guard)
     guard_overrides: int | None = None
+    # a residual's or a search policy's deviations from its base per 1,000 decision points
+    deviations_per_1000: float | None = None
 
     @property
     def case_id(self) -> str:
@@ -197,6 +199,7 @@ class CaseResult:
             **{f"latency_ms_{k}": v for k, v in self.latency_ms.items()},
             "masked_actions": self.masked_actions,
             "guard_overrides": self.guard_overrides,
+            "deviations_per_1000": self.deviations_per_1000,
         }
 
 
@@ -363,6 +366,7 @@ def run_task(task: BenchTask) -> CaseResult:
         },
         masked_actions=probe.masked,
         guard_overrides=_overrides(policy),
+        deviations_per_1000=_deviations(policy),
     )
 
 
@@ -370,6 +374,14 @@ def _overrides(policy: Policy) -> int | None:
     """The waits a learned policy's guard overrode (``LearnedPolicy.wait_overrides``)."""
     count = getattr(policy, "wait_overrides", None)
     return None if count is None else int(count)
+
+
+def _deviations(policy: Policy) -> float | None:
+    """Deviations from the base per 1,000 decision points (``stats()`` of a residual,
+    ``models.residual``, or a lookahead); None for other policies."""
+    stats = getattr(policy, "stats", None)
+    value = stats().get("deviations_per_1000") if callable(stats) else None
+    return None if value is None else float(value)
 
 
 def try_task(task: BenchTask) -> CaseResult | CaseFailure:

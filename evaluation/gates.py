@@ -50,6 +50,7 @@ __all__ = [
     "ShadowEvidence",
     "ShadowGates",
     "check_challenger",
+    "check_robustness",
     "check_shadow",
     "load_gates",
     "ope_evidence",
@@ -460,3 +461,40 @@ def check_shadow(ev: ShadowEvidence, cfg: ShadowGates) -> GateReport:
             ok = ok and below
         checks.append(Check(f"counterfactual_{stat}_jct", ok, reason, values))
     return GateReport("shadow->champion", f"version {ev.version}", tuple(checks))
+
+
+ROBUST_MAX_RATIO = 1.02  # issue 23 item 5: no off-cluster case worse than 1.02x the base
+
+
+def check_robustness(
+    subject: str,
+    cases: Mapping[str, tuple[float, float]],
+    max_ratio: float = ROBUST_MAX_RATIO,
+    *,
+    min_cases: int = 5,
+) -> GateReport:
+    """The robustness gate: for each off-cluster case (name -> (the package's avg JCT, its
+    base's)), the ratio at most ``max_ratio``; fewer than ``min_cases`` cases (three sizes
+    by two fabrics, less the trained one) is missing evidence. ``pipelines.residual.robustness``
+    gives the figures."""
+    checks = [
+        Check(
+            "robust_cases",
+            len(cases) >= min_cases,
+            f"{len(cases)} off-cluster cases (need {min_cases})",
+            {"cases": float(len(cases)), "min": float(min_cases)},
+        )
+    ]
+    for name, (avg, base) in cases.items():
+        ratio = avg / base if base > 0 else math.inf
+        ok = math.isfinite(ratio) and ratio <= max_ratio
+        checks.append(
+            Check(
+                f"robust_{name}",
+                ok,
+                f"avg JCT {avg:.0f} s vs its base's {base:.0f} s: ratio {ratio:.3f} "
+                f"{'<=' if ok else '>'} {max_ratio:.3f}",
+                {"ratio": ratio, "limit": max_ratio, "avg_jct_s": avg, "base_avg_jct_s": base},
+            )
+        )
+    return GateReport("robustness", subject, tuple(checks))

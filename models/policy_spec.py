@@ -180,7 +180,12 @@ class PolicySpec:
         """The ``Policy``: a heuristic, or a learned package loaded and verified (its encoder
         predicts contention with ``model``; registry lookups at ``tracking_uri``)."""
         if self.source is not None:
-            return load_source(self.source, model=model, tracking_uri=tracking_uri)
+            learned = load_source(self.source, model=model, tracking_uri=tracking_uri)
+            if learned.meta.get("kind") == "residual":  # a residual package (models.residual)
+                from linkwise.models.residual import residual_from_learned
+
+                return residual_from_learned(learned, model)
+            return learned
         if self.composed is not None:
             return self.composed.build(model)
         if self.search is not None:

@@ -1,0 +1,410 @@
+"""The residual policy (issue 23 item 1): a learned correction anchored on the best
+same-information heuristic, at worst that heuristic.
+
+At each decision point the base policy (``base``, a heuristic spec chosen on validation
+days, ``pipelines.residual.choose_base``) decides; its first move is matched to an action of
+the decision problem (``cluster.mdp.StepPolicyAdapter``'s matching, on the base's decision,
+without asking the base twice). The model scores every allowed action (its network's
+values: CQL's Q-values, or BC's log-probabilities) and the advantage of an alternative is
+its value less the base action's value. The policy deviates only where the best eligible
+alternative's advantage exceeds ``margin`` (chosen on validation days; ``inf``: never, the
+base itself); the deviating move is applied to a local copy of the state and the base
+finishes the decision point there (a copy of it, its memory as of now: what the labels
+assumed, ``datasets.labels``). Otherwise the base's decision stands, exactly. Waiting is
+never a deviation while nothing runs or drains (an idle cluster must not stay idle).
+
+Deferral (``Deferral``), where the model is out of its depth, the base stands:
+
+- ``topology``: the cluster's signature (``topology_signature``: nodes, GPUs per node, the
+  leaf/aggregation structure and link capacities) is none of the ones it was trained on;
+- ``range``: an encoded feature lies outside the training range recorded in the package
+  (by more than ``tolerance``);
+- ``support``: an alternative scored fewer than ``min_support`` times in the label set is
+  never eligible (when none is left, the base stands).
+
+Advantage units: the network's values. For CQL trained on the counterfactual transitions
+(``pipelines.residual.label_datasets``: one-step terminal transitions, reward = minus the
+label in job-hours), a Q difference estimates the jobs-in-system hours saved over the
+horizon; for BC a log-probability difference (how much more the labelled-best action is
+preferred). The margin is chosen in those units, on validation days.
+
+A package of kind ``residual`` is a learned package (``models.learned``) whose
+``policy.json`` carries ``kind: "residual"`` and a ``residual`` object (base, margin,
+deferral, how the base was chosen); ``model:PATH`` loads it (``models.policy_spec``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from linkwise.cluster.contention import ContentionModel
+from linkwise.cluster.domain import ClusterState, Decision, Policy, Topology
+from linkwise.cluster.fork import fresh
+from linkwise.cluster.mdp import (
+    ObsSpec,
+    StepPolicyAdapter,
+    apply_decision,
+    candidates,
+    decode,
+    encode,
+    local_grace,
+)
+from linkwise.datasets.export import file_sha256
+from linkwise.datasets.prediction import annotate_state
+from linkwise.datasets.predictor import RuntimePredictor
+from linkwise.models.learned import (
+    CHECKSUMS,
+    META,
+    NETWORK,
+    PREDICTOR,
+    LearnedPolicy,
+    PackageError,
+    masked_argmax,
+    verify_checksums,
+)
+
+__all__ = [
+    "KIND",
+    "Deferral",
+    "ResidualPolicy",
+    "format_margin",
+    "is_residual_meta",
+    "parse_margin",
+    "residual_from_learned",
+    "topology_signature",
+    "write_residual_package",
+]
+
+KIND = "residual"
+DEFER_REASONS = ("topology", "range", "support")
+
+
+def topology_signature(topology: Topology) -> str:
+    """A short digest of the cluster's shape and fabric: node count, GPUs and NIC/intra
+    bandwidth per node, which leaf each node hangs off, leaf and aggregation uplinks (names
+    left out: the same fabric under other host names is the same)."""
+    parts = {
+        "nodes": [(n.gpus, n.leaf, n.nic_gbps, n.intra_gbps) for n in topology.nodes],
+        "leaf_agg": list(topology.leaf_agg),
+        "leaf_up": [_num(x) for x in topology.leaf_uplink_gbps],
+        "agg_up": [_num(x) for x in topology.agg_uplink_gbps],
+    }
+    text = json.dumps(parts, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _num(x: float) -> Any:
+    return "inf" if math.isinf(x) else float(x)
+
+
+def parse_margin(value: Any) -> float:
+    """A margin from JSON or the command line: a non-negative number or ``"inf"``."""
+    m = float(value)
+    if math.isnan(m) or m < 0:
+        raise ValueError(f"a margin must be a non-negative number or inf, got {value!r}")
+    return m
+
+
+def format_margin(m: float) -> Any:
+    """A margin as JSON (``"inf"`` for infinity: JSON has no infinity)."""
+    return "inf" if math.isinf(m) else float(m)
+
+
+@dataclass(frozen=True)
+class Deferral:
+    """When the model defers to the base (module docstring): the topology signatures it was
+    trained on (empty: any), each feature's training range and the tolerance beyond it, and
+    per action how often the label set scored it, with the minimum to be eligible."""
+
+    topologies: tuple[str, ...] = ()
+    feature_lo: tuple[float, ...] = ()
+    feature_hi: tuple[float, ...] = ()
+    tolerance: float = 0.05
+    support: tuple[int, ...] = ()
+    min_support: int = 0
+
+    def __post_init__(self) -> None:
+        if len(self.feature_lo) != len(self.feature_hi):
+            raise ValueError("feature_lo and feature_hi need one entry per feature")
+        if not self.tolerance >= 0 or self.min_support < 0:
+            raise ValueError("tolerance and min_support must be non-negative")
+
+    @staticmethod
+    def from_labels(
+        obs: npt.NDArray[np.float32],
+        actions: npt.NDArray[np.int64],
+        n_actions: int,
+        topologies: Sequence[str],
+        *,
+        tolerance: float = 0.05,
+        min_support: int = 3,
+    ) -> Deferral:
+        """The deferral rule of a label set: the range of its encoded states, the count of
+        each scored action, the topologies it was labelled on."""
+        counts = np.bincount(np.asarray(actions, dtype=np.int64), minlength=n_actions)
+        return Deferral(
+            topologies=tuple(sorted(set(topologies))),
+            feature_lo=tuple(float(x) for x in obs.min(axis=0)),
+            feature_hi=tuple(float(x) for x in obs.max(axis=0)),
+            tolerance=tolerance,
+            support=tuple(int(c) for c in counts[:n_actions]),
+            min_support=min_support,
+        )
+
+    def topology_reason(self, topology: Topology) -> str:
+        """Why the model defers on this cluster ("" when it does not)."""
+        if self.topologies and topology_signature(topology) not in self.topologies:
+            return "topology"
+        return ""
+
+    def obs_reason(self, obs: npt.NDArray[np.float32]) -> str:
+        """``"range"`` when an encoded feature lies outside the training range."""
+        if not self.feature_lo:
+            return ""
+        x = np.asarray(obs, dtype=np.float64).reshape(-1)
+        lo = np.asarray(self.feature_lo) - self.tolerance
+        hi = np.asarray(self.feature_hi) + self.tolerance
+        if x.shape != lo.shape:
+            raise ValueError(f"{x.size} features, the deferral rule has {lo.size}")
+        return "range" if bool(((x < lo) | (x > hi)).any()) else ""
+
+    def supported(self, n_actions: int) -> npt.NDArray[np.bool_]:
+        """The actions scored at least ``min_support`` times (all when no counts)."""
+        if not self.support:
+            return np.ones(n_actions, dtype=np.bool_)
+        counts = np.zeros(n_actions, dtype=np.int64)
+        counts[: len(self.support)] = self.support[:n_actions]
+        return np.asarray(counts >= self.min_support, dtype=np.bool_)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "topologies": list(self.topologies),
+            "feature_lo": list(self.feature_lo),
+            "feature_hi": list(self.feature_hi),
+            "tolerance": self.tolerance,
+            "support": list(self.support),
+            "min_support": self.min_support,
+        }
+
+    @staticmethod
+    def from_json(data: Mapping[str, Any]) -> Deferral:
+        return Deferral(
+            topologies=tuple(str(t) for t in data.get("topologies", ())),
+            feature_lo=tuple(float(x) for x in data.get("feature_lo", ())),
+            feature_hi=tuple(float(x) for x in data.get("feature_hi", ())),
+            tolerance=float(data.get("tolerance", 0.05)),
+            support=tuple(int(x) for x in data.get("support", ())),
+            min_support=int(data.get("min_support", 0)),
+        )
+
+    def describe(self) -> str:
+        """One line: what makes the model defer."""
+        topo = f"{len(self.topologies)} topologies" if self.topologies else "any topology"
+        return (
+            f"defer: {topo}, features within +-{self.tolerance:g} of training, "
+            f"support >= {self.min_support}"
+        )
+
+
+@dataclass(frozen=True)
+class _Fixed:
+    """A policy that returns one decision (to match the base's decision to an action
+    without asking the base again)."""
+
+    decision: Decision
+    name: str = "base"
+
+    def decide(self, state: ClusterState) -> Decision:
+        return self.decision
+
+
+@dataclass
+class ResidualPolicy:
+    """The residual (Policy protocol): the base decides; the model may replace its first
+    move where its advantage exceeds ``margin`` and nothing makes it defer. ``values(obs)``
+    gives the network's values ``(1, dim) -> (1, n_actions)``. Counters: ``decisions``
+    (decision points with more than waiting allowed), ``deviations``, ``deferrals`` by
+    reason."""
+
+    base: Policy
+    values: Any  # Callable[[FloatArray], FloatArray], e.g. LearnedPolicy.action_values
+    obs_spec: ObsSpec
+    belief: ContentionModel
+    margin: float = math.inf
+    deferral: Deferral = field(default_factory=Deferral)
+    base_spec: str = "?"
+    predictor: RuntimePredictor | None = None
+    name: str = "residual"
+    meta: Mapping[str, Any] = field(default_factory=dict)
+    decisions: int = field(default=0, init=False)
+    deviations: int = field(default=0, init=False)
+    deferrals: dict[str, int] = field(default_factory=dict, init=False)
+    advantages: list[float] = field(default_factory=list, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.margin = parse_margin(self.margin)
+        self.deferrals = dict.fromkeys(DEFER_REASONS, 0)
+
+    @property
+    def label(self) -> str:
+        """The policy as tables show it: ``residual(base=qssf,margin=0.5)``."""
+        return f"residual(base={self.base_spec},margin={format_margin(self.margin)})"
+
+    def decide(self, state: ClusterState) -> Decision:
+        """The base's decision, or the model's deviation (module docstring)."""
+        state = annotate_state(state, self.predictor)
+        base_d = self.base.decide(state)
+        cfg = self.obs_spec.config
+        c = candidates(state, cfg, self.belief)
+        if not c.mask[: cfg.wait_action].any():
+            return base_d
+        self.decisions += 1
+        if math.isinf(self.margin):
+            return base_d
+        reason = self.deferral.topology_reason(state.topology)
+        obs = encode(c, self.obs_spec)
+        reason = reason or self.deferral.obs_reason(obs)
+        if reason:
+            self.deferrals[reason] += 1
+            return base_d
+        base_a = StepPolicyAdapter(_Fixed(base_d)).act(c)
+        eligible = c.mask & self.deferral.supported(cfg.n_actions)
+        eligible[base_a] = False
+        if not state.running and not state.transit:  # an idle cluster must not stay idle
+            eligible[cfg.wait_action] = False
+        if not eligible.any():
+            self.deferrals["support"] += 1
+            return base_d
+        v = np.asarray(self.values(obs)[0], dtype=np.float64)
+        best = int(masked_argmax(v, eligible))
+        if best < 0 or not (math.isfinite(v[best]) and math.isfinite(v[base_a])):
+            return base_d
+        advantage = float(v[best] - v[base_a])
+        self.advantages.append(advantage)
+        if advantage <= self.margin:
+            return base_d
+        self.deviations += 1
+        return self._deviate(state, c, best, base_d)
+
+    def _deviate(self, state: ClusterState, c: Any, action: int, base_d: Decision) -> Decision:
+        """The model's move, then the base (a copy, its memory as of now) finishes the
+        decision point on the state the move leaves; a wait is the empty decision."""
+        cfg = self.obs_spec.config
+        if action == cfg.wait_action:
+            return Decision(wake_at=base_d.wake_at)
+        d = decode(c, action)
+        after = apply_decision(state, d, self.belief, local_grace(cfg))
+        rest = fresh(self.base, self.belief).decide(after)
+        return Decision(
+            starts=d.starts + rest.starts,
+            preempt=d.preempt + rest.preempt,
+            migrate=d.migrate + rest.migrate,
+            wake_at=min(base_d.wake_at, rest.wake_at),
+        )
+
+    def stats(self) -> dict[str, float]:
+        """Decision points, deviations per 1,000 of them, deferrals by reason."""
+        n = max(1, self.decisions)
+        return {
+            "decision_points": float(self.decisions),
+            "deviations": float(self.deviations),
+            "deviations_per_1000": 1000.0 * self.deviations / n,
+            **{f"deferrals_{k}": float(v) for k, v in self.deferrals.items()},
+        }
+
+
+# ------------------------------------------------------------------------ packages
+
+
+def is_residual_meta(meta: Mapping[str, Any]) -> bool:
+    """Whether a package's ``policy.json`` is a residual's."""
+    return meta.get("kind") == KIND
+
+
+def residual_from_learned(
+    learned: LearnedPolicy, model: ContentionModel | None = None
+) -> ResidualPolicy:
+    """The residual a loaded package of kind ``residual`` describes: its base built from the
+    spec it records (``models.policy_spec``), its network's values, margin and deferral."""
+    from linkwise.models.policy_spec import PolicySpec  # policy_spec loads packages
+
+    meta = learned.meta
+    if not is_residual_meta(meta):
+        raise PackageError(f"{learned.package_dir}: not a residual package")
+    data = meta.get("residual")
+    if not isinstance(data, Mapping) or "base" not in data:
+        raise PackageError(f"{learned.package_dir}: policy.json has no residual.base")
+    base_spec = PolicySpec.parse(str(data["base"]))
+    if base_spec.is_model or base_spec.is_oracle:
+        raise PackageError(f"{learned.package_dir}: a residual's base must be a heuristic")
+    belief = model if model is not None else learned.model
+    try:
+        margin = parse_margin(data.get("margin", "inf"))
+        deferral = Deferral.from_json(data.get("deferral", {}))
+    except (TypeError, ValueError) as exc:
+        raise PackageError(f"{learned.package_dir}: residual: {exc}") from None
+    policy = ResidualPolicy(
+        base=base_spec.build(belief),
+        values=learned.action_values,
+        obs_spec=learned.spec,
+        belief=belief,
+        margin=margin,
+        deferral=deferral,
+        base_spec=base_spec.describe(),
+        predictor=learned.predictor,
+        meta=meta,
+    )
+    policy.name = policy.label
+    return policy
+
+
+def write_residual_package(
+    learned_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    base: str,
+    margin: float,
+    deferral: Deferral,
+    chosen: Mapping[str, Any] | None = None,
+) -> Path:
+    """A residual package in ``out_dir`` (created, must be empty or absent): the learned
+    package's files (checksums verified first), its ``policy.json`` with ``kind: residual``
+    and the ``residual`` object (base, margin, deferral, ``chosen``: how base and margin
+    were chosen, with their validation figures), the checksums rewritten."""
+    src = Path(learned_dir)
+    verify_checksums(src)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if any(out.iterdir()):
+        raise FileExistsError(f"{out} is not empty")
+    names = [ln.partition("  ")[2] for ln in (src / CHECKSUMS).read_text().splitlines()]
+    for name in names:
+        if name != META:
+            shutil.copyfile(src / name, out / name)
+    meta = json.loads((src / META).read_text())
+    meta["kind"] = KIND
+    meta["residual"] = {
+        "base": base,
+        "margin": format_margin(parse_margin(margin)),
+        "deferral": deferral.to_json(),
+        "advantage": "q difference" if meta.get("values") == "q" else "log-probability difference",
+        "chosen": dict(chosen or {}),
+        "learned_from": str(src),
+    }
+    (out / META).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    order = [n for n in (NETWORK, *[n for n in names if n not in (NETWORK, PREDICTOR)])]
+    if PREDICTOR in names:
+        order.append(PREDICTOR)
+    lines = [f"{file_sha256(out / n)}  {n}\n" for n in dict.fromkeys(order)]
+    (out / CHECKSUMS).write_text("".join(lines))
+    return out
