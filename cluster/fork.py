@@ -180,18 +180,27 @@ def fork(
     arrivals: Arrivals | None = None,
     horizon_s: float = 6 * 3600.0,
     oracle: bool = False,
+    memo: dict[int, float] | None = None,
 ) -> Simulator:
     """A fresh simulator at ``state.time`` holding what ``state`` shows, every unknown run
     time drawn from the belief for (``seed``, ``sample``) (see the module docstring);
-    ``oracle`` reads the true remaining work instead (a measured ceiling only)."""
+    ``oracle`` reads the true remaining work instead (a measured ceiling only). ``memo``
+    keeps the draws of one sample for the next fork of the same state and sample."""
     belief = belief or RunTimeBelief()
     cfg = config or SimConfig()
     t0 = state.time
 
+    draws = memo if memo is not None else {}
+
     def work(job: Job, attained: float, true_left: float) -> float:  # true_left: oracle only
         if oracle:
             return true_left
-        return belief.remaining(job, attained, uniform(seed, sample, 0, job.job_id))
+        left = draws.get(job.job_id)
+        if left is None:
+            left = draws[job.job_id] = belief.remaining(
+                job, attained, uniform(seed, sample, 0, job.job_id)
+            )
+        return left
 
     future = arrivals.draw(t0, horizon_s, seed, sample) if arrivals is not None else ()
     future = tuple(
@@ -381,7 +390,9 @@ def score_decisions(
     if n < 1:
         raise ValueError("n must be at least 1")
     totals = [0.0] * len(decisions)
+    config = config or SimConfig()
     for s in range(n if not oracle else 1):
+        memo: dict[int, float] = {}
         for i, d in enumerate(decisions):
             sim = fork(
                 state,
@@ -393,6 +404,7 @@ def score_decisions(
                 arrivals=arrivals,
                 horizon_s=horizon_s,
                 oracle=oracle,
+                memo=memo,
             )
             totals[i] += rollout_cost(sim, d, fresh(base, model), horizon_s, complete=complete)
     runs = n if not oracle else 1
