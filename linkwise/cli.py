@@ -615,6 +615,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_shadow_report_parser(sub)
     add_demo_parser(sub)
 
+    from linkwise.pipelines.residual import add_robust_parser
+
+    add_robust_parser(sub)
+
     from linkwise.pipelines.label import add_label_parser
 
     add_label_parser(sub)

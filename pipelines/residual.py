@@ -69,9 +69,11 @@ __all__ = [
     "LabelTraining",
     "MarginChoice",
     "RobustCase",
+    "add_robust_parser",
     "best_actions",
     "choose_base",
     "choose_margin",
+    "cmd_robust",
     "dagger_round",
     "label_datasets",
     "robustness",
@@ -500,3 +502,93 @@ def spec_of(manifest: Mapping[str, Any]) -> ObsSpec:
     if spec.version != make_spec(spec.config).version:
         raise ValueError("the label set was encoded by another encoder")
     return spec
+
+
+# ------------------------------------------------------------------------ command line
+
+
+def package_base(package: str | Path) -> str | None:
+    """The base a residual package records (None for another package)."""
+    import json
+
+    meta = json.loads((Path(package) / "policy.json").read_text())
+    data = meta.get("residual")
+    return str(data["base"]) if meta.get("kind") == "residual" and data else None
+
+
+def cmd_robust(args: Any) -> int:
+    """``linkwise robust PACKAGE``: the package and its base on 0.5x/1x/2x the cluster's
+    nodes, default and oversubscribed fabrics, on the embedded synthetic workload; the
+    robustness gate's verdict (exit 0 passed, 3 refused)."""
+    import json
+
+    from linkwise.datasets import synthetic
+    from linkwise.datasets.prediction import read_predictor
+    from linkwise.datasets.rollouts import cut_windows
+    from linkwise.datasets.traces import jobs_frame
+    from linkwise.evaluation.gates import check_robustness
+    from linkwise.models.learned import PREDICTOR, verify_checksums
+
+    pkg = Path(args.package)
+    if not pkg.is_dir():
+        raise ValueError(f"{pkg}: not a package folder")
+    verify_checksums(pkg)
+    base = args.base or package_base(pkg)
+    if base is None:
+        raise ValueError(f"{pkg} is not a residual package: name its reference with --base")
+    if args.jobs < 10 or args.windows < 1 or args.window_h <= 0:
+        raise ValueError("--jobs must be at least 10, --windows and --window-h positive")
+    topos = robustness_topologies(args.cluster, args.oversub)
+    largest = max(from_spec(t).total_gpus for t in topos.values())
+    jobs = synthetic.generate(args.jobs, seed=args.seed, max_gpus=largest,
+                              load_scale=args.load_scale)  # fmt: skip
+    cut = cut_windows(jobs_frame(jobs), args.window_h * 3600.0, min_jobs=5)
+    windows = cut[-args.windows :]
+    if not windows:
+        raise ValueError("the workload has no window of 5 or more jobs")
+    predictor = read_predictor(pkg / PREDICTOR) if (pkg / PREDICTOR).is_file() else None
+    if predictor is None:
+        predictor = RuntimePredictor.fit(jobs, until=windows[0].start)
+    meta = json.loads((pkg / "policy.json").read_text())
+    trained = meta.get("residual", {}).get("deferral", {}).get("topologies", [])
+    seeds = [int(s) for s in str(args.seeds).split(",") if s.strip()]
+    rows = robustness(str(pkg), base, topos, windows, seeds, predictor=predictor, trained=trained)
+    off = {r.name: (r.avg_jct_s, r.base_avg_jct_s) for r in rows if not r.trained_on}
+    report = check_robustness(str(pkg), off, args.max_ratio, min_cases=min(5, len(off)) or 1)
+    if args.json:
+        print(json.dumps({"base": base, "cases": [r.to_json() for r in rows],
+                          "gate": report.to_json()}, indent=2))  # fmt: skip
+    else:
+        print(f"{'case':<18} {'topology':<28} {'avg JCT h':>9} {'base h':>8} {'ratio':>6} "
+              f"{'dev/1k':>7}")  # fmt: skip
+        for r in rows:
+            dev = "-" if r.deviations_per_1000 is None else f"{r.deviations_per_1000:.1f}"
+            mark = " (trained)" if r.trained_on else ""
+            print(f"{r.name + mark:<18} {r.topology:<28} {r.avg_jct_s / 3600:>9.2f} "
+                  f"{r.base_avg_jct_s / 3600:>8.2f} {r.ratio:>6.3f} {dev:>7}")  # fmt: skip
+        print(report.format())
+    return 0 if report.passed else 3
+
+
+def add_robust_parser(sub: Any) -> Any:
+    """``linkwise robust``: the robustness check of a package (``cmd_robust``)."""
+    from linkwise.cluster.topology import DEFAULT_TOPOLOGY
+
+    p = sub.add_parser(
+        "robust",
+        help="a package against its base on 0.5x/1x/2x the nodes and an oversubscribed fabric",
+    )
+    p.add_argument("package", help="a policy package folder (a residual names its base)")
+    p.add_argument("--base", help="the reference policy spec (default: the residual's base)")
+    p.add_argument("--cluster", default=DEFAULT_TOPOLOGY, help="the compact topology spec scaled")
+    p.add_argument("--oversub", type=float, default=4.0, help="leaf uplink oversubscription")
+    p.add_argument("--jobs", type=int, default=2000, help="synthetic jobs drawn")
+    p.add_argument("--load-scale", type=float, default=0.22, help="synthetic arrival scale")
+    p.add_argument("--window-h", type=float, default=24.0, help="window length, hours")
+    p.add_argument("--windows", type=int, default=2, help="the last N windows are evaluated")
+    p.add_argument("--seeds", default="0", help="comma-separated resampling seeds")
+    p.add_argument("--seed", type=int, default=0, help="the workload's seed")
+    p.add_argument("--max-ratio", type=float, default=1.02, help="the gate's limit per case")
+    p.add_argument("--json", action="store_true", help="JSON: cases and the gate")
+    p.set_defaults(func=cmd_robust)
+    return p
