@@ -41,6 +41,7 @@ from linkwise.cluster.domain import (
 )
 from linkwise.cluster.hostlist import compress, expand
 from linkwise.cluster.loop import drive
+from linkwise.cluster.profiles import Calibration, load_calibration
 from linkwise.cluster.slurm.client import SlurmClient, read_env_file
 from linkwise.cluster.slurm.errors import SlurmError
 from linkwise.cluster.slurm.records import QueuedJob
@@ -59,6 +60,7 @@ from linkwise.deployer.observation import (
     take_room,
 )
 from linkwise.deployer.policies import GuardedPolicy, LoadedPolicy, PolicyHolder, model_probe
+from linkwise.deployer.profiles import ProfileHistory, resolve_profiles, undeclared
 from linkwise.deployer.safety import (
     HOLD_TAG,
     Recorder,
@@ -210,6 +212,8 @@ class SlurmBackend:
         self.partition_of: dict[int, str] = {}  # held for the loop -> its partition when seen
         self.moved: list[QueuedJob] = []  # tagged held jobs whose partition changed (a cycle)
         self.moved_ids: set[int] = set()  # counted already
+        self.calibration = load_calibration(None)  # profiles for a policy without its own
+        self.profile_history = ProfileHistory(recorder)
 
     # -- the Backend protocol
 
@@ -252,6 +256,10 @@ class SlurmBackend:
             else {}
         )
         inflight = {j: (n, g) for j, (n, g, _) in self.inflight.items()}
+        predictor = self._predictor(now)
+        profiles = resolve_profiles(
+            queue, self._calibration(), self.profile_history.get(undeclared(queue), now)
+        )
         self.obs = build_observation(
             queue,
             nodes,
@@ -261,7 +269,9 @@ class SlurmBackend:
             mode=self.mode,
             link_load=load,
             inflight=inflight,
-            predictor=self._predictor(now),
+            predictor=predictor,
+            profiles={j: p.profile for j, p in profiles.items()},
+            transit=self.migration.in_transit(),
         )
         self._forget_inflight(queue, now)
         self.queue = list(queue)
@@ -281,6 +291,13 @@ class SlurmBackend:
         self.policy.holder.refresh(now=now)
         found = getattr(self.policy.holder.active.policy, "predictor", None)
         return found if isinstance(found, RuntimePredictor) else None
+
+    def _calibration(self) -> Calibration:
+        """The calibration whose profiles the policy's contention model knows (its own, else
+        the shipped one): every live job's profile is one of them (``deployer.profiles``)."""
+        model = getattr(self.policy.holder.active.policy, "model", None)
+        found = getattr(model, "calibration", None)
+        return found if isinstance(found, Calibration) else self.calibration
 
     def apply(self, decision: Decision) -> None:
         """Record the decision; in active mode validate, audit and apply each start."""
@@ -321,6 +338,11 @@ class SlurmBackend:
         """The policy's preempt and migrate moves (``deployer.migration``): jobs that opted
         in only; recorded, not taken, in shadow mode; none while the lease is not ours."""
         free = {n.name: f for n, f in zip(self.topo.nodes, obs.state.free_gpus, strict=True)}
+        own = (
+            {n.name: f for n, f in zip(self.topo.nodes, obs.slurm_free, strict=True)}
+            if obs.slurm_free
+            else {}
+        )
         paused = self.mode == "active" and not self.keeper.ok()
         return self.migration.cycle(
             moves_of(decision, self.topo),
@@ -330,6 +352,7 @@ class SlurmBackend:
             mode="paused" if paused else self.mode,
             cycle_id=self.cycle_id,
             model_version=version,
+            finish_free=own or None,
         )
 
     # -- lifecycle

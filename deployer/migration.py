@@ -65,6 +65,7 @@ from linkwise.deployer.safety import (
 
 __all__ = [
     "MIGRATABLE_TAG",
+    "InTransit",
     "MigrationConfig",
     "MigrationExecutor",
     "Move",
@@ -73,6 +74,7 @@ __all__ = [
     "check_move",
     "moves_of",
     "opt_in_grace",
+    "opted_in",
     "plan",
 ]
 
@@ -125,15 +127,36 @@ class Refused:
     reason: str
 
 
+@dataclass(frozen=True)
+class InTransit:
+    """A move under way, as the live observation shows it (``ClusterState.transit``):
+    ``draining`` (signalled, it holds its GPUs until ``until``) or, for a migration already
+    requeued onto its target, waiting for Slurm to restart it there. ``target``: the
+    migration's nodes (empty for a preemption, which goes back to the queue)."""
+
+    job_id: int
+    target: tuple[str, ...]
+    until: float
+    draining: bool
+
+
 # ------------------------------------------------------------------------ pure planning
+
+
+def opted_in(comment: str, requeue: bool) -> bool:
+    """Whether a job opted in to preemption and migration: requeue-able, and its comment
+    carries ``linkwise:migratable`` (the one place the marker is read)."""
+    return requeue and _TAG.search(comment) is not None
 
 
 def opt_in_grace(fields: Mapping[str, str], cfg: MigrationConfig) -> float | None:
     """The grace (s) of a job that opted in, from its ``scontrol show job`` fields; None if it
     did not (no ``linkwise:migratable`` in its comment, or not requeue-able)."""
-    m = _TAG.search(fields.get("Comment", ""))
-    if m is None or fields.get("Requeue") != "1":
+    comment = fields.get("Comment", "")
+    if not opted_in(comment, fields.get("Requeue") == "1"):
         return None
+    m = _TAG.search(comment)
+    assert m is not None
     return min(float(m.group(1)) if m.group(1) else cfg.grace_s, cfg.max_grace_s)
 
 
@@ -313,6 +336,14 @@ class MigrationExecutor:
         self.clock = clock
         self.sleep = sleep
         self.draining: dict[int, _Draining] = {}
+        self.restarting: dict[int, _Draining] = {}  # migrated, waiting to start on target
+
+    def in_transit(self) -> tuple[InTransit, ...]:
+        """The moves under way, for the live observation (``observation.build_observation``):
+        jobs signalled and within their grace, and migrated jobs not yet restarted."""
+        return tuple(
+            InTransit(j, d.move.nodes, d.due, True) for j, d in self.draining.items()
+        ) + tuple(InTransit(j, d.move.nodes, d.due, False) for j, d in self.restarting.items())
 
     # -- the loop's entry point
 
@@ -326,15 +357,23 @@ class MigrationExecutor:
         mode: Literal["active", "shadow", "paused"],
         cycle_id: int,
         model_version: str = "",
+        finish_free: Mapping[str, int] | None = None,
     ) -> dict[int, str]:
         """Finish the moves whose grace is over, then plan and start ``moves``; what became
         of each job asked about. ``mode``: active acts; shadow records would-be moves;
-        paused (the lease is not the loop's now) does nothing, moves under way wait."""
+        paused (the lease is not the loop's now) does nothing, moves under way wait.
+        ``finish_free``: the free GPUs a finishing move's target is checked against
+        (default ``free``; the live loop's ``free`` has the targets of moves under way
+        reserved, so it passes the count without them)."""
         now = self.clock()
         if mode == "paused":
             return {m.job_id: "skipped: lease lapsed" for m in moves}
         results = self.finish_due(
-            queue, free, active=mode == "active", cycle_id=cycle_id, model_version=model_version
+            queue,
+            free if finish_free is None else finish_free,
+            active=mode == "active",
+            cycle_id=cycle_id,
+            model_version=model_version,
         )
         if not moves:
             return results
@@ -373,6 +412,14 @@ class MigrationExecutor:
             return results
         now = self.clock()
         by_id = {q.job_id: q for q in queue}
+        for job_id in list(self.restarting):  # restarted (or gone, or no longer placed)
+            q = by_id.get(job_id)
+            if (
+                q is None
+                or q.state != "PENDING"
+                or set(q.req_nodes) != set(self.restarting[job_id].move.nodes)
+            ):
+                del self.restarting[job_id]
         for job_id, d in list(self.draining.items()):
             if d.due > now:
                 continue
@@ -596,5 +643,6 @@ class MigrationExecutor:
             log_event(self.log, "migration_unplaced", logging.WARNING, job_id=j, error=placed)
             return f"requeued unplaced: {placed}"
         self.metrics.migrations.labels("active").inc()
+        self.restarting[j] = _Draining(move, self.clock())
         log_event(self.log, "migrated", job_id=j, nodes=list(move.nodes))
         return "migrated"

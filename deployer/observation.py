@@ -4,10 +4,18 @@ the checks a start must pass before it is applied (``check_start``) and the late
 from the store (``read_link_load``).
 
 A job is what squeue shows of it (``_job``): id, submit time, GPUs, nodes, user, name and
-time limit. Its true run time is unknown here, so ``Job.duration`` is only a placeholder (the
-limit, else an hour) that no policy reads (``docs/INFORMATION.md``); with a run-time
-``predictor`` (the serving package's) every job carries its predictions, and a running job
-its attained service (GPUs x the time since it started), as in training."""
+time limit, its communication profile (``deployer.profiles``: declared in its comment, else
+from earlier runs of its name, else the default) and whether it may be preempted or migrated
+(``Job.preemptible``: True only if it opted in, ``migration.opted_in``). Its true run time is
+unknown here, so ``Job.duration`` is only a placeholder (the limit, else an hour) that no
+policy reads (``docs/INFORMATION.md``); with a run-time ``predictor`` (the serving package's)
+every job carries its predictions, and a running job its attained service (GPUs x the time
+since it started), as in training.
+
+Moves under way (``MigrationExecutor.in_transit``) are ``ClusterState.transit``: a job
+signalled and within its grace holds its GPUs and is not running; a migrated job waiting for
+Slurm to restart it is not pending; the GPUs of a migration's target are reserved (not in
+``free_gpus``), so no policy starts another job there meanwhile."""
 
 from __future__ import annotations
 
@@ -29,12 +37,14 @@ from linkwise.cluster.domain import (
     RunningJob,
     Shape,
     Topology,
+    TransitJob,
 )
 from linkwise.cluster.hostlist import compress
 from linkwise.cluster.slurm.records import NodeInfo, QueuedJob
 from linkwise.cluster.topology import load_topology
 from linkwise.datasets.prediction import ensure_predicted
 from linkwise.datasets.predictor import RuntimePredictor
+from linkwise.deployer.migration import InTransit, opted_in
 from linkwise.deployer.safety import (
     Recorder,
     bypassed,
@@ -112,6 +122,9 @@ class Observation:
     kinds: Mapping[int, str] = dataclasses.field(default_factory=dict)  # refused -> a label
     stranded: tuple[QueuedJob, ...] = ()  # released by the loop; Slurm cannot run it there
     partition_moved: tuple[QueuedJob, ...] = ()  # tagged held, partition changed by its user
+    # free GPUs before the targets of moves under way are reserved (``state.free_gpus`` has
+    # them taken): what a finishing move checks its own target against
+    slurm_free: tuple[int, ...] = ()
 
 
 def slurm_topology(slurm_conf: str | os.PathLike[str], name: str = "slurm") -> Topology:
@@ -132,10 +145,11 @@ def job_shape(job: QueuedJob) -> Shape:
     return Shape(n, -(-job.gpus // n) if job.gpus else 0)
 
 
-def _job(q: QueuedJob) -> Job:
+def _job(q: QueuedJob, profile: str = "") -> Job:
     """The ``Job`` a policy sees: the requested shape, user, name and time limit as Slurm has
-    them (the duration is a placeholder no policy reads: the limit, or an hour without one;
-    the true run time is unknown here)."""
+    them, its communication profile and whether it opted in to moves (the duration is a
+    placeholder no policy reads: the limit, or an hour without one; the true run time is
+    unknown here)."""
     limit = q.time_limit_s if q.time_limit_s and q.time_limit_s > 0 else 0.0
     nodes = q.num_nodes if q.num_nodes > 0 and q.gpus % q.num_nodes == 0 else 0
     return Job(
@@ -147,6 +161,8 @@ def _job(q: QueuedJob) -> Job:
         name=q.name,
         nodes=nodes,
         time_limit=limit,
+        profile=profile,
+        preemptible=opted_in(q.comment, q.requeue),
     )
 
 
@@ -239,6 +255,8 @@ def build_observation(
     link_load: Mapping[str, float] | None = None,
     inflight: Mapping[int, tuple[tuple[int, ...], int]] | None = None,
     predictor: RuntimePredictor | None = None,
+    profiles: Mapping[int, str] | None = None,
+    transit: Sequence[InTransit] = (),
 ) -> Observation:
     """Build the policy's view from Slurm's queue and nodes.
 
@@ -248,6 +266,9 @@ def build_observation(
     GPUs per node): their GPUs are taken out of the free count.
     ``predictor``: the run-time predictor that annotates every job (the serving package's);
     None leaves them without predictions (a learned policy then annotates them itself).
+    ``profiles``: each job's communication profile (``profiles.resolve_profiles``; a job
+    absent keeps "", which a contention model does not know).
+    ``transit``: the moves under way (``MigrationExecutor.in_transit``; module docstring).
     """
     managed_parts = set(partitions)
     index = topo.node_index
@@ -275,6 +296,18 @@ def build_observation(
     stranded: list[QueuedJob] = []
     moved: list[QueuedJob] = []
     held_total = foreign = 0
+    moving = {t.job_id: t for t in transit}
+    transit_jobs: list[TransitJob] = []
+    reserve: list[tuple[Placement, Placement | None]] = []  # (target, GPUs it holds itself)
+
+    def view(q: QueuedJob) -> Job:
+        return ensure_predicted((_job(q, (profiles or {}).get(q.job_id, "")),), predictor)[0]
+
+    def target_of(q: QueuedJob, t: InTransit) -> Placement | None:
+        idx = [index[n] for n in t.target if n in index]
+        if not idx or len(idx) != len(t.target):
+            return None
+        return Placement.of([(i, max(1, q.gpus // len(idx))) for i in idx])
 
     def refuse(q: QueuedJob, kind: str, why: str) -> None:
         refused[q.job_id] = why
@@ -289,8 +322,24 @@ def build_observation(
             idx = [index[n] for n in q.nodes if n in index]
             if q.gpus > 0 and idx:
                 per = max(1, q.gpus // len(idx))
-                job = ensure_predicted((_job(q),), predictor)[0]
+                job = view(q)
                 begun = q.start_time or now
+                here = Placement.of([(i, per) for i in idx])
+                t = moving.get(q.job_id)
+                if t is not None and t.draining:  # signalled: checkpointing, GPUs held
+                    target = target_of(q, t)
+                    transit_jobs.append(
+                        TransitJob(
+                            job=job,
+                            held=here,
+                            target=target,
+                            until=t.until,
+                            attained_gpu_s=q.gpus * max(0.0, now - begun),
+                        )
+                    )
+                    if target is not None:
+                        reserve.append((target, here))
+                    continue
                 running.append(
                     RunningJob(
                         job=job,
@@ -316,6 +365,15 @@ def build_observation(
             continue
         if mode == "active" and is_stranded(q):
             stranded.append(q)
+        t = moving.get(q.job_id)
+        if t is not None and not t.draining and q.gpus > 0:  # migrated, restarts on target
+            target = target_of(q, t)
+            if target is not None:
+                transit_jobs.append(
+                    TransitJob(job=view(q), held=None, target=target, until=t.until)
+                )
+                reserve.append((target, None))
+                continue
         ours = held_for_loop(q)
         held_total += ours
         foreign += q.held and not ours
@@ -336,7 +394,7 @@ def build_observation(
             continue
         managed[q.job_id] = q
         shapes[q.job_id] = shape
-        job = ensure_predicted((_job(q),), predictor)[0]
+        job = view(q)
         pending.append(PendingJob(job, remaining_s=job.duration))
     by_id = {q.job_id: q for q in queue}
     for j, (nodes_idx, per) in (inflight or {}).items():
@@ -344,6 +402,11 @@ def build_observation(
             free[i] = max(0, free[i] - per)
             if j in by_id:
                 rooms[i] = take_room(rooms[i], by_id[j])
+    slurm_free = tuple(free)
+    for target, own in reserve:  # a target's GPUs are the moving job's (not its own twice)
+        mine = dict(own.alloc) if own is not None else {}
+        for i, g in target.alloc:
+            free[i] = max(0, free[i] - max(0, g - mine.get(i, 0)))
     pending.sort(key=lambda p: (p.job.submit_time, p.job.job_id))
     flows = link_flows(topo, (r.placement for r in running))
     for name, load in (link_load or {}).items():
@@ -359,6 +422,7 @@ def build_observation(
         running=tuple(running),
         pending=tuple(pending),
         link_flows=tuple(flows),
+        transit=tuple(sorted(transit_jobs, key=lambda t: t.job.job_id)),
     )
     return Observation(
         state=state,
@@ -375,6 +439,7 @@ def build_observation(
         kinds=kinds,
         stranded=tuple(stranded),
         partition_moved=tuple(moved),
+        slurm_free=slurm_free,
     )
 
 

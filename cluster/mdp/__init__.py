@@ -92,7 +92,7 @@ from linkwise.cluster.mdp.features import (
     encode_state,
     time_from_log,
 )
-from linkwise.cluster.mdp.known import predicted_remaining, preemptable
+from linkwise.cluster.mdp.known import may_preempt, predicted_remaining, preemptable
 from linkwise.cluster.mdp.matching import (
     MOVE_KINDS,
     START_KINDS,
@@ -145,6 +145,7 @@ __all__ = [
     "match_migrate",
     "match_preempt",
     "match_start",
+    "may_preempt",
     "obs_layout",
     "predicted_remaining",
     "preemptable",

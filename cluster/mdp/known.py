@@ -37,6 +37,13 @@ def preemptable(job_id: int, share: float) -> bool:
     return zlib.crc32(str(job_id).encode()) / 2**32 < share
 
 
+def may_preempt(job: Job, share: float) -> bool:
+    """Whether a job may be preempted or migrated: its own ``Job.preemptible`` when known (live:
+    True only for jobs that opted in), else the simulator's deterministic share
+    (``preemptable``)."""
+    return job.preemptible if job.preemptible is not None else preemptable(job.job_id, share)
+
+
 def restart_seconds(job: Job, restart: RestartModel) -> float:
     """Seconds a preemption or migration costs the job by the restart model: the signal's
     grace (GPUs held, no progress) plus its profile's restore cost (checkpointing on the

@@ -1,8 +1,9 @@
 """Rows for running jobs (``MdpConfig.running_slots``): which running jobs get a slot, and
 their migrate candidates.
 
-A running job may be preempted or migrated only if it is preemptable (``known.preemptable``:
-a deterministic share of the jobs in the simulator) and has run at least ``min_run_s`` since
+A running job may be preempted or migrated only if it is preemptable (``known.may_preempt``:
+its ``Job.preemptible`` when known, live only jobs that opted in; else a deterministic share
+of the jobs in the simulator) and has run at least ``min_run_s`` since
 its last start; a draining job (checkpointing after a preemption or a migration) is no
 longer running (``ClusterState.transit``) and gets no row. The eligible jobs fill the
 running slots round-robin from ``RUN_ORDERS`` (most attained service, most predicted
@@ -23,7 +24,7 @@ from dataclasses import dataclass, replace
 from linkwise.cluster.contention import ContentionModel
 from linkwise.cluster.domain import ClusterState, Placement, RunningJob
 from linkwise.cluster.mdp.config import RUN_ORDERS, MdpConfig
-from linkwise.cluster.mdp.known import predicted_remaining, preemptable, restart_seconds
+from linkwise.cluster.mdp.known import may_preempt, predicted_remaining, restart_seconds
 from linkwise.cluster.mdp.placements import Builder
 from linkwise.cluster.mdp.slots import round_robin
 from linkwise.cluster.mdp.slowdown import Contention, Prediction, comm_intensity, link_flows
@@ -54,7 +55,7 @@ def eligible(state: ClusterState, cfg: MdpConfig) -> list[RunningJob]:
     return [
         r
         for r in state.running
-        if preemptable(r.job.job_id, cfg.preempt_share)
+        if may_preempt(r.job, cfg.preempt_share)
         and state.time - r.start_time >= cfg.min_run_s
         and r.job.job_id not in draining
     ]

@@ -1,0 +1,112 @@
+"""The live observation on the real local Slurm (the shared cluster of ``scripts/local-slurm``):
+squeue's comment and ``--requeue`` reach the policy's view (a declared profile, the opt-in
+flag), and a learned package (models/pretrained/philly-multigpu) decides in a live shadow
+``serve`` itself, on every cycle, without falling back (before: ``unknown profile ''``). This
+test's jobs wait in the queue (``--begin`` in the future) and are named ``lw-obs-*``; other
+engineers' jobs share the cluster, so the assertions are on this test's own jobs. The fast
+counterparts with fakes: tests/test_observation.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from linkwise.cluster.profiles import load_calibration
+from linkwise.cluster.slurm.client import SlurmClient, read_env_file
+from linkwise.deployer.loop import ServeConfig, serve
+from linkwise.deployer.observation import build_observation, slurm_topology
+from linkwise.deployer.profiles import resolve_profiles
+
+pytestmark = pytest.mark.services
+
+ROOT = Path(__file__).resolve().parents[1]
+SLURM_DIR = Path(os.environ.get("LINKWISE_SLURM_DIR", "/tmp/linkwise-slurm"))
+SCRIPT = ROOT / "scripts" / "local-slurm"
+PACKAGE = f"model:{ROOT / 'models' / 'pretrained' / 'philly-multigpu'}"
+
+
+@pytest.fixture(scope="module")
+def env_file() -> Path:
+    env = SLURM_DIR / "env"
+    status = subprocess.run([str(SCRIPT), "status"], capture_output=True, check=False)
+    if not env.exists() or status.returncode != 0:
+        pytest.fail(f"local Slurm is not up in {SLURM_DIR}: run `scripts/local-slurm start`")
+    return env
+
+
+def test_a_learned_package_decides_on_the_live_queue(env_file: Path, tmp_path: Path) -> None:
+    env = read_env_file(env_file)
+    client = SlurmClient.from_env(env, "cli")
+    partition = env.get("LINKWISE_SLURM_PARTITION", "gpu")
+    tag = f"lw-obs-{os.getpid()}"
+    later = ["--begin=now+120"]
+    ids = {
+        "bert": client.submit("sleep 1", name=f"{tag}-bert", gpus_per_node=1,
+                              comment="linkwise:profile=bert", extra_args=later),
+        "opted": client.submit("sleep 1", name=f"{tag}-opted", gpus_per_node=2,
+                               comment="linkwise:migratable@30 linkwise:profile=NCF",
+                               extra_args=[*later, "--requeue"]),
+        "plain": client.submit("sleep 1", name=f"{tag}-plain", gpus_per_node=1,
+                               extra_args=[*later, "--no-requeue"]),
+    }  # fmt: skip
+    mine = set(ids.values())
+    db = tmp_path / "store.duckdb"
+    try:
+        # what squeue says of them reaches the policy's view
+        queue = [q for q in client.queue() if q.job_id in mine]
+        assert len(queue) == 3 and all(q.state == "PENDING" for q in queue)
+        cal = load_calibration(None)
+        profiles = resolve_profiles(queue, cal)
+        topo = slurm_topology(env["SLURM_CONF"])
+        obs = build_observation(
+            queue, client.nodes(), topo, [partition], time.time(), mode="shadow",
+            profiles={j: p.profile for j, p in profiles.items()},
+        )  # fmt: skip
+        jobs = {p.job.job_id: p.job for p in obs.state.pending}
+        assert jobs[ids["bert"]].profile == "bert" and profiles[ids["bert"]].source == "declared"
+        assert jobs[ids["opted"]].profile == "ncf"
+        assert profiles[ids["plain"]].source == "default"
+        assert jobs[ids["plain"]].profile in cal.profiles
+        assert jobs[ids["opted"]].preemptible is True
+        assert jobs[ids["plain"]].preemptible is False
+        assert jobs[ids["bert"]].preemptible is False  # requeue-able, but did not opt in
+
+        # a live shadow serve with the learned package: it decides itself, every cycle
+        seen: set[int] = set()
+        deadline = time.time() + 150
+        while not seen:
+            assert time.time() < deadline, "the shadow loop never decided about this test's jobs"
+            cfg = ServeConfig(
+                mode="shadow", partitions=(partition,), policy=PACKAGE, fallback="fifo",
+                slurm_env=str(env_file), db=str(db), state_dir=str(tmp_path / "state"),
+                interval_s=1.0, max_cycles=3, watchdog=False,
+                lease_root=str(tmp_path / "leases"),
+            )  # fmt: skip
+            summary = serve(cfg)
+            assert summary["cycles"] == 3 and summary["spooled"] == 0
+            con = duckdb.connect(str(db), read_only=True)
+            try:
+                rows = con.execute(
+                    "SELECT job_id, policy, note, explanation FROM decisions"
+                ).fetchall()
+            finally:
+                con.close()
+            assert rows
+            for job_id, policy, note, raw in rows:
+                assert policy == PACKAGE and not note.startswith("fallback"), note
+                named = json.loads(raw)["jobs"] if raw else []
+                seen |= {j for j in mine if j == job_id or str(j) in map(str, named)}
+        # shadow changed nothing: this test's jobs are still pending, not held
+        queue = [q for q in client.queue() if q.job_id in mine]
+        assert all(q.state == "PENDING" and not q.held for q in queue)
+    finally:
+        subprocess.run(
+            ["scancel", *map(str, mine)], env={**os.environ, **env}, check=False,
+            capture_output=True,
+        )  # fmt: skip
