@@ -1,14 +1,16 @@
 """The live observation on the real local Slurm (the shared cluster of ``scripts/local-slurm``):
 squeue's comment and ``--requeue`` reach the policy's view (a declared profile, the opt-in
 flag), and a learned package (models/pretrained/philly-multigpu) decides in a live shadow
-``serve`` itself, on every cycle, without falling back (before: ``unknown profile ''``). This
-test's jobs wait in the queue (``--begin`` in the future) and are named ``lw-obs-*``; other
-engineers' jobs share the cluster, so the assertions are on this test's own jobs. The fast
-counterparts with fakes: tests/test_observation.py."""
+``serve`` itself, on every cycle, without falling back (before: ``unknown profile ''``); a
+job the migration executor signalled is in transit with its target's GPU reserved. This
+module's jobs are named ``lw-obs-*`` (those of the serve test wait in the queue, ``--begin``
+in the future); other engineers' jobs share the cluster, so the assertions are on this
+module's own jobs. The fast counterparts with fakes: tests/test_observation.py."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import time
@@ -16,18 +18,24 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from prometheus_client import CollectorRegistry
 
+from linkwise.cluster.domain import Placement
 from linkwise.cluster.profiles import load_calibration
 from linkwise.cluster.slurm.client import SlurmClient, read_env_file
+from linkwise.datasets.store import open_store
 from linkwise.deployer.loop import ServeConfig, serve
+from linkwise.deployer.migration import MigrationConfig, MigrationExecutor, Move
 from linkwise.deployer.observation import build_observation, slurm_topology
 from linkwise.deployer.profiles import resolve_profiles
+from linkwise.deployer.safety import Recorder
 
 pytestmark = pytest.mark.services
 
 ROOT = Path(__file__).resolve().parents[1]
 SLURM_DIR = Path(os.environ.get("LINKWISE_SLURM_DIR", "/tmp/linkwise-slurm"))
 SCRIPT = ROOT / "scripts" / "local-slurm"
+LOG = logging.getLogger("test.observation_live")
 PACKAGE = f"model:{ROOT / 'models' / 'pretrained' / 'philly-multigpu'}"
 
 
@@ -110,3 +118,52 @@ def test_a_learned_package_decides_on_the_live_queue(env_file: Path, tmp_path: P
             ["scancel", *map(str, mine)], env={**os.environ, **env}, check=False,
             capture_output=True,
         )  # fmt: skip
+
+
+def test_a_signalled_job_is_in_transit_with_its_target_reserved(
+    env_file: Path, tmp_path: Path
+) -> None:
+    """The executor signals this test's own opted-in job on the real Slurm: the live view
+    shows it draining (not running) with its migration target's GPU reserved."""
+    env = read_env_file(env_file)
+    client = SlurmClient.from_env(env, "cli")
+    partition = env.get("LINKWISE_SLURM_PARTITION", "gpu")
+    job = client.submit(
+        "trap '' USR1; sleep 600", name=f"lw-obs-{os.getpid()}-drain", gpus_per_node=1,
+        comment="linkwise:migratable@300", extra_args=["--requeue"],
+    )  # fmt: skip
+    open_store(str(tmp_path / "store.duckdb")).close()
+    recorder = Recorder(str(tmp_path / "store.duckdb"), tmp_path / "spool.jsonl", logger=LOG)
+    ex = MigrationExecutor(
+        client, recorder, CollectorRegistry(), MigrationConfig(min_run_s=0), run_id="t",
+        logger=LOG,
+    )  # fmt: skip
+    topo = slurm_topology(env["SLURM_CONF"])
+    try:
+        deadline = time.time() + 180
+        while True:
+            mine = [q for q in client.queue() if q.job_id == job]
+            if mine and mine[0].state == "RUNNING":
+                break
+            assert time.time() < deadline, f"job {job} never ran: {mine}"
+            time.sleep(1.0)
+        (q,) = mine
+        queue, nodes = client.queue(), client.nodes()
+        free = {n.name: max(0, n.gpus_total - n.gpus_used) for n in nodes}
+        target = next((n for n, f in free.items() if f >= 1 and n not in q.nodes), None)
+        if target is None:
+            pytest.fail(f"no other node with a free GPU on the shared cluster: {free}")
+        out = ex.cycle([Move(job, "migrate", (target,))], queue, free, partitions=(partition,),
+                       mode="active", cycle_id=1)  # fmt: skip
+        assert out == {job: "signalled"}, out
+        obs = build_observation(client.queue(), client.nodes(), topo, [partition], time.time(),
+                                mode="shadow", transit=ex.in_transit())  # fmt: skip
+        assert job not in {r.job.job_id for r in obs.state.running}
+        (tr,) = [t for t in obs.state.transit if t.job.job_id == job]
+        k = topo.node_index[target]
+        assert tr.draining and tr.target == Placement.of([(k, 1)])
+        assert tr.held is not None and tr.held.nodes == (topo.node_index[q.nodes[0]],)
+        assert obs.state.free_gpus[k] == max(0, obs.slurm_free[k] - 1)
+    finally:
+        subprocess.run(["scancel", str(job)], env={**os.environ, **env}, check=False,
+                       capture_output=True)  # fmt: skip
