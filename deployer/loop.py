@@ -60,7 +60,12 @@ from linkwise.deployer.observation import (
     take_room,
 )
 from linkwise.deployer.policies import GuardedPolicy, LoadedPolicy, PolicyHolder, model_probe
-from linkwise.deployer.profiles import ProfileHistory, resolve_profiles, undeclared
+from linkwise.deployer.profiles import (
+    ProfileHistory,
+    default_profile,
+    resolve_profiles,
+    undeclared,
+)
 from linkwise.deployer.safety import (
     HOLD_TAG,
     Recorder,
@@ -110,6 +115,9 @@ class ServeConfig:
     load_window_s: float = 120.0
     lease_root: str = DEFAULT_LEASE_ROOT  # one per host: every loop and job_submit.lua share it
     migration: MigrationConfig = field(default_factory=MigrationConfig)  # opted-in jobs
+    # the profile of a job that declares none and has no earlier run (deployer/profiles.py);
+    # "": a draw from the calibration's mix by a hash of the job id
+    default_profile: str = ""
 
     def __post_init__(self) -> None:
         if self.mode not in ("shadow", "active"):
@@ -123,6 +131,8 @@ class ServeConfig:
             raise ValueError("interval and lease must be positive")
         if self.mode == "active" and self.lease_s < 2 * self.interval_s:
             raise ValueError("the lease must last at least two cycles")
+        if self.default_profile:
+            default_profile(0, load_calibration(None), self.default_profile)  # a known one
 
     @property
     def partition_key(self) -> str:
@@ -258,7 +268,10 @@ class SlurmBackend:
         inflight = {j: (n, g) for j, (n, g, _) in self.inflight.items()}
         predictor = self._predictor(now)
         profiles = resolve_profiles(
-            queue, self._calibration(), self.profile_history.get(undeclared(queue), now)
+            queue,
+            self._calibration(),
+            self.profile_history.get(undeclared(queue), now),
+            self.cfg.default_profile,
         )
         self.obs = build_observation(
             queue,

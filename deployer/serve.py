@@ -131,6 +131,14 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         help="checkpoint seconds after USR1 when the job's linkwise:migratable tag names none",
     )
     p.add_argument(
+        "--default-profile",
+        default="",
+        metavar="NAME",
+        help="communication profile of a job that declares none (--comment "
+        "linkwise:profile=NAME) and has no earlier run in the store; default: a draw from "
+        "the calibration's mix by a hash of the job id",
+    )
+    p.add_argument(
         "--no-watchdog",
         action="store_true",
         help="do not start the watchdog process (active mode; not recommended)",
@@ -163,6 +171,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         migration=MigrationConfig(
             grace_s=args.migrate_grace, budget=args.migrate_budget, min_run_s=args.migrate_min_run
         ),
+        default_profile=args.default_profile.strip(),
     )
 
 

@@ -8,7 +8,7 @@ is refused (exit 2). ``ops/linkwise-serve.example.toml`` documents every key::
 
     mode = "shadow"                 # or "active"
     partitions = ["gpu"]
-    [policy]   source, digest, fallback, reload_s
+    [policy]   source, digest, fallback, reload_s, default_profile
     [slurm]    env_file, transport
     [loop]     interval_s, lease_s, max_hold_s, lease_root, watchdog, load_window_s, max_cycles
     [store]    db, state_dir
@@ -122,6 +122,7 @@ SCHEMA: dict[str, _Key | dict[str, _Key]] = {
         "digest": _Key("str", _digest),
         "fallback": _Key("str", _not_empty),
         "reload_s": _Key("number", _positive),
+        "default_profile": _Key("str"),
     },
     "slurm": {
         "env_file": _Key("str", _not_empty),
@@ -298,6 +299,7 @@ def parse_service_config(text: str, src: str = "<config>") -> ServiceConfig:
             load_window_s=float(flat.get("loop.load_window_s", ServeConfig.load_window_s)),
             lease_root=str(flat.get("loop.lease_root", DEFAULT_LEASE_ROOT)),
             migration=migration,
+            default_profile=str(flat.get("policy.default_profile", "")).strip(),
         )
     except ValueError as exc:  # what the loop's own checks refuse
         raise ConfigError(f"{src}: {exc}") from exc

@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from linkwise.cluster.domain import Decision, Job, Placement, Shape, Start
@@ -98,12 +99,8 @@ def test_a_profile_is_declared_else_from_history_else_the_default() -> None:
     assert set(draws) == {n for n, w in CAL.mix.items() if w > 0}
     only = replace(CAL, mix={"ncf": 1.0})
     assert {default_profile(j, only) for j in range(50)} == {"ncf"}
-    try:
+    with pytest.raises(ValueError, match="unknown default profile"):
         default_profile(1, CAL, "nosuch")
-    except ValueError as exc:
-        assert "unknown default profile" in str(exc)
-    else:
-        raise AssertionError("an unknown default profile was accepted")
 
 
 def _run(job_id: int, name: str, user: str, submit: float, comment: str) -> JobRun:
@@ -343,3 +340,12 @@ def _migrate_through_the_loop(backend: SlurmBackend, client: FakeClient, opted: 
     backend._moves(Decision(), backend.obs, "v")  # type: ignore[arg-type]
     assert not backend.migration.in_transit()
     assert not backend.observe().transit
+
+
+def test_the_operators_default_profile_and_its_check(tmp_path: Path) -> None:
+    client = FakeClient([qjob(1), qjob(2, comment="linkwise:profile=ncf")],
+                        [ninfo(n) for n in NAMES])  # fmt: skip
+    backend = backend_for(tmp_path, client, default_profile="BERT")
+    assert [p.job.profile for p in backend.observe().pending] == ["bert", "ncf"]
+    with pytest.raises(ValueError, match="unknown default profile 'resnet'"):
+        ServeConfig(mode="shadow", partitions=("gpu",), default_profile="resnet")
