@@ -1,7 +1,8 @@
 """Simulator rollouts of behaviour policies: transitions that widen what the logs cover.
 
-Behaviour policies are policy specs (``models.policy_spec``): a same-information heuristic
-of ``linkwise.cluster.heuristics`` with its parameters (``sjf_bco:lam=2``; never an oracle)
+Behaviour policies are policy specs: a same-information heuristic
+of ``linkwise.cluster.heuristics`` with its parameters (``sjf_bco:lam=2``; never an oracle;
+parsed by ``cluster.heuristics.params``)
 driven step by step through ``cluster.mdp.StepPolicyAdapter`` (the same candidates, mask and
 encoder as the log builder, the trainer and the live loop; a preemptive heuristic's
 preemptions and migrations are matched actions, ``match`` "preempt", "migrate" or
@@ -9,7 +10,10 @@ preemptions and migrations are matched actions, ``match`` "preempt", "migrate" o
 without them, or when the job's row is masked, they are ignored, counted by the adapter),
 or a learned
 package ``model:PATH`` acting on the observation itself (its own greedy action with its
-work-conserving guard; jobs annotated by the task's predictor, else the package's). Either
+work-conserving guard; jobs annotated by the task's predictor, else the package's). A learned
+behaviour is resolved to its policy object at the pipeline's edge (``make_tasks(learned=...)``,
+``pipelines.build_dataset.resolve_learned``): ``datasets`` never imports ``models``
+(``tests/test_layering.py``). Either
 is optionally mixed with random exploration: with
 probability ``epsilon`` a step takes a uniformly random allowed action instead of the
 heuristic's (on an idle cluster "wait" is left out of the random draw, so exploration never
@@ -42,11 +46,12 @@ The frames come back in task order, whatever the executor.
 from __future__ import annotations
 
 import math
+import os
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import duckdb
 import numpy as np
@@ -56,6 +61,7 @@ from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import Job, Placement, Topology
 from linkwise.cluster.env import ClusterEnv, Workload
 from linkwise.cluster.heuristics import make_policy, policy_names, spec_name
+from linkwise.cluster.heuristics.params import parse_heuristic
 from linkwise.cluster.mdp import (
     BoolArray,
     FloatArray,
@@ -66,16 +72,16 @@ from linkwise.cluster.mdp import (
 )
 from linkwise.cluster.profiles import Calibration, assign_profiles, load_calibration
 from linkwise.datasets.backlog import Backlog, warm_jobs
-from linkwise.datasets.prediction import ensure_predicted, read_predictor
+from linkwise.datasets.prediction import ensure_predicted
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.traces import JOB_COLUMNS, frame_jobs, jobs_frame, load_trace
 from linkwise.datasets.transitions import TransitionBuffer, empty_frame
-from linkwise.models.learned import PREDICTOR, load_package
-from linkwise.models.policy_spec import PolicySpec
 
 __all__ = [
+    "Behaviour",
     "Chooser",
     "RolloutTask",
+    "StepBehaviour",
     "Window",
     "behaviour_chooser",
     "behaviour_name",
@@ -85,7 +91,6 @@ __all__ = [
     "jobs_from_trace",
     "make_task_runner",
     "make_tasks",
-    "package_predictor",
     "policy_label",
     "resample_window",
     "rollout",
@@ -96,6 +101,30 @@ __all__ = [
     "window_workload",
     "windows_predictor",
 ]
+
+
+class StepBehaviour(Protocol):
+    """A learned behaviour resolved at the pipeline's edge (``models.learned.LearnedPolicy``
+    satisfies it): its observation spec, its package's run-time predictor, and its action on an
+    observation. It must pickle to travel to a process pool or a Dask worker."""
+
+    @property
+    def spec(self) -> ObsSpec: ...
+
+    @property
+    def predictor(self) -> RuntimePredictor | None: ...
+
+    def act(self, obs: FloatArray, mask: BoolArray) -> int: ...
+
+
+@dataclass(frozen=True)
+class Behaviour:
+    """A parsed behaviour spec: a heuristic with typed parameters, or (``package``) the folder
+    of a learned package ``model:PATH``."""
+
+    heuristic: str | None = None
+    params: tuple[tuple[str, Any], ...] = ()
+    package: str | None = None
 
 
 @dataclass(frozen=True)
@@ -118,7 +147,8 @@ class RolloutTask:
     ``backlog`` warm-starts the window from the history's state at its start
     (``window_workload``); ``predictor`` annotates the jobs with run-time predictions (None:
     one fit on the window's own jobs, ``windows_predictor``; ``make_tasks`` gives every task
-    of a dataset the same one).
+    of a dataset the same one). ``learned``: the resolved policy of a ``model:PATH`` behaviour
+    (required for one, refused for a heuristic).
     """
 
     policy: str
@@ -132,9 +162,18 @@ class RolloutTask:
     max_steps: int | None = None
     backlog: Backlog | None = None
     predictor: RuntimePredictor | None = None
+    learned: StepBehaviour | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
-        behaviour_spec(self.policy)  # ValueError for an unknown, ill-typed or oracle spec
+        parsed = behaviour_spec(self.policy)  # ValueError: unknown, ill-typed or oracle spec
+        if parsed.package is not None and self.learned is None:
+            raise ValueError(
+                f"behaviour policy {self.policy!r}: a learned behaviour is resolved to its policy "
+                "at the pipeline's edge (make_tasks(learned=...), "
+                "pipelines.build_dataset.resolve_learned)"
+            )
+        if parsed.package is None and self.learned is not None:
+            raise ValueError(f"behaviour policy {self.policy!r} is a heuristic, not learned")
         if not 0.0 <= self.epsilon <= 1.0:
             raise ValueError(f"epsilon must be in [0, 1], got {self.epsilon}")
         if self.max_steps is not None and self.max_steps <= 0:
@@ -154,32 +193,39 @@ def behaviour_name(policy: str, epsilon: float) -> str:
     return policy if epsilon == 0 else f"{policy}+eps{epsilon:g}"
 
 
-def behaviour_spec(text: str) -> PolicySpec:
-    """A behaviour policy's parsed spec (``models.policy_spec``, the one parser): behaviour
-    policies see what the learner will, so every same-information heuristic with its
-    parameters (``qssf`` included: the tasks' jobs carry predictions) or a learned package
-    folder (``model:PATH``); ValueError for an oracle ceiling, a registry alias or URI
-    (rollouts must not depend on where an alias points), or anything the parser refuses."""
+def behaviour_spec(text: str) -> Behaviour:
+    """A behaviour policy's parsed spec (heuristics by ``cluster.heuristics.params``, the one
+    parser of their parameters): behaviour policies see what the learner will, so every
+    same-information heuristic with its parameters (``qssf`` included: the tasks' jobs carry
+    predictions) or a learned package folder (``model:PATH``, a path as ``models.registry``
+    tells one: a ``/``, or a leading ``.`` or ``~``); ValueError for an oracle ceiling, a
+    registry alias or URI (rollouts must not depend on where an alias points), or anything the
+    parser refuses."""
     known = policy_names(predictions=True, oracles=False)
     if spec_name(text) not in (*known, "model"):
         raise ValueError(
             f"unknown or oracle behaviour policy {text!r}; known: {', '.join(known)}, model:PATH"
         )
+    if spec_name(text) == "model":
+        target = text.strip().removeprefix("model:").strip()
+        folder = target.partition("#")[0]
+        is_path = "/" in target or os.sep in target or target.startswith((".", "~"))
+        if not folder or target.startswith("models:/") or not is_path:
+            raise ValueError(f"behaviour policy {text!r}: a learned one must be a package folder")
+        return Behaviour(package=os.path.expanduser(folder))
     try:
-        spec = PolicySpec.parse(text)
+        name, params = parse_heuristic(text.strip())
     except ValueError as exc:
         raise ValueError(f"behaviour policy {text!r}: {exc}") from None
-    if spec.source is not None and spec.source.kind != "path":
-        raise ValueError(f"behaviour policy {text!r}: a learned one must be a package folder")
-    return spec
+    return Behaviour(heuristic=name, params=params)
 
 
 def policy_label(text: str) -> str:
     """A behaviour spec as it names episodes: the heuristic spec as given (``sjf_bco:lam=2``),
     ``model:FOLDER`` (the package folder's name, e.g. the training run id) for a learned one."""
     spec = behaviour_spec(text)
-    if spec.source is not None:
-        return f"model:{Path(spec.source.target).name}"
+    if spec.package is not None:
+        return f"model:{Path(spec.package).name}"
     return text.strip()
 
 
@@ -374,9 +420,8 @@ def rollout(task: RolloutTask) -> pl.DataFrame:
     cut the episode or the behaviour waited on an idle cluster with nothing left to arrive.
     """
     topo, cal = task.topology, task.calibration
-    predictor = (
-        task.predictor or package_predictor(task.policy) or windows_predictor((task.window,))
-    )
+    own = task.learned.predictor if task.learned is not None else None
+    predictor = task.predictor or own or windows_predictor((task.window,))
     jobs, running = window_workload(
         task.window, task.seed, task.block_s, cal, topo.total_gpus, task.backlog, predictor
     )
@@ -433,8 +478,14 @@ def behaviour_chooser(task: RolloutTask, spec: ObsSpec, model: AnalyticModel) ->
     its own action on the observation (match "policy"; ValueError when its ObsSpec is not the
     task's)."""
     parsed = behaviour_spec(task.policy)
-    if parsed.source is not None:
-        learned = load_package(parsed.source.target, model=model, expected_obs_spec=spec.version)
+    learned = task.learned
+    if learned is not None:
+        if learned.spec.version != spec.version:
+            raise ValueError(
+                f"behaviour policy {task.policy!r}: the model's ObsSpec is "
+                f"{learned.spec.version}, the rollouts' {spec.version}: refusing a model built "
+                "for other observations"
+            )
 
         def act_learned(_env: ClusterEnv, obs: FloatArray, mask: BoolArray) -> tuple[int, str]:
             return learned.act(obs, mask), "policy"
@@ -452,16 +503,6 @@ def behaviour_chooser(task: RolloutTask, spec: ObsSpec, model: AnalyticModel) ->
     return act_heuristic
 
 
-def package_predictor(policy: str) -> RuntimePredictor | None:
-    """The run-time predictor of a ``model:PATH`` behaviour's package (None for heuristics
-    and for a package without one)."""
-    source = behaviour_spec(policy).source
-    if source is None:
-        return None
-    path = Path(source.target) / PREDICTOR
-    return read_predictor(path) if path.is_file() else None
-
-
 def make_tasks(
     windows: Sequence[Window],
     policies: Sequence[str],
@@ -475,11 +516,13 @@ def make_tasks(
     max_steps: int | None = None,
     backlogs: Mapping[int, Backlog] | None = None,
     predictor: RuntimePredictor | None = None,
+    learned: Mapping[str, StepBehaviour] | None = None,
 ) -> list[RolloutTask]:
     """The grid (policy, epsilon) x window x seed, in that nesting order; ``backlogs``
     (window id -> the history's state at its start) warm-starts the windows it names;
     ``calibration`` None is the shipped one. Every task shares ``predictor``; None fits one
-    on the windows' jobs (the span the rollouts cover, ``windows_predictor``)."""
+    on the windows' jobs (the span the rollouts cover, ``windows_predictor``). ``learned``
+    maps each ``model:PATH`` behaviour (as given in ``policies``) to its resolved policy."""
     cfg = config or MdpConfig()
     cal = calibration if calibration is not None else load_calibration()
     if predictor is None and windows:
@@ -497,6 +540,7 @@ def make_tasks(
             max_steps=max_steps,
             backlog=(backlogs or {}).get(w.window_id),
             predictor=predictor,
+            learned=(learned or {}).get(p),
         )
         for p in policies
         for e in epsilons

@@ -67,6 +67,7 @@ from linkwise.cluster.mdp import (
     decode,
     encode,
     local_grace,
+    nothing_fits,
     time_from_log,
 )
 from linkwise.cluster.profiles import load_calibration
@@ -101,6 +102,7 @@ PACKAGE_FORMAT = "linkwise-policy/1"
 GUARDS = ("aging", "strict", "idle", "off")  # the guard's modes, the default first
 RUNNING_FEATURE = "g.running_log"  # log1p(running jobs) / log1p(queue_scale): 0 iff idle
 WAIT_FEATURE = "wait_log"  # per slot: the job's wait, log-scaled (cluster.mdp.time_from_log)
+SMALL_BATCH = 64  # batches up to this many rows are scored on one thread
 STARVE_S = 6 * 3600.0  # the aging guard's default: a job waiting this long must start
 NETWORK = "network.pt"
 OBS_SPEC = "obs_spec.json"
@@ -376,6 +378,17 @@ class LearnedPolicy:
         self._running_feature = names.index(RUNNING_FEATURE)
         self._wait_features = tuple(names.index(n) for n in needed[1:])
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickled as its package folder and settings, reloaded (checksums verified again) where
+        it is unpickled: a TorchScript network does not pickle, and a rollout task carrying a
+        learned behaviour travels to a process pool or a Dask worker."""
+        if self.package_dir is None:
+            raise TypeError("a LearnedPolicy without a package folder cannot be pickled")
+        return (
+            _reload,
+            (self.package_dir, self.model, self.spec.version, self.name, self.guard, self.starve_s),
+        )
+
     def action_values(self, obs: FloatArray) -> npt.NDArray[np.float32]:
         """The network's values for a batch of observations ``(B, dim) -> (B, n_actions)``."""
         import torch
@@ -385,8 +398,15 @@ class LearnedPolicy:
             x = x[None, :]
         if x.shape[1] != self.spec.dim:
             raise ValueError(f"observations have {x.shape[1]} features, the model {self.spec.dim}")
-        with torch.no_grad():
-            out: npt.NDArray[np.float32] = self.network(torch.from_numpy(x)).numpy()
+        threads = torch.get_num_threads()
+        try:  # one thread for a decision's few rows: more only wait on each other (100x slower
+            # on a loaded 2-core machine, benchmarks/learned_speed.md)
+            if x.shape[0] <= SMALL_BATCH:
+                torch.set_num_threads(1)
+            with torch.inference_mode():
+                out: npt.NDArray[np.float32] = self.network(torch.from_numpy(x)).numpy()
+        finally:
+            torch.set_num_threads(threads)
         return out
 
     def act(self, obs: FloatArray, mask: BoolArray) -> int:
@@ -480,6 +500,8 @@ class LearnedPolicy:
         steps: list[ExplainedStep] = []
         s = state
         while True:
+            if nothing_fits(s, cfg):
+                break
             c = candidates(s, cfg, self.model)
             if not c.mask[:wait].any():
                 break
@@ -509,6 +531,20 @@ class LearnedPolicy:
             s = apply_decision(s, d, self.model, grace)
         decision = Decision(starts=tuple(starts), preempt=tuple(preempt), migrate=tuple(migrate))
         return decision, tuple(steps)
+
+
+def _reload(
+    package_dir: str, model: ContentionModel, version: str, name: str, guard: str, starve_s: float
+) -> LearnedPolicy:
+    """``LearnedPolicy.__reduce__``'s loader: the same package, verified again."""
+    return load_package(
+        package_dir,
+        model=model,
+        expected_obs_spec=version,
+        name=name,
+        guard=guard,
+        starve_s=starve_s,
+    )
 
 
 def _finite(x: Any) -> float | None:

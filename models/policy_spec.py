@@ -22,9 +22,7 @@ mid-run changes nothing; ``token`` changes whenever the model behind the spec ch
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
-import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +38,7 @@ from linkwise.cluster.heuristics import (
     make_policy,
     policy_info,
 )
+from linkwise.cluster.heuristics.params import heuristic_parameters, parse_heuristic
 from linkwise.cluster.lookahead import LookaheadSpec, is_lookahead
 from linkwise.models.learned import CHECKSUMS
 from linkwise.models.registry import (
@@ -71,43 +70,7 @@ def split_specs(text: str) -> list[str]:
     return specs
 
 
-def heuristic_parameters(name: str) -> dict[str, Any]:
-    """The declared parameters (name -> type hint) of the heuristic ``name``."""
-    try:
-        factory = POLICIES[name]
-    except KeyError:
-        raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}") from None
-    if not isinstance(factory, type) or not dataclasses.is_dataclass(factory):
-        raise TypeError(f"heuristic {name!r} is not a dataclass: its parameters are unknown")
-    hints = typing.get_type_hints(factory)
-    return {
-        f.name: hints[f.name]
-        for f in dataclasses.fields(factory)
-        if f.init and f.name not in ("name", "model") and not f.name.startswith("_")
-    }
-
-
 _convert = convert_value  # one parser of typed values: ``cluster.compose.spec``
-
-
-def _parse_heuristic(text: str) -> tuple[str, tuple[tuple[str, Any], ...]]:
-    name, _, rest = text.partition(":")
-    name = name.strip()
-    declared = heuristic_parameters(name)
-    params: dict[str, Any] = {}
-    for item in filter(None, (p.strip() for p in rest.split(","))):
-        key, sep, value = item.partition("=")
-        key = key.strip()
-        if not sep:
-            raise ValueError(f"bad policy parameter {item!r} in {text!r}: expected key=value")
-        if key not in declared:
-            known = ", ".join(declared) or "none"
-            raise ValueError(f"{name} has no parameter {key!r} (its parameters: {known})")
-        try:
-            params[key] = _convert(declared[key], value.strip())
-        except ValueError as exc:
-            raise ValueError(f"{name}: {key}={value.strip()!r}: {exc}") from None
-    return name, tuple(params.items())
 
 
 @dataclass(frozen=True)
@@ -135,7 +98,7 @@ class PolicySpec:
             for inner in (search.base, *search.alternatives):
                 cls.parse(inner, cwd)  # ValueError for a bad base or alternative
             return cls(heuristic="lookahead", search=search)
-        name, params = _parse_heuristic(text)
+        name, params = parse_heuristic(text)
         return cls(heuristic=name, params=params)
 
     @property

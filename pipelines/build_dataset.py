@@ -46,7 +46,7 @@ import polars as pl
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import Topology
 from linkwise.cluster.mdp import SLOT_ORDERS, MdpConfig, ObsSpec, make_spec
-from linkwise.cluster.profiles import load_calibration
+from linkwise.cluster.profiles import Calibration, load_calibration
 from linkwise.cluster.topology import DEFAULT_TOPOLOGY, load_topology
 from linkwise.datasets.backlog import Backlog, backlog_from_store
 from linkwise.datasets.decisions import (
@@ -58,6 +58,7 @@ from linkwise.datasets.export import export_dataset, file_sha256, log_to_mlflow
 from linkwise.datasets.prediction import predictor_from_history, predictor_record
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.rollouts import (
+    behaviour_spec,
     cut_windows,
     jobs_from_store,
     jobs_from_trace,
@@ -67,6 +68,7 @@ from linkwise.datasets.rollouts import (
 from linkwise.datasets.store import open_store
 from linkwise.datasets.transitions import empty_frame
 from linkwise.datasets.windows import choose_windows
+from linkwise.models.learned import LearnedPolicy, load_package
 from linkwise.models.policy_spec import split_specs
 
 __all__ = [
@@ -316,6 +318,7 @@ def build_dataset(
             max_steps=max_steps,
             backlogs=backlogs,
             predictor=predictor,
+            learned=resolve_learned(policies, spec, cal),
         )
         frames.append(run_rollouts(tasks, executor, batch=batch))
         sources["rollouts"] = {
@@ -365,6 +368,21 @@ def _csv(text: str | None, cast: Any = str) -> list[Any] | None:
     if text is None:
         return None
     return [cast(x.strip()) for x in text.split(",") if x.strip()]
+
+
+def resolve_learned(
+    policies: Sequence[str], spec: ObsSpec, calibration: Calibration | None = None
+) -> dict[str, LearnedPolicy]:
+    """The learned behaviours among ``policies`` (``model:PATH``) loaded and verified at the
+    pipeline's edge (``datasets`` never imports ``models``): spec text -> policy, each encoding
+    with the rollouts' ``spec`` (PackageError for a package built for other observations)."""
+    out: dict[str, LearnedPolicy] = {}
+    for text in policies:
+        package = behaviour_spec(text).package
+        if package is not None and text not in out:
+            model = AnalyticModel(calibration if calibration is not None else load_calibration())
+            out[text] = load_package(package, model=model, expected_obs_spec=spec.version)
+    return out
 
 
 def _rollouts_arg(text: str) -> int | None:

@@ -29,10 +29,11 @@ from linkwise.cluster.profiles import load_calibration
 from linkwise.datasets.backlog import Backlog
 from linkwise.datasets.export import export_dataset, read_dataset
 from linkwise.datasets.prediction import predictor_from_manifest
-from linkwise.datasets.rollouts import Window, make_tasks, package_predictor, run_rollouts
+from linkwise.datasets.rollouts import Window, make_tasks, run_rollouts
 from linkwise.models.policy_spec import PolicySpec
 from linkwise.models.registry import default_tracking_uri
 from linkwise.models.training import TrainConfig
+from linkwise.pipelines.build_dataset import resolve_learned
 from linkwise.pipelines.train import TrainResult, train
 
 __all__ = [
@@ -93,7 +94,9 @@ def self_rollouts(
     package's predictor (else the dataset's)."""
     policy = f"model:{Path(package_dir).resolve()}"
     spec = ObsSpec.from_json(manifest["obs_spec"])
-    predictor = package_predictor(policy) or predictor_from_manifest(manifest)
+    calibration = load_calibration(manifest.get("sources", {}).get("calibration"))
+    learned = resolve_learned([policy], spec, calibration)  # at the edge: datasets/ never loads it
+    predictor = learned[policy].predictor or predictor_from_manifest(manifest)
     tasks = make_tasks(
         windows,
         [policy],
@@ -101,11 +104,12 @@ def self_rollouts(
         topology,
         epsilons=plan.epsilons,
         config=spec.config,
-        calibration=load_calibration(manifest.get("sources", {}).get("calibration")),
+        calibration=calibration,
         block_s=plan.block_s,
         max_steps=plan.max_steps,
         backlogs=backlogs,
         predictor=predictor,
+        learned=learned,
     )
     return run_rollouts(tasks, plan.executor)
 

@@ -337,5 +337,5 @@ def test_behaviours_are_policy_specs(window: Window) -> None:
     ):
         with pytest.raises(ValueError, match=why):
             make_tasks([window], [bad], [0], from_spec(TOPO))
-    assert behaviour_spec("model:/tmp/pkg").source is not None
+    assert behaviour_spec("model:/tmp/pkg").package == "/tmp/pkg"
     assert policy_label("model:/tmp/runs/abc123") == "model:abc123"

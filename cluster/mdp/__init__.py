@@ -67,7 +67,12 @@ generators), ``slowdown`` (contention predictions), ``running`` (the running slo
 decide_by_steps). Import from here (``from linkwise.cluster.mdp import X``).
 """
 
-from linkwise.cluster.mdp.adapters import MdpPolicy, StepPolicyAdapter, decide_by_steps
+from linkwise.cluster.mdp.adapters import (
+    MdpPolicy,
+    StepPolicyAdapter,
+    decide_by_steps,
+    nothing_fits,
+)
 from linkwise.cluster.mdp.apply import (
     apply_decision,
     apply_migrate,
@@ -146,6 +151,7 @@ __all__ = [
     "match_preempt",
     "match_start",
     "may_preempt",
+    "nothing_fits",
     "obs_layout",
     "predicted_remaining",
     "preemptable",

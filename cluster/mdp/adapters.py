@@ -11,7 +11,7 @@ from linkwise.cluster.contention import ContentionModel
 from linkwise.cluster.domain import ClusterState, Decision, Start
 from linkwise.cluster.mdp.apply import apply_decision, local_grace
 from linkwise.cluster.mdp.candidates import Candidates, action_mask, candidates, decode
-from linkwise.cluster.mdp.config import BoolArray, FloatArray
+from linkwise.cluster.mdp.config import BoolArray, FloatArray, MdpConfig
 from linkwise.cluster.mdp.features import encode
 from linkwise.cluster.mdp.matching import (
     START_KINDS,
@@ -93,6 +93,16 @@ class MdpPolicy:
         return decide_by_steps(state, self.act, self.spec, self.model)
 
 
+def nothing_fits(state: ClusterState, cfg: MdpConfig) -> bool:
+    """Whether every action but wait is masked at ``state`` without building its candidates:
+    no running rows and no pending job asks at most the free GPUs (a start row is unmasked
+    only for a slot whose job fits them, ``candidates``)."""
+    if cfg.running_slots:
+        return False
+    free = state.total_free_gpus
+    return not any(p.job.num_gpus <= free for p in state.pending)
+
+
 def decide_by_steps(
     state: ClusterState,
     act: Callable[[FloatArray, BoolArray], int],
@@ -111,6 +121,8 @@ def decide_by_steps(
     wait = cfg.wait_action
     grace = local_grace(cfg)
     while True:
+        if nothing_fits(s, cfg):
+            break  # every start row would be masked: skip building the candidates
         c = candidates(s, cfg, model)
         if not c.mask[:wait].any():
             break
