@@ -20,6 +20,7 @@ from linkwise.cluster.domain import (
 )
 from linkwise.cluster.fork import Arrivals, RunTimeBelief, fork, rollout_cost, score_decisions
 from linkwise.cluster.heuristics import make_policy
+from linkwise.cluster.mdp import MdpConfig, StepPolicyAdapter, candidates, decode
 from linkwise.cluster.profiles import load_calibration
 from linkwise.cluster.simulator import Simulator
 from linkwise.cluster.topology import from_spec
@@ -205,3 +206,22 @@ def test_transit_jobs_are_forked() -> None:
         if not copy.advance():
             break
     assert victim.job.job_id in {r.job.job_id for r in copy.records}
+
+
+def test_one_step_completed_by_the_base_is_following_the_base() -> None:
+    # an idle cluster and several jobs that fit: the base starts them all in one decision;
+    # its first step, the rest of the decision point left to the base, is the same move
+    jobs = tuple(replace(j, submit_time=0.0) for j in _workload(12) if j.num_gpus <= 8)[:5]
+    sim = Simulator(TOPO, jobs, MODEL)
+    state = sim.observe()
+    for name in ("sjf_bco", "tiresias_las"):
+        full = make_policy(name).decide(state)
+        assert len(full.starts) > 1
+        cands = candidates(state, MdpConfig(), MODEL)
+        first = decode(cands, StepPolicyAdapter(make_policy(name)).act(cands))
+        assert len(first.starts) == 1
+        whole = rollout_cost(fork(state, MODEL), full, make_policy(name), 4 * 3600.0)
+        stepped = rollout_cost(
+            fork(state, MODEL), first, make_policy(name), 4 * 3600.0, complete=True
+        )
+        assert stepped == pytest.approx(whole, rel=1e-12)
