@@ -221,7 +221,13 @@ def test_preemption_keeps_progress_and_charges_the_restart_cost() -> None:
         return Decision()
 
     policy = Scripted(decide)
-    res = simulate(topo, [job, other], MODEL, policy, SimConfig(restart=RestartModel.constant(5.0, grace_s=0.0)))
+    res = simulate(
+        topo,
+        [job, other],
+        MODEL,
+        policy,
+        SimConfig(restart=RestartModel.constant(5.0, grace_s=0.0)),
+    )
     rec = {r.job.job_id: r for r in res.records}
     assert rec[1].end == pytest.approx(40.0)
     assert rec[0].preemptions == 1
