@@ -70,6 +70,7 @@ from linkwise.cluster.mdp import (
     nothing_fits,
     time_from_log,
 )
+from linkwise.cluster.mdp.features import RunningMemo
 from linkwise.cluster.profiles import load_calibration
 from linkwise.datasets.export import file_sha256
 from linkwise.datasets.prediction import (
@@ -499,13 +500,14 @@ class LearnedPolicy:
         migrate: list[Start] = []
         steps: list[ExplainedStep] = []
         s = state
+        memo: RunningMemo = {}
         while True:
             if nothing_fits(s, cfg):
                 break
             c = candidates(s, cfg, self.model)
             if not c.mask[:wait].any():
                 break
-            obs = encode(c, self.spec)
+            obs = encode(c, self.spec, memo)
             mask = action_mask(c)
             values = self.action_values(obs)[0]
             a, guard = self._choose(values, obs, mask)

@@ -12,7 +12,7 @@ from linkwise.cluster.domain import ClusterState, Decision, Start
 from linkwise.cluster.mdp.apply import apply_decision, local_grace
 from linkwise.cluster.mdp.candidates import Candidates, action_mask, candidates, decode
 from linkwise.cluster.mdp.config import BoolArray, FloatArray, MdpConfig
-from linkwise.cluster.mdp.features import encode
+from linkwise.cluster.mdp.features import RunningMemo, encode
 from linkwise.cluster.mdp.matching import (
     START_KINDS,
     StepMatch,
@@ -120,13 +120,14 @@ def decide_by_steps(
     s = state
     wait = cfg.wait_action
     grace = local_grace(cfg)
+    memo: RunningMemo = {}  # the running jobs' feature terms, for this decision point
     while True:
         if nothing_fits(s, cfg):
             break  # every start row would be masked: skip building the candidates
         c = candidates(s, cfg, model)
         if not c.mask[:wait].any():
             break
-        a = int(act(encode(c, spec), action_mask(c)))
+        a = int(act(encode(c, spec, memo), action_mask(c)))
         if a == wait:
             break
         d = decode(c, a)  # InvalidAction if masked

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from linkwise.cluster.contention import ContentionModel, min_nodes
-from linkwise.cluster.domain import ClusterState, Job, Placement, Topology
+from linkwise.cluster.domain import ClusterState, Job, Placement, RunningJob, Topology
 from linkwise.cluster.mdp.candidates import Candidates, candidates
 from linkwise.cluster.mdp.config import FloatArray, MdpConfig
 from linkwise.cluster.mdp.known import predicted_remaining
@@ -22,7 +22,12 @@ def log_count(n: int, scale: float) -> float:
     return math.log1p(n) / math.log1p(scale)
 
 
-def _global(cands: Candidates) -> list[float]:
+# per running job (by id, the object kept to tell a reused id): the job, the time, its GPUs,
+# its log-scaled predicted remaining time, and whether it is predicted to end within the unit
+RunningMemo = dict[int, tuple[RunningJob, float, int, float, bool]]
+
+
+def _global(cands: Candidates, memo: RunningMemo | None = None) -> list[float]:
     state, cfg = cands.state, cands.config
     topo = state.topology
     free = state.free_gpus
@@ -65,7 +70,7 @@ def _global(cands: Candidates) -> list[float]:
         max(0, n_pending - len(cands.slots)) / n_pending if n_pending else 0.0,
         min(cfg.max_slowdown, sum(s - 1.0 for s in split) / len(split)) if split else 0.0,
         min(cfg.max_slowdown, max(split) - 1.0) if split else 0.0,
-        *_running_features(state, cfg),
+        *_running_features(state, cfg, memo),
     ]
     if cfg.time_of_day:
         phase = 2.0 * math.pi * (state.time % 86400.0) / 86400.0
@@ -94,19 +99,36 @@ def log_size(gpu_s: float, cfg: MdpConfig) -> float:
     return _log_scaled(gpu_s, cfg.size_scale_gpu_s, cfg.max_size_gpu_s)
 
 
-def _running_features(state: ClusterState, cfg: MdpConfig) -> list[float]:
+def _running_terms(run: RunningJob, t: float, cfg: MdpConfig) -> tuple[int, float, bool]:
+    g = run.job.num_gpus
+    rem = predicted_remaining(run.job, run.attained_at(t))
+    return g, log_time(rem, cfg), rem <= cfg.time_scale_s
+
+
+def _running_features(
+    state: ClusterState, cfg: MdpConfig, memo: RunningMemo | None = None
+) -> list[float]:
     """GPU-weighted mean predicted remaining time of the running jobs (log-scaled), and the
-    share of the cluster's GPUs they are predicted to free within ``time_scale_s``."""
+    share of the cluster's GPUs they are predicted to free within ``time_scale_s``. ``memo``
+    keeps each running job's terms between the steps of one decision point (the same sums,
+    in the same order)."""
     total = state.topology.total_gpus
+    t = state.time
     gpus = 0
     weighted = 0.0
     soon = 0
     for r in state.running:
-        g = r.job.num_gpus
-        rem = predicted_remaining(r.job, r.attained_at(state.time))
+        if memo is None:
+            g, lt, ends = _running_terms(r, t, cfg)
+        else:
+            hit = memo.get(id(r))
+            if hit is None or hit[0] is not r or hit[1] != t:
+                hit = (r, t, *_running_terms(r, t, cfg))
+                memo[id(r)] = hit
+            _, _, g, lt, ends = hit
         gpus += g
-        weighted += g * log_time(rem, cfg)
-        if rem <= cfg.time_scale_s:
+        weighted += g * lt
+        if ends:
             soon += g
     return [weighted / gpus if gpus else 0.0, soon / total if total else 0.0]
 
@@ -263,12 +285,14 @@ def _running_values(cands: Candidates) -> list[float]:
     return values
 
 
-def encode(cands: Candidates, spec: ObsSpec) -> FloatArray:
-    """The observation vector of a state (deterministic, finite, length ``spec.dim``)."""
+def encode(cands: Candidates, spec: ObsSpec, memo: RunningMemo | None = None) -> FloatArray:
+    """The observation vector of a state (deterministic, finite, length ``spec.dim``);
+    ``memo`` (a dict the caller keeps for one decision point) saves recomputing the running
+    jobs' terms at every step, with the same result."""
     cfg = spec.config
     if cands.config != cfg:
         raise ValueError("candidates were built with another MdpConfig than the spec's")
-    values = _global(cands)
+    values = _global(cands, memo)
     for k in range(cfg.k_slots):
         values += _slot_features(cands, k)
     topo = cands.state.topology
