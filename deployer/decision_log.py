@@ -116,8 +116,9 @@ class DecisionLog:
                 self.metrics.deviations.inc()
         joins = self._joins(cycle_id, obs, now)
         where = self.recorder.write(decisions=rows, joins=joins)
-        for job, _, _ in joins:
-            self.awaiting.pop(job, None)
+        if where == "store":  # joins go through the store only: kept for a later cycle
+            for job, _, _ in joins:
+                self.awaiting.pop(job, None)
         return where
 
     def _row(

@@ -262,7 +262,7 @@ def backend_for(tmp_path: Path, client: FakeClient, policy: str = "fifo", *,
     config = ServeConfig(
         mode="active" if active else "shadow", partitions=("gpu",),
         db=str(tmp_path / "s.duckdb"), state_dir=str(tmp_path / "state"), interval_s=0.01,
-        lease_s=5.0, watchdog=False, policy=policy, fallback="fifo", **cfg,
+        lease_s=120.0, watchdog=False, policy=policy, fallback="fifo", **cfg,
     )  # fmt: skip
     metrics = ServeMetrics()
     holder = PolicyHolder(policy, "fifo", metrics=metrics, logger=LOG)

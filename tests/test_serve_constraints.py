@@ -77,7 +77,7 @@ class FakeClient:
 def make_backend(tmp_path: Path, client: FakeClient, **cfg: Any) -> SlurmBackend:
     config = ServeConfig(
         mode="active", partitions=("gpu",), db=str(tmp_path / "s.duckdb"),
-        state_dir=str(tmp_path / "state"), interval_s=0.01, lease_s=5.0, watchdog=False, **cfg,
+        state_dir=str(tmp_path / "state"), interval_s=0.01, lease_s=120.0, watchdog=False, **cfg,
     )  # fmt: skip
     metrics = ServeMetrics()
     holder = PolicyHolder("fifo", "fifo", metrics=metrics, logger=LOG)
