@@ -18,6 +18,7 @@ import json
 import math
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from linkwise.cluster.mdp import MdpConfig
 from linkwise.cluster.profiles import load_calibration
 from linkwise.cluster.topology import from_spec
 from linkwise.datasets import synthetic
-from linkwise.datasets.labels import LabelTask, run_labels, write_labels
+from linkwise.datasets.labels import LabelTask, read_labels, run_labels, write_labels
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.rollouts import cut_windows
 from linkwise.datasets.traces import jobs_frame
@@ -35,7 +36,7 @@ from linkwise.evaluation.gates import check_robustness
 from linkwise.models.policy_spec import PolicySpec
 from linkwise.models.residual import topology_signature
 from linkwise.models.training import AlgoConfig
-from linkwise.pipelines.experiment import DEMO_FULL, DEMO_MULTIGPU
+from linkwise.pipelines.experiment import DEMO_FULL, DEMO_MULTIGPU, SyntheticWorkload
 from linkwise.pipelines.residual import (
     choose_base,
     choose_margin,
@@ -53,11 +54,12 @@ def main() -> None:
     p.add_argument("--n", type=int, default=2)
     p.add_argument("--alternatives", type=int, default=5)
     p.add_argument("--horizon-h", type=float, default=3.0)
-    p.add_argument("--steps", type=int, default=1500)
+    p.add_argument("--steps", type=int, default=300)
     p.add_argument("--executor", default="local:2")
+    p.add_argument("--labels", type=Path, help="reuse this label set (same setting)")
     p.add_argument(
         "--setting",
-        choices=("default", "multigpu"),
+        choices=("default", "multigpu", "busy"),
         default="default",
         help="the embedded default, or its multi-GPU-heavy oversubscribed variant",
     )
@@ -65,6 +67,9 @@ def main() -> None:
     args = p.parse_args()
     t0 = time.perf_counter()
     exp = DEMO_FULL if args.setting == "default" else DEMO_MULTIGPU
+    if args.setting == "busy":  # the multi-GPU variant busy enough to queue without a backlog
+        exp = replace(DEMO_MULTIGPU, name="busy-multigpu",
+                      workload=SyntheticWorkload(jobs=40000, load_scale=2.5))  # fmt: skip
     out_path = args.out or Path(f"benchmarks/results/residual_{args.setting}.json")
     topo = from_spec(exp.topology)
     cfg = MdpConfig(k_slots=8, slot_order="mixed",
@@ -107,9 +112,12 @@ def main() -> None:
         for w in train[-args.label_windows :]
     ]
     t = time.perf_counter()
-    labels = run_labels(tasks, args.executor)
-    label_s = time.perf_counter() - t
     tmp = Path(tempfile.mkdtemp(prefix="linkwise-residual-"))
+    if args.labels is not None:  # a label set of an earlier run of the same setting
+        labels, _ = read_labels(args.labels)
+    else:
+        labels = run_labels(tasks, args.executor)
+    label_s = time.perf_counter() - t
     manifest = write_labels(labels, cfg, {"base": base.spec, "horizon_s": args.horizon_h * 3600,
                                           "n": args.n}, tmp / "labels")  # fmt: skip
     points = labels.select("episode", "point").unique().height
@@ -176,6 +184,15 @@ def main() -> None:
         for r in rc:
             print(f"  {r.name:<16} x{r.ratio:.3f} dev/1k {r.deviations_per_1000}")
     out["robustness"] = robust
+    # promoted: the learner whose residual passes the robustness gate with the lower validation
+    # avg JCT at its chosen margin (ties: BC, listed first)
+    passing = [a for a in chosen if robust[a]["passed"]]
+    val_jct = {
+        a: chosen[a]["margin"]["candidates"][f"margin-{chosen[a]['margin']['margin']}"]["avg_jct_s"]
+        for a in passing
+    }
+    out["promoted"] = min(passing, key=lambda a: val_jct[a]) if passing else None
+    print(f"promoted: {out['promoted']}")
     out["seconds"] = time.perf_counter() - t0
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(out, indent=2, default=str) + "\n")

@@ -37,6 +37,7 @@ from linkwise.models.residual import (
 )
 from linkwise.models.training import AlgoConfig
 from linkwise.pipelines.residual import (
+    LabelTraining,
     best_actions,
     dagger_round,
     label_deferral,
@@ -207,6 +208,23 @@ def labels(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, dict[str, Any
 TINY = AlgoConfig(n_steps=20, n_steps_per_epoch=10, batch_size=8, hidden_units=(16,))
 
 
+@pytest.fixture(scope="module")
+def trained(
+    labels: Any, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[str, dict[str, LabelTraining]]:
+    """BC and CQL fit once on the label set (real d3rlpy, a few steps), one MLflow store."""
+    df, manifest = labels
+    root = tmp_path_factory.mktemp("trained")
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    runs = {
+        algo: train_on_labels(
+            df, manifest, algo, TINY, root / "pkgs", predictor=PREDICTOR, tracking_uri=uri
+        )
+        for algo in ("bc", "cql")
+    }
+    return uri, runs
+
+
 def test_best_actions_take_the_least_label_and_the_base_on_ties(labels: Any) -> None:
     df, _ = labels
     best = best_actions(df)
@@ -221,14 +239,14 @@ def test_best_actions_take_the_least_label_and_the_base_on_ties(labels: Any) -> 
 
 @pytest.mark.parametrize("algo", ["bc", "cql"])
 def test_bc_and_cql_train_on_labels_and_package_as_a_residual(
-    labels: Any, algo: str, tmp_path: Path
+    labels: Any, trained: Any, algo: str, tmp_path: Path
 ) -> None:
     from mlflow.tracking import MlflowClient
 
     df, manifest = labels
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    r = train_on_labels(df, manifest, algo, TINY, tmp_path / "pkgs", predictor=PREDICTOR,
-                        tracking_uri=uri)  # fmt: skip
+    uri, runs = trained
+    r = runs[algo]
+    assert r.algo == algo
     run = MlflowClient(uri).get_run(r.run_id)
     assert run.data.tags["linkwise.dataset_hash"] == manifest["hash"]
     assert run.data.params["dataset.hash"] == manifest["hash"]
@@ -260,20 +278,20 @@ def test_bc_and_cql_train_on_labels_and_package_as_a_residual(
         PolicySpec.parse(f"model:{pkg}").build(MODEL)
 
 
-def test_a_residual_base_must_be_a_heuristic(labels: Any, tmp_path: Path) -> None:
-    df, manifest = labels
-    r = train_on_labels(df, manifest, "bc", TINY, tmp_path / "p",
-                        tracking_uri=f"sqlite:///{tmp_path / 'm.db'}")  # fmt: skip
+def test_a_residual_base_must_be_a_heuristic(trained: Any, tmp_path: Path) -> None:
+    r = trained[1]["bc"]
     pkg = write_residual_package(r.package_dir, tmp_path / "r", base="srtf_oracle",
                                  margin=1.0, deferral=Deferral())  # fmt: skip
     with pytest.raises(PackageError, match="heuristic"):
         PolicySpec.parse(f"model:{pkg}").build(MODEL)
 
 
-def test_one_dagger_round_labels_the_residuals_own_states(labels: Any, tmp_path: Path) -> None:
+def test_one_dagger_round_labels_the_residuals_own_states(
+    labels: Any, trained: Any, tmp_path: Path
+) -> None:
     df, manifest = labels
-    uri = f"sqlite:///{tmp_path / 'm.db'}"
-    r = train_on_labels(df, manifest, "bc", TINY, tmp_path / "p", tracking_uri=uri)
+    uri, runs = trained
+    r = runs["bc"]
     pkg = write_residual_package(r.package_dir, tmp_path / "r", base="sjf_bco", margin=0.0,
                                  deferral=Deferral())  # fmt: skip
     union, again = dagger_round(df, manifest, str(pkg), _label_tasks(), TINY, tmp_path / "p2",
