@@ -35,6 +35,7 @@ class Order(Protocol):
     name: str
     needs_predictions: ClassVar[bool]
     oracle: ClassVar[bool]
+    remembers: ClassVar[bool]  # keeps memory between decisions: must see every job
 
     def pending(self, state: ClusterState, jobs: Sequence[PendingJob]) -> list[PendingJob]:
         """These pending jobs, first first."""
@@ -53,6 +54,18 @@ class Order(Protocol):
 
     def settle(self, state: ClusterState, kept: set[int]) -> float:
         """After a round that keeps or starts the jobs ``kept``: when to decide next."""
+        ...
+
+    def rank_contested(
+        self,
+        state: ClusterState,
+        running: Sequence[RunningJob],
+        pending: Sequence[PendingJob],
+        margin: float,
+    ) -> tuple[list[RunningJob], list[Item]]:
+        """``rank``, with the running jobs that come before every pending job apart (a
+        greedy admission keeps them all: they fit, as they run now): (those, the rest
+        ranked)."""
         ...
 
 
@@ -86,6 +99,7 @@ class KeyedOrder:
     name: ClassVar[str] = ""
     needs_predictions: ClassVar[bool] = False
     oracle: ClassVar[bool] = False
+    remembers: ClassVar[bool] = False
     who: str = ""  # the policy named in a missing-prediction error (default: the order)
 
     def score_pending(self, p: PendingJob, now: float) -> float:
@@ -93,6 +107,11 @@ class KeyedOrder:
 
     def score_running(self, r: RunningJob, now: float) -> float:
         raise NotImplementedError
+
+    def scores_running(self, running: Sequence[RunningJob], now: float) -> list[float]:
+        """``score_running`` of each (an order may compute them faster together)."""
+        score = self.score_running
+        return [score(r, now) for r in running]
 
     def _check(self, state: ClusterState) -> None:
         if self.needs_predictions:
@@ -123,6 +142,32 @@ class KeyedOrder:
 
     def settle(self, state: ClusterState, kept: set[int]) -> float:
         return math.inf
+
+    def rank_contested(
+        self,
+        state: ClusterState,
+        running: Sequence[RunningJob],
+        pending: Sequence[PendingJob],
+        margin: float,
+    ) -> tuple[list[RunningJob], list[Item]]:
+        self._check(state)
+        now = state.time
+        score_p = self.score_pending
+        keyed: list[tuple[float, float, int, Item]] = [
+            (score_p(p, now), p.job.submit_time, p.job.job_id, p) for p in pending
+        ]
+        if not keyed:
+            return list(running), []
+        first = min(k[:3] for k in keyed)
+        safe: list[RunningJob] = []
+        for r, score in zip(running, self.scores_running(running, now), strict=True):
+            key = (score / margin, r.job.submit_time, r.job.job_id)
+            if key < first:
+                safe.append(r)
+            else:
+                keyed.append((*key, r))
+        keyed.sort(key=lambda x: x[:3])
+        return safe, [x[3] for x in keyed]
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +225,20 @@ class PredRemaining(KeyedOrder):
 
     def score_running(self, r: RunningJob, now: float) -> float:
         return r.job.num_gpus * predicted_remaining_s(r.job, r.attained_at(now))
+
+    def scores_running(self, running: Sequence[RunningJob], now: float) -> list[float]:
+        out = []
+        for r in running:  # ``predicted_remaining_s`` inlined: the policy's hot path
+            job = r.job
+            gpus = job.num_gpus
+            executed = r.attained_at(now) / gpus
+            if job.pred_s > executed:
+                out.append(gpus * (job.pred_s - executed))
+            elif job.pred_hi_s > executed:
+                out.append(gpus * (job.pred_hi_s - executed))
+            else:
+                out.append(gpus * executed)
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,6 +334,7 @@ class Las:
     name: ClassVar[str] = "las"
     needs_predictions: ClassVar[bool] = False
     oracle: ClassVar[bool] = False
+    remembers: ClassVar[bool] = True
     thresholds: tuple[float, ...] = DEFAULT_THRESHOLDS
     mode: str = "entry"
     starve_factor: float = 0.0
@@ -402,6 +462,15 @@ class Las:
             keyed.append((q, 1, job.submit_time, job.job_id, p))
         keyed.sort(key=lambda x: x[:4])
         return [x[4] for x in keyed]
+
+    def rank_contested(
+        self,
+        state: ClusterState,
+        running: Sequence[RunningJob],
+        pending: Sequence[PendingJob],
+        margin: float,
+    ) -> tuple[list[RunningJob], list[Item]]:
+        return [], self.rank(state, running, pending, margin)
 
     def settle(self, state: ClusterState, kept: set[int]) -> float:
         mem = self._queues

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
 from linkwise.cluster.domain import Job, Placement, Start, Topology, requested_shape
@@ -41,6 +41,8 @@ class PlacementRule(Protocol):
     """Where a job goes (see the module docstring)."""
 
     name: ClassVar[str]
+    uses_busy: ClassVar[bool]  # whether it reads ``busy`` (else it may be passed empty)
+    uses_flows: ClassVar[bool]  # whether it reads ``flows``
 
     def place(
         self,
@@ -115,6 +117,8 @@ class FirstFit:
     """Slurm cons_tres-like first fit (``fifo``'s placement)."""
 
     name: ClassVar[str] = "first_fit"
+    uses_busy: ClassVar[bool] = False
+    uses_flows: ClassVar[bool] = False
 
     def place(
         self,
@@ -135,6 +139,8 @@ class Select:
     """Slurm's select/cons_tres on the job's requested shape (``backfill``'s placement)."""
 
     name: ClassVar[str] = "select"
+    uses_busy: ClassVar[bool] = False
+    uses_flows: ClassVar[bool] = False
 
     def place(
         self,
@@ -155,6 +161,8 @@ class BestFit:
     """Consolidated best fit (``placement.best_fit``)."""
 
     name: ClassVar[str] = "best_fit"
+    uses_busy: ClassVar[bool] = False
+    uses_flows: ClassVar[bool] = False
 
     def place(
         self,
@@ -175,8 +183,14 @@ class Bounded:
     """SJF-BCO's consolidated/bounded placement (``bounded_placement``; ``kappa``, ``lam``)."""
 
     name: ClassVar[str] = "bounded"
+    uses_busy: ClassVar[bool] = True
+    uses_flows: ClassVar[bool] = False
     kappa: int | None = None
     lam: float = 1.0
+    # the nodes' GPU counts, descending, of the topology last seen (it is immutable)
+    _caps: list[tuple[Topology, list[int]]] = field(
+        default_factory=list, init=False, compare=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         check_bco_params(self.kappa, self.lam)
@@ -189,7 +203,11 @@ class Bounded:
         flows: Sequence[int],
         job: Job,
     ) -> Placement | None:
-        return bounded_placement(topo, free, busy, job.num_gpus, self.kappa, self.lam)
+        caps = self._caps
+        if not caps or caps[0][0] is not topo:
+            caps[:] = [(topo, sorted((n.gpus for n in topo.nodes), reverse=True))]
+        gpus = job.num_gpus
+        return bounded_placement(topo, free, busy, gpus, self.kappa, self.lam, caps[0][1])
 
     def memo_key(self, job: Job) -> tuple[int, int]:
         return (job.num_gpus, 0)
@@ -203,6 +221,8 @@ class LeastContention:
     """The generators' placement whose ring adds the least contention (module docstring)."""
 
     name: ClassVar[str] = "least_contention"
+    uses_busy: ClassVar[bool] = True
+    uses_flows: ClassVar[bool] = True
 
     def place(
         self,
@@ -260,12 +280,15 @@ def place_greedy(
     by_size: bool = False,
 ) -> list[Start]:
     """Start ``jobs`` in this order where ``rule`` places them, updating ``free``, ``busy``
-    and ``flows`` in place. Greedy (default): a job that cannot be placed now waits and the
-    scan goes on; ``strict``: the scan stops at the first such job (FIFO's head-of-line
-    blocking). ``by_size``: ``jobs`` is by GPU count ascending, so the scan stops at the
-    first job larger than the free GPUs. Jobs larger than the cluster are skipped."""
+    and ``flows`` in place (each only where ``rule`` reads it: ``uses_busy``,
+    ``uses_flows``; otherwise it may be passed empty). Greedy (default): a job that cannot
+    be placed now waits and the scan goes on; ``strict``: the scan stops at the first such
+    job (FIFO's head-of-line blocking). ``by_size``: ``jobs`` is by GPU count ascending,
+    so the scan stops at the first job larger than the free GPUs. Jobs larger than the
+    cluster are skipped."""
     total = sum(free)
     cluster = topo.total_gpus
+    track_busy, track_flows = rule.uses_busy, rule.uses_flows and bool(flows)
     starts: list[Start] = []
     unplaceable: set[tuple[int, int]] = set()
     for job in jobs:
@@ -286,8 +309,10 @@ def place_greedy(
             unplaceable.add(key)
             continue
         apply_placement(free, placement)
-        add_busy(busy, placement)
-        add_flows(topo, flows, placement)
+        if track_busy:
+            add_busy(busy, placement)
+        if track_flows:
+            add_flows(topo, flows, placement)
         total -= gpus
         starts.append(Start(job.job_id, placement))
     return starts

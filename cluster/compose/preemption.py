@@ -29,8 +29,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import ClassVar, Protocol
 
-from linkwise.cluster.compose.admission import Admission
-from linkwise.cluster.compose.orders import Item, Order
+from linkwise.cluster.compose.admission import Admission, Greedy
+from linkwise.cluster.compose.orders import Order
 from linkwise.cluster.compose.placements import (
     PlacementRule,
     add_busy,
@@ -77,16 +77,31 @@ class NoPreemption:
         return _admit(state, order, rule, admission)
 
 
-def _busy_of(state: ClusterState, running: Sequence[RunningJob]) -> list[int]:
-    busy = [0] * len(state.topology.nodes)
-    for r in running:
-        add_busy(busy, r.placement)
+def _busy_of(
+    state: ClusterState, running: Sequence[RunningJob], rule: PlacementRule | None = None
+) -> list[int]:
+    """Running jobs per node over ``running``, a subset of the state's (empty where ``rule``
+    does not read it)."""
+    if rule is not None and not rule.uses_busy:
+        return []
+    busy = list(state.jobs_per_node)
+    if len(running) < len(state.running):
+        ids = {r.job.job_id for r in running}
+        for r in state.running:
+            if r.job.job_id not in ids:
+                add_busy(busy, r.placement, -1)
     return busy
 
 
-def _flows_of(state: ClusterState, running: Sequence[RunningJob]) -> list[int]:
-    if not state.link_flows:
+def _flows_of(
+    state: ClusterState, running: Sequence[RunningJob], rule: PlacementRule | None = None
+) -> list[int]:
+    """Rings per link over ``running`` (empty where ``rule`` does not read it, or the state
+    counts none)."""
+    if not state.link_flows or (rule is not None and not rule.uses_flows):
         return []
+    if len(running) == len(state.running):
+        return list(state.link_flows)
     flows = [0] * len(state.topology.links)
     for r in running:
         add_flows(state.topology, flows, r.placement)
@@ -115,27 +130,43 @@ class Priority:
     ) -> Decision:
         now = state.time
         topo = state.topology
-        kept: set[int] = {
-            r.job.job_id for r in state.running if now - r.start_time < self.min_run_s
-        }  # pinned: within the minimum run time, admitted first
-        left = state.total_free_gpus + sum(
-            r.job.num_gpus for r in state.running if r.job.job_id not in kept
+        if not order.remembers:
+            # fast paths (the same decision, cheaper): nothing pending, nothing to do; all
+            # of the pending jobs fit the free GPUs, none needs a running job's place
+            total = topo.total_gpus
+            want = sum(p.job.num_gpus for p in state.pending if p.job.num_gpus <= total)
+            if not want:
+                return Decision()
+            if want <= state.total_free_gpus:
+                return _admit(state, order, rule, Greedy())
+        pinned = [r for r in state.running if now - r.start_time < self.min_run_s]
+        kept: set[int] = {r.job.job_id for r in pinned}  # admitted first
+        movable = [r for r in state.running if r.job.job_id not in kept]
+        left = state.total_free_gpus + sum(r.job.num_gpus for r in movable)
+        # an order with memory sees every running job; the pinned ones are skipped below
+        safe, ranked = order.rank_contested(
+            state, state.running if order.remembers else movable, state.pending, self.margin
         )
-        ranked: list[Item] = order.rank(state, state.running, state.pending, self.margin)
+        kept.update(r.job.job_id for r in safe)
+        left -= sum(r.job.num_gpus for r in safe)
         admitted: list[PendingJob] = []
         rest: list[PendingJob] = []
         for item in ranked:
-            if item.job.job_id in kept and isinstance(item, RunningJob):
-                continue
             gpus = item.job.num_gpus
-            fits = gpus <= left
-            if fits:
-                left -= gpus
             if isinstance(item, PendingJob):
-                (admitted if fits else rest).append(item)
-            elif fits:
+                if gpus <= left:
+                    left -= gpus
+                    admitted.append(item)
+                else:
+                    rest.append(item)
+            elif item.job.job_id not in kept and gpus <= left:
+                left -= gpus
                 kept.add(item.job.job_id)
         wake = order.settle(state, kept | {p.job.job_id for p in admitted})
+        if not admitted:
+            # nothing is preempted either (the running jobs all fit without a pending one),
+            # and a pending job left out did not fit the free GPUs: nothing changes
+            return Decision(wake_at=wake)
         preempted = [r for r in state.running if r.job.job_id not in kept]
         free = list(state.free_gpus)
         for r in preempted:
@@ -146,8 +177,8 @@ class Priority:
             [p.job for p in admitted],
             rule,
             free,
-            _busy_of(state, staying),
-            _flows_of(state, staying),
+            _busy_of(state, staying, rule),
+            _flows_of(state, staying, rule),
         )
         if not self.refill:
             return Decision(
@@ -161,19 +192,22 @@ class Priority:
                 apply_placement(free, r.placement)
                 staying.append(r)
         started = {s.job_id for s in first}
-        position = {item.job.job_id: i for i, item in enumerate(ranked)}
         again = [p for p in admitted if p.job.job_id not in started] + rest
-        again.sort(key=lambda p: position[p.job.job_id])
-        # the second pass counts busy-ness and flows of the jobs left running, not of the
-        # first pass's starts (as the SRTF ceiling always did)
-        second = place_greedy(
-            topo,
-            [p.job for p in again],
-            rule,
-            free,
-            _busy_of(state, staying),
-            _flows_of(state, staying),
-        )
+        if not again or not any(free):
+            second: list[Start] = []
+        else:
+            position = {item.job.job_id: i for i, item in enumerate(ranked)}
+            again.sort(key=lambda p: position[p.job.job_id])
+            # the second pass counts busy-ness and flows of the jobs left running, not of
+            # the first pass's starts (as the SRTF ceiling always did)
+            second = place_greedy(
+                topo,
+                [p.job for p in again],
+                rule,
+                free,
+                _busy_of(state, staying, rule),
+                _flows_of(state, staying, rule),
+            )
         starts = tuple(first) + tuple(second)
         if not starts:
             return Decision(wake_at=wake)
