@@ -19,13 +19,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import ClassVar
 
-import duckdb
 import pytest
 
 from linkwise.cluster.hostlist import expand
 from linkwise.cluster.slurm.client import SlurmClient, read_env_file
 from linkwise.deployer.loop import ServeConfig, serve
 from linkwise.deployer.safety import HOLD_TAG, RELEASED_TAG, lease_dir_for
+from linkwise.tests._store import read_store
 
 pytestmark = pytest.mark.services
 
@@ -156,12 +156,12 @@ class Loop:
             sys.executable, "-m", "linkwise.deployer.serve", "--mode", "active",
             "--partition", "gpu", "--slurm-env", ENV_FILE, "--db", str(tmp / "store.duckdb"),
             "--state-dir", str(tmp / "state"), "--lease-root", str(LEASE_ROOT),
-            "--interval", "1", "--lease", "6", *args,
+            "--interval", "1", "--lease", "30", *args,
         ]  # fmt: skip
         with open(self.log, "wb") as fh:
             self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=fh, cwd=tmp)
         Loop.running.append(self)
-        wait_for(lambda: b'"event": "cycle"' in self.log.read_bytes(), 60, "a first cycle")
+        wait_for(lambda: b'"event": "cycle"' in self.log.read_bytes(), 120, "a first cycle")
 
     def events(self) -> list[dict[str, object]]:
         lines = self.log.read_bytes().splitlines()
@@ -174,7 +174,7 @@ class Loop:
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(30)
+                self.proc.wait(120)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
 
@@ -236,18 +236,18 @@ def test_a_released_job_slurm_cannot_run_there_gets_its_node_list_cleared(
     assert q.admin_comment == RELEASED_TAG and q.req_nodes == ("gpu01",)
     wait_for(
         lambda: next(x for x in client.queue() if x.job_id == job).reason == "BadConstraints",
-        30, "Slurm to report the job cannot run there",
+        120, "Slurm to report the job cannot run there",
     )  # fmt: skip
     cfg = ServeConfig(
         mode="active", partitions=("gpu",), slurm_env=ENV_FILE, policy="fifo",
         db=str(tmp_path / "store.duckdb"), state_dir=str(tmp_path / "state"),
-        lease_root=str(LEASE_ROOT), interval_s=0.5, lease_s=5.0, max_cycles=3,
+        lease_root=str(LEASE_ROOT), interval_s=0.5, lease_s=60.0, max_cycles=3,
     )  # fmt: skip
     summary = serve(cfg)
-    wait_for(lambda: finished(client, [job]), 30, "the stranded job to run")
+    wait_for(lambda: finished(client, [job]), 240, "the stranded job to run")
     assert acct(client, [job])[str(job)][1] != ("gpu01",)
     assert "linkwise_serve_unstranded_total 1.0" in summary["metrics"]
-    con = duckdb.connect(str(tmp_path / "store.duckdb"), read_only=True)
+    con = read_store(tmp_path / "store.duckdb")
     rows = con.execute(
         "SELECT command, outcome FROM audit WHERE job_id = ? AND actor = 'loop:unstrand'", [job]
     ).fetchall()
@@ -339,7 +339,9 @@ def test_max_hold_is_enforced_on_a_full_disk(
             logger.removeHandler(handler)
         q = next((x for x in client.queue() if x.job_id == wide), None)
         assert q is None or not q.held, "held past max-hold on a full disk"
-        assert time.time() - started < 30
+        # a guard against a stalled fault path only (10 cycles of 0.5 s): what is checked is
+        # the order of events below, which does not depend on the machine's load
+        assert time.time() - started < 240
         text = buf.getvalue()
         events = [json.loads(x) for x in text.splitlines() if x.startswith("{")]
         names = [(e["event"], e.get("job_id"), e.get("actor")) for e in events]
@@ -383,15 +385,15 @@ def test_a_user_cannot_move_a_held_job_to_another_partition(
         # an operator may: the loop counts it as a bypass and hands the job to Slurm
         moved = sbatch(cluster, "-J", "i21-moved", "--gres=gpu:1", "--wrap=sleep 1")
         seen = loop.cycles()
-        wait_for(lambda: loop.cycles() >= seen + 2, 30, "the loop to see the job")
+        wait_for(lambda: loop.cycles() >= seen + 2, 120, "the loop to see the job")
         client.runner.run(["scontrol", "update", f"JobId={moved}", "Partition=other"])
         wait_for(
             lambda: any(
                 e["event"] == "hold_bypassed" and e.get("job_id") == moved for e in loop.events()
             ),
-            30, "the loop to count the partition change",
+            120, "the loop to count the partition change",
         )  # fmt: skip
-        wait_for(lambda: not next(x for x in client.queue() if x.job_id == moved).held, 30,
+        wait_for(lambda: not next(x for x in client.queue() if x.job_id == moved).held, 120,
                  "the moved job to be handed back")  # fmt: skip
     finally:
         Loop.stop_all()

@@ -20,8 +20,10 @@ import pytest
 from linkwise.cluster.domain import ClusterState, Decision, Placement, Start
 from linkwise.cluster.hostlist import expand
 from linkwise.cluster.slurm.client import SlurmClient, read_env_file
+from linkwise.datasets.store import open_store
 from linkwise.deployer.loop import ServeConfig, serve
 from linkwise.deployer.policies import LoadedPolicy
+from linkwise.tests._store import read_store
 
 pytestmark = pytest.mark.services
 
@@ -35,7 +37,7 @@ LEASE_ROOT = "/tmp/lw-slurm-live-leases"  # shared by every loop of these tests 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[dict[str, str]]:
     env = {**os.environ, **LIVE_ENV}
-    subprocess.run([str(SCRIPT), "start"], env=env, check=True, capture_output=True, timeout=120)
+    subprocess.run([str(SCRIPT), "start"], env=env, check=True, capture_output=True, timeout=300)
     try:
         yield read_env_file(Path(LIVE_DIR) / "env")
     finally:
@@ -120,12 +122,12 @@ def test_active_places_jobs_on_the_policy_nodes(client: SlurmClient, tmp_path: P
         cfg = ServeConfig(
             mode="active", partitions=("gpu",), slurm_env=str(Path(LIVE_DIR) / "env"),
             db=str(tmp_path / "store.duckdb"), state_dir=str(tmp_path / "state"),
-            lease_root=LEASE_ROOT, interval_s=0.5, lease_s=5.0, max_cycles=4,
+            lease_root=LEASE_ROOT, interval_s=0.5, lease_s=60.0, max_cycles=4,
         )  # fmt: skip
         summary = serve(cfg, policy=LoadedPolicy(LastFit(), "last_fit", "test:last_fit", ""))
         assert summary["cycles"] == 4
-        wait_for(lambda: all_done(client, ids), 30, "the placed jobs to complete")
-        con = duckdb.connect(str(tmp_path / "store.duckdb"), read_only=True)
+        wait_for(lambda: all_done(client, ids), 240, "the placed jobs to complete")
+        con = read_store(tmp_path / "store.duckdb")
         chosen = dict(
             con.execute(
                 "SELECT job_id, nodes FROM decisions WHERE action = 'start' AND note = 'applied'"
@@ -172,21 +174,45 @@ def test_shadow_burst_with_corrupt_model_and_store_outage(
     duckdb.connect(str(db)).close()
     cmd = serve_cmd(
         str(Path(LIVE_DIR) / "env"), tmp_path, "--mode", "shadow", "--policy",
-        f"model:{corrupt}", "--fallback", "fifo", "--interval", "1", "--max-cycles", "12",
+        f"model:{corrupt}", "--fallback", "fifo", "--interval", "1",
     )  # fmt: skip
     errf = tmp_path / "serve.log"
+
+    def cycles_logged() -> int:
+        return errf.read_bytes().count(b'"event": "cycle"')
+
     with open(errf, "wb") as fh:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=fh, cwd=tmp_path)
-    wait_for(lambda: b'"event": "cycle"' in errf.read_bytes(), 60, "the first cycle")
-    burst = [client.submit("sleep 2", name=f"burst{i}", gpus_per_node=4) for i in range(6)]
-    later = [
-        client.submit("sleep 1", name=f"later{i}", gpus_per_node=1, extra_args=["--begin=now+5"])
-        for i in range(2)
-    ]
-    lock = duckdb.connect(str(db))  # another writer holds the store: it is unavailable
-    time.sleep(3.5)
-    lock.close()
-    out, _ = proc.communicate(timeout=60)
+    try:
+        wait_for(lambda: cycles_logged() >= 1, 120, "the first cycle")
+        # another writer holds the store (the loop opens it per write: retried until between
+        # two writes): unavailable until the loop has spooled a cycle of the burst's decisions
+        lock = open_store(db, lock_wait_s=120)
+        try:
+            wait_for(lambda: b"store_unavailable" in errf.read_bytes(), 120, "the outage")
+            burst = [client.submit("sleep 2", name=f"burst{i}", gpus_per_node=4) for i in range(6)]
+            later = [
+                client.submit(
+                    "sleep 1", name=f"later{i}", gpus_per_node=1, extra_args=["--begin=now+5"]
+                )
+                for i in range(2)
+            ]
+            seen = cycles_logged()
+            wait_for(lambda: cycles_logged() >= seen + 2, 120, "cycles during the outage")
+        finally:
+            lock.close()
+        wait_for(lambda: b"spool_replayed" in errf.read_bytes(), 120, "the spool's replay")
+        wait_for(lambda: all_done(client, burst + later), 240, "the burst to complete")
+        # jobs that left the queue unseen are joined from sacct once settled (ended over 5 s
+        # ago, every third cycle): cycles last at least the 1 s interval
+        done = cycles_logged()
+        wait_for(lambda: cycles_logged() >= done + 10, 240, "the joins of finished jobs")
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(60)
     err_lines = errf.read_bytes().splitlines()
     log = [json.loads(x) for x in err_lines if x.startswith(b"{")]
     events = [e["event"] for e in log]
@@ -194,13 +220,14 @@ def test_shadow_burst_with_corrupt_model_and_store_outage(
     fallback = [e for e in log if e["event"] == "fallback"]
     assert fallback and "SHA-256" in fallback[0]["reason"] and fallback[0]["fallback"] == "fifo"
     assert "store_unavailable" in events and "spool_replayed" in events
-    assert events.count("cycle") == 12
-    wait_for(lambda: all_done(client, burst + later), 40, "the burst to complete")
-    con = duckdb.connect(str(db), read_only=True)
+    n_cycles = events.count("cycle")
+    assert n_cycles >= 13 and events[-1] == "serve_stop"
+    con = read_store(db)
     cycles = [
         r[0] for r in con.execute("SELECT DISTINCT cycle_id FROM decisions ORDER BY 1").fetchall()
     ]
-    assert cycles == list(range(1, 13))  # a decision per cycle, the outage's ones included
+    # a decision per cycle, the outage's ones included
+    assert cycles == list(range(1, n_cycles + 1))
     assert con.execute("SELECT count(*) FROM audit").fetchone() == (0,)
     assert {r[0] for r in con.execute("SELECT DISTINCT mode FROM decisions").fetchall()} == {
         "shadow"
@@ -227,29 +254,40 @@ def test_kill9_with_held_jobs_releases_within_the_lease(
     waiting = [client.submit("sleep 1", name=f"w{i}", gpus_per_node=4, hold=True) for i in range(3)]
     for j in [blocker, *waiting]:
         hand_over(client, j)
-    lease = 4.0
+    # the watchdog acts once it sees its owner gone, not at the lease's end: a long lease
+    # makes "within the lease" a check with a wide margin on a loaded machine
+    lease = 60.0
     cmd = serve_cmd(
         str(Path(LIVE_DIR) / "env"), tmp_path, "--mode", "active", "--policy", "fifo",
         "--interval", "1", "--lease", str(lease),
     )  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path)
+    errf = tmp_path / "serve.log"
+    with open(errf, "wb") as fh:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=fh, cwd=tmp_path)
     try:
         wait_for(
             lambda: any(q.job_id == blocker and q.state == "RUNNING" for q in client.queue()),
-            30, "the loop to start the blocker",
+            120, "the loop to start the blocker",
         )  # fmt: skip
-        time.sleep(1.2)  # a cycle that holds the waiting jobs (no room)
+        seen = errf.read_bytes().count(b'"event": "cycle"')
+        wait_for(  # a whole cycle that saw the blocker run holds the waiting jobs (no room)
+            lambda: errf.read_bytes().count(b'"event": "cycle"') >= seen + 2, 120, "two cycles"
+        )
         assert all(q.held for q in client.queue() if q.job_id in waiting)
         proc.send_signal(signal.SIGKILL)
         killed = time.time()
-        proc.wait(5)
+        proc.wait(60)
         wait_for(
             lambda: not any(q.held for q in client.queue() if q.job_id in waiting),
-            lease + 3, "the watchdog to release the held jobs",
+            lease, "the watchdog to release the held jobs",
         )  # fmt: skip
-        assert time.time() - killed <= lease + 3
-        wait_for(lambda: all_done(client, [blocker, *waiting]), 40, "every job to complete")
-        con = duckdb.connect(str(tmp_path / "store.duckdb"), read_only=True)
+        assert time.time() - killed <= lease
+        wait_for(lambda: all_done(client, [blocker, *waiting]), 240, "every job to complete")
+        # the watchdog writes its audit rows (and holds the store's lock meanwhile) until it
+        # has swept twice and marked the lease released: read the store after that
+        wlog = tmp_path / "state" / "watchdog.log"
+        wait_for(lambda: b"owner gone, jobs released" in wlog.read_bytes(), 120, "the watchdog")
+        con = read_store(tmp_path / "store.duckdb")
         rows = con.execute("SELECT job_id, outcome FROM audit WHERE actor = 'watchdog'").fetchall()
         assert sorted(rows) == sorted((j, "ok") for j in waiting)
         con.close()
@@ -267,13 +305,13 @@ def test_slurmctld_restart_mid_cycle_loop_survives(client: SlurmClient, tmp_path
     with open(errf, "wb") as fh:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=fh, cwd=tmp_path)
     try:
-        wait_for(lambda: errf.read_bytes().count(b'"cycle"') >= 2, 30, "two cycles")
+        wait_for(lambda: errf.read_bytes().count(b'"cycle"') >= 2, 120, "two cycles")
         pid = int((Path(LIVE_DIR) / "run" / "slurmctld.pid").read_text().strip())
         os.kill(pid, signal.SIGTERM)
-        wait_for(lambda: b"slurm_unavailable" in errf.read_bytes(), 20, "the outage")
+        wait_for(lambda: b"slurm_unavailable" in errf.read_bytes(), 120, "the outage")
         env = {**os.environ, **LIVE_ENV}
         subprocess.run(
-            [str(SCRIPT), "start"], env=env, check=True, capture_output=True, timeout=120
+            [str(SCRIPT), "start"], env=env, check=True, capture_output=True, timeout=300
         )
         assert proc.poll() is None, "the loop died with slurmctld"
         ids = [
@@ -281,9 +319,9 @@ def test_slurmctld_restart_mid_cycle_loop_survives(client: SlurmClient, tmp_path
         ]
         for j in ids:
             hand_over(client, j)
-        wait_for(lambda: all_done(client, ids), 40, "jobs submitted after the restart to run")
+        wait_for(lambda: all_done(client, ids), 240, "jobs submitted after the restart to run")
         proc.send_signal(signal.SIGTERM)
-        proc.wait(20)
+        proc.wait(120)
         assert proc.returncode == 0
         log = [json.loads(x) for x in errf.read_bytes().splitlines() if x.startswith(b"{")]
         events = [e["event"] for e in log]
@@ -328,24 +366,24 @@ def test_holds_the_loop_did_not_place_are_left_alone(client: SlurmClient, tmp_pa
         cfg = ServeConfig(
             mode="active", partitions=("gpu",), slurm_env=str(Path(LIVE_DIR) / "env"),
             db=str(tmp_path / "store.duckdb"), state_dir=str(tmp_path / "state"),
-            lease_root=LEASE_ROOT, interval_s=0.5, lease_s=5.0, max_cycles=3,
+            lease_root=LEASE_ROOT, interval_s=0.5, lease_s=60.0, max_cycles=3,
         )  # fmt: skip
         summary = serve(cfg, policy=LoadedPolicy(LastFit(), "last_fit", "test:last_fit", ""))
-        wait_for(lambda: all_done(client, [ours]), 30, "the loop's own job to run")
+        wait_for(lambda: all_done(client, [ours]), 240, "the loop's own job to run")
         assert reasons(client, theirs) == before, summary  # the clean shutdown left them alone
         # kill -9: the watchdog sweeps; it too leaves every hold it did not place alone
         errf = tmp_path / "serve.log"
         cmd = serve_cmd(
             str(Path(LIVE_DIR) / "env"), tmp_path / "k", "--mode", "active", "--policy", "fifo",
-            "--interval", "0.5", "--lease", "2",
+            "--interval", "0.5", "--lease", "30",
         )  # fmt: skip
         with open(errf, "wb") as fh:
             proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=fh, cwd=tmp_path)
-        wait_for(lambda: b'"event": "cycle"' in errf.read_bytes(), 30, "a cycle")
+        wait_for(lambda: b'"event": "cycle"' in errf.read_bytes(), 120, "a cycle")
         proc.send_signal(signal.SIGKILL)
-        proc.wait(5)
+        proc.wait(60)
         wlog = tmp_path / "k" / "state" / "watchdog.log"
-        wait_for(lambda: b"owner gone, jobs released" in wlog.read_bytes(), 20, "the watchdog")
+        wait_for(lambda: b"owner gone, jobs released" in wlog.read_bytes(), 120, "the watchdog")
         assert reasons(client, theirs) == before
     finally:
         for j in theirs:
@@ -358,7 +396,7 @@ def test_a_second_loop_on_an_overlapping_partition_is_refused(
     env_file = str(Path(LIVE_DIR) / "env")
     sleeper = client.submit("sleep 60", name="i12-sleeper", gpus_per_node=1)
     wait_for(lambda: any(q.job_id == sleeper and q.state == "RUNNING" for q in client.queue()),
-             30, "the sleeper to run")  # fmt: skip
+             120, "the sleeper to run")  # fmt: skip
     wide = client.submit("sleep 1", name="i12-wide", nodes=4, gpus_per_node=4, hold=True)
     hand_over(client, wide)  # the first loop holds it: a GPU is busy
     errf = tmp_path / "a.log"
@@ -366,11 +404,11 @@ def test_a_second_loop_on_an_overlapping_partition_is_refused(
     with open(errf, "wb") as fh:
         proc = subprocess.Popen(first, stdout=subprocess.DEVNULL, stderr=fh, cwd=tmp_path)
     try:
-        wait_for(lambda: errf.read_bytes().count(b'"event": "cycle"') >= 1, 30, "a cycle")
+        wait_for(lambda: errf.read_bytes().count(b'"event": "cycle"') >= 1, 120, "a cycle")
         for parts in ("gpu", "zzz,gpu"):  # another state dir; the same partition in a set
             second = serve_cmd(env_file, tmp_path / "b", "--mode", "active", "--max-cycles", "2")
             second[second.index("--partition") + 1] = parts
-            out = subprocess.run(second, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+            out = subprocess.run(second, capture_output=True, text=True, timeout=240, cwd=tmp_path)
             assert out.returncode == 2, (parts, out.returncode, out.stderr[-1500:])
             assert "gpu" in out.stderr and "another loop" in out.stderr, out.stderr[-1500:]
         assert proc.poll() is None
@@ -380,4 +418,4 @@ def test_a_second_loop_on_an_overlapping_partition_is_refused(
         client.cancel(wide)
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
-            proc.wait(30)
+            proc.wait(120)
