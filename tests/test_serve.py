@@ -387,8 +387,8 @@ def test_a_registry_model_is_recorded_by_its_version_number(
     import linkwise.models.policy_spec as policy_spec
     from linkwise.deployer import policies as loop
 
-    fake = SimpleNamespace(
-        package_dir="models:/linkwise-policy/7", spec=SimpleNamespace(version="obs-x")
+    fake = SimpleNamespace(  # a loaded package as load_source gives it (policy.json: meta)
+        package_dir="models:/linkwise-policy/7", spec=SimpleNamespace(version="obs-x"), meta={}
     )
     monkeypatch.setattr(policy_spec, "load_source", lambda source, **_kw: fake)
     loaded = loop._learned("model:champion")
