@@ -52,6 +52,7 @@ from typing import Any
 from rich.console import Console
 
 from linkwise.cluster.domain import Job, Topology
+from linkwise.cluster.heuristics import policy_names
 from linkwise.cluster.topology import load_topology
 from linkwise.datasets.decisions import store_predictor
 from linkwise.datasets.prediction import predictor_digest, write_predictor
@@ -99,19 +100,10 @@ __all__ = [
     "workspace",
 ]
 
-# every heuristic, QSSF (the best same-information one) and the oracle ceilings (marked
+# every heuristic ``linkwise policies`` lists: the frontier (preemptive QSSF, Tiresias with
+# consolidated placement, DeepShare's migration rule), QSSF and the oracle ceilings (marked
 # ``oracle`` in the table, never a reference)
-HEURISTICS: tuple[str, ...] = (
-    "fifo",
-    "backfill",
-    "best_fit",
-    "sjf_bco",
-    "tiresias_las",
-    "random",
-    "qssf",
-    "sjf_bco_oracle",
-    "srtf_oracle",
-)
+HEURISTICS: tuple[str, ...] = tuple(policy_names(predictions=True))
 BASELINE = "backfill"
 
 
