@@ -47,13 +47,13 @@ def test_explain_a_live_shadow_decision(
     tag = f"lw24-explain-{os.getpid()}"
     ids = [
         client.submit("sleep 1", name=f"{tag}-{i}", gpus_per_node=1,
-                      extra_args=["--begin=now+90"])
+                      extra_args=["--begin=now+900"])  # pending throughout
         for i in range(3)
     ]  # fmt: skip
     db = tmp_path / "store.duckdb"
     try:
         named: list[int] = []
-        deadline = time.time() + 120
+        deadline = time.time() + 240
         while not named:
             assert time.time() < deadline, "the shadow loop never named this test's jobs"
             cfg = ServeConfig(

@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import duckdb
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -31,6 +30,7 @@ from linkwise.deployer.loop import ServeConfig, serve
 from linkwise.deployer.migration import MigrationConfig, MigrationExecutor, Move
 from linkwise.deployer.policies import LoadedPolicy
 from linkwise.deployer.safety import Recorder
+from linkwise.tests._store import read_store
 
 pytestmark = pytest.mark.services
 
@@ -49,7 +49,7 @@ RESTART_S = 90
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[dict[str, str]]:
     env = {**os.environ, **LIVE_ENV}
-    subprocess.run([str(SCRIPT), "start"], env=env, check=True, capture_output=True, timeout=180)
+    subprocess.run([str(SCRIPT), "start"], env=env, check=True, capture_output=True, timeout=300)
     try:
         yield read_env_file(ENV_FILE)
     finally:
@@ -129,7 +129,7 @@ def started_counting(client: SlurmClient, job_id: int, node: str, work: Path) ->
 def check_resumed(client: SlurmClient, job_id: int, work: Path, node: str | None) -> None:
     """Requeued once, restarted (same id) on ``node`` from its checkpoint, counting on."""
     wait_for(lambda: len(starts(work)) >= 2, RESTART_S, f"job {job_id} to restart")
-    wait_for(lambda: running_on(client, job_id, node), 30, f"job {job_id} to run on {node}")
+    wait_for(lambda: running_on(client, job_id, node), 120, f"job {job_id} to run on {node}")
     first, second = starts(work)[:2]
     assert first["restart"] == "0" and second["restart"] == "1", starts(work)
     assert first["job"] == second["job"] == str(job_id)
@@ -172,7 +172,7 @@ def test_the_executor_migrates_an_opted_in_job_and_leaves_the_other_alone(
     assert out == {mover: "migrated", other: "refused: not opted in"}
     check_resumed(client, mover, a, "gpu04")
     untouched(client, other, b, "gpu02")
-    con = duckdb.connect(str(db), read_only=True)
+    con = read_store(db)
     rows = con.execute(
         "SELECT job_id, command, outcome, ts, outcome_ts FROM audit ORDER BY ts, outcome_ts"
     ).fetchall()
@@ -222,7 +222,7 @@ def test_the_loop_migrates_and_preempts_what_its_policy_asks(
     cfg = ServeConfig(
         mode="active", partitions=("gpu",), slurm_env=ENV_FILE,
         db=str(tmp_path / "store.duckdb"), state_dir=str(tmp_path / "state"),
-        lease_root=str(tmp_path / "leases"), interval_s=0.5, lease_s=10.0, max_cycles=14,
+        lease_root=str(tmp_path / "leases"), interval_s=0.5, lease_s=60.0, max_cycles=14,
         migration=MigrationConfig(grace_s=30, min_run_s=1),
     )  # fmt: skip
     policy = MoveOnce((mover, 3), (other, preempted))  # node 3: gpu04
@@ -234,7 +234,7 @@ def test_the_loop_migrates_and_preempts_what_its_policy_asks(
     assert 'linkwise_serve_migrations_total{mode="active"} 1.0' in metrics
     assert 'linkwise_serve_preemptions_total{mode="active"} 1.0' in metrics
     assert 'linkwise_serve_moves_refused_total{reason="not opted in"} 1.0' in metrics
-    con = duckdb.connect(str(tmp_path / "store.duckdb"), read_only=True)
+    con = read_store(tmp_path / "store.duckdb")
     actors = con.execute("SELECT DISTINCT job_id, actor FROM audit ORDER BY 1, 2").fetchall()
     con.close()
     assert (other, "loop:migrate") not in actors and all(j != other for j, _ in actors)
@@ -260,7 +260,7 @@ def test_shadow_records_the_would_be_migration_and_changes_nothing(
     policy = MoveOnce((mover, 3), ())
     summary = serve(cfg, policy=LoadedPolicy(policy, "move_once", "test:move_once", ""))
     assert 'linkwise_serve_migrations_total{mode="shadow"} 1.0' in summary["metrics"]
-    con = duckdb.connect(str(db), read_only=True)
+    con = read_store(db)
     rows = con.execute("SELECT job_id, actor, outcome, command FROM audit").fetchall()
     con.close()
     assert {(j, a, o) for j, a, o, _ in rows} == {(mover, "shadow:migrate", "shadow")}
@@ -287,7 +287,7 @@ class MoveOnce:
 
 cfg = ServeConfig(
     mode="active", partitions=("gpu",), slurm_env={env!r}, db={db!r}, state_dir={state!r},
-    lease_root={leases!r}, interval_s=0.5, lease_s=20.0,
+    lease_root={leases!r}, interval_s=0.5, lease_s=120.0,
     migration=MigrationConfig(grace_s=30, min_run_s=1),
 )
 serve(cfg, policy=LoadedPolicy(MoveOnce(), "move_once", "test:move_once", ""),
@@ -339,14 +339,14 @@ def test_kill9_between_requeuehold_and_release_the_job_runs(
         assert proc.poll() is None
         proc.send_signal(signal.SIGKILL)
         killed = time.time()
-        proc.wait(10)
+        proc.wait(60)
         # the watchdog sees its owner gone (it polls every second) and releases the job,
-        # long before the 20 s lease would have run out
-        wait_for(lambda: not getattr(job(client, mover), "held", True), 15, "the release")
+        # long before the 120 s lease would have run out (a wide margin on a loaded machine)
+        wait_for(lambda: not getattr(job(client, mover), "held", True), 90, "the release")
         print(f"released {time.time() - killed:.1f} s after kill -9")
         # the watchdog sees the loop gone and releases what it held: the job runs again
         check_resumed(client, mover, work, None)
-        con = duckdb.connect(str(db), read_only=True)
+        con = read_store(db)
         rows = con.execute(
             "SELECT actor, command, outcome FROM audit WHERE job_id = ? ORDER BY ts", [mover]
         ).fetchall()

@@ -53,7 +53,7 @@ def test_a_learned_package_decides_on_the_live_queue(env_file: Path, tmp_path: P
     client = SlurmClient.from_env(env, "cli")
     partition = env.get("LINKWISE_SLURM_PARTITION", "gpu")
     tag = f"lw-obs-{os.getpid()}"
-    later = ["--begin=now+120"]
+    later = ["--begin=now+900"]  # pending for the whole test, however loaded the machine
     ids = {
         "bert": client.submit("sleep 1", name=f"{tag}-bert", gpus_per_node=1,
                               comment="linkwise:profile=bert", extra_args=later),
@@ -87,7 +87,7 @@ def test_a_learned_package_decides_on_the_live_queue(env_file: Path, tmp_path: P
 
         # a live shadow serve with the learned package: it decides itself, every cycle
         seen: set[int] = set()
-        deadline = time.time() + 150
+        deadline = time.time() + 240
         while not seen:
             assert time.time() < deadline, "the shadow loop never decided about this test's jobs"
             cfg = ServeConfig(
