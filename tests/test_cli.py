@@ -121,17 +121,16 @@ def test_calibrate_reproduces_the_shipped_calibration(tmp_path: Path) -> None:
     from linkwise.cluster.profiles import load_calibration
 
     # the fit is an optimiser's: the last digits move with the BLAS build and thread count,
-    # so every parameter must agree to a relative 1e-6, and the fit's diagnostics to 1e-2
-    # (rank correlations over near-tied predictions move by a few 1e-4)
-    got, shipped = asdict(load_calibration(target)), asdict(load_calibration())
-    fit_got, fit_shipped = got.pop("fit"), shipped.pop("fit")
-    assert _numbers_close(got, shipped)
-    assert _numbers_close(fit_got, fit_shipped, rel=1e-2)
+    # so every number must agree to a relative 1e-6, but a rank correlation over near-tied
+    # predictions (the fit's Spearman diagnostics), which moves by a few 1e-4, to 1e-2
+    assert _numbers_close(asdict(load_calibration(target)), asdict(load_calibration()))
 
 
 def _numbers_close(a: object, b: object, rel: float = 1e-6) -> bool:
     if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_numbers_close(a[k], b[k], rel) for k in a)
+        return a.keys() == b.keys() and all(
+            _numbers_close(a[k], b[k], 1e-2 if "spearman" in str(k) else rel) for k in a
+        )
     if isinstance(a, list | tuple) and isinstance(b, list | tuple):
         pairs = zip(a, b, strict=False)
         return len(a) == len(b) and all(_numbers_close(x, y, rel) for x, y in pairs)
@@ -144,6 +143,8 @@ def test_numbers_close_tells_a_different_calibration_apart() -> None:
     assert _numbers_close({"a": [1.0, {"b": 2.0}]}, {"a": [1.0 + 1e-9, {"b": 2.0}]})
     assert not _numbers_close({"a": [1.0, {"b": 2.0}]}, {"a": [1.0, {"b": 2.001}]})
     assert not _numbers_close({"a": "x"}, {"a": "y"})
+    assert _numbers_close({"spearman": 0.6239}, {"spearman": 0.6237})
+    assert not _numbers_close({"mae": 0.6239}, {"mae": 0.6237})
 
 
 def test_the_installed_entry_point_answers_help() -> None:
