@@ -168,35 +168,42 @@ def _fmt(x: Any, spec: str) -> str:
 
 
 def markdown(result: dict[str, Any]) -> str:
-    """The evaluated days' table: avg JCT, ratios to backfill and to the policy chosen on the
-    validation days, p99, queue, inflation, preemptions per job and restart seconds per job."""
+    """The evaluated days' table: avg JCT, ratios to backfill (paired 95% interval), to QSSF
+    and to the policy chosen on the validation days, p99, queue, inflation, preemptions,
+    migrations and restart seconds per job, and the ratio to the queue-aware lower bound."""
     ev = result["evaluation"]
     by = {s["policy"]: s for s in ev["summary"]}
     ratio = {r["policy"]: r for r in ev["ratios"] if r.get("stat") == "avg"}
     chosen = result["best_on_validation"]
     ref = by.get(chosen, {}).get("avg_jct_s")
+    qssf = by.get("qssf", {}).get("avg_jct_s")
     lines = [
         f"{result['experiment']} on {result['cluster']}: {ev['context'].get('cases')} cases; "
         f"best same-information policy on the validation days: **{chosen}** "
         f"(on the evaluated days: {result['best_on_evaluation']}); wall "
         f"{result.get('wall_s', 0) / 60:.1f} min",
         "",
-        "| policy | avg JCT h | / backfill [95% CI] | / chosen | p99 JCT h | avg queue h "
-        "| run-time inflation | preemptions/job | restart s/job |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|",
+        "| policy | avg JCT h | / backfill [95% CI] | / qssf | / chosen | p99 JCT h | avg queue h "
+        "| run-time inflation | preemptions/job | migrations/job | restart s/job | / queue bound |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for s in sorted(ev["summary"], key=lambda s: float(s.get("avg_jct_s") or 1e30)):
         name = s["policy"] + (" (oracle)" if s.get("oracle") else "")
         r = ratio.get(s["policy"])
         ci = "1" if r is None else f"{r['ratio']:.3f} [{r['low']:.3f}, {r['high']:.3f}]"
-        to_ref = None if not ref or s.get("avg_jct_s") is None else s["avg_jct_s"] / ref
+        jct = s.get("avg_jct_s")
+        to_ref = None if not ref or jct is None else jct / ref
+        to_qssf = None if not qssf or jct is None else jct / qssf
+        jobs = s.get("jobs") or 0
+        migrations = (s.get("migrations") or 0) / jobs if jobs else None
         lines.append(
-            f"| {name} | {_fmt(s.get('avg_jct_s', 0) / HOUR, '.2f')} | {ci} "
+            f"| {name} | {_fmt((jct or 0) / HOUR, '.2f')} | {ci} | {_fmt(to_qssf, '.3f')} "
             f"| {_fmt(to_ref, '.3f')} | {_fmt((s.get('p99_jct_s') or 0) / HOUR, '.1f')} "
             f"| {_fmt((s.get('avg_queue_s') or 0) / HOUR, '.2f')} "
             f"| {_fmt(100 * (s.get('avg_runtime_inflation') or 0), '+.0f')}% "
-            f"| {_fmt(s.get('preemptions_per_job'), '.2f')} "
-            f"| {_fmt(s.get('restart_s_per_job'), '.0f')} |"
+            f"| {_fmt(s.get('preemptions_per_job'), '.2f')} | {_fmt(migrations, '.3f')} "
+            f"| {_fmt(s.get('restart_s_per_job'), '.0f')} "
+            f"| {_fmt(s.get('avg_jct_over_queue_lb'), '.2f')} |"
         )
     return "\n".join(lines)
 
