@@ -31,6 +31,7 @@ def run_one(
     from linkwise.cluster.restart import parse_restart
     from linkwise.cluster.simulator import SimConfig
     from linkwise.cluster.topology import load_topology
+    from linkwise.datasets.predictor import RuntimePredictor
     from linkwise.datasets.traces import load_trace
     from linkwise.evaluation.compare import Scenario, run_policy
 
@@ -39,6 +40,11 @@ def run_one(
     cal = load_calibration()
     jobs = assign_profiles(load_trace(trace, "philly").jobs, cal, seed=seed)
     jobs = tuple(j for j in jobs if j.num_gpus <= topo.total_gpus)
+    # the policies that order by predicted run time (qssf, qssf_preemptive, ...) read a
+    # predictor's quantiles: fit on the slice's first two weeks, every job annotated (a
+    # speed benchmark: what the predictions are worth is predictor.md's business)
+    first = min(j.submit_time for j in jobs)
+    jobs = RuntimePredictor.fit(jobs, until=first + 14 * 86400.0).annotate(jobs)
     load_s = time.perf_counter() - t0
     config = SimConfig(restart=parse_restart(restart_cost))
     run = run_policy(Scenario(topology=topo, jobs=jobs, calibration=cal, config=config), spec)
@@ -56,7 +62,11 @@ def main() -> int:
     )
     p.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
     p.add_argument("--cluster", default="64x8")
-    p.add_argument("--policies", default="fifo,backfill,best_fit,sjf_bco,tiresias_las,random")
+    p.add_argument(
+        "--policies",
+        default="fifo,backfill,best_fit,sjf_bco,tiresias_las,random,qssf,qssf_preemptive,"
+        "tiresias_consolidated,deepshare",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--restart-cost", default="sia", help="sia (default), 0 (free) or seconds")
     p.add_argument("--json", action="store_true")
