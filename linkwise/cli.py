@@ -359,15 +359,44 @@ def cmd_policies(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([i.to_json() for i in infos]))
         return EXIT_OK
-    cols = ("name", "kind", "preemptive", "migrates", "oracle", "needs_predictions")
-    rows = [[str(getattr(i, c)).lower() if c != "name" else i.name for c in cols] for i in infos]
-    widths = [max(len(c), *(len(r[k]) for r in rows)) for k, c in enumerate(cols)]
-    print("  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)) + "  description")
-    for r, i in zip(rows, infos, strict=True):
-        print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) + "  " + i.description)
-        if i.composition and args.verbose:
-            print(" " * 4 + i.composition)
+    for line in policies_table(infos, wide=args.wide, verbose=args.verbose):
+        print(line)
     return EXIT_OK
+
+
+def policies_table(infos: Sequence[Any], wide: bool = False, verbose: bool = False) -> list[str]:
+    """``linkwise policies``' text table: within ``MAX_WIDTH`` columns (long names cut with
+    an ellipsis, descriptions wrapped) unless ``wide``; ``--json`` has every field."""
+    import textwrap
+
+    from linkwise.evaluation.columns import MAX_WIDTH
+
+    flags = ("preemptive", "migrates", "oracle", "needs_predictions")
+    heads = ("name", "kind", *flags)
+    rows = [[i.name, i.kind, *("yes" if getattr(i, f) else "-" for f in flags)] for i in infos]
+    if not wide:
+        rows = [[_cut(r[0], 28), *r[1:]] for r in rows]
+    widths = [max(len(h), *(len(r[k]) for r in rows)) for k, h in enumerate(heads)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(heads, widths, strict=True)) + "  description"]
+    for r, i in zip(rows, infos, strict=True):
+        line = "  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) + "  "
+        if wide:
+            lines.append(line + i.description)
+            continue
+        parts = textwrap.wrap(i.description, max(MAX_WIDTH - len(line), 20)) or [""]
+        lines.append(line + parts[0])
+        lines.extend(" " * len(line) + p for p in parts[1:])
+        if i.composition and verbose:
+            lines.append(" " * 4 + i.composition)
+    return lines
+
+
+def _cut(text: str, width: int) -> str:
+    """``text`` in at most ``width`` characters: its start and end around an ellipsis."""
+    if len(text) <= width:
+        return text
+    head = (width - 1) // 2
+    return text[:head] + "…" + text[len(text) - (width - 1 - head) :]
 
 
 def _parse_time(text: str | None, flag: str) -> float | None:
@@ -592,6 +621,7 @@ def build_parser() -> argparse.ArgumentParser:
         "spec", nargs="*", help="describe these specs (a name, compose:..., model:...) only"
     )
     p.add_argument("-v", "--verbose", action="store_true", help="show each composition's spec")
+    p.add_argument("--wide", action="store_true", help="full names and descriptions")
     p.add_argument("--json", action="store_true", help="JSON: a list of objects")
     p.set_defaults(func=cmd_policies)
 

@@ -114,6 +114,21 @@ def test_simulate_fits_120_columns(capsys: pytest.CaptureFixture[str]) -> None:
     assert _widest(out) <= MAX_WIDTH and "avg JCT h" in out
 
 
+def test_policies_fits_120_columns_and_wide_shows_names_and_descriptions_whole(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from linkwise.models.policy_spec import policy_catalog
+
+    infos = policy_catalog()
+    assert main(["policies"]) == 0
+    narrow = capsys.readouterr().out
+    assert _widest(narrow) <= MAX_WIDTH, narrow
+    assert all(len(i.name) > 28 or i.name in narrow for i in infos)
+    assert main(["policies", "--wide"]) == 0
+    wide = capsys.readouterr().out
+    assert all(i.name in wide and i.description in wide for i in infos)
+
+
 def test_evaluate_and_its_report_show_the_default_columns_and_wide_all(tmp_path: Path) -> None:
     from linkwise.evaluation import benchmark as bm
     from linkwise.evaluation.report import write_report
