@@ -44,7 +44,7 @@ typecheck: install
 pytest: install
 	scripts/local-slurm start
 	scripts/local-prometheus start
-	$(BIN)/pytest; rc=$$?; scripts/local-prometheus stop; scripts/local-slurm stop; exit $$rc
+	$(BIN)/pytest --durations=30; rc=$$?; scripts/local-prometheus stop; scripts/local-slurm stop; exit $$rc
 
 slurm-up:
 	scripts/local-slurm start
