@@ -21,6 +21,7 @@ import json
 import sys
 import time
 from contextlib import closing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -65,20 +66,47 @@ def default_policies(search: bool = False) -> list[str]:
     return [p.name for p in policy_catalog() if p.kind in kinds]
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+@dataclass(frozen=True)
+class HeadlineSetting:
+    """A headline setting's warm-startable cases: the history replayed under backfill into
+    the store ``db``, the predictor fit on the jobs before the held-out days, the cut windows
+    (``windows``), the held-out ones and the validation ones just before them."""
+
+    experiment: Any  # pipelines.experiment.Experiment
+    topology: Any  # cluster.domain.Topology
+    db: Path
+    workload: str
+    history: dict[str, Any]
+    predictor: Any  # datasets.predictor.RuntimePredictor
+    until: float
+    windows: list[Any]  # datasets.rollouts.Window, every cut window
+    heldout: list[Any]
+    validation: list[Any]
+
+    def training(self, n: int) -> list[Any]:
+        """The last ``n`` windows of ``min_jobs`` jobs or more before the validation ones."""
+        first = min(w.start for w in self.validation)
+        keep = [w for w in self.windows if w.end <= first]
+        keep = [w for w in keep if len(w.jobs) >= self.experiment.windows.min_jobs]
+        return keep[-n:] if n > 0 else []
+
+
+def headline_setting(
+    experiment: str, trace: Path | None, out: Path, validation_windows: int = 3
+) -> HeadlineSetting:
+    """Replay the experiment's history into ``out/linkwise.duckdb`` and cut its windows (the
+    frontier's and the residual's cases)."""
     from linkwise.cluster.topology import load_topology
     from linkwise.datasets.decisions import store_predictor
     from linkwise.datasets.rollouts import cut_windows, jobs_from_store
     from linkwise.datasets.store import open_store
     from linkwise.pipelines.demo import split_time
-    from linkwise.pipelines.evaluate import evaluate
     from linkwise.pipelines.experiment import get_experiment
     from linkwise.pipelines.history import replay_history, workload_jobs
-    from linkwise.pipelines.selection import validation_windows
+    from linkwise.pipelines.selection import validation_windows as validation
 
-    exp = get_experiment(args.experiment)
+    exp = get_experiment(experiment)
     topo = load_topology(exp.topology)
-    trace = args.trace
     if trace is None and exp.workload is None:
         trace = (DEFAULT_TRACE / PHILLY).resolve()
     synthetic = exp.workload
@@ -91,8 +119,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         seed=0,
         min_gpus=exp.min_gpus,
     )
-    args.out.mkdir(parents=True, exist_ok=True)
-    db = args.out / "linkwise.duckdb"
+    out.mkdir(parents=True, exist_ok=True)
+    db = out / "linkwise.duckdb"
     db.unlink(missing_ok=True)
     history = replay_history(jobs, topo, db, cluster="demo", seed=0)
     with closing(open_store(db)) as con:
@@ -104,7 +132,49 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cut = cut_windows(frame, exp.windows.window_s, max_gpus=topo.total_gpus)
     held = [w for w in cut if w.start >= until and len(w.jobs) >= exp.windows.min_jobs]
     held = held[-exp.evaluation.heldout_windows :]
-    val = validation_windows(cut, until, args.validation_windows, exp.windows.min_jobs)
+    val = validation(cut, until, validation_windows, exp.windows.min_jobs)
+    return HeadlineSetting(
+        exp, topo, db, workload, history.to_json(), predictor, until, cut, held, val
+    )
+
+
+def warm_backlogs(setting: HeadlineSetting, windows: list[Any]) -> dict[int, Any]:
+    """Window id -> the accounting's state at the window's start (``datasets.backlog``)."""
+    from linkwise.datasets.backlog import backlog_from_store
+    from linkwise.datasets.store import open_store
+
+    with closing(open_store(setting.db)) as con:
+        return {
+            w.window_id: backlog_from_store(
+                con, setting.topology, "demo", w.start, setting.predictor
+            )
+            for w in windows
+        }
+
+
+def warm_cases(
+    setting: HeadlineSetting, windows: list[Any], seeds: list[int] | tuple[int, ...]
+) -> list[Any]:
+    """``evaluate --warm-start``'s cases: every window x seed started from the accounting's
+    state at its start, the setting's predictor and block length, Sia's restart costs."""
+    from linkwise.evaluation.benchmark import make_cases
+
+    return make_cases(
+        windows,
+        seeds,
+        setting.topology,
+        block_s=setting.experiment.windows.block_s,
+        backlogs=warm_backlogs(setting, windows),
+        predictor=setting.predictor,
+    )
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from linkwise.pipelines.evaluate import evaluate
+
+    setting = headline_setting(args.experiment, args.trace, args.out, args.validation_windows)
+    exp, db, predictor = setting.experiment, setting.db, setting.predictor
+    held, val = setting.heldout, setting.validation
     policies = args.policies.split(",") if args.policies else default_policies(args.search)
     seeds = [int(s) for s in args.seeds.split(",")]
     extra: dict[str, Any] = {}
@@ -139,8 +209,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "experiment": exp.name,
         "cluster": exp.topology,
-        "workload": workload,
-        "history": history.to_json(),
+        "workload": setting.workload,
+        "history": setting.history,
         "predictor_fit_until": predictor.fit_until,
         "policies": policies,
         "seeds": seeds,

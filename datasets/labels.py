@@ -56,6 +56,7 @@ from linkwise.cluster.mdp import (
 from linkwise.cluster.profiles import Calibration, load_calibration
 from linkwise.cluster.restart import RestartModel
 from linkwise.cluster.simulator import SimConfig, Simulator
+from linkwise.datasets.backlog import Backlog
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.rollouts import Window, window_workload
 
@@ -105,6 +106,7 @@ class LabelTask:
     n: int = 4
     points: int = 8
     alternatives: int = 6
+    backlog: Backlog | None = None  # the window starts from this state (warm start)
 
     def __post_init__(self) -> None:
         if self.n < 1 or self.points < 1 or self.alternatives < 2:
@@ -159,6 +161,7 @@ def _simulator(task: LabelTask) -> Simulator:
         task.block_s,
         task.calibration,
         task.topology.total_gpus,
+        backlog=task.backlog,
         predictor=task.predictor,
     )
     model = AnalyticModel(task.calibration)
