@@ -45,6 +45,7 @@ caller of ``act`` (``decide``, the benchmark's step probe), not only ``decide``.
 from __future__ import annotations
 
 import json
+import math
 import os
 import warnings
 from collections.abc import Callable, Mapping
@@ -125,13 +126,33 @@ class PackageError(ValueError):
 def masked_argmax(values: npt.NDArray[Any], mask: BoolArray) -> npt.NDArray[np.int64]:
     """Row-wise argmax of ``values`` over allowed actions only. NaN counts as -inf; a row whose
     allowed values are all -inf/NaN gives its first allowed action, a row with nothing
-    allowed -1. Never a masked action."""
+    allowed -1. Never a masked action. One row (1-D) is taken in plain Python: a decision
+    point's few actions cost less so than numpy's calls on a cold cache (the residual scores
+    one row per decision point, ``benchmarks/learned_speed.md``)."""
+    if np.ndim(values) == 1 and np.ndim(mask) == 1:
+        row = _argmax_row(np.asarray(values).tolist(), np.asarray(mask).tolist())
+        return np.array(row, dtype=np.int64)
     v = np.where(mask & ~np.isnan(values), values, -np.inf)
     best = np.argmax(v, axis=-1)
     degenerate = np.take_along_axis(v, best[..., None], axis=-1)[..., 0] == -np.inf
     first = np.argmax(mask, axis=-1)
     best = np.where(degenerate, first, best)
     return np.where(mask.any(axis=-1), best, -1).astype(np.int64)
+
+
+def _argmax_row(values: list[Any], mask: list[bool]) -> int:
+    """``masked_argmax`` of one row: the first allowed maximum (NaN never wins, ``x > best``
+    is false for it), else the first allowed action, else -1."""
+    first = best = -1
+    top = -math.inf
+    for i, allowed in enumerate(mask):
+        if allowed:
+            if first < 0:
+                first = i
+            x = values[i]
+            if x > top:
+                best, top = i, x
+    return best if best >= 0 else first
 
 
 # ------------------------------------------------------------------------ export

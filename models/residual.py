@@ -35,6 +35,7 @@ deferral, how the base was chosen); ``model:PATH`` loads it (``models.policy_spe
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
@@ -58,6 +59,7 @@ from linkwise.cluster.mdp import (
     decode,
     encode,
     local_grace,
+    nothing_fits,
 )
 from linkwise.datasets.export import file_sha256
 from linkwise.datasets.prediction import annotate_state
@@ -79,6 +81,7 @@ __all__ = [
     "ResidualPolicy",
     "format_margin",
     "is_residual_meta",
+    "merge_moves",
     "parse_margin",
     "residual_from_learned",
     "topology_signature",
@@ -250,6 +253,12 @@ class ResidualPolicy:
     deviations: int = field(default=0, init=False)
     deferrals: dict[str, int] = field(default_factory=dict, init=False)
     advantages: list[float] = field(default_factory=list, init=False, repr=False)
+    _topology_seen: tuple[Topology, Deferral, str] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
+    _supported: tuple[Deferral, npt.NDArray[np.bool_]] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         self.margin = parse_margin(self.margin)
@@ -261,7 +270,44 @@ class ResidualPolicy:
         return f"residual(base={self.base_spec},margin={format_margin(self.margin)})"
 
     def decide(self, state: ClusterState) -> Decision:
-        """The base's decision, or the model's deviation (module docstring)."""
+        """The base's decision, or the model's deviation (module docstring). The fast path
+        (``benchmarks/learned_speed.md``) decides and counts exactly as ``decide_plain``: no
+        candidates where nothing but waiting can be allowed (``nothing_fits``), no encoding
+        or scoring where the model defers or no alternative is eligible, the base's decision
+        matched without asking it again, the base copied only when deviating."""
+        state = annotate_state(state, self.predictor)
+        base_d = self.base.decide(state)
+        cfg = self.obs_spec.config
+        if nothing_fits(state, cfg):  # every action but wait masked: no candidates needed
+            return base_d
+        c = candidates(state, cfg, self.belief)
+        if not c.mask[: cfg.wait_action].any():
+            return base_d
+        self.decisions += 1
+        if math.isinf(self.margin):
+            return base_d
+        reason = self._topology_reason(state.topology)
+        if reason:
+            self.deferrals[reason] += 1
+            return base_d
+        eligible = self._eligible(state, c, base_d)
+        obs: npt.NDArray[np.float32] | None = None
+        if self.deferral.feature_lo:  # the range rule needs the observation
+            obs = encode(c, self.obs_spec)
+            if self.deferral.obs_reason(obs):
+                self.deferrals["range"] += 1
+                return base_d
+        base_a, mask = eligible
+        if not mask.any():
+            self.deferrals["support"] += 1
+            return base_d
+        if obs is None:
+            obs = encode(c, self.obs_spec)
+        return self._score(state, c, obs, base_a, mask, base_d)
+
+    def decide_plain(self, state: ClusterState) -> Decision:
+        """``decide`` as first written (candidates, encoding and the topology's signature at
+        every decision point): the reference the fast path is tested against."""
         state = annotate_state(state, self.predictor)
         base_d = self.base.decide(state)
         cfg = self.obs_spec.config
@@ -285,6 +331,45 @@ class ResidualPolicy:
         if not eligible.any():
             self.deferrals["support"] += 1
             return base_d
+        return self._score(state, c, obs, base_a, eligible, base_d, plain=True)
+
+    def _topology_reason(self, topology: Topology) -> str:
+        """``Deferral.topology_reason``, kept for the topology last seen (immutable)."""
+        seen = self._topology_seen
+        if seen is None or seen[0] is not topology or seen[1] is not self.deferral:
+            seen = (topology, self.deferral, self.deferral.topology_reason(topology))
+            self._topology_seen = seen
+        return seen[2]
+
+    def _eligible(
+        self, state: ClusterState, c: Any, base_d: Decision
+    ) -> tuple[int, npt.NDArray[np.bool_]]:
+        """The base's action and the alternatives the model may choose instead."""
+        cfg = self.obs_spec.config
+        base_a = StepPolicyAdapter(_Fixed(base_d)).act(c)
+        supported = self._supported
+        if supported is None or supported[0] is not self.deferral:
+            supported = (self.deferral, self.deferral.supported(cfg.n_actions))
+            self._supported = supported
+        eligible = c.mask & supported[1]
+        eligible[base_a] = False
+        if not state.running and not state.transit:  # an idle cluster must not stay idle
+            eligible[cfg.wait_action] = False
+        return base_a, eligible
+
+    def _score(
+        self,
+        state: ClusterState,
+        c: Any,
+        obs: npt.NDArray[np.float32],
+        base_a: int,
+        eligible: npt.NDArray[np.bool_],
+        base_d: Decision,
+        *,
+        plain: bool = False,
+    ) -> Decision:
+        """The network's values, the best eligible alternative's advantage, the deviation
+        where it exceeds the margin."""
         v = np.asarray(self.values(obs)[0], dtype=np.float64)
         best = int(masked_argmax(v, eligible))
         if best < 0 or not (math.isfinite(v[best]) and math.isfinite(v[base_a])):
@@ -294,23 +379,26 @@ class ResidualPolicy:
         if advantage <= self.margin:
             return base_d
         self.deviations += 1
-        return self._deviate(state, c, best, base_d)
+        return self._deviate(state, c, best, base_d, plain=plain)
 
-    def _deviate(self, state: ClusterState, c: Any, action: int, base_d: Decision) -> Decision:
+    def _deviate(
+        self, state: ClusterState, c: Any, action: int, base_d: Decision, *, plain: bool = False
+    ) -> Decision:
         """The model's move, then the base (a copy, its memory as of now) finishes the
-        decision point on the state the move leaves; a wait is the empty decision."""
+        decision point on the state the move leaves; a wait is the empty decision. The copy
+        shares the contention model and the topology (both immutable; a base's cache keyed
+        by the topology's identity stays valid)."""
         cfg = self.obs_spec.config
         if action == cfg.wait_action:
             return Decision(wake_at=base_d.wake_at)
         d = decode(c, action)
         after = apply_decision(state, d, self.belief, local_grace(cfg))
-        rest = fresh(self.base, self.belief).decide(after)
-        return Decision(
-            starts=d.starts + rest.starts,
-            preempt=d.preempt + rest.preempt,
-            migrate=d.migrate + rest.migrate,
-            wake_at=min(base_d.wake_at, rest.wake_at),
-        )
+        if plain:
+            copy_of = fresh(self.base, self.belief)
+        else:
+            memo = {id(self.belief): self.belief, id(state.topology): state.topology}
+            copy_of = copy.deepcopy(self.base, memo)
+        return merge_moves(d, copy_of.decide(after), base_d.wake_at)
 
     def stats(self) -> dict[str, float]:
         """Decision points, deviations per 1,000 of them, deferrals by reason."""
@@ -321,6 +409,25 @@ class ResidualPolicy:
             "deviations_per_1000": 1000.0 * self.deviations / n,
             **{f"deferrals_{k}": float(v) for k, v in self.deferrals.items()},
         }
+
+
+def merge_moves(move: Decision, rest: Decision, wake_at: float = math.inf) -> Decision:
+    """The model's move and the base's decision on the state it leaves, as one Decision the
+    simulator can apply (it preempts and migrates before it starts): a job the move starts
+    that the base then preempts is not started (its GPUs stay free; the base planned with
+    them held while it drained), one it then migrates starts at the migration's target."""
+    moved = {m.job_id: m for m in rest.migrate}
+    undone = set(rest.preempt)
+    starts = (
+        tuple(moved.get(s.job_id, s) for s in move.starts if s.job_id not in undone) + rest.starts
+    )
+    started = {s.job_id for s in move.starts}
+    return Decision(
+        starts=starts,
+        preempt=move.preempt + tuple(j for j in rest.preempt if j not in started),
+        migrate=move.migrate + tuple(m for m in rest.migrate if m.job_id not in started),
+        wake_at=min(wake_at, rest.wake_at),
+    )
 
 
 # ------------------------------------------------------------------------ packages
