@@ -113,6 +113,11 @@ class KeyedOrder:
         score = self.score_running
         return [score(r, now) for r in running]
 
+    def scores_pending(self, pending: Sequence[PendingJob], now: float) -> list[float]:
+        """``score_pending`` of each (an order may compute them faster together)."""
+        score = self.score_pending
+        return [score(p, now) for p in pending]
+
     def _check(self, state: ClusterState) -> None:
         if self.needs_predictions:
             check_predictions(state, self.who or self.name)
@@ -151,22 +156,29 @@ class KeyedOrder:
         margin: float,
     ) -> tuple[list[RunningJob], list[Item]]:
         self._check(state)
-        now = state.time
-        score_p = self.score_pending
-        keyed: list[tuple[float, float, int, Item]] = [
-            (score_p(p, now), p.job.submit_time, p.job.job_id, p) for p in pending
-        ]
-        if not keyed:
+        if not pending:
             return list(running), []
-        first = min(k[:3] for k in keyed)
+        now = state.time
+        # (score, submit, job id, job): job ids differ, so the tuples compare by their first
+        # three and sort as ``rank`` sorts them
+        keyed: list[tuple[float, float, int, Item]] = [
+            (score, p.job.submit_time, p.job.job_id, p)
+            for score, p in zip(self.scores_pending(pending, now), pending, strict=True)
+        ]
+        head = min(keyed)
+        first, lowest = head[:3], head[0]
         safe: list[RunningJob] = []
         for r, score in zip(running, self.scores_running(running, now), strict=True):
-            key = (score / margin, r.job.submit_time, r.job.job_id)
-            if key < first:
+            s = score / margin
+            if s < lowest:  # the key compare, decided by its first member
+                safe.append(r)
+            elif s > lowest:
+                keyed.append((s, r.job.submit_time, r.job.job_id, r))
+            elif (s, r.job.submit_time, r.job.job_id) < first:
                 safe.append(r)
             else:
-                keyed.append((*key, r))
-        keyed.sort(key=lambda x: x[:3])
+                keyed.append((s, r.job.submit_time, r.job.job_id, r))
+        keyed.sort()
         return safe, [x[3] for x in keyed]
 
 
@@ -228,10 +240,24 @@ class PredRemaining(KeyedOrder):
 
     def scores_running(self, running: Sequence[RunningJob], now: float) -> list[float]:
         out = []
-        for r in running:  # ``predicted_remaining_s`` inlined: the policy's hot path
+        for r in running:  # ``predicted_remaining_s`` and ``attained_at`` inlined: the hot path
             job = r.job
             gpus = job.num_gpus
-            executed = r.attained_at(now) / gpus
+            executed = (r.attained_gpu_s + gpus * (now - r.since)) / gpus
+            if job.pred_s > executed:
+                out.append(gpus * (job.pred_s - executed))
+            elif job.pred_hi_s > executed:
+                out.append(gpus * (job.pred_hi_s - executed))
+            else:
+                out.append(gpus * executed)
+        return out
+
+    def scores_pending(self, pending: Sequence[PendingJob], now: float) -> list[float]:
+        out = []
+        for p in pending:  # ``predicted_remaining_s`` inlined
+            job = p.job
+            gpus = job.num_gpus
+            executed = p.attained_gpu_s / gpus
             if job.pred_s > executed:
                 out.append(gpus * (job.pred_s - executed))
             elif job.pred_hi_s > executed:
@@ -289,10 +315,18 @@ class _Queues:
     lists: list[list[int]] = field(default_factory=list)
     qid: dict[int, int] = field(default_factory=dict)
     before: tuple[list[list[int]], dict[int, int]] | None = None
-    # the round in progress (``rank`` to ``settle``)
-    draft: tuple[list[list[int]], dict[int, int], tuple[list[list[int]], dict[int, int]]] | None = (
-        None
-    )
+    # the round in progress (``rank`` to ``settle``): its queues, ``before``, and the state
+    # it ranked whole (None if only some of its jobs) with that state's running and pending
+    # jobs by id
+    draft: (
+        tuple[
+            list[list[int]],
+            dict[int, int],
+            tuple[list[list[int]], dict[int, int]],
+            tuple[ClusterState | None, dict[int, RunningJob], dict[int, PendingJob]],
+        ]
+        | None
+    ) = None
 
 
 def parse_thresholds(raw: object) -> tuple[float, ...]:
@@ -394,44 +428,66 @@ class Las:
         pending = {p.job.job_id: p for p in pending_jobs}
         # jobs draining or about to start on reserved GPUs keep their place (restart model)
         transit = {t.job.job_id for t in state.transit}
+        # the queues this round starts from; never changed in place (every round builds its
+        # own lists), so the round's ``before`` is that object itself
         if mem.time == now and mem.before is not None:
-            lists, qid = [list(q) for q in mem.before[0]], dict(mem.before[1])
+            before = mem.before
         elif now < mem.time or not any(
             j in running or j in pending or j in transit for j in mem.qid
         ):
-            lists, qid = [[] for _ in range(last + 1)], {}
+            before = ([[] for _ in range(last + 1)], {})
         else:
-            lists, qid = [list(q) for q in mem.lists], dict(mem.qid)
-        before = ([list(q) for q in lists], dict(qid))
+            before = (mem.lists, mem.qid)
         # jobs that ended leave their queue; jobs not seen yet join theirs, in submit order
-        for q, members in enumerate(lists):
-            lists[q] = [j for j in members if j in running or j in pending or j in transit]
+        lists = [
+            [j for j in members if j in running or j in pending or j in transit]
+            for members in before[0]
+        ]
         qid = {j: q for q, members in enumerate(lists) for j in members}
         unseen = [r.job for r in running_jobs if r.job.job_id not in qid]
         unseen += [p.job for p in pending_jobs if p.job.job_id not in qid]
-        for job in sorted(unseen, key=lambda j: (j.submit_time, j.job_id)):
-            r = running.get(job.job_id)
-            attained = r.attained_at(now) if r is not None else pending[job.job_id].attained_gpu_s
-            q = bisect.bisect_right(thresholds, attained + _EPS)
-            lists[q].append(job.job_id)
-            qid[job.job_id] = q
+        if unseen:
+            unseen.sort(key=lambda j: (j.submit_time, j.job_id))
+            for job in unseen:
+                r = running.get(job.job_id)
+                attained = (
+                    r.attained_at(now) if r is not None else pending[job.job_id].attained_gpu_s
+                )
+                q = bisect.bisect_right(thresholds, attained + _EPS)
+                lists[q].append(job.job_id)
+                qid[job.job_id] = q
         # a running job at or past its queue's threshold moves one queue down, to the tail
-        for r in sorted(running_jobs, key=lambda r: (r.job.submit_time, r.job.job_id)):
-            j = r.job.job_id
-            q = qid[j]
-            if q < last and r.attained_at(now) + _EPS >= thresholds[q]:
+        # (in submit order; each moves once, so only the movers need sorting)
+        down: list[RunningJob] = []
+        for r in running_jobs:
+            q = qid[r.job.job_id]
+            # ``attained_at(now)`` inlined
+            if (
+                q < last
+                and r.attained_gpu_s + r.job.num_gpus * (now - r.since) + _EPS >= (thresholds[q])
+            ):
+                down.append(r)
+        if down:
+            down.sort(key=lambda r: (r.job.submit_time, r.job.job_id))
+            for r in down:
+                j = r.job.job_id
+                q = qid[j]
                 lists[q].remove(j)
                 lists[q + 1].append(j)
                 qid[j] = q + 1
-        mem.draft = (lists, qid, before)
+        # the maps of this state's jobs, for ``settle`` (when it ranked all of them)
+        whole = running_jobs is state.running and pending_jobs is state.pending
+        mem.draft = (lists, qid, before, (state if whole else None, running, pending))
         out: list[Item] = []
+        get_running, get_pending = running.get, pending.get
         for members in lists:
             for j in members:
-                r = running.get(j)
-                if r is not None:
-                    out.append(r)
-                elif j in pending:
-                    out.append(pending[j])
+                item: Item | None = get_running(j)
+                if item is None:
+                    item = get_pending(j)
+                    if item is None:
+                        continue
+                out.append(item)
         return out
 
     def _rank_submit(
@@ -476,7 +532,7 @@ class Las:
         mem = self._queues
         if self.mode != "entry" or mem.draft is None:
             return math.inf
-        lists, qid, before = mem.draft
+        lists, qid, before, seen = mem.draft
         mem.draft = None
         # a job about to start on reserved GPUs (restart model) counts as running
         kept = kept | {
@@ -489,16 +545,28 @@ class Las:
         now = state.time
         thresholds = self.thresholds
         last = len(thresholds)
-        running = {r.job.job_id: r for r in state.running}
-        pending = {p.job.job_id: p for p in state.pending}
+        if seen[0] is state:  # the round ranked this state's jobs: their maps are at hand
+            running, pending = seen[1], seen[2]
+        else:
+            running = {r.job.job_id: r for r in state.running}
+            pending = {p.job.job_id: p for p in state.pending}
         wake = math.inf
+        get_running, get_pending = running.get, pending.get
         for j in kept:
             q = qid[j]
-            if q < last and (j in running or j in pending):
-                r = running.get(j)
-                job = r.job if r is not None else pending[j].job
-                attained = r.attained_at(now) if r is not None else pending[j].attained_gpu_s
-                wake = min(wake, now + (thresholds[q] - attained) / job.num_gpus)
+            if q >= last:
+                continue
+            r = get_running(j)
+            if r is not None:  # ``attained_at(now)`` inlined
+                attained = r.attained_gpu_s + r.job.num_gpus * (now - r.since)
+                w = now + (thresholds[q] - attained) / r.job.num_gpus
+            else:
+                p = get_pending(j)
+                if p is None:
+                    continue
+                w = now + (thresholds[q] - p.attained_gpu_s) / p.job.num_gpus
+            if w < wake:
+                wake = w
         return wake
 
 

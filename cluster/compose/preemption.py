@@ -77,19 +77,16 @@ class NoPreemption:
         return _admit(state, order, rule, admission)
 
 
-def _busy_of(
-    state: ClusterState, running: Sequence[RunningJob], rule: PlacementRule | None = None
+def _busy_without(
+    state: ClusterState, gone: Sequence[RunningJob], rule: PlacementRule | None = None
 ) -> list[int]:
-    """Running jobs per node over ``running``, a subset of the state's (empty where ``rule``
-    does not read it)."""
+    """Running jobs per node without ``gone``, some of the state's running jobs (empty where
+    ``rule`` does not read it)."""
     if rule is not None and not rule.uses_busy:
         return []
     busy = list(state.jobs_per_node)
-    if len(running) < len(state.running):
-        ids = {r.job.job_id for r in running}
-        for r in state.running:
-            if r.job.job_id not in ids:
-                add_busy(busy, r.placement, -1)
+    for r in gone:
+        add_busy(busy, r.placement, -1)
     return busy
 
 
@@ -130,6 +127,7 @@ class Priority:
     ) -> Decision:
         now = state.time
         topo = state.topology
+        running = state.running
         if not order.remembers:
             # fast paths (the same decision, cheaper): nothing pending, nothing to do; all
             # of the pending jobs fit the free GPUs, none needs a running job's place
@@ -139,46 +137,61 @@ class Priority:
                 return Decision()
             if want <= state.total_free_gpus:
                 return _admit(state, order, rule, Greedy())
-        pinned = [r for r in state.running if now - r.start_time < self.min_run_s]
-        kept: set[int] = {r.job.job_id for r in pinned}  # admitted first
-        movable = [r for r in state.running if r.job.job_id not in kept]
-        left = state.total_free_gpus + sum(r.job.num_gpus for r in movable)
+        # one pass: the pinned jobs are admitted first, the others may be preempted
+        min_run_s = self.min_run_s
+        kept: set[int] = set()
+        movable: list[RunningJob] = []
+        left = state.total_free_gpus
+        for r in running:
+            if now - r.start_time < min_run_s:
+                kept.add(r.job.job_id)
+            else:
+                movable.append(r)
+                left += r.job.num_gpus
         # an order with memory sees every running job; the pinned ones are skipped below
         safe, ranked = order.rank_contested(
-            state, state.running if order.remembers else movable, state.pending, self.margin
+            state, running if order.remembers else movable, state.pending, self.margin
         )
-        kept.update(r.job.job_id for r in safe)
-        left -= sum(r.job.num_gpus for r in safe)
+        for r in safe:
+            kept.add(r.job.job_id)
+            left -= r.job.num_gpus
         admitted: list[PendingJob] = []
-        rest: list[PendingJob] = []
-        for item in ranked:
+        in_rank: list[PendingJob] = []  # every pending job, in rank order
+        for i, item in enumerate(ranked):
+            if not left:
+                # no GPU left: the rest is neither admitted nor kept
+                if self.refill:
+                    in_rank += [p for p in ranked[i:] if isinstance(p, PendingJob)]
+                break
             gpus = item.job.num_gpus
             if isinstance(item, PendingJob):
+                in_rank.append(item)
                 if gpus <= left:
                     left -= gpus
                     admitted.append(item)
-                else:
-                    rest.append(item)
-            elif item.job.job_id not in kept and gpus <= left:
+            elif gpus <= left and item.job.job_id not in kept:
                 left -= gpus
                 kept.add(item.job.job_id)
-        wake = order.settle(state, kept | {p.job.job_id for p in admitted})
+        # an order without memory has nothing to settle (it wakes nobody)
+        wake = (
+            order.settle(state, kept | {p.job.job_id for p in admitted})
+            if order.remembers
+            else math.inf
+        )
         if not admitted:
             # nothing is preempted either (the running jobs all fit without a pending one),
             # and a pending job left out did not fit the free GPUs: nothing changes
             return Decision(wake_at=wake)
-        preempted = [r for r in state.running if r.job.job_id not in kept]
+        preempted: list[RunningJob] = []
+        staying: list[RunningJob] = []
+        for r in running:
+            (staying if r.job.job_id in kept else preempted).append(r)
         free = list(state.free_gpus)
         for r in preempted:
             release_placement(free, r.placement)
-        staying = [r for r in state.running if r.job.job_id in kept]
+        busy = _busy_without(state, preempted, rule)
         first = place_greedy(
-            topo,
-            [p.job for p in admitted],
-            rule,
-            free,
-            _busy_of(state, staying, rule),
-            _flows_of(state, staying, rule),
+            topo, [p.job for p in admitted], rule, free, busy, _flows_of(state, staying, rule)
         )
         if not self.refill:
             return Decision(
@@ -187,17 +200,18 @@ class Priority:
                 wake_at=wake,
             )
         # a preempted job whose GPUs no new start took keeps running
+        gone: list[RunningJob] = []
         for r in preempted:
             if all(free[node] >= g for node, g in r.placement.alloc):
                 apply_placement(free, r.placement)
                 staying.append(r)
+            else:
+                gone.append(r)
         started = {s.job_id for s in first}
-        again = [p for p in admitted if p.job.job_id not in started] + rest
+        again = [p for p in in_rank if p.job.job_id not in started]
         if not again or not any(free):
             second: list[Start] = []
         else:
-            position = {item.job.job_id: i for i, item in enumerate(ranked)}
-            again.sort(key=lambda p: position[p.job.job_id])
             # the second pass counts busy-ness and flows of the jobs left running, not of
             # the first pass's starts (as the SRTF ceiling always did)
             second = place_greedy(
@@ -205,18 +219,13 @@ class Priority:
                 [p.job for p in again],
                 rule,
                 free,
-                _busy_of(state, staying, rule),
+                _busy_without(state, gone, rule),
                 _flows_of(state, staying, rule),
             )
         starts = tuple(first) + tuple(second)
         if not starts:
             return Decision(wake_at=wake)
-        kept_ids = {r.job.job_id for r in staying}
-        return Decision(
-            starts=starts,
-            preempt=tuple(r.job.job_id for r in state.running if r.job.job_id not in kept_ids),
-            wake_at=wake,
-        )
+        return Decision(starts=starts, preempt=tuple(r.job.job_id for r in gone), wake_at=wake)
 
 
 MIGRATE_MODES = ("migrate", "preempt")
