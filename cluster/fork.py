@@ -22,7 +22,21 @@ measured, never trained on for a shipped package.
 Scoring (``rollout_cost``): apply a first decision at the fork's time, then let the base
 policy decide at every later decision point, for ``horizon_s`` of simulated time; the cost
 is the jobs-in-system time over the horizon (the sum over jobs of their time in the system
-inside it: Little's law, the total JCT's share of the horizon).
+inside it: Little's law, the total JCT's share of the horizon). Two options, off by default
+(the cost labels were first made with):
+
+- ``terminal``: add the terminal cost, an estimate of what the jobs still in the system when
+  the horizon ends will spend in it from then on (``terminal_cost_s``: per job, the larger
+  of its remaining drawn work and its rank's completion on the cluster's pooled GPUs, the
+  machine of ``cluster.bounds``). Without it every job still in the system at the end costs the
+  same whatever its work left, so a long job started late, a preemption's lost work or GPUs
+  left idle cost nothing once they reach past the horizon: a 6-hour horizon never pays for
+  starting a long job, and waiting looks free.
+- ``hold_s``: a wait is a commitment to do nothing for ``hold_s`` (the base is not asked
+  before then, completions or not), instead of a wait until the next event after which the
+  base takes over. A policy that scores waits so must keep them as long (the lookahead
+  does): a wait priced as "the base acts at the next event" and chosen again at that event
+  is a chain of deferrals none of which was priced.
 """
 
 from __future__ import annotations
@@ -30,7 +44,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from statistics import NormalDist
 
 from linkwise.cluster.contention import ContentionModel
@@ -54,12 +68,14 @@ from linkwise.cluster.simulator import (
 
 __all__ = [
     "Arrivals",
+    "ForkCache",
     "RunTimeBelief",
     "fork",
     "fresh",
     "jobs_in_system_s",
     "rollout_cost",
     "score_decisions",
+    "terminal_cost_s",
 ]
 
 _NORMAL = NormalDist()
@@ -169,6 +185,16 @@ def _with_work(job: Job, work: float) -> Job:
     return replace(job, duration=max(work, 1e-3))
 
 
+@dataclass
+class ForkCache:
+    """What forks of one state share (``score_decisions`` keeps one per state): the belief
+    model's rate of each single-node running job (it depends on the job and its placement
+    only) and, per sample, each job as the fork sees it (its drawn work)."""
+
+    rates: dict[int, float] = field(default_factory=dict)
+    jobs: dict[tuple[int, int], Job] = field(default_factory=dict)
+
+
 def fork(
     state: ClusterState,
     model: ContentionModel,
@@ -181,11 +207,13 @@ def fork(
     horizon_s: float = 6 * 3600.0,
     oracle: bool = False,
     memo: dict[int, float] | None = None,
+    cache: ForkCache | None = None,
 ) -> Simulator:
     """A fresh simulator at ``state.time`` holding what ``state`` shows, every unknown run
     time drawn from the belief for (``seed``, ``sample``) (see the module docstring);
     ``oracle`` reads the true remaining work instead (a measured ceiling only). ``memo``
-    keeps the draws of one sample for the next fork of the same state and sample."""
+    keeps the draws of one sample for the next fork of the same state and sample; ``cache``
+    (``ForkCache``) what every fork of the same state shares."""
     belief = belief or RunTimeBelief()
     cfg = config or SimConfig()
     t0 = state.time
@@ -202,6 +230,15 @@ def fork(
             )
         return left
 
+    shared = cache if cache is not None else ForkCache()
+
+    def seen(job: Job, left: float) -> Job:
+        key = (sample, job.job_id)
+        out = shared.jobs.get(key)
+        if out is None or out.duration != max(left, 1e-3):
+            out = shared.jobs[key] = _with_work(job, left)
+        return out
+
     future = arrivals.draw(t0, horizon_s, seed, sample) if arrivals is not None else ()
     future = tuple(
         _with_work(
@@ -216,7 +253,7 @@ def fork(
     for pj in state.pending:
         left = work(pj.job, pj.attained_gpu_s, pj.remaining_s)
         sim._pending[pj.job.job_id] = PendingJob(
-            job=_with_work(pj.job, left),
+            job=seen(pj.job, left),
             remaining_s=left,
             attained_gpu_s=pj.attained_gpu_s,
             preemptions=pj.preemptions,
@@ -224,7 +261,8 @@ def fork(
         sim._acc[pj.job.job_id] = _Acc()
     sim._pending_dirty = True
     for run in state.running:
-        _resume_running(sim, run, work(run.job, run.attained_at(t0), run.remaining_at(t0)))
+        left = work(run.job, run.attained_at(t0), run.remaining_at(t0))
+        _resume_running(sim, run, left, seen(run.job, left), shared.rates)
     _resume_transit(sim, state, work)
     if sim._pending:
         sim._schedule_tick()
@@ -233,10 +271,12 @@ def fork(
     return sim
 
 
-def _resume_running(sim: Simulator, run: RunningJob, left: float) -> None:
-    """A running job on its placement with ``left`` seconds of work from now."""
+def _resume_running(
+    sim: Simulator, run: RunningJob, left: float, job: Job, rates: dict[int, float]
+) -> None:
+    """A running job on its placement with ``left`` seconds of work from now (``job``: as
+    the fork sees it); ``rates`` memoises single-node rates per job."""
     t0 = sim.time
-    job = _with_work(run.job, left)
     r = _Run(
         job=job,
         placement=run.placement,
@@ -255,7 +295,10 @@ def _resume_running(sim: Simulator, run: RunningJob, left: float) -> None:
     acc.first_start = run.start_time
     sim._acc[job.job_id] = acc
     if not r.split:
-        r.rate = sim.model.rates(sim.topology, [(job, run.placement)])[0]
+        rate = rates.get(job.job_id)
+        if rate is None:
+            rate = rates[job.job_id] = sim.model.rates(sim.topology, [(job, run.placement)])[0]
+        r.rate = rate
         sim._push_completion(r)
 
 
@@ -340,6 +383,32 @@ def jobs_in_system_s(sim: Simulator, t0: float, end: float, known: int) -> float
     return total
 
 
+def terminal_cost_s(sim: Simulator) -> float:
+    """What the jobs in the fork at its time will still spend in the system, estimated from
+    their remaining (drawn) work ``r`` and GPUs ``g``: in order of remaining GPU-seconds
+    ``w = g r``, the ``k``-th job counts the larger of its own work left and the GPU-seconds
+    of the ``k`` smallest over the cluster's GPUs (the pooled machine of
+    ``cluster.bounds``). Each is a lower bound of something (the job's own time; the
+    ``k``-th completion on the pooled cluster); per job, a draw far in a predictor's tail
+    only weighs on its own term."""
+    t = sim.time
+    left: list[tuple[float, float]] = []  # (remaining GPU-seconds, remaining seconds)
+    for pj in sim._pending.values():
+        left.append((pj.job.num_gpus * pj.remaining_s, pj.remaining_s))
+    for r in sim._running.values():
+        rem = max(0.0, r.remaining - r.rate * max(0.0, t - r.since))
+        left.append((r.job.num_gpus * rem, rem))
+    for tr in sim._transit.values():
+        left.append((tr.job.num_gpus * tr.remaining, tr.remaining))
+    left.sort()
+    capacity = float(sim.topology.total_gpus)
+    total = cum = 0.0
+    for w, rem in left:
+        cum += w
+        total += max(rem, cum / capacity)
+    return total
+
+
 def rollout_cost(
     sim: Simulator,
     first: Decision,
@@ -347,26 +416,42 @@ def rollout_cost(
     horizon_s: float,
     *,
     complete: bool = False,
+    terminal: bool = False,
+    hold_s: float = 0.0,
 ) -> float:
     """Apply ``first`` at the fork's time, then follow ``base`` for ``horizon_s``; the
     jobs-in-system seconds over the horizon. ``complete``: ``first`` is one step of a
     decision point and the base finishes that decision point (decides again at the same
-    time) before time moves on; a wait (``first.is_wait``) ends it at once."""
+    time) before time moves on; a wait (``first.is_wait``) ends it at once. ``terminal``:
+    the fork stops exactly at the horizon and ``terminal_cost_s`` is added. ``hold_s``: a
+    wait holds that long before the base is asked again (see the module docstring)."""
     t0 = sim.time
     end = t0 + horizon_s
     state = sim.observe()
     known = len(state.pending) + len(state.running) + len(state.transit)
-    sim.apply(first)
+    hold_end = t0 + hold_s if first.is_wait and hold_s > 0 else t0
+    stop = end if terminal else math.inf
+
+    def apply(d: Decision) -> None:
+        sim.apply(d)
+        if sim._wake > stop:  # a decision point at the horizon's end: the fork stops there
+            sim._wake = stop
+
+    apply(Decision(wake_at=hold_end) if hold_end > t0 else first)
     if complete and not first.is_wait:
-        sim.apply(base.decide(sim.observe()))
+        apply(base.decide(sim.observe()))
     try:
         while sim.advance():
             if sim.time >= end:
                 break
-            sim.apply(base.decide(sim.observe()))
+            if sim.time < hold_end - 1e-9:
+                apply(Decision(wake_at=hold_end))
+            else:
+                apply(base.decide(sim.observe()))
     except SimulationStalled:  # waiting on an idle cluster with nothing to arrive: all stay
         pass
-    return jobs_in_system_s(sim, t0, end, known)
+    cost = jobs_in_system_s(sim, t0, end, known)
+    return cost + terminal_cost_s(sim) if terminal else cost
 
 
 def score_decisions(
@@ -383,14 +468,20 @@ def score_decisions(
     arrivals: Arrivals | None = None,
     oracle: bool = False,
     complete: bool = False,
+    terminal: bool = False,
+    hold_s: float = 0.0,
 ) -> list[float]:
     """The mean jobs-in-system seconds of each decision continued by ``base`` (a fresh copy
     of it per rollout, its memory as of now) over ``n`` forked samples, the same samples
-    (common random numbers) for every decision."""
+    (common random numbers) for every decision; ``terminal`` and ``hold_s`` as in
+    ``rollout_cost``."""
     if n < 1:
         raise ValueError("n must be at least 1")
+    if hold_s < 0:
+        raise ValueError("hold_s must be non-negative")
     totals = [0.0] * len(decisions)
     config = config or SimConfig()
+    cache = ForkCache()
     for s in range(n if not oracle else 1):
         memo: dict[int, float] = {}
         for i, d in enumerate(decisions):
@@ -405,7 +496,16 @@ def score_decisions(
                 horizon_s=horizon_s,
                 oracle=oracle,
                 memo=memo,
+                cache=cache,
             )
-            totals[i] += rollout_cost(sim, d, fresh(base, model), horizon_s, complete=complete)
+            totals[i] += rollout_cost(
+                sim,
+                d,
+                fresh(base, model),
+                horizon_s,
+                complete=complete,
+                terminal=terminal,
+                hold_s=hold_s,
+            )
     runs = n if not oracle else 1
     return [t / runs for t in totals]

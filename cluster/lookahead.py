@@ -1,22 +1,43 @@
 """The lookahead: a search policy that chooses among strong moves by forking the simulator.
 
 At each decision point the base policy proposes its decision; a few other policies propose
-theirs (``alternatives``: by default QSSF, SJF-BCO, Tiresias-LAS, backfill and the frontier
-policies) and waiting is one more. When they differ, each distinct decision is applied in
-``n`` forks of the cluster as the policy knows it (``cluster.fork``: run times drawn from
-the run-time predictor's distribution, never read; the same draws for every decision) and
-continued by the base for ``horizon_s``; the decision with the least mean jobs-in-system
-time is kept, the base's on ties (another must be better by ``margin`` of the base's cost).
+theirs (``alternatives``: by default the first moves of QSSF, SJF-BCO, Tiresias-LAS,
+backfill and the frontier policies qssf_preemptive and tiresias_consolidated, the candidate
+set of issue 22's prototype) and waiting is one more. When they differ, each distinct
+decision is applied in ``n`` forks of the cluster as the policy knows it (``cluster.fork``:
+run times drawn from the run-time predictor's distribution, never read; the same draws for
+every decision) and continued by the base for ``horizon_s``; the decision with the least
+mean cost is kept, the base's on ties (another must be better by ``margin`` times the jobs
+in the system now times the horizon, the scale of the horizon's jobs-in-system time).
 ``oracle=True`` forks with the true remaining work: a measured ceiling, marked oracle.
+
+The cost (``cluster.fork.rollout_cost``) is the jobs-in-system time over the horizon plus,
+with ``terminal`` (the default), the terminal cost: an estimate of what the jobs still in
+the system at the horizon's end will spend in it from then on (their drawn work left, and
+their queueing on the pooled cluster: ``cluster.fork.terminal_cost_s``). Without it, work
+done for a job that does not finish inside the horizon is worth nothing: GPUs left idle, a
+long job started late, a preemption's lost work cost nothing once past the horizon, so a
+wait or a deferral looks free and, chosen again at every event, idles the cluster.
+
+A wait is priced and kept as a commitment (``hold``, default 30 min): in the forks the
+base is not asked for ``hold`` after a wait (completions or not), and a wait the lookahead
+chooses holds as long: it returns waits without searching until then. Priced as "the base
+acts at the next event" but re-chosen at that event, a wait was a chain of deferrals none
+of which was priced (over Tiresias-LAS: 1.73x its average JCT on the congested case of
+``benchmarks/lookahead_headroom.md``). ``hold=0`` is the earlier wait (until the next
+event); ``wait=false`` drops waiting, the alternatives' proposals that do nothing included.
 
 Spec (``linkwise policies`` lists it as kind ``search``):
 
-    lookahead:base=SPEC,horizon=6h,n=6[,alts=a;b;c][,wait=true][,seed=0][,oracle=false]
+    lookahead:base=SPEC,horizon=6h,n=6[,alts=a;b;c][,wait=true][,hold=30m]
+        [,terminal=true][,margin=0][,seed=0][,restart=sia][,oracle=false]
 
 ``base`` is any policy spec; items after it that are not lookahead keys (``LOOKAHEAD_KEYS``)
 belong to it (``lookahead:base=sjf_bco:lam=2,n=4``), so a base parameter named like a
-lookahead key cannot be given. ``horizon`` takes ``s``, ``m`` or ``h``; ``restart`` is the
-restart model the forks assume (``sia``, ``0`` or seconds: ``cluster.restart``).
+lookahead key cannot be given. ``horizon`` and ``hold`` take ``s``, ``m`` or ``h``;
+``restart`` is the restart model the forks assume (``sia``, ``0`` or seconds:
+``cluster.restart``). ``Lookahead`` built directly keeps the earlier pricing
+(``terminal=False``, ``hold_s=0``); the spec's defaults are the ones above.
 """
 
 from __future__ import annotations
@@ -42,6 +63,8 @@ __all__ = [
 ]
 
 PREFIX = "lookahead"
+DEFAULT_HOLD_S = 1800.0
+"""How long a wait the lookahead chooses holds (``hold``; 0: until the next event)."""
 DEFAULT_ALTERNATIVES: tuple[str, ...] = (
     "qssf",
     "sjf_bco",
@@ -51,7 +74,19 @@ DEFAULT_ALTERNATIVES: tuple[str, ...] = (
     "tiresias_consolidated",
 )
 LOOKAHEAD_KEYS = frozenset(
-    {"base", "horizon", "n", "alts", "wait", "seed", "oracle", "margin", "restart"}
+    {
+        "base",
+        "horizon",
+        "n",
+        "alts",
+        "wait",
+        "seed",
+        "oracle",
+        "margin",
+        "restart",
+        "terminal",
+        "hold",
+    }
 )
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 _TRUE = frozenset({"true", "yes", "1", "on"})
@@ -63,16 +98,20 @@ def is_lookahead(spec: str) -> bool:
     return spec.strip().partition(":")[0].strip() == PREFIX
 
 
-def _seconds(raw: str) -> float:
+def _seconds(raw: str, key: str = "horizon", zero: bool = False) -> float:
     text = raw.strip().lower()
     unit = _UNITS.get(text[-1:])
     try:
         value = float(text[:-1]) * unit if unit is not None else float(text)
     except ValueError:
-        raise ValueError(f"horizon {raw!r}: expected seconds or a number with s, m or h") from None
-    if not value > 0 or not math.isfinite(value):
-        raise ValueError(f"horizon {raw!r} must be positive")
+        raise ValueError(f"{key} {raw!r}: expected seconds or a number with s, m or h") from None
+    if not (value > 0 or (zero and value == 0)) or not math.isfinite(value):
+        raise ValueError(f"{key} {raw!r} must be {'non-negative' if zero else 'positive'}")
     return value
+
+
+def _duration(s: float) -> str:
+    return f"{s / 3600:g}h" if s % 3600 == 0 and s else f"{s / 60:g}m" if s % 60 == 0 else f"{s:g}s"
 
 
 def _flag(key: str, raw: str) -> bool:
@@ -97,6 +136,8 @@ class LookaheadSpec:
     oracle: bool = False
     margin: float = 0.0
     restart: str = "sia"
+    terminal: bool = True
+    hold_s: float = DEFAULT_HOLD_S
 
     @classmethod
     def parse(cls, text: str) -> LookaheadSpec:
@@ -154,16 +195,16 @@ class LookaheadSpec:
             oracle=_flag("oracle", values.get("oracle", "false")),
             margin=margin,
             restart=restart,
+            terminal=_flag("terminal", values.get("terminal", "true")),
+            hold_s=_seconds(values.get("hold", str(DEFAULT_HOLD_S)), "hold", zero=True),
         )
 
     def describe(self) -> str:
         """The spec as text (every value; the base last-but-alternatives so that its own
         parameters follow it)."""
-        h = self.horizon_s
-        horizon = f"{h / 3600:g}h" if h % 3600 == 0 else f"{h:g}s"
         parts = [
             f"base={self.base}",
-            f"horizon={horizon}",
+            f"horizon={_duration(self.horizon_s)}",
             f"n={self.n}",
             f"alts={';'.join(self.alternatives)}",
         ]
@@ -175,6 +216,10 @@ class LookaheadSpec:
             parts.append(f"margin={self.margin:g}")
         if self.restart != "sia":
             parts.append(f"restart={self.restart}")
+        if not self.terminal:
+            parts.append("terminal=false")
+        if self.hold_s != DEFAULT_HOLD_S:
+            parts.append(f"hold={_duration(self.hold_s) if self.hold_s else 0}")
         if self.oracle:
             parts.append("oracle=true")
         return f"{PREFIX}:" + ",".join(parts)
@@ -195,6 +240,8 @@ class LookaheadSpec:
             seed=self.seed,
             oracle=self.oracle,
             margin=self.margin,
+            terminal=self.terminal,
+            hold_s=self.hold_s,
             name=self.describe(),
         )
 
@@ -223,6 +270,8 @@ class Lookahead:
     seed: int = 0
     oracle: bool = False
     margin: float = 0.0
+    terminal: bool = False
+    hold_s: float = 0.0
     name: str = PREFIX
     belief: RunTimeBelief = field(default_factory=RunTimeBelief)
     arrivals: Arrivals | None = None
@@ -230,6 +279,8 @@ class Lookahead:
     searched: int = 0
     deviations: int = 0
     busy_s: float = 0.0
+    holds: int = 0
+    _hold_until: float = -math.inf
 
     def decide(self, state: ClusterState) -> Decision:
         """The base's decision unless a forked continuation shows another one is better."""
@@ -241,9 +292,13 @@ class Lookahead:
             self.busy_s += time.perf_counter() - t
 
     def _decide(self, state: ClusterState) -> Decision:
+        if state.time < self._hold_until - 1e-9:  # a wait chosen earlier holds
+            return Decision(wake_at=self._hold_until)
         proposals = [self.base.decide(state), *(p.decide(state) for p in self.alternatives)]
         if self.wait:
             proposals.append(WAIT)
+        else:  # no wait move: an alternative that does nothing here is one too
+            proposals = proposals[:1] + [d for d in proposals[1:] if not d.is_wait]
         wake = min(d.wake_at for d in proposals)
         distinct: list[Decision] = []
         seen: set[tuple[Any, ...]] = set()
@@ -268,11 +323,18 @@ class Lookahead:
             belief=self.belief,
             arrivals=self.arrivals,
             oracle=self.oracle,
+            terminal=self.terminal,
+            hold_s=self.hold_s,
         )
         best = min(range(len(distinct)), key=lambda i: (costs[i], i))
-        if best == 0 or costs[best] >= costs[0] * (1.0 - self.margin) - 1e-9:
+        jobs = len(state.pending) + len(state.running) + len(state.transit)
+        if best == 0 or costs[best] >= costs[0] - self.margin * jobs * self.horizon_s - 1e-9:
             return _waking(base, wake)
         self.deviations += 1
+        if distinct[best].is_wait and self.hold_s > 0:  # kept as long as it was priced
+            self.holds += 1
+            self._hold_until = state.time + self.hold_s
+            return Decision(wake_at=self._hold_until)
         return _waking(distinct[best], wake)
 
     def stats(self) -> dict[str, float]:
@@ -281,6 +343,7 @@ class Lookahead:
             "decision_points": float(self.decisions),
             "searched_points": float(self.searched),
             "deviations_per_1000": 1000.0 * self.deviations / max(1, self.decisions),
+            "holds": float(self.holds),
             "decision_ms": 1000.0 * self.busy_s / max(1, self.decisions),
         }
 

@@ -18,7 +18,14 @@ from linkwise.cluster.domain import (
     RunningJob,
     Start,
 )
-from linkwise.cluster.fork import Arrivals, RunTimeBelief, fork, rollout_cost, score_decisions
+from linkwise.cluster.fork import (
+    Arrivals,
+    RunTimeBelief,
+    fork,
+    rollout_cost,
+    score_decisions,
+    terminal_cost_s,
+)
 from linkwise.cluster.heuristics import make_policy
 from linkwise.cluster.mdp import MdpConfig, StepPolicyAdapter, candidates, decode
 from linkwise.cluster.profiles import load_calibration
@@ -225,3 +232,103 @@ def test_one_step_completed_by_the_base_is_following_the_base() -> None:
             fork(state, MODEL), first, make_policy(name), 4 * 3600.0, complete=True
         )
         assert stepped == pytest.approx(whole, rel=1e-12)
+
+
+def _split_contention_state() -> ClusterState:
+    """4x8 in two leaves, oversubscribed: a split 8-GPU job (10 min of work left, believed
+    exactly) crosses the spine; a 16-GPU job of 40 h is pending and fits now on 24 idle GPUs,
+    its placement crossing the spine too (so it slows the short job a little)."""
+    short = replace(_job(1, 8, 99.0, 4200.0), pred_hi_s=4200.0)
+    long = replace(_job(2, 16, 99.0, 40 * 3600.0), pred_hi_s=40 * 3600.0)
+    run = RunningJob(
+        job=short,
+        placement=Placement.of([(0, 4), (2, 4)]),
+        start_time=-3600.0,
+        remaining_s=600.0,
+        rate=1.0,
+        attained_gpu_s=8 * 3600.0,
+        preemptions=0,
+        since=0.0,
+    )
+    return ClusterState(
+        time=0.0,
+        topology=TOPO,
+        free_gpus=(4, 8, 4, 8),
+        running=(run,),
+        pending=(PendingJob(long, remaining_s=99.0),),
+    )
+
+
+def test_terminal_cost_prices_what_the_horizon_leaves_out() -> None:
+    # the old pricing's blind spot: the long job's start shows only as the short job's
+    # contention inside the horizon, so leaving 24 GPUs idle looks (slightly) better
+    state = _split_contention_state()
+    fifo = make_policy("fifo")
+    start = fifo.decide(state)
+    assert [s.job_id for s in start.starts] == [2]
+    narrow = RunTimeBelief(min_sigma=1e-9)
+    kw = {"horizon_s": 3 * 3600.0, "n": 1, "belief": narrow}
+    old = score_decisions(state, [start, Decision()], fifo, MODEL, **kw)
+    assert old[1] < old[0]
+    # with the work left at the horizon counted, idling costs about the 10 min it delays
+    # the long job (its placement has the same rate once the short job is gone)
+    new = score_decisions(state, [start, Decision()], fifo, MODEL, terminal=True, **kw)
+    assert new[1] - new[0] > 5 * 60.0
+    assert new[0] > old[0] + 30 * 3600.0  # the long job's ~37 h left are counted
+
+
+def test_terminal_cost_counts_work_and_queueing() -> None:
+    # one 8-GPU node, two 8-GPU jobs of 1 h pending: the first needs 1 h, the second waits
+    # for it (2 h): 3 h. A 1-GPU job of 3 h (3 GPU-h, first) and an 8-GPU job of 1 h: the
+    # first its own 3 h, the second the pooled 11 GPU-h over 8 GPUs, 1.375 h
+    narrow = RunTimeBelief(min_sigma=1e-9)
+
+    def pending(*shapes: tuple[int, float]) -> ClusterState:
+        jobs = [replace(_job(i, g, 1.0, p), pred_hi_s=p) for i, (g, p) in enumerate(shapes, 1)]
+        return ClusterState(
+            time=0.0,
+            topology=from_spec("1x8"),
+            free_gpus=(8,),
+            running=(),
+            pending=tuple(PendingJob(j, remaining_s=1.0) for j in jobs),
+        )
+
+    two = fork(pending((8, 3600.0), (8, 3600.0)), MODEL, belief=narrow)
+    assert terminal_cost_s(two) == pytest.approx(3 * 3600.0, rel=1e-6)
+    mixed = fork(pending((8, 3600.0), (1, 3 * 3600.0)), MODEL, belief=narrow)
+    assert terminal_cost_s(mixed) == pytest.approx(4.375 * 3600.0, rel=1e-6)
+
+
+def test_a_held_wait_keeps_the_gpus_idle_through_completions() -> None:
+    # one 8-GPU node busy for 10 more minutes; an 8-GPU job of 1 h waits. A wait until the
+    # next event lets the base start it at 10 min; a wait held 30 min starts it at 30 min
+    topo = from_spec("1x8")
+    busy = replace(_job(1, 8, 99.0, 4200.0), pred_hi_s=4200.0)
+    nxt = replace(_job(2, 8, 99.0, 3600.0), pred_hi_s=3600.0)
+    run = RunningJob(
+        job=busy,
+        placement=Placement.of([(0, 8)]),
+        start_time=-3600.0,
+        remaining_s=600.0,
+        rate=1.0,
+        attained_gpu_s=8 * 3600.0,
+        preemptions=0,
+        since=0.0,
+    )
+    state = ClusterState(
+        time=0.0,
+        topology=topo,
+        free_gpus=(0,),
+        running=(run,),
+        pending=(PendingJob(nxt, remaining_s=99.0),),
+    )
+    narrow = RunTimeBelief(min_sigma=1e-9)
+    fifo = make_policy("fifo")
+    at_next = rollout_cost(fork(state, MODEL, belief=narrow), Decision(), fifo, 3 * 3600.0)
+    held = rollout_cost(
+        fork(state, MODEL, belief=narrow), Decision(), fifo, 3 * 3600.0, hold_s=1800.0
+    )
+    assert at_next == pytest.approx((10 + 70) * 60.0, rel=1e-6)
+    assert held == pytest.approx((10 + 90) * 60.0, rel=1e-6)
+    with pytest.raises(ValueError, match="hold"):
+        score_decisions(state, [Decision()], fifo, MODEL, n=1, hold_s=-1.0)

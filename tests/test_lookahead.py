@@ -10,9 +10,16 @@ import pytest
 
 from linkwise.cli import main
 from linkwise.cluster.contention import AnalyticModel
-from linkwise.cluster.domain import ClusterState, Job, PendingJob
+from linkwise.cluster.domain import ClusterState, Job, PendingJob, Placement, RunningJob
+from linkwise.cluster.fork import RunTimeBelief
 from linkwise.cluster.heuristics import is_oracle, make_policy, needs_predictions
-from linkwise.cluster.lookahead import DEFAULT_ALTERNATIVES, LookaheadSpec, decision_key
+from linkwise.cluster.lookahead import (
+    DEFAULT_ALTERNATIVES,
+    DEFAULT_HOLD_S,
+    Lookahead,
+    LookaheadSpec,
+    decision_key,
+)
 from linkwise.cluster.profiles import load_calibration
 from linkwise.cluster.simulator import simulate
 from linkwise.cluster.topology import from_spec
@@ -137,3 +144,85 @@ def test_runs_a_workload_and_is_no_worse_here() -> None:
     avg_base = sum(r.jct for r in base.records) / len(jobs)
     assert la.searched > 0
     assert avg <= avg_base * 1.05
+
+
+def _split_contention_state() -> ClusterState:
+    """4x8 in two leaves, oversubscribed: a split 8-GPU job with 10 min of work left (as
+    believed) crosses the spine; a 16-GPU job of 40 h is pending and fits now on the 24
+    idle GPUs, its placement crossing the spine too (it slows the short job a little)."""
+    short = Job(1, 0.0, 8, 99.0, profile="bert", pred_s=4200.0, pred_hi_s=4200.0)
+    long = Job(2, 0.0, 16, 99.0, profile="bert", pred_s=40 * 3600.0, pred_hi_s=40 * 3600.0)
+    run = RunningJob(
+        job=short,
+        placement=Placement.of([(0, 4), (2, 4)]),
+        start_time=-3600.0,
+        remaining_s=600.0,
+        rate=1.0,
+        attained_gpu_s=8 * 3600.0,
+        preemptions=0,
+        since=0.0,
+    )
+    return ClusterState(
+        time=0.0,
+        topology=from_spec("4x8,leaf=2,oversub=2"),
+        free_gpus=(4, 8, 4, 8),
+        running=(run,),
+        pending=(PendingJob(long, remaining_s=99.0),),
+    )
+
+
+def _narrow(text: str) -> Lookahead:
+    """The lookahead of ``text`` with run times believed exactly (a deterministic case)."""
+    la = _lookahead(text)
+    assert isinstance(la, Lookahead)
+    return replace(la, belief=RunTimeBelief(min_sigma=1e-9))
+
+
+def test_the_old_wait_pricing_idles_gpus_and_the_terminal_cost_does_not() -> None:
+    state = _split_contention_state()
+    start = make_policy("fifo").decide(state)
+    assert [s.job_id for s in start.starts] == [2]
+    # before: a 3-hour horizon sees only the short job slowed by the long one's start, so
+    # the lookahead leaves 24 GPUs idle (the long job's progress lies past the horizon)
+    old = _narrow("lookahead:base=fifo,alts=fifo,horizon=3h,n=1,terminal=false,hold=0")
+    assert old.decide(state).is_wait and old.deviations == 1
+    # the default prices the work left at the horizon: the base's start stands
+    for spec in ("lookahead:base=fifo,alts=fifo,horizon=3h,n=1", "lookahead:base=fifo,n=1"):
+        new = _narrow(spec)
+        assert decision_key(new.decide(state)) == decision_key(start)
+        assert new.deviations == 0
+
+
+def test_a_chosen_wait_holds_as_long_as_it_was_priced() -> None:
+    state = _split_contention_state()
+    la = _narrow("lookahead:base=fifo,alts=fifo,horizon=3h,n=1,terminal=false,hold=30m")
+    assert la.decide(state).wake_at == 1800.0
+    assert la.holds == 1 and la.searched == 1
+    # the short job ends at 10 min: still held, no search, nothing started
+    later = replace(state, time=600.0, running=(), free_gpus=(8, 8, 8, 8))
+    assert la.decide(later).is_wait and la.searched == 1
+    # at the hold's end the lookahead decides again (here: the base's start)
+    end = replace(later, time=1800.0)
+    assert [s.job_id for s in la.decide(end).starts] == [2] and la.searched == 2
+    assert la.stats()["holds"] == 1.0
+
+
+def test_without_the_wait_move_no_alternative_waits() -> None:
+    # FIFO starts the long job; an alternative that proposes nothing is a wait: left out
+    state = _split_contention_state()
+    la = _narrow("lookahead:base=fifo,alts=fifo,horizon=3h,n=1,terminal=false,wait=false")
+    assert not la.decide(state).is_wait and la.searched == 0
+
+
+def test_terminal_and_hold_parse_and_describe() -> None:
+    spec = LookaheadSpec.parse("lookahead:base=qssf,terminal=false,hold=10m")
+    assert not spec.terminal and spec.hold_s == 600.0
+    assert LookaheadSpec.parse(spec.describe()) == spec
+    default = LookaheadSpec.parse("lookahead:base=qssf")
+    assert default.terminal and default.hold_s == DEFAULT_HOLD_S
+    assert LookaheadSpec.parse(default.describe()) == default
+    zero = LookaheadSpec.parse("lookahead:base=qssf,hold=0")
+    assert zero.hold_s == 0.0 and LookaheadSpec.parse(zero.describe()) == zero
+    for bad in ("lookahead:base=qssf,hold=-1m", "lookahead:base=qssf,terminal=maybe"):
+        with pytest.raises(ValueError):
+            LookaheadSpec.parse(bad)
