@@ -19,17 +19,20 @@ done for a job that does not finish inside the horizon is worth nothing: GPUs le
 long job started late, a preemption's lost work cost nothing once past the horizon, so a
 wait or a deferral looks free and, chosen again at every event, idles the cluster.
 
-A wait is priced and kept as a commitment (``hold``, default 30 min): in the forks the
-base is not asked for ``hold`` after a wait (completions or not), and a wait the lookahead
-chooses holds as long: it returns waits without searching until then. Priced as "the base
-acts at the next event" but re-chosen at that event, a wait was a chain of deferrals none
-of which was priced (over Tiresias-LAS: 1.73x its average JCT on the congested case of
-``benchmarks/lookahead_headroom.md``). ``hold=0`` is the earlier wait (until the next
-event); ``wait=false`` drops waiting, the alternatives' proposals that do nothing included.
+Without the terminal cost a wait priced as "the base acts at the next event" looked nearly
+free and, re-chosen at that event, became a chain of deferrals none of which was priced
+(over Tiresias-LAS: 1.73x its average JCT on the congested case of
+``benchmarks/lookahead_headroom.md``; with the terminal cost 0.98x). ``hold=DURATION``
+prices and keeps a wait as a commitment instead: in the forks the base is not asked for
+``hold`` after a wait (completions or not), and a wait the lookahead chooses holds as long
+(it returns waits without searching until then). It also ends the chain, but measured worse
+than the terminal cost alone (the cluster idles through completions), so the default is 0,
+a wait until the next event. ``wait=false`` drops waiting, the alternatives' proposals that
+do nothing included.
 
 Spec (``linkwise policies`` lists it as kind ``search``):
 
-    lookahead:base=SPEC,horizon=6h,n=6[,alts=a;b;c][,wait=true][,hold=30m]
+    lookahead:base=SPEC,horizon=6h,n=6[,alts=a;b;c][,wait=true][,hold=0]
         [,terminal=true][,margin=0][,seed=0][,restart=sia][,oracle=false]
 
 ``base`` is any policy spec; items after it that are not lookahead keys (``LOOKAHEAD_KEYS``)
@@ -63,7 +66,7 @@ __all__ = [
 ]
 
 PREFIX = "lookahead"
-DEFAULT_HOLD_S = 1800.0
+DEFAULT_HOLD_S = 0.0
 """How long a wait the lookahead chooses holds (``hold``; 0: until the next event)."""
 DEFAULT_ALTERNATIVES: tuple[str, ...] = (
     "qssf",

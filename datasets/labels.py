@@ -107,6 +107,7 @@ class LabelTask:
     points: int = 8
     alternatives: int = 6
     backlog: Backlog | None = None  # the window starts from this state (warm start)
+    terminal: bool = False  # add cluster.fork's terminal cost (the work left at the horizon)
 
     def __post_init__(self) -> None:
         if self.n < 1 or self.points < 1 or self.alternatives < 2:
@@ -235,6 +236,7 @@ def _label_point(
         n=task.n,
         seed=zlib.crc32(f"{task.episode}/{point}".encode()),
         complete=True,
+        terminal=task.terminal,
     )
     obs = encode(cands, spec).astype(np.float32).tolist()
     mask = cands.mask.tolist()
