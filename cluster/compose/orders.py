@@ -439,10 +439,8 @@ class Las:
         else:
             before = (mem.lists, mem.qid)
         # jobs that ended leave their queue; jobs not seen yet join theirs, in submit order
-        lists = [
-            [j for j in members if j in running or j in pending or j in transit]
-            for members in before[0]
-        ]
+        alive = running.keys() | pending.keys() | transit
+        lists = [[j for j in members if j in alive] for members in before[0]]
         qid = {j: q for q, members in enumerate(lists) for j in members}
         unseen = [r.job for r in running_jobs if r.job.job_id not in qid]
         unseen += [p.job for p in pending_jobs if p.job.job_id not in qid]
@@ -458,15 +456,12 @@ class Las:
                 qid[job.job_id] = q
         # a running job at or past its queue's threshold moves one queue down, to the tail
         # (in submit order; each moves once, so only the movers need sorting)
-        down: list[RunningJob] = []
-        for r in running_jobs:
-            q = qid[r.job.job_id]
-            # ``attained_at(now)`` inlined
-            if (
-                q < last
-                and r.attained_gpu_s + r.job.num_gpus * (now - r.since) + _EPS >= (thresholds[q])
-            ):
-                down.append(r)
+        down = [  # ``attained_at(now)`` inlined
+            r
+            for r in running_jobs
+            if (q := qid[r.job.job_id]) < last
+            and r.attained_gpu_s + r.job.num_gpus * (now - r.since) + _EPS >= thresholds[q]
+        ]
         if down:
             down.sort(key=lambda r: (r.job.submit_time, r.job.job_id))
             for r in down:

@@ -56,6 +56,9 @@ class PlacementRule(Protocol):
     def memo_key(self, job: Job) -> tuple[int, int]: ...
 
 
+MEMO_SIZE = 4096  # placements ``Bounded`` remembers (about 1 MB on a 64-node cluster)
+
+
 def min_nodes_for(capacities_desc: Sequence[int], gpus: int) -> int:
     """Fewest nodes of these capacities (sorted descending) that hold ``gpus`` GPUs (>= 1)."""
     need = gpus
@@ -191,6 +194,12 @@ class Bounded:
     _caps: list[tuple[Topology, list[int]]] = field(
         default_factory=list, init=False, compare=False, repr=False
     )
+    # ``bounded_placement`` is a pure function of (free, busy, GPUs) on one topology: its
+    # answers on the topology last seen, by exactly those (a decision point often meets the
+    # free GPUs and busy-ness of the one before); emptied when full or the topology changes
+    _memo: dict[tuple[tuple[int, ...], tuple[int, ...], int], Placement | None] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         check_bco_params(self.kappa, self.lam)
@@ -204,10 +213,19 @@ class Bounded:
         job: Job,
     ) -> Placement | None:
         caps = self._caps
+        memo = self._memo
         if not caps or caps[0][0] is not topo:
             caps[:] = [(topo, sorted((n.gpus for n in topo.nodes), reverse=True))]
+            memo.clear()
         gpus = job.num_gpus
-        return bounded_placement(topo, free, busy, gpus, self.kappa, self.lam, caps[0][1])
+        key = (tuple(free), tuple(busy), gpus)
+        if key in memo:
+            return memo[key]
+        if len(memo) >= MEMO_SIZE:
+            memo.clear()
+        placement = bounded_placement(topo, free, busy, gpus, self.kappa, self.lam, caps[0][1])
+        memo[key] = placement
+        return placement
 
     def memo_key(self, job: Job) -> tuple[int, int]:
         return (job.num_gpus, 0)

@@ -137,21 +137,19 @@ class Priority:
                 return Decision()
             if want <= state.total_free_gpus:
                 return _admit(state, order, rule, Greedy())
-        # one pass: the pinned jobs are admitted first, the others may be preempted
+        # the pinned jobs are admitted first, the others may be preempted
         min_run_s = self.min_run_s
-        kept: set[int] = set()
-        movable: list[RunningJob] = []
-        left = state.total_free_gpus
-        for r in running:
-            if now - r.start_time < min_run_s:
-                kept.add(r.job.job_id)
-            else:
-                movable.append(r)
-                left += r.job.num_gpus
-        # an order with memory sees every running job; the pinned ones are skipped below
-        safe, ranked = order.rank_contested(
-            state, running if order.remembers else movable, state.pending, self.margin
+        pinned = [r for r in running if now - r.start_time < min_run_s]
+        kept: set[int] = {r.job.job_id for r in pinned}
+        left = state.total_free_gpus + sum([r.job.num_gpus for r in running])
+        left -= sum([r.job.num_gpus for r in pinned])
+        movable = (
+            running
+            if order.remembers or not pinned
+            else [r for r in running if r.job.job_id not in kept]
         )
+        # an order with memory sees every running job; the pinned ones are skipped below
+        safe, ranked = order.rank_contested(state, movable, state.pending, self.margin)
         for r in safe:
             kept.add(r.job.job_id)
             left -= r.job.num_gpus
@@ -183,9 +181,10 @@ class Priority:
             # and a pending job left out did not fit the free GPUs: nothing changes
             return Decision(wake_at=wake)
         preempted: list[RunningJob] = []
-        staying: list[RunningJob] = []
-        for r in running:
-            (staying if r.job.job_id in kept else preempted).append(r)
+        staying: list[RunningJob] = list(running)
+        if len(kept) < len(running):  # ``kept`` holds running jobs only
+            preempted = [r for r in running if r.job.job_id not in kept]
+            staying = [r for r in running if r.job.job_id in kept]
         free = list(state.free_gpus)
         for r in preempted:
             release_placement(free, r.placement)
