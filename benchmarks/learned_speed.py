@@ -23,6 +23,11 @@ The jobs are annotated as ``benchmarks/simulator_speed.py`` annotates them (a pr
 on the slice's first two weeks), so the base's time is comparable with that benchmark's.
 
     .venv/bin/python benchmarks/learned_speed.py [--max-jobs N] [--package DIR] [--profile 25]
+    .venv/bin/python benchmarks/learned_speed.py --train-speed 300 [--threads 1]
+
+``--train-speed STEPS``: the residual's label training (BC and CQL, masked MLP 128x128,
+batch 64, as ``train_on_labels`` is called) in steps/s against its FLOP bound
+(``training_speed``).
 """
 
 from __future__ import annotations
@@ -208,9 +213,17 @@ def load_jobs(trace: Path, cluster: str, max_jobs: int | None, seed: int) -> tup
 
 
 def simulate_package(
-    topo: Any, jobs: Any, package: Path, *, defer: str = "none", base_only: bool = False
+    topo: Any,
+    jobs: Any,
+    package: Path,
+    *,
+    defer: str = "none",
+    base_only: bool = False,
+    plain: bool = False,
+    margin: float | None = None,
 ) -> dict[str, Any]:
-    """Simulate the package (or, ``base_only``, a residual's base alone) once, summarised."""
+    """Simulate the package (or, ``base_only``, a residual's base alone; ``plain``: through
+    ``ResidualPolicy.decide_plain``, the path before the fast one) once, summarised."""
     import torch
 
     from linkwise.cluster.contention import AnalyticModel
@@ -228,6 +241,8 @@ def simulate_package(
     clock = [0.0, 0.0]
     if residual:
         res = residual_from_learned(learned, model)
+        if margin is not None:  # the package's margin replaced (how often it deviates)
+            res.margin = margin
         if defer == "topology":
             res.deferral = replace(res.deferral, topologies=(FOREIGN,))
         elif defer == "labels":
@@ -235,6 +250,8 @@ def simulate_package(
 
             res.deferral = Deferral.from_json(learned.meta["residual"]["chosen"]["labels_deferral"])
         res.base = _Timed(res.base, clock)
+        if plain:
+            res.decide = res.decide_plain  # type: ignore[method-assign]
         inner = res.base.inner if base_only else res
     policy = _Counting(inner) if not base_only else inner
     t0, c0 = time.perf_counter(), time.process_time()
@@ -257,6 +274,11 @@ def simulate_package(
         row["ms_per_decision_point"] = 1000 * wall / max(1, policy.decisions)
     if residual and not base_only:
         row["defer"] = defer
+        row["path"] = "plain" if plain else "fast"
+        row["margin"] = inner.margin
+        adv = sorted(inner.advantages)
+        if adv:
+            row["advantage_p50_p95_p99"] = [adv[int(q * (len(adv) - 1))] for q in (0.5, 0.95, 0.99)]
         row["base_s"] = clock[0]
         row["base_calls"] = int(clock[1])
         row["overhead_s"] = wall - clock[0]
@@ -264,6 +286,91 @@ def simulate_package(
     elif not residual:
         row["wait_overrides"] = learned.wait_overrides
     return row
+
+
+# ------------------------------------------------------------------------ training speed
+
+
+def _label_like_dataset(spec: Any, n: int, seed: int = 0) -> Any:
+    """A dataset shaped as ``pipelines.residual.label_datasets`` builds it (one-step terminal
+    transitions, each state's mask in the observation), random content: speed only."""
+    import d3rlpy  # type: ignore[import-untyped]
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    obs = rng.random((n, spec.dim), dtype=np.float32)
+    masks = rng.random((n, spec.n_actions)) < 0.4
+    masks[:, -1] = True
+    actions = np.array([rng.choice(np.flatnonzero(m)) for m in masks], dtype=np.int64)
+    return d3rlpy.dataset.MDPDataset(
+        observations=[obs, masks.astype(np.float32)],
+        actions=actions,
+        rewards=-rng.random(n).astype(np.float32),
+        terminals=np.ones(n, dtype=np.float32),
+        timeouts=np.zeros(n, dtype=np.float32),
+        action_space=d3rlpy.ActionSpace.DISCRETE,
+        action_size=spec.n_actions,
+    )
+
+
+def training_speed(steps: int, threads: int) -> list[dict[str, Any]]:
+    """Steps/s of the residual's label training (BC and CQL, masked MLP 128x128, batch 64,
+    as ``benchmarks/residual_default.py`` calls ``train_on_labels``) against the compute
+    bound: FLOPs per gradient step (``FlopCounterMode`` over one step) over the FLOP/s a
+    ``(64, dim) @ (dim, 128)`` float32 matmul (the first layer's shape) achieves here with
+    the same threads. Also the first ``fit``'s setup (d3rlpy builds the networks lazily)."""
+    import d3rlpy
+    import torch
+    from d3rlpy.logging import NoopAdapterFactory  # type: ignore[import-untyped]
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from linkwise.cluster.mdp import MdpConfig, make_spec
+    from linkwise.models.training import AlgoConfig, build_algo, fit, quiet_d3rlpy
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        gens = ("bounded", "least_contention", "best_fit")
+        spec = make_spec(MdpConfig(k_slots=8, slot_order="mixed", generators=gens))
+        with quiet_d3rlpy():
+            ds = _label_like_dataset(spec, 2000)
+        a, b = torch.rand(64, spec.dim), torch.rand(spec.dim, 128)
+        for _ in range(20):
+            a @ b
+        reps = 2000
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            a @ b
+        peak = 2.0 * 64 * spec.dim * 128 * reps / (time.perf_counter() - t0)
+        rows = []
+        for algo_name in ("bc", "cql"):
+            p = AlgoConfig(n_steps=steps, n_steps_per_epoch=steps, batch_size=64,
+                           hidden_units=(128, 128), alpha=1.0, gamma=0.0,
+                           target_update_interval=100)  # fmt: skip
+            d3rlpy.seed(0)
+            algo = build_algo(algo_name, p, "cpu:0", spec=spec)
+            few = AlgoConfig(**{**p.__dict__, "n_steps": 5, "n_steps_per_epoch": 5})
+            t0 = time.perf_counter()
+            fit(algo, ds, few, evaluators={}, adapter=NoopAdapterFactory())
+            setup = time.perf_counter() - t0
+            one = AlgoConfig(**{**p.__dict__, "n_steps": 1, "n_steps_per_epoch": 1})
+            with FlopCounterMode(display=False) as counter:
+                fit(algo, ds, one, evaluators={}, adapter=NoopAdapterFactory())
+            flops = counter.get_total_flops()
+            t0 = time.perf_counter()
+            fit(algo, ds, p, evaluators={}, adapter=NoopAdapterFactory())
+            dt = time.perf_counter() - t0
+            bound = peak / flops
+            rows.append({
+                "algo": algo_name, "threads": threads, "dim": spec.dim,
+                "actions": spec.n_actions, "steps": steps, "steps_per_s": steps / dt,
+                "ms_per_step": 1000 * dt / steps, "first_fit_5_steps_s": setup,
+                "mflop_per_step": flops / 1e6, "matmul_gflop_s": peak / 1e9,
+                "bound_steps_per_s": bound, "share_of_bound": steps / dt / bound,
+            })  # fmt: skip
+        return rows
+    finally:
+        torch.set_num_threads(before)
 
 
 def main() -> int:
@@ -277,15 +384,34 @@ def main() -> int:
     p.add_argument("--build", type=Path, help="build the throwaway package here (kept)")
     p.add_argument("--base", default="qssf_preemptive", help="the throwaway package's base")
     p.add_argument("--algo", choices=("bc", "cql"), default="bc")
-    p.add_argument("--margin", type=float, default=0.5)
+    p.add_argument(
+        "--margin", type=float, help="the residual's margin (default: the package's; 0.5 built)"
+    )
     p.add_argument("--running-slots", type=int, default=0)
     p.add_argument("--defer", default="none", help="comma list of none, topology, labels")
     p.add_argument("--no-base", action="store_true", help="do not simulate the base alone")
+    p.add_argument("--plain", action="store_true", help="also the plain path (before)")
     p.add_argument("--max-jobs", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--profile", type=int, default=0, help="print the top N functions (own time)")
+    p.add_argument(
+        "--train-speed",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="measure the label training's steps/s instead (module docstring)",
+    )
+    p.add_argument("--threads", type=int, default=1, help="torch threads for --train-speed")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
+    if args.train_speed:
+        load = os.getloadavg()
+        out = training_speed(args.train_speed, args.threads)
+        for r in out:
+            r["load_avg_before"] = [round(x, 2) for x in load]
+            r["load_avg_after"] = [round(x, 2) for x in os.getloadavg()]
+            print(json.dumps(r) if args.json else ", ".join(f"{k}={_fmt(v)}" for k, v in r.items()))
+        return 0
     defers = args.defer.split(",")
     if not set(defers) <= {"none", "topology", "labels"}:
         p.error(f"--defer: unknown {args.defer!r}")
@@ -294,7 +420,7 @@ def main() -> int:
     if package is None:
         where = args.build or Path(tempfile.mkdtemp(prefix="linkwise-learned-speed-"))
         package, built = build_residual(where, args.cluster, base=args.base, algo=args.algo,
-                                        margin=args.margin,
+                                        margin=0.5 if args.margin is None else args.margin,
                                         running_slots=args.running_slots)  # fmt: skip
         rows.append({"built": str(package), **built})
     if not (package / "policy.json").is_file():
@@ -306,13 +432,17 @@ def main() -> int:
     if args.profile:
         prof = cProfile.Profile()
         prof.enable()
-        rows.append(simulate_package(topo, jobs, package, defer=defers[0]))
+        rows.append(simulate_package(topo, jobs, package, defer=defers[0], margin=args.margin))
         prof.disable()
         print(json.dumps(rows))
         pstats.Stats(prof).sort_stats("tottime").print_stats(args.profile)
         return 0
     for d in defers if residual else ["none"]:
-        rows.append(simulate_package(topo, jobs, package, defer=d))
+        if residual and args.plain:
+            rows.append(
+                simulate_package(topo, jobs, package, defer=d, plain=True, margin=args.margin)
+            )
+        rows.append(simulate_package(topo, jobs, package, defer=d, margin=args.margin))
     if residual and not args.no_base:
         rows.append(simulate_package(topo, jobs, package, base_only=True))
     for r in rows:

@@ -52,6 +52,7 @@ from linkwise.cluster.contention import ContentionModel
 from linkwise.cluster.domain import ClusterState, Decision, Policy, Topology
 from linkwise.cluster.fork import fresh
 from linkwise.cluster.mdp import (
+    MdpConfig,
     ObsSpec,
     StepPolicyAdapter,
     apply_decision,
@@ -61,6 +62,7 @@ from linkwise.cluster.mdp import (
     local_grace,
     nothing_fits,
 )
+from linkwise.cluster.mdp.running import eligible as running_eligible
 from linkwise.datasets.export import file_sha256
 from linkwise.datasets.prediction import annotate_state
 from linkwise.datasets.predictor import RuntimePredictor
@@ -82,6 +84,7 @@ __all__ = [
     "format_margin",
     "is_residual_meta",
     "merge_moves",
+    "more_than_wait",
     "parse_margin",
     "residual_from_learned",
     "topology_signature",
@@ -280,16 +283,20 @@ class ResidualPolicy:
         cfg = self.obs_spec.config
         if nothing_fits(state, cfg):  # every action but wait masked: no candidates needed
             return base_d
+        reason = self._topology_reason(state.topology)
+        if math.isinf(self.margin) or reason:  # the base stands: only the counters remain
+            allowed = more_than_wait(state, cfg)
+            if allowed is None:
+                allowed = bool(candidates(state, cfg, self.belief).mask[: cfg.wait_action].any())
+            if allowed:
+                self.decisions += 1
+                if not math.isinf(self.margin):
+                    self.deferrals[reason] += 1
+            return base_d
         c = candidates(state, cfg, self.belief)
         if not c.mask[: cfg.wait_action].any():
             return base_d
         self.decisions += 1
-        if math.isinf(self.margin):
-            return base_d
-        reason = self._topology_reason(state.topology)
-        if reason:
-            self.deferrals[reason] += 1
-            return base_d
         eligible = self._eligible(state, c, base_d)
         obs: npt.NDArray[np.float32] | None = None
         if self.deferral.feature_lo:  # the range rule needs the observation
@@ -409,6 +416,28 @@ class ResidualPolicy:
             "deviations_per_1000": 1000.0 * self.deviations / n,
             **{f"deferrals_{k}": float(v) for k, v in self.deferrals.items()},
         }
+
+
+TOTAL_GENERATORS = frozenset({"best_fit", "first_fit", "least_contention"})
+"""Candidate generators that place every job asking at most the free GPUs (``best_fit`` and
+``first_fit``: None iff fewer GPUs are free, ``cluster.placement``; ``least_contention``
+picks among a pool that holds ``best_fit``'s)."""
+
+
+def more_than_wait(state: ClusterState, cfg: MdpConfig) -> bool | None:
+    """Whether ``candidates(state, cfg, model).mask`` allows more than waiting, without the
+    contention model (None where that cannot be told so: no generator in
+    ``TOTAL_GENERATORS``). A running row is allowed for every running job that may be
+    preempted now; a start row for a slot whose job fits the free GPUs (its first
+    candidate is never a duplicate), and every order but ``head`` fills the slots with
+    fitting jobs only (``cluster.mdp.slots``)."""
+    if not TOTAL_GENERATORS & set(cfg.generators):
+        return None
+    if cfg.running_slots and running_eligible(state, cfg):
+        return True
+    free = state.total_free_gpus
+    pending = state.pending[: cfg.k_slots] if cfg.slot_order == "head" else state.pending
+    return any(p.job.num_gpus <= free for p in pending)
 
 
 def merge_moves(move: Decision, rest: Decision, wake_at: float = math.inf) -> Decision:

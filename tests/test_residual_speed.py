@@ -126,6 +126,28 @@ def test_fast_decisions_and_deferrals_equal_the_plain_path_when_deferring(reason
         assert fast.deviations == 0 and fast.deferrals["topology"] == fast.decisions
 
 
+CONFIGS = {
+    "mixed": CFG,
+    "running": replace(CFG, running_slots=2),
+    "head": replace(CFG, slot_order="head"),
+    "no-total-generator": replace(CFG, generators=("bounded", "same_leaf")),
+}
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+@pytest.mark.parametrize("margin", [0.3, float("inf")])
+def test_the_base_standing_counts_as_the_plain_path_without_candidates(
+    config: str, margin: float
+) -> None:
+    """Deferring by topology, or margin inf: the counters come from ``more_than_wait``
+    (exact for every config with a total generator, candidates otherwise)."""
+    cfg = CONFIGS[config]
+    foreign = Deferral(topologies=("0000000000000000",))
+    fast, plain = _pair("tiresias_las", cfg, margin, foreign)
+    _run(Both(fast, plain))
+    assert fast.decisions > 0
+
+
 def test_margin_infinity_counts_as_the_plain_path_without_scoring() -> None:
     fast, plain = _pair("qssf_preemptive", CFG, float("inf"), Deferral())
     calls = [0]
@@ -165,3 +187,64 @@ def test_a_start_the_base_then_preempts_or_migrates_is_merged_into_one_valid_dec
     moved = merge_moves(move, Decision(migrate=(Start(7, q),)))
     assert moved == Decision(starts=(Start(7, q),))
     assert merge_moves(move, Decision(starts=(Start(9, r),))).starts == (Start(7, p), Start(9, r))
+
+
+def test_contention_added_slowdown_is_the_model_rule_exactly() -> None:
+    """``Contention._time_with`` (a split running job's time with a new ring, its other
+    links' shares kept) equals ``_time`` on every split job and candidate placement of the
+    states of a busy simulation, to the last bit."""
+    from linkwise.cluster.mdp import candidates
+    from linkwise.cluster.mdp.slowdown import Contention
+
+    states: list[ClusterState] = []
+
+    @dataclass
+    class Record:
+        name: str = "record"
+
+        def decide(self, state: ClusterState) -> Decision:
+            states.append(state)
+            return make_policy("tiresias_las").decide(state)
+
+    topo = from_spec("8x4,leaf=2")
+    jobs = PREDICTOR.annotate(
+        assign_profiles(
+            synthetic.generate(150, seed=4, max_gpus=16, load_scale=6.0),
+            load_calibration(None),
+            seed=4,
+        )
+    )
+    simulate(topo, jobs, MODEL, Record(), SimConfig())
+    checked = 0
+    for state in states:
+        c = Contention(state, MODEL)
+        rings = {p for row in candidates(state, CFG, MODEL).placements for p in row if p}
+        rings |= {r.placement for r in c.split}  # a new ring on a running ring's links
+        for p in rings:
+            if p.num_nodes <= 1:
+                continue
+            linkset = frozenset(topo.ring_links(p.nodes))
+            for w in (0.37, 1.0):
+                for i, r in enumerate(c.split):
+                    if not linkset & set(c.links[i]):
+                        continue
+                    plain = c._time(r.job, r.placement, c.links[i], c.weights[i], linkset, w)
+                    assert c._time_with(i, linkset, w) == plain
+                    checked += 1
+    assert checked > 200, checked
+
+
+def test_a_forked_base_shares_bounded_placement_memo() -> None:
+    """A fork of the base (the residual's deviation, ``cluster.fork.fresh``) shares
+    ``Bounded``'s pure caches instead of copying 4,096 placements at every deviation."""
+    import copy
+
+    from linkwise.cluster.compose.placements import Bounded
+    from linkwise.cluster.fork import fresh
+
+    b = Bounded(kappa=None, lam=1.0)
+    b._memo[((1,), (0,), 1)] = None
+    c = copy.deepcopy(b)
+    assert c == b and c._memo is b._memo and c._caps is b._caps
+    base = make_policy("qssf_preemptive")
+    assert fresh(base, MODEL) is not base

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 from linkwise.cluster.domain import Job, Placement, Start, Topology, requested_shape
 from linkwise.cluster.placement import (
@@ -203,6 +203,16 @@ class Bounded:
 
     def __post_init__(self) -> None:
         check_bco_params(self.kappa, self.lam)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Bounded:
+        """A copy sharing the caches (pure: their answers depend only on their keys): a
+        policy forked at every decision point (``cluster.fork.fresh``, the residual's
+        deviation) does not copy 4,096 remembered placements each time."""
+        new = Bounded(kappa=self.kappa, lam=self.lam)
+        object.__setattr__(new, "_caps", self._caps)
+        object.__setattr__(new, "_memo", self._memo)
+        memo[id(self)] = new
+        return new
 
     def place(
         self,

@@ -41,6 +41,9 @@ class Contention:
         self.weights: list[float] = []
         self.slowdown: list[float] = []  # t / t_best per split running job (>= 1)
         self._best: list[float] = []
+        # per split running job (when first asked), what ``_time`` needs that a new ring
+        # cannot change: its intra-node bound and each link's bandwidth share without it
+        self._shares: dict[int, tuple[float, tuple[tuple[int, float], ...]]] = {}
         if self.analytic is not None:
             a = self.analytic
             for i, r in enumerate(self.split):
@@ -117,10 +120,38 @@ class Contention:
             affected.update(self.users.get(link, ()))
         added = 0.0
         for i in sorted(affected):
-            r = self.split[i]
-            t_new = self._time(r.job, r.placement, self.links[i], self.weights[i], linkset, w)
+            t_new = self._time_with(i, linkset, w)
             added += max(1.0, t_new / self._best[i]) - self.slowdown[i]
         return Prediction(max(0.0, t / best - 1.0), max(0.0, added))
+
+    def _time_with(self, i: int, extra_links: frozenset[int], extra: float) -> float:
+        """``_time`` of split running job ``i`` with ``extra`` load on ``extra_links``, the
+        same operations on the same values (its links' shares without the new ring kept
+        between calls; ``min`` is exact in any order)."""
+        assert self.analytic is not None
+        a = self.analytic
+        r = self.split[i]
+        own = self.weights[i]
+        gbps = self.topo.link_gbps
+        alpha = a.calibration.alpha
+        load = self.load
+        kept = self._shares.get(i)
+        if kept is None:
+            intra = min(self.topo.nodes[n].intra_gbps for n in r.placement.nodes)
+            shares = tuple(
+                (link, gbps[link] / sharing_penalty(1.0 + max(0.0, load[link] - own), alpha))
+                for link in self.links[i]
+            )
+            kept = self._shares[i] = (intra, shares)
+        bw, shares = kept
+        for link, share in shares:
+            if link in extra_links:
+                k = 1.0 + max(0.0, load[link] + extra - own)
+                share = gbps[link] / sharing_penalty(k, alpha)
+            bw = min(bw, share)
+        return ring_iteration_time(
+            a.profile(r.job), r.job.num_gpus, r.placement.num_nodes, bw, a.calibration.overhead_s
+        )
 
     def running_slowdown(self, run: RunningJob) -> float:
         """The model's predicted slowdown of a running job where it runs, next to the other
