@@ -67,6 +67,7 @@ from linkwise.evaluation.shadow_report import shadow_headline
 from linkwise.models.registry import mlflow_env
 from linkwise.pipelines.build_dataset import build_dataset
 from linkwise.pipelines.console import Stages, history_progress, print_table, quiet_libraries
+from linkwise.pipelines.demo_residual import build_residuals, gate_residual
 from linkwise.pipelines.evaluate import evaluate, promote_from_evaluation, promote_from_shadow
 from linkwise.pipelines.evidence import fqe_evidence, guard_overrides
 from linkwise.pipelines.experiment import (
@@ -133,6 +134,12 @@ class DemoResult:
     # per learned algorithm with validation windows: every checkpoint's validation avg JCT
     # and the chosen one (``pipelines.selection.Selection.to_json``)
     selection: dict[str, Any] = field(default_factory=dict)
+    # the residual stage (``pipelines.demo_residual``): the base and how it was chosen, the
+    # labels, each learner's margin and validation figures, the promoted one, and per
+    # residual its held-out avg JCT, ratio to its base and deviations per 1,000 decisions
+    residual: dict[str, Any] = field(default_factory=dict)
+    # the promoted residual against the best same-information heuristic (None: no residual)
+    residual_gate: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -253,6 +260,16 @@ def run_pipeline(
             predictor=predictor_info["path"],
         )
 
+    residual: dict[str, Any] = {}
+    if exp.residual is not None:
+        stages.begin("residual", "The residual: base, counterfactual labels, BC and CQL, margins")
+        residual = build_residuals(
+            exp, topo, db=ws.db, slurm_cluster=slurm_cluster, until=until,
+            validation=validation, predictor=predictor, out=out, uri=uri, seed=seed,
+            console=console,
+        )  # fmt: skip
+    extra = {r["spec"]: r["label"] for r in residual.get("learners", {}).values()}
+
     stages.begin("evaluate", "Evaluate heuristics and the learned policies on held-out windows")
     table, evaluation, packages = _evaluate(
         ws,
@@ -263,6 +280,7 @@ def run_pipeline(
         slurm_cluster=slurm_cluster,
         seed=seed,
         predictor=predictor,
+        extra=extra,
     )
     windows: list[dict[str, Any]] = evaluation["windows"] or []
     _check_disjoint(windows, split.get("validation_windows", []))
@@ -273,6 +291,13 @@ def run_pipeline(
     )
     console.print(note)
     gate = _gate(evaluation["out_dir"], uri, ope, console)
+    residual_gate = None
+    if residual:
+        residual = _residual_heldout(residual, table)
+        residual_gate = gate_residual(
+            residual, evaluation["out_dir"], load_gates(), n_boot=exp.evaluation.n_boot, seed=seed
+        )
+        console.print(residual_gate.get("text", residual_gate))
 
     stages.begin("shadow", "Shadow mode: the live loop against the simulator")
     shadow, shadow_gate = _shadow(
@@ -289,6 +314,8 @@ def run_pipeline(
     stages.begin("table", "Comparison")
     title = f"held-out windows, {exp.topology}, baseline {BASELINE}"
     print_table(console, rich_table(table, title, wide=ws.wide), ws.wide)
+    if residual:
+        console.print(residual_summary(residual, residual_gate))
     seconds = stages.end()
     result = DemoResult(
         out_dir=str(out),
@@ -311,6 +338,8 @@ def run_pipeline(
         seconds=seconds,
         predictor=predictor_info,
         selection=selection,
+        residual=residual,
+        residual_gate=residual_gate,
     )
     (out / "demo.json").write_text(json.dumps(result.to_json(), indent=2, default=str))
     console.print(
@@ -478,17 +507,20 @@ def _evaluate(
     slurm_cluster: str,
     seed: int,
     predictor: RuntimePredictor,
+    extra: Mapping[str, str] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, str]]:
     """Every heuristic and the learned policies on the held-out windows, with the run's one
     predictor, and the learned policies' guard counts there: (the comparison table, the
-    evaluation's summary, each learned policy's package folder by its spec)."""
+    evaluation's summary, each learned policy's package folder by its spec). ``extra``:
+    more policies (spec -> display name: the residuals), in the table beside them."""
     # each learned policy by its pinned registry version, labelled BC, CQL, PPO
     labels = {
         f"model:models:/{m['model_name']}/{m['version']}": algo.upper()
         for algo, m in models.items()
     }
+    extra = dict(extra or {})
     report, eval_run = evaluate(
-        [*HEURISTICS, *labels],
+        [*HEURISTICS, *labels, *extra],
         out_dir=ws.out / "evaluation",
         db=ws.db,
         slurm_cluster=slurm_cluster,
@@ -513,8 +545,9 @@ def _evaluate(
     )
     failed: dict[str, Any] = report.context.get("failed", {})
     for spec, info in failed.items():
+        name = labels.get(spec, extra.get(spec, spec))
         ws.console.print(
-            f"[red]{labels.get(spec, spec)} failed[/red] {info['cases']} evaluation cases "
+            f"[red]{name} failed[/red] {info['cases']} evaluation cases "
             f"({info['first']}); left out of the comparison"
         )
     windows: list[dict[str, Any]] = report.context.get("evaluation_windows") or []
@@ -528,7 +561,7 @@ def _evaluate(
         "windows": report.context.get("evaluation_windows"),
         "dataset_windows": report.context.get("dataset_windows"),
         "seeds": report.context.get("seeds"),
-        "failed": {labels.get(x, x): info for x, info in failed.items()},
+        "failed": {labels.get(x, extra.get(x, x)): info for x, info in failed.items()},
         "guard": guard_overrides(
             {labels[spec]: pkg for spec, pkg in packages.items()},
             windows,
@@ -539,7 +572,60 @@ def _evaluate(
         ),
     }
     ws.console.print(f"the guard (aging) on the held-out windows: {evaluation['guard']}")
-    return comparison_table(report, labels), evaluation, packages
+    return comparison_table(report, {**labels, **extra}), evaluation, packages
+
+
+def _residual_heldout(
+    residual: Mapping[str, Any], table: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """The residual summary with each residual's held-out figures from the table: avg JCT,
+    ratio to its base's, deviations per 1,000 decisions (None: it failed its cases)."""
+    rows = {r["spec"]: r for r in table}
+    base = rows.get(residual["base"]["base"], {})
+    heldout: dict[str, Any] = {}
+    for algo, r in residual["learners"].items():
+        row = rows.get(r["spec"])
+        if row is None:
+            heldout[algo] = None
+            continue
+        jct, base_jct = row["avg_jct_s"], base.get("avg_jct_s")
+        heldout[algo] = {
+            "avg_jct_s": jct,
+            "ratio_to_base": jct / base_jct if jct is not None and base_jct else None,
+            "avg_ratio_to_best_heuristic": row["avg_ratio_to_best_heuristic"],
+            "deviations_per_1000": row.get("deviations_per_1000"),
+        }
+    return {**residual, "heldout": heldout}
+
+
+def residual_summary(residual: Mapping[str, Any], gate: Mapping[str, Any] | None) -> str:
+    """The residual's lines under the table: the base and how it was chosen, each residual's
+    margin and deviations per 1,000 decisions, and the gate's verdict with its reasons."""
+    base = residual["base"]
+    lines = [
+        f"residual base: {base['base']} ({residual['base_rule']}: {base['avg_jct_s'] / 3600:.2f} h)"
+    ]
+    for algo, r in residual["learners"].items():
+        held = residual.get("heldout", {}).get(algo)
+        if held is None:
+            lines.append(f"  {r['label']}: margin {r['margin']}, failed its held-out cases")
+            continue
+        dev = held["deviations_per_1000"]
+        ratio = held["ratio_to_base"]
+        lines.append(
+            f"  {r['label']}: margin {r['margin']}, "
+            f"{'-' if dev is None else f'{dev:.1f}'} deviations per 1,000 decisions on the "
+            f"held-out days, avg JCT {'-' if ratio is None else f'{ratio:.3f}'}x its base"
+        )
+    if gate is not None:
+        verdict = "PASSED" if gate["passed"] else "REFUSED"
+        ref = gate.get("reference")
+        lines.append(
+            f"gate {gate['subject']} vs the best same-information heuristic"
+            f"{f' ({ref})' if ref else ''}: {verdict}"
+        )
+        lines += [f"  {x}" for x in gate["reasons"]]
+    return "\n".join(lines)
 
 
 def _gate(
@@ -647,7 +733,7 @@ def run_demo(
         ws.db.unlink()  # the history is replayed afresh: one demo, one cluster history
     topo = load_topology(exp.topology)
     name = "demo"
-    stages = Stages(ws.console, 7)
+    stages = Stages(ws.console, 7 + (exp.residual is not None))
     stages.begin("history", f"Replay the history under backfill on {exp.topology} -> DuckDB")
     synthetic = exp.workload or SyntheticWorkload(jobs=0)
     history_jobs, workload = workload_jobs(

@@ -49,6 +49,8 @@ def comparison_table(report: EvaluationReport, names: Mapping[str, str]) -> list
             "avg_jct_over_queue_lb": s.get("avg_jct_over_queue_lb"),
             "masked_actions": s.get("masked_actions"),
             "guard_overrides": s.get("guard_overrides"),
+            # a residual's replacements of its base's move (None: not a residual)
+            "deviations_per_1000": s.get("deviations_per_1000"),
         }
         for stat in ("avg", "p99"):
             r = ratios.get((p, stat))

@@ -126,3 +126,55 @@ def test_one_predictor_fit_before_the_split_everywhere(demo: DemoResult) -> None
     rows = {r["policy"]: r for r in demo.table}
     assert "qssf" in rows and not rows["qssf"]["oracle"]
     assert rows["sjf_bco_oracle"]["oracle"] and rows["srtf_oracle"]["oracle"]
+
+
+def test_residual_base_deviations_and_gate(demo: DemoResult) -> None:
+    """Issue 23 item 6: the residual stage records its base (the lowest validation avg JCT
+    of the same-information heuristics), each residual's margin (the lowest validation avg
+    JCT of the sweep, at worst the base's) and held-out deviations per 1,000 decisions, and a
+    gate verdict consistent with the held-out figures; demo.json records them."""
+    import json
+    import math
+
+    from linkwise.evaluation.gates import load_gates, same_information_heuristics
+
+    r = demo.residual
+    base = r["base"]
+    figures = {k: v for k, v in base["candidates"].items() if v is not None}
+    assert set(base["candidates"]) == set(same_information_heuristics())
+    assert base["base"] in figures and base["avg_jct_s"] == min(figures.values())
+    assert r["labels"]["rows"] > 0 and r["labels"]["points"] > 0
+    rows = {row["policy"]: row for row in demo.table}
+    for algo, learner in r["learners"].items():
+        margins = {k: f["avg_jct_s"] for k, f in learner["margins"].items() if f["avg_jct_s"]}
+        assert learner["validation_avg_jct_s"] == min(margins.values())
+        assert learner["validation_avg_jct_s"] <= margins["margin-inf"]  # at worst its base
+        row = rows[learner["label"]]
+        dev = row["deviations_per_1000"]
+        assert dev is not None and dev >= 0 and r["heldout"][algo]["deviations_per_1000"] == dev
+        if learner["margin"] == "inf":  # the base itself: no deviation, the base's figures
+            assert dev == 0
+            assert row["avg_jct_s"] == pytest.approx(rows[base["base"]]["avg_jct_s"])
+    valid = {a: x["validation_avg_jct_s"] for a, x in r["learners"].items()}
+    assert r["promoted"] == min(valid, key=lambda a: valid[a])
+
+    gate = demo.residual_gate
+    assert gate is not None and gate["subject"] == r["learners"][r["promoted"]]["label"]
+    checks = {c["name"]: c for c in gate["checks"]}
+    assert gate["passed"] == all(c["passed"] for c in checks.values())
+    assert "fqe_not_below_behaviour" not in checks
+    # the reference is the held-out table's best same-information heuristic
+    heur = [x for x in demo.table if x["spec"] in same_information_heuristics()]
+    assert gate["reference"] == min(heur, key=lambda x: x["avg_jct_s"])["spec"]
+    better = checks["better_than_best_heuristic"]["values"]
+    promoted = rows[gate["subject"]]
+    assert better["ratio"] == pytest.approx(promoted["avg_ratio_to_best_heuristic"], rel=1e-9)
+    cfg = load_gates().challenger
+    expect = better["ratio"] <= 1 - cfg.margin_vs_heuristic and (
+        not cfg.require_ci or better["high"] < 1
+    )
+    assert checks["better_than_best_heuristic"]["passed"] == expect
+    assert math.isfinite(checks["p99_vs_best_heuristic"]["values"]["ratio"])
+    saved = json.loads((Path(demo.out_dir) / "demo.json").read_text())
+    assert saved["residual"]["base"]["base"] == base["base"]
+    assert saved["residual_gate"]["passed"] == gate["passed"]

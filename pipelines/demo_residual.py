@@ -1,0 +1,274 @@
+"""The demo's residual stage (issue 23 items 1-3, 6): a residual on the best same-information
+heuristic, built and gated inside ``linkwise demo``.
+
+``build_residuals`` (before the evaluation): the base chosen on the validation windows
+(``pipelines.residual.choose_base``: every same-information heuristic, warm-started from the
+accounting), counterfactual labels under it on the windows before those
+(``datasets.labels``), BC and CQL on the labels (``train_on_labels``), each one's margin
+chosen on the validation windows (``choose_margin``: ``inf``, the base itself, is always a
+candidate). ``gate_residual`` (after it): the promoted residual (the lower validation average
+JCT at its margin; ties: BC) against the best same-information heuristic of the held-out
+evaluation, by the challenger gate's own thresholds (``evaluation/gates.toml``): the avg-JCT
+ratio and its interval, p99, decision latency, masked actions where they were counted. FQE
+and the champion do not apply to a package that is at worst its base, nor the masked-action
+count to one that is no step policy (its deviations are candidate rows of the base's own
+state): they are left out of its verdict.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from linkwise.cluster.contention import AnalyticModel
+from linkwise.cluster.domain import Topology
+from linkwise.cluster.mdp import MdpConfig, make_spec
+from linkwise.cluster.profiles import load_calibration
+from linkwise.datasets.backlog import backlog_from_store
+from linkwise.datasets.labels import LabelTask, run_labels, write_labels
+from linkwise.datasets.predictor import RuntimePredictor
+from linkwise.datasets.rollouts import Window, cut_windows, jobs_from_store
+from linkwise.datasets.store import open_store
+from linkwise.evaluation.benchmark import load_benchmark, make_cases
+from linkwise.evaluation.gates import GateConfig, GateReport, check_challenger
+from linkwise.models.policy_spec import PolicySpec
+from linkwise.models.residual import topology_signature
+from linkwise.models.training import AlgoConfig
+from linkwise.pipelines.experiment import Experiment, ResidualPlan
+from linkwise.pipelines.residual import (
+    choose_base,
+    choose_margin,
+    label_deferral,
+    train_on_labels,
+)
+from linkwise.pipelines.selection import validation_windows
+
+__all__ = ["LEARNERS", "build_residuals", "gate_residual", "residual_label", "residual_windows"]
+
+LEARNERS: tuple[str, ...] = ("bc", "cql")
+# the challenger gate's checks that apply to a residual (FQE and the champion do not)
+RESIDUAL_CHECKS = (
+    "better_than_best_heuristic",
+    "p99_vs_best_heuristic",
+    "decision_latency",
+    "no_masked_actions",
+)
+
+
+def residual_label(algo: str) -> str:
+    """The residual's name in the comparison table (``residual-BC``)."""
+    return f"residual-{algo.upper()}"
+
+
+def residual_windows(
+    db: Path,
+    slurm_cluster: str,
+    topo: Topology,
+    exp: Experiment,
+    until: float,
+    validation: Sequence[Window],
+) -> tuple[list[Window], list[Window]]:
+    """(validation windows, label windows): the run's validation windows (else the plan's
+    last windows before ``until``) and the plan's ``label_windows`` busy windows before them."""
+    plan = _plan(exp)
+    with closing(open_store(db)) as con:
+        jobs = jobs_from_store(con, cluster=slurm_cluster)
+    cut = cut_windows(jobs, exp.windows.window_s, max_gpus=topo.total_gpus)
+    val = list(validation) or validation_windows(
+        cut, until, plan.validation_windows, exp.windows.min_jobs
+    )
+    start = min(w.start for w in val)
+    before = [w for w in cut if w.end <= start and len(w.jobs) >= exp.windows.min_jobs]
+    if not before:
+        raise ValueError("no busy window before the validation windows to label")
+    return val, before[-plan.label_windows :]
+
+
+def _plan(exp: Experiment) -> ResidualPlan:
+    if exp.residual is None:
+        raise ValueError(f"experiment {exp.name!r} has no residual plan")
+    return exp.residual
+
+
+def build_residuals(
+    exp: Experiment,
+    topo: Topology,
+    *,
+    db: Path,
+    slurm_cluster: str,
+    until: float,
+    validation: Sequence[Window],
+    predictor: RuntimePredictor,
+    out: Path,
+    uri: str,
+    seed: int,
+    console: Console,
+) -> dict[str, Any]:
+    """The base, the labels and one residual package per learner, each at its margin chosen
+    on the validation windows (module docstring): a JSON-able summary with every figure."""
+    plan = _plan(exp)
+    val, label_ws = residual_windows(db, slurm_cluster, topo, exp, until, validation)
+    with closing(open_store(db)) as con:
+        backlogs = {
+            w.window_id: backlog_from_store(con, topo, slurm_cluster, w.start, predictor)
+            for w in [*val, *label_ws]
+        }
+    cal = load_calibration(None)
+    val_cases = make_cases(
+        val, (seed,), topo, calibration=cal, block_s=exp.windows.block_s,
+        backlogs=backlogs, predictor=predictor,
+    )  # fmt: skip
+    base = choose_base(val_cases)
+    ranked = sorted(base.figures.items(), key=lambda kv: math.inf if kv[1] is None else kv[1])
+    console.print(
+        f"base {base.spec}: the lowest avg JCT of {len(base.figures)} same-information "
+        f"heuristics on {len(val)} validation windows ("
+        + ", ".join(f"{k} {'-' if v is None else f'{v / 3600:.2f} h'}" for k, v in ranked[:4])
+        + ", ...)"
+    )
+    cfg: MdpConfig = exp.mdp
+    policy = PolicySpec.parse(base.spec).build(AnalyticModel(cal))
+    tasks = [
+        LabelTask(
+            base=policy,
+            base_name=base.spec,
+            window=w,
+            topology=topo,
+            seed=seed,
+            config=cfg,
+            calibration=cal,
+            predictor=predictor,
+            block_s=exp.windows.block_s,
+            horizon_s=plan.horizon_s,
+            n=plan.n,
+            points=plan.points,
+            alternatives=plan.alternatives,
+            backlog=backlogs.get(w.window_id),
+        )
+        for w in label_ws
+    ]
+    labels = run_labels(tasks, plan.executor)
+    manifest = write_labels(
+        labels,
+        cfg,
+        {"base": base.spec, "horizon_s": plan.horizon_s, "n": plan.n,
+         "windows": [w.window_id for w in label_ws], "seed": seed},
+        out / "residual" / "labels",
+    )  # fmt: skip
+    points = labels.select("episode", "point").unique().height
+    better = manifest["counts"]["points_with_a_better_move"]
+    console.print(
+        f"labels {str(manifest['hash'])[:16]}: {labels.height} scored moves at {points} "
+        f"decision points of {len(label_ws)} windows ({better} with a move better than the base's)"
+    )
+    sig = [topology_signature(topo)]
+    deferral = label_deferral(labels, make_spec(cfg), sig, min_support=3)
+    params = AlgoConfig(
+        n_steps=plan.steps, n_steps_per_epoch=plan.steps, batch_size=64,
+        hidden_units=(128, 128), alpha=1.0, gamma=0.0, target_update_interval=100,
+    )  # fmt: skip
+    learners: dict[str, Any] = {}
+    for algo in LEARNERS:
+        trained = train_on_labels(
+            labels, manifest, algo, params, out / "residual" / "packages",
+            predictor=predictor, tracking_uri=uri, seed=seed,
+        )  # fmt: skip
+        m = choose_margin(
+            trained.package_dir, base, deferral, val_cases, out / "residual" / algo,
+            plan.margins,
+        )  # fmt: skip
+        chosen = m.figures[f"margin-{m.to_json()['margin']}"]
+        learners[algo] = {
+            "label": residual_label(algo),
+            "package": m.package_dir,
+            "spec": f"model:{m.package_dir}",
+            "margin": m.to_json()["margin"],
+            "validation_avg_jct_s": chosen["avg_jct_s"],
+            "validation_deviations_per_1000": chosen["deviations_per_1000"],
+            "margins": m.figures,
+            "run_id": trained.run_id,
+            "label_match": trained.label_match,
+            "steps": trained.steps,
+        }
+        console.print(
+            f"{residual_label(algo)}: label match {trained.label_match:.2f}, margin "
+            f"{m.to_json()['margin']} chosen on validation ("
+            + ", ".join(
+                f"{k.removeprefix('margin-')}: "
+                + ("-" if f["avg_jct_s"] is None else f"{f['avg_jct_s'] / 3600:.3f} h")
+                + f" {_dev(f['deviations_per_1000'])}/1k"
+                for k, f in m.figures.items()
+            )
+            + ")"
+        )
+    finite = [a for a in LEARNERS if learners[a]["validation_avg_jct_s"] is not None]
+    promoted = min(finite, key=lambda a: learners[a]["validation_avg_jct_s"]) if finite else None
+    return {
+        "base": base.to_json(),
+        "base_rule": (
+            "the lowest avg JCT among the same-information heuristics on the validation "
+            "windows (one seed, warm-started)"
+        ),
+        "validation_windows": [w.window_id for w in val],
+        "label_windows": [w.window_id for w in label_ws],
+        "labels": {
+            "hash": manifest["hash"],
+            "rows": labels.height,
+            "points": points,
+            "points_with_a_better_move": better,
+            "executor": plan.executor,
+        },
+        "learners": learners,
+        "promoted": promoted,
+    }
+
+
+def _dev(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0f}"
+
+
+def gate_residual(
+    residual: Mapping[str, Any],
+    evaluation_dir: str,
+    gates: GateConfig,
+    *,
+    n_boot: int,
+    seed: int,
+) -> dict[str, Any]:
+    """The promoted residual against the best same-information heuristic of the held-out
+    evaluation (module docstring): the gate's report as JSON, with the reference named."""
+    from linkwise.pipelines.evaluate import gate_evidence
+
+    algo = residual["promoted"]
+    if algo is None:
+        return {"stage": "residual", "subject": None, "passed": False,
+                "reasons": ["no residual finished its validation windows"]}  # fmt: skip
+    spec = residual["learners"][algo]["spec"]
+    bench = load_benchmark(evaluation_dir)
+    if spec not in {r["policy"] for r in bench.summary()}:
+        return {"stage": "residual", "subject": residual_label(algo), "passed": False,
+                "reasons": [f"{residual_label(algo)} failed its held-out cases"]}  # fmt: skip
+    ev = gate_evidence(bench, spec, champion=None, n_boot=n_boot, seed=seed)
+    full = check_challenger(ev, gates.challenger)
+    report = GateReport(
+        "residual->promoted",
+        residual_label(algo),
+        tuple(
+            c
+            for c in full.checks
+            if c.name in RESIDUAL_CHECKS
+            and not (c.name == "no_masked_actions" and ev.masked_actions is None)
+        ),
+    )
+    return {
+        **report.to_json(),
+        "reasons": report.reasons,
+        "reference": ev.best_heuristic,
+        "base": residual["base"]["base"],
+        "text": report.format(),
+    }
