@@ -327,7 +327,12 @@ def run(args: argparse.Namespace, t0: float) -> dict[str, Any]:
     }
     print(f"promoted: {out['promoted']}")
 
-    # 7. the search policy beside, on a subset of the held-out cases
+    # 7. the package (before the slow search policy)
+    if args.ship is not None:
+        ship(args.ship, out, learners, base, deferral, manifest)
+        print(f"shipped {args.ship} {stamp()}")
+
+    # 8. the search policy beside, on a subset of the held-out cases
     if args.lookahead and args.lookahead_cases > 0:
         sub = held_cases[: args.lookahead_cases]
         t = time.perf_counter()
@@ -351,9 +356,6 @@ def run(args: argparse.Namespace, t0: float) -> dict[str, Any]:
         }
         print(f"lookahead on {len(sub)} cases: {out['lookahead']} {stamp()}")
 
-    if args.ship is not None:
-        ship(args.ship, out, learners, base, deferral, manifest)
-        print(f"shipped {args.ship} {stamp()}")
     return out
 
 
