@@ -106,7 +106,8 @@ def test_fast_decisions_equal_the_plain_stepping_loop(setting: str, tmp_path: Pa
     simulate(topo, list(policy.predictor.annotate(jobs)), model, both)
     assert len(both.pairs) > 100
     assert sum(1 for fast, _ in both.pairs if fast.starts) > 50  # the policy really decides
-    assert both.skipped > 0  # the shortcut (nothing fits: no candidates built) was taken
+    if not policy.spec.config.running_slots:  # with running rows it never skips
+        assert both.skipped > 0  # the shortcut (nothing fits: no candidates built) was taken
     mismatched = [i for i, (fast, ref) in enumerate(both.pairs) if fast != ref]
     assert not mismatched, f"{len(mismatched)} decision points differ, first {mismatched[0]}"
 
