@@ -3,7 +3,7 @@
 States come from a busy Philly window on a 16x8 cluster scheduled by backfill in the
 simulator (queues of tens to hundreds of jobs); at each where a start is allowed (the
 network is asked), the shipped package
-(``models/pretrained/philly-all``) decides with ``decide`` and with ``decide_explained`` (the
+(``tests/fixtures/packages/cql-rows``, the old shipped CQL) decides with ``decide`` and with ``decide_explained`` (the
 hook that keeps each step's candidates, values and runner-up), and ``explain_cycle`` builds
 the rows' explanations with the base's (backfill's) decision on the same state. Prints p50 /
 p99 milliseconds of each and the queue lengths seen.
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-PKG = ROOT / "models" / "pretrained" / "philly-all"
+PKG = ROOT / "tests" / "fixtures" / "packages" / "cql-rows"
 PHILLY = ROOT.parent / "shared" / "data" / "traces" / "philly_2017-09-04_2017-10-15.csv"
 
 

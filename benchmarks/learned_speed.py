@@ -7,7 +7,7 @@ functions by own time (what dominates). ``--max-jobs`` takes the first jobs of t
 
 Two kinds of package:
 
-- a learned package (``--package models/pretrained/philly-all``: the old shipped CQL);
+- a learned package (``--package tests/fixtures/packages/cql-rows``: the old shipped CQL);
 - a residual package (``models.residual``, ``kind: residual``): the default. Without
   ``--package`` a throwaway one is built first (``--build``: counterfactual labels of the
   base on the embedded default's synthetic workload, BC or CQL with the masked MLP 128x128
@@ -48,7 +48,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_TRACE = REPO.parent / "shared" / "data" / "traces" / "philly_2017-09-04_2017-10-15.csv"
-OLD_PACKAGE = REPO / "models" / "pretrained" / "philly-all"
+OLD_PACKAGE = REPO / "tests" / "fixtures" / "packages" / "cql-rows"  # the old shipped CQL
 FOREIGN = "0000000000000000"  # a topology signature no cluster has
 
 

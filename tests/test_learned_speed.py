@@ -34,6 +34,7 @@ from linkwise.datasets.traces import load_trace
 from linkwise.models.learned import LearnedPolicy, load_package
 
 PRETRAINED = Path(__file__).resolve().parents[1] / "models" / "pretrained"
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "packages" / "cql-rows"  # plain CQL
 
 
 def _trace(path: Path, n: int, seed: int) -> Path:
@@ -92,12 +93,13 @@ class _Both:
         return fast
 
 
-@pytest.mark.parametrize("setting", ["philly-all", "philly-multigpu"])
+@pytest.mark.parametrize("setting", ["philly-all", "philly-multigpu", "cql-rows"])
 def test_fast_decisions_equal_the_plain_stepping_loop(setting: str, tmp_path: Path) -> None:
     topo = load_topology("16x8,leaf=4")
     cal = load_calibration()
     model = AnalyticModel(cal)
-    policy = load_package(PRETRAINED / setting, model=model)
+    package = FIXTURE if setting == "cql-rows" else PRETRAINED / setting
+    policy = load_package(package, model=model)
     assert policy.predictor is not None
     jobs = assign_profiles(
         load_trace(_trace(tmp_path / "t.csv", 160, 3), "native").jobs, cal, seed=0
