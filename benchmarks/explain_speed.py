@@ -2,9 +2,9 @@
 
 States come from a busy Philly window on a 16x8 cluster scheduled by backfill in the
 simulator (queues of tens to hundreds of jobs); at each where a start is allowed (the
-network is asked), the shipped package
-(``tests/fixtures/packages/cql-rows``, the old shipped CQL) decides with ``decide`` and with ``decide_explained`` (the
-hook that keeps each step's candidates, values and runner-up), and ``explain_cycle`` builds
+network is asked), a plain CQL package (``tests/fixtures/packages/cql-rows``, the old shipped
+one) decides with ``decide`` and with ``decide_explained`` (the hook that keeps each step's
+candidates, values and runner-up), and ``explain_cycle`` builds
 the rows' explanations with the base's (backfill's) decision on the same state. Prints p50 /
 p99 milliseconds of each and the queue lengths seen.
 
