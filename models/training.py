@@ -589,9 +589,8 @@ def fit(
 
     A masked algorithm (``params.masked``) on a dataset without masks trains as an unmasked
     one (a warning says so); an unmasked one on a dataset with masks is refused. The
-    dataset is sampled with ``params.credit()`` (``datasets.credit_buffer.with_credit``)."""
-    from linkwise.datasets.credit_buffer import with_credit
-
+    dataset is sampled with ``params.credit()`` (``datasets.credit_buffer.with_credit``).
+    Trains on one torch thread (the caller's thread count is restored)."""
     has_masks = dataset_has_masks(train)
     if is_masked(algo) and not has_masks:
         warnings.warn(
@@ -604,6 +603,29 @@ def fit(
             "the dataset carries action masks but the algorithm is unmasked: build it with "
             "masked = true, or the dataset with to_mdp_dataset(..., masks=False)"
         )
+    import torch
+
+    threads = torch.get_num_threads()
+    # one thread: on a shared 2-core machine torch's default threads spin against each other
+    # (5x slower steps at load 6-7, benchmarks/learned_speed.md); restored afterwards
+    torch.set_num_threads(1)
+    try:
+        return _fit(algo, train, params, evaluators, adapter, callback, experiment_name)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _fit(
+    algo: Any,
+    train: Any,
+    params: AlgoConfig,
+    evaluators: Mapping[str, Any],
+    adapter: Any,
+    callback: Any,
+    experiment_name: str,
+) -> list[tuple[int, dict[str, float]]]:
+    from linkwise.datasets.credit_buffer import with_credit
+
     with quiet_d3rlpy():
         out: Sequence[tuple[int, dict[str, float]]] = algo.fit(
             with_credit(train, params.credit()),

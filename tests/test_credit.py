@@ -173,5 +173,16 @@ def test_cql_trains_with_time_discount_and_n_step_and_logs_them() -> None:
     assert batch.intervals.dtype == np.float32 and (batch.intervals % 1 != 0).any()
     d3rlpy.seed(0)
     algo = build_algo("cql", cfg.params, "cpu:0")
-    out = fit(algo, ds, cfg.params, evaluators={}, adapter=NoopAdapterFactory())
+    import torch
+
+    seen: list[int] = []
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        out = fit(algo, ds, cfg.params, evaluators={}, adapter=NoopAdapterFactory(),
+                  callback=lambda *_: seen.append(torch.get_num_threads()))  # fmt: skip
+        assert torch.get_num_threads() == 2  # the caller's threads restored
+    finally:
+        torch.set_num_threads(before)
     assert len(out) == 2 and np.isfinite(out[-1][1]["loss"])
+    assert seen and set(seen) == {1}  # trained on one thread
