@@ -3,7 +3,9 @@ validation days, counterfactual labels under it, BC and CQL on them, the margin 
 the validation days, the held-out days against the base, the robustness cases.
 
 The embedded default is ``make demo``'s setting (``pipelines.experiment.DEMO_FULL``: the
-synthetic Philly-like workload, 3,000 jobs at load 0.22, daily windows, ``16x8,leaf=4``);
+synthetic Philly-like workload, daily windows; since issue 23 item 6 3,000 jobs at load 0.28
+on ``16x8,leaf=4,oversub=2``, and ``benchmarks/residual.md`` was run at the former 0.22 on
+``16x8,leaf=4``); the demo itself runs the recipe warm-started (``pipelines.demo_residual``);
 the last three days are evaluated, the two before them validate, the labels come from the
 days before those. Windows start from an empty cluster (no warm start: a synthetic
 workload has no accounting). Writes ``benchmarks/results/residual_default.json``.
