@@ -161,6 +161,7 @@ def run(args: argparse.Namespace, t0: float) -> dict[str, Any]:
             points=args.points,
             alternatives=args.alternatives,
             backlog=backlogs.get(w.window_id),
+            terminal=args.terminal,
         )
         for w in train
     ]
@@ -177,6 +178,7 @@ def run(args: argparse.Namespace, t0: float) -> dict[str, Any]:
         "experiment": exp.name,
         "windows": [w.window_id for w in train],
         "warm_start": not args.cold_labels,
+        "terminal": args.terminal,
     }
     manifest = write_labels(labels, cfg, inputs, work / "labels")
     workers = int(args.executor.partition(":")[2] or os.cpu_count() or 1)
@@ -424,6 +426,9 @@ def main() -> int:
     p.add_argument("--horizon-h", type=float, default=4.0)
     p.add_argument("--running-slots", type=int, default=2, help="running rows (preempt/migrate)")
     p.add_argument("--cold-labels", action="store_true", help="label windows from an empty cluster")
+    p.add_argument(
+        "--terminal", action="store_true", help="labels add the fork's terminal cost (LabelTask)"
+    )
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--margins", help="comma-separated margins (default: inf,2,1,0.5,0.25)")
     p.add_argument("--executor", default="local:2", help="labelling executor")
