@@ -1,0 +1,53 @@
+"""A residual's range rule against looser ones: the same network, base and margin, the
+feature-range tolerance of its deferral widened (``models.residual.Deferral.tolerance``),
+on a headline setting's warm-started validation and held-out days (3 seeds), avg JCT as a
+ratio to the base and deviations per 1,000 decisions. A diagnostic: the validation days
+choose; the held-out figures are for the record.
+
+    .venv/bin/python benchmarks/residual_tolerance.py RESIDUAL LEARNED --tolerances 0.05,0.5,2
+"""
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from frontier import headline_setting, warm_cases
+
+from linkwise.evaluation.benchmark import PolicyRef, run_benchmark
+from linkwise.models.residual import Deferral, write_residual_package
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("residual", type=Path, help="a residual package (its base, margin, deferral)")
+    p.add_argument("learned", type=Path, help="the learned package it was written from")
+    p.add_argument("--experiment", default="philly-multigpu")
+    p.add_argument("--tolerances", default="0.05,0.5,2")
+    p.add_argument("--work", type=Path, default=Path("/tmp/residual-tolerance"))
+    args = p.parse_args()
+    res = json.loads((args.residual / "policy.json").read_text())["residual"]
+    deferral = Deferral.from_json(res["deferral"])
+    refs = [PolicyRef("base", res["base"])]
+    for tol in (float(t) for t in args.tolerances.split(",")):
+        out = args.work / f"tolerance-{tol}"
+        if not out.exists():
+            write_residual_package(args.learned, out, base=res["base"], margin=res["margin"],
+                                   deferral=replace(deferral, tolerance=tol))  # fmt: skip
+        refs.append(PolicyRef(f"tolerance-{tol}", f"model:{out}"))
+    s = headline_setting(args.experiment, None, args.work / "setting")
+    for name, windows in (("validation", s.validation), ("heldout", s.heldout)):
+        rows = {
+            r["policy"]: r for r in run_benchmark(refs, warm_cases(s, windows, [0, 1, 2])).summary()
+        }
+        base = rows["base"]["avg_jct_s"]
+        figures = {k: {"ratio_to_base": round(r["avg_jct_s"] / base, 4),
+                       "deviations_per_1000": round(r.get("deviations_per_1000") or 0.0, 1)}
+                   for k, r in rows.items()}  # fmt: skip
+        print(name, json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
