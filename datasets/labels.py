@@ -3,8 +3,10 @@ against following the base policy.
 
 A ``LabelTask`` is one rollout of the base policy on a resampled training window
 (``datasets.rollouts.window_workload``: the same block bootstrap, profiles and predictions
-as the dataset rollouts). At ``points`` decision points spread over the rollout (chosen
-among those where the mask allows more than waiting), the state is encoded with the one
+as the dataset rollouts), or of a roll-in policy (``rollin``: other policies visit other
+states, e.g. the fragmented ones a backfill leaves; the base still continues every fork). At
+``points`` decision points spread over the rollout (chosen among those where the mask allows
+more than waiting), the state is encoded with the one
 encoder (``cluster.mdp``) and the base's action (``StepPolicyAdapter``) and the top
 alternatives are scored: wait, the other start rows (each slot's candidates in turn),
 preempt and migrate rows when the MDP has running rows, up to ``alternatives`` distinct
@@ -108,16 +110,23 @@ class LabelTask:
     alternatives: int = 6
     backlog: Backlog | None = None  # the window starts from this state (warm start)
     terminal: bool = False  # add cluster.fork's terminal cost (the work left at the horizon)
+    # the roll-in: the policy whose decisions are applied between labelled points (None: the
+    # base); the labels still score moves against the base, which continues every fork
+    rollin: Policy | None = None
+    rollin_name: str = ""
 
     def __post_init__(self) -> None:
         if self.n < 1 or self.points < 1 or self.alternatives < 2:
             raise ValueError("a label task needs n >= 1, points >= 1 and alternatives >= 2")
         if not self.horizon_s > 0:
             raise ValueError("horizon_s must be positive")
+        if self.rollin is not None and not self.rollin_name:
+            raise ValueError("a roll-in policy needs a rollin_name")
 
     @property
     def episode(self) -> str:
-        return f"labels/{self.base_name}/w{self.window.window_id}/s{self.seed}"
+        tail = f"/in-{self.rollin_name}" if self.rollin is not None else ""
+        return f"labels/{self.base_name}/w{self.window.window_id}/s{self.seed}{tail}"
 
 
 def _kind(cfg: MdpConfig, action: int) -> str:
@@ -169,10 +178,18 @@ def _simulator(task: LabelTask) -> Simulator:
     return Simulator(task.topology, jobs, model, SimConfig(restart=task.restart), running=running)
 
 
+def _step(base: Policy, rollin: Policy | None, state: ClusterState) -> Decision:
+    """The decision applied at ``state``: the base's, or the roll-in's (the base still sees
+    every state, so that a base with memory, such as Tiresias' queues, follows the run)."""
+    d = base.decide(state)
+    return d if rollin is None else rollin.decide(state)
+
+
 def _choice_points(task: LabelTask, model: AnalyticModel) -> list[int]:
     """Indices of the decision points to label: ``points`` spread evenly over those of the
-    base's rollout where more than waiting is allowed (a first pass of the base alone)."""
+    roll-in's run where more than waiting is allowed (a first pass of the roll-in alone)."""
     sim, base = _simulator(task), fresh(task.base, model)
+    rollin = None if task.rollin is None else fresh(task.rollin, model)
     eligible: list[int] = []
     i = 0
     while True:
@@ -180,7 +197,7 @@ def _choice_points(task: LabelTask, model: AnalyticModel) -> list[int]:
         movable = bool(state.running) and task.config.running_slots > 0
         if (state.pending and state.total_free_gpus) or movable:
             eligible.append(i)
-        sim.apply(base.decide(state))
+        sim.apply(_step(base, rollin, state))
         i += 1
         if not sim.advance():
             break
@@ -196,6 +213,7 @@ def label_task(task: LabelTask) -> pl.DataFrame:
     spec = make_spec(task.config)
     chosen = set(_choice_points(task, model))
     sim, base = _simulator(task), fresh(task.base, model)
+    rollin = None if task.rollin is None else fresh(task.rollin, model)
     sim_cfg = SimConfig(restart=task.restart)
     rows: list[dict[str, Any]] = []
     i = 0
@@ -203,7 +221,7 @@ def label_task(task: LabelTask) -> pl.DataFrame:
         state: ClusterState = sim.observe()
         if i in chosen:
             rows += _label_point(task, state, base, model, spec, sim_cfg, i)
-        sim.apply(base.decide(state))
+        sim.apply(_step(base, rollin, state))
         i += 1
         if not sim.advance():
             break

@@ -368,15 +368,16 @@ def dagger_round(
     executor: str = "serial",
 ) -> tuple[pl.DataFrame, LabelTraining]:
     """One round: label the states of the residual's own rollouts (``tasks`` with the
-    residual, built from ``residual_spec``, as rollout and continuation policy), append them
-    to ``labels``, retrain BC on the union (a new content hash: the old one plus the
-    round's rows)."""
+    residual, built from ``residual_spec``, as their roll-in; each move still scored against
+    the tasks' base, which continues every fork, as in the first labels), append them to
+    ``labels``, retrain BC on the union (a new content hash: the old one plus the round's
+    rows)."""
     import hashlib
 
     from linkwise.models.policy_spec import PolicySpec
 
     policy = PolicySpec.parse(f"model:{residual_spec}").build()
-    own = [replace(t, base=policy, base_name="residual-round") for t in tasks]
+    own = [replace(t, rollin=policy, rollin_name="residual-round") for t in tasks]
     fresh_rows = run_labels(own, executor)
     union = pl.concat([labels, fresh_rows], how="vertical")
     digest = hashlib.sha256(

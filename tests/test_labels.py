@@ -86,6 +86,24 @@ def test_running_rows_are_labelled() -> None:
     assert "preempt" in df["kind"].to_list()
 
 
+def test_a_roll_in_visits_its_own_states_and_the_base_still_scores_zero() -> None:
+    task = _tasks()[0]
+    plain = run_labels([task], "serial")
+    same = run_labels([replace(task, rollin=make_policy("sjf_bco"), rollin_name="sjf_bco")])
+    assert same["episode"][0] == task.episode + "/in-sjf_bco"
+    # the base as its own roll-in visits the same states (the forks' draws follow the episode)
+    states = ["point", "time", "obs", "mask", "action", "kind", "base_action"]
+    assert same.select(states).equals(plain.select(states))
+    fifo = run_labels([replace(task, rollin=make_policy("fifo"), rollin_name="fifo")], "serial")
+    assert fifo.height > 0 and fifo["episode"][0].endswith("/in-fifo")
+    assert not fifo.select(states).equals(plain.select(states))
+    for (_, _), part in fifo.group_by("episode", "point"):
+        base = part.filter(pl.col("action") == pl.col("base_action"))
+        assert base.height == 1 and base["label_s"][0] == 0.0
+    with pytest.raises(ValueError, match="rollin_name"):
+        replace(task, rollin=make_policy("fifo"))
+
+
 def test_bad_inputs_are_refused(tmp_path: Path) -> None:
     task = _tasks()[0]
     with pytest.raises(ValueError):
