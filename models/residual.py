@@ -17,8 +17,8 @@ Deferral (``Deferral``), where the model is out of its depth, the base stands:
 
 - ``topology``: the cluster's signature (``topology_signature``: nodes, GPUs per node, the
   leaf/aggregation structure and link capacities) is none of the ones it was trained on;
-- ``range``: an encoded feature lies outside the training range recorded in the package
-  (by more than ``tolerance``);
+- ``range``: more than ``max_out`` encoded features (0: any) lie outside the training range
+  recorded in the package (by more than ``tolerance``);
 - ``support``: an alternative scored fewer than ``min_support`` times in the label set is
   never eligible (when none is left, the base stands).
 
@@ -129,8 +129,9 @@ def format_margin(m: float) -> Any:
 @dataclass(frozen=True)
 class Deferral:
     """When the model defers to the base (module docstring): the topology signatures it was
-    trained on (empty: any), each feature's training range and the tolerance beyond it, and
-    per action how often the label set scored it, with the minimum to be eligible."""
+    trained on (empty: any), each feature's training range, the tolerance beyond it and how
+    many features may lie outside (``max_out``), and per action how often the label set
+    scored it, with the minimum to be eligible."""
 
     topologies: tuple[str, ...] = ()
     feature_lo: tuple[float, ...] = ()
@@ -138,12 +139,13 @@ class Deferral:
     tolerance: float = 0.05
     support: tuple[int, ...] = ()
     min_support: int = 0
+    max_out: int = 0
 
     def __post_init__(self) -> None:
         if len(self.feature_lo) != len(self.feature_hi):
             raise ValueError("feature_lo and feature_hi need one entry per feature")
-        if not self.tolerance >= 0 or self.min_support < 0:
-            raise ValueError("tolerance and min_support must be non-negative")
+        if not self.tolerance >= 0 or self.min_support < 0 or self.max_out < 0:
+            raise ValueError("tolerance, min_support and max_out must be non-negative")
 
     @staticmethod
     def from_labels(
@@ -174,7 +176,8 @@ class Deferral:
         return ""
 
     def obs_reason(self, obs: npt.NDArray[np.float32]) -> str:
-        """``"range"`` when an encoded feature lies outside the training range."""
+        """``"range"`` when more than ``max_out`` encoded features lie outside the training
+        range."""
         if not self.feature_lo:
             return ""
         x = np.asarray(obs, dtype=np.float64).reshape(-1)
@@ -182,7 +185,8 @@ class Deferral:
         hi = np.asarray(self.feature_hi) + self.tolerance
         if x.shape != lo.shape:
             raise ValueError(f"{x.size} features, the deferral rule has {lo.size}")
-        return "range" if bool(((x < lo) | (x > hi)).any()) else ""
+        out = int(np.count_nonzero((x < lo) | (x > hi)))
+        return "range" if out > self.max_out else ""
 
     def supported(self, n_actions: int) -> npt.NDArray[np.bool_]:
         """The actions scored at least ``min_support`` times (all when no counts)."""
@@ -200,6 +204,7 @@ class Deferral:
             "tolerance": self.tolerance,
             "support": list(self.support),
             "min_support": self.min_support,
+            "max_out": self.max_out,
         }
 
     @staticmethod
@@ -211,13 +216,15 @@ class Deferral:
             tolerance=float(data.get("tolerance", 0.05)),
             support=tuple(int(x) for x in data.get("support", ())),
             min_support=int(data.get("min_support", 0)),
+            max_out=int(data.get("max_out", 0)),
         )
 
     def describe(self) -> str:
         """One line: what makes the model defer."""
         topo = f"{len(self.topologies)} topologies" if self.topologies else "any topology"
         return (
-            f"defer: {topo}, features within +-{self.tolerance:g} of training, "
+            f"defer: {topo}, features within +-{self.tolerance:g} of training "
+            f"(at most {self.max_out} outside), "
             f"support >= {self.min_support}"
         )
 

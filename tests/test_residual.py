@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -153,6 +153,21 @@ def test_it_defers_on_an_unseen_topology_out_of_range_features_and_low_support()
     rare = _residual("sjf_bco", _prefers_wait, 0.0, unsupported)
     assert _run(rare, jobs).log == base.log
     assert rare.deferrals["support"] == rare.decisions > 0
+
+
+def test_the_range_rule_counts_the_features_outside_their_range() -> None:
+    rule = Deferral(feature_lo=(0.0, 0.0, 0.0), feature_hi=(1.0, 1.0, 1.0), tolerance=0.1)
+    inside = np.array([0.5, 1.05, -0.05], dtype=np.float32)
+    one_out = np.array([0.5, 1.2, 0.0], dtype=np.float32)
+    two_out = np.array([-0.5, 1.2, 0.0], dtype=np.float32)
+    assert rule.obs_reason(inside) == ""
+    assert rule.obs_reason(one_out) == "range"
+    loose = replace(rule, max_out=1)
+    assert loose.obs_reason(one_out) == "" and loose.obs_reason(two_out) == "range"
+    assert Deferral.from_json(loose.to_json()) == loose
+    assert Deferral.from_json({k: v for k, v in rule.to_json().items() if k != "max_out"}) == rule
+    with pytest.raises(ValueError, match="max_out"):
+        Deferral(max_out=-1)
 
 
 def test_the_deviation_is_the_move_then_the_base_on_what_it_leaves() -> None:
