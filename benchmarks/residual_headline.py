@@ -80,6 +80,8 @@ def label_chain(labels: Any) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace, t0: float) -> dict[str, Any]:
+    import polars as pl
+
     from linkwise.cluster.contention import AnalyticModel
     from linkwise.cluster.mdp import MdpConfig, make_spec
     from linkwise.cluster.profiles import load_calibration
@@ -88,7 +90,7 @@ def run(args: argparse.Namespace, t0: float) -> dict[str, Any]:
     from linkwise.evaluation.gates import check_robustness
     from linkwise.evaluation.stats import paired_ratio
     from linkwise.models.policy_spec import PolicySpec
-    from linkwise.models.residual import topology_signature
+    from linkwise.models.residual import topology_signature, write_residual_package
     from linkwise.models.training import AlgoConfig
     from linkwise.pipelines.residual import (
         DEFAULT_MARGINS,
@@ -145,26 +147,32 @@ def run(args: argparse.Namespace, t0: float) -> dict[str, Any]:
     belief = AnalyticModel(load_calibration(None))
     base_policy = PolicySpec.parse(base.spec).build(belief)
     train = s.training(args.label_windows)
-    backlogs = warm_backlogs(s, train) if not args.cold_labels else {}
-    tasks = [
-        LabelTask(
-            base=base_policy,
-            base_name=base.spec,
-            window=w,
-            topology=topo,
-            seed=0,
-            config=cfg,
-            predictor=s.predictor,
-            block_s=exp.windows.block_s,
-            horizon_s=args.horizon_h * HOUR,
-            n=args.n,
-            points=args.points,
-            alternatives=args.alternatives,
-            backlog=backlogs.get(w.window_id),
-            terminal=args.terminal,
-        )
-        for w in train
-    ]
+    label_seeds = [int(x) for x in args.label_seeds.split(",")]
+
+    def label_tasks(windows: list[Any]) -> list[Any]:
+        backlogs = warm_backlogs(s, windows) if not args.cold_labels else {}
+        return [
+            LabelTask(
+                base=base_policy,
+                base_name=base.spec,
+                window=w,
+                topology=topo,
+                seed=seed,
+                config=cfg,
+                predictor=s.predictor,
+                block_s=exp.windows.block_s,
+                horizon_s=args.horizon_h * HOUR,
+                n=args.n,
+                points=args.points,
+                alternatives=args.alternatives,
+                backlog=backlogs.get(w.window_id),
+                terminal=args.terminal,
+            )
+            for w in windows
+            for seed in label_seeds
+        ]
+
+    tasks = label_tasks(train)
     t = time.perf_counter()
     if args.labels is not None:
         labels, _ = read_labels(args.labels)
@@ -179,6 +187,7 @@ def run(args: argparse.Namespace, t0: float) -> dict[str, Any]:
         "windows": [w.window_id for w in train],
         "warm_start": not args.cold_labels,
         "terminal": args.terminal,
+        "seeds": label_seeds,
     }
     manifest = write_labels(labels, cfg, inputs, work / "labels")
     workers = int(args.executor.partition(":")[2] or os.cpu_count() or 1)
@@ -186,6 +195,7 @@ def run(args: argparse.Namespace, t0: float) -> dict[str, Any]:
     out["labels"] = {
         "windows": [w.window_id for w in train],
         "points_per_window": args.points,
+        "seeds": label_seeds,
         "n": args.n,
         "horizon_h": args.horizon_h,
         "alternatives": args.alternatives,
@@ -246,6 +256,52 @@ def run(args: argparse.Namespace, t0: float) -> dict[str, Any]:
             print(f"  {k:<14} {_h(f['avg_jct_s'])} dev/1k {f['deviations_per_1000']}")
     out["learners"] = learners
     out["mlflow"] = uri
+
+    # 3b. refit on the training and validation days' labels, each learner at the margin the
+    # validation days chose for it (the held-out days stay unseen)
+    if args.refit_with_validation:
+        t = time.perf_counter()
+        vlabels = run_labels(label_tasks(s.validation), args.executor)
+        labels = pl.concat([labels, vlabels], how="vertical")
+        inputs = {**inputs, "windows": inputs["windows"] + out["windows"]["validation"]}
+        manifest = write_labels(labels, cfg, {**inputs, "refit": True}, work / "labels-refit")
+        deferral = label_deferral(labels, make_spec(cfg), trained_sig, min_support=3)
+        out["labels"]["refit"] = {
+            "validation_rows": vlabels.height,
+            "rows": labels.height,
+            "hash": manifest["hash"],
+            "seconds": time.perf_counter() - t,
+            **label_chain(labels),
+        }
+        for algo, c in learners.items():
+            r = train_on_labels(
+                labels,
+                manifest,
+                algo,
+                params,
+                work / "pkgs-refit",
+                predictor=s.predictor,
+                tracking_uri=uri,
+            )
+            pkg = write_residual_package(
+                r.package_dir,
+                work / f"refit-{algo}",
+                base=base.spec,
+                margin=c["margin_value"],
+                deferral=deferral,
+                chosen={"base": base.to_json(), "refit_with_validation": True},
+            )
+            c["train_before_refit"] = c["train"]
+            c["train"] = {
+                "label_match": r.label_match,
+                "steps_per_s": r.steps_per_s,
+                "transitions": r.transitions,
+                "run_id": r.run_id,
+                "dataset_hash": r.dataset_hash,
+                "learned": r.package_dir,
+            }
+            c["package"] = str(pkg)
+        print(f"refit on {labels.height} label rows (validation days added) {stamp()}")
 
     # 4. the held-out days: base against both residuals, paired
     held_cases = warm_cases(s, s.heldout, seeds)
@@ -428,6 +484,12 @@ def main() -> int:
     p.add_argument("--cold-labels", action="store_true", help="label windows from an empty cluster")
     p.add_argument(
         "--terminal", action="store_true", help="labels add the fork's terminal cost (LabelTask)"
+    )
+    p.add_argument("--label-seeds", default="0", help="resampling seeds of each label window")
+    p.add_argument(
+        "--refit-with-validation",
+        action="store_true",
+        help="after the margins are chosen, retrain on the training and validation days' labels",
     )
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--margins", help="comma-separated margins (default: inf,2,1,0.5,0.25)")
