@@ -1,13 +1,16 @@
 """A residual's range rule against looser ones: the same network, base and margin, the
-feature-range tolerance of its deferral widened (``models.residual.Deferral.tolerance``),
+feature-range tolerance of its deferral widened (``models.residual.Deferral.tolerance``) or
+some features allowed outside their range (``Deferral.max_out``),
 on a headline setting's warm-started validation and held-out days (3 seeds), avg JCT as a
 ratio to the base and deviations per 1,000 decisions. A diagnostic: the validation days
 choose; the held-out figures are for the record.
 
-    .venv/bin/python benchmarks/residual_tolerance.py RESIDUAL LEARNED --tolerances 0.05,0.5,2
+    .venv/bin/python benchmarks/residual_tolerance.py RESIDUAL LEARNED --tolerances 0.05,0.5,2 \\
+        --max-out 0,1
 """
 
 import argparse
+import itertools
 import json
 import sys
 from dataclasses import replace
@@ -26,21 +29,29 @@ def main() -> None:
     p.add_argument("learned", type=Path, help="the learned package it was written from")
     p.add_argument("--experiment", default="philly-multigpu")
     p.add_argument("--tolerances", default="0.05,0.5,2")
+    p.add_argument("--max-out", default="0", help="features allowed outside their range")
+    p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--work", type=Path, default=Path("/tmp/residual-tolerance"))
     args = p.parse_args()
     res = json.loads((args.residual / "policy.json").read_text())["residual"]
     deferral = Deferral.from_json(res["deferral"])
     refs = [PolicyRef("base", res["base"])]
-    for tol in (float(t) for t in args.tolerances.split(",")):
-        out = args.work / f"tolerance-{tol}"
+    tolerances = [float(t) for t in args.tolerances.split(",")]
+    max_outs = [int(k) for k in args.max_out.split(",")]
+    for tol, k in itertools.product(tolerances, max_outs):
+        name = f"tolerance-{tol}" + (f"-out-{k}" if k else "")
+        out = args.work / name
         if not out.exists():
-            write_residual_package(args.learned, out, base=res["base"], margin=res["margin"],
-                                   deferral=replace(deferral, tolerance=tol))  # fmt: skip
-        refs.append(PolicyRef(f"tolerance-{tol}", f"model:{out}"))
+            rule = replace(deferral, tolerance=tol, max_out=k)
+            write_residual_package(
+                args.learned, out, base=res["base"], margin=res["margin"], deferral=rule
+            )
+        refs.append(PolicyRef(name, f"model:{out}"))
+    seeds = [int(x) for x in args.seeds.split(",")]
     s = headline_setting(args.experiment, None, args.work / "setting")
     for name, windows in (("validation", s.validation), ("heldout", s.heldout)):
         rows = {
-            r["policy"]: r for r in run_benchmark(refs, warm_cases(s, windows, [0, 1, 2])).summary()
+            r["policy"]: r for r in run_benchmark(refs, warm_cases(s, windows, seeds)).summary()
         }
         base = rows["base"]["avg_jct_s"]
         figures = {k: {"ratio_to_base": round(r["avg_jct_s"] / base, 4),
