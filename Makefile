@@ -40,11 +40,15 @@ typecheck: install
 
 # Tests marked `services` need a real Slurm and a real Prometheus: the project's own scripts
 # install and start them (scripts/local-slurm, scripts/local-prometheus), and they are stopped
-# again whatever the outcome.
+# again whatever the outcome. Two pytest-xdist workers, one scope per module except the modules
+# with `services` tests: those are one scope, so they never run beside each other
+# (tests/conftest.py, SERVICES_MODULES). PYTEST_WORKERS=0 runs everything in one process.
+PYTEST_WORKERS ?= 2
 pytest: install
 	scripts/local-slurm start
 	scripts/local-prometheus start
-	$(BIN)/pytest --durations=30; rc=$$?; scripts/local-prometheus stop; scripts/local-slurm stop; exit $$rc
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder --durations=30; \
+	rc=$$?; scripts/local-prometheus stop; scripts/local-slurm stop; exit $$rc
 
 slurm-up:
 	scripts/local-slurm start

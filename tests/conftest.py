@@ -4,8 +4,67 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
+
+# Every module with a test marked `services`: the shared local Slurm and Prometheus, or a
+# Slurm cluster of the test's own. `make pytest` runs two pytest-xdist workers with
+# `--dist loadscope`, and `pytest_xdist_make_scheduler` below makes these modules ONE scope,
+# so no two of them ever run at the same time (ports, partitions, the shared queue); every
+# other module is a scope of its own (its module fixtures are built once). Collection fails
+# when a module with a `services` test is missing here.
+SERVICES_MODULES = frozenset(
+    {
+        "test_backfill_live.py",
+        "test_collect_flows.py",
+        "test_collect_live.py",
+        "test_decisions_live.py",
+        "test_explain_live.py",
+        "test_job_submit_lua.py",
+        "test_migration_live.py",
+        "test_observation_live.py",
+        "test_prefect_deploy.py",
+        "test_prometheus_live.py",
+        "test_registry.py",
+        "test_serve_constraints_live.py",
+        "test_serve_live.py",
+        "test_service_config.py",
+        "test_slurm_live.py",
+    }
+)
+SERVICES_SCOPE = "services"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Refuse a ``services`` test outside ``SERVICES_MODULES``; in an xdist worker, put the
+    services modules first (with ``--no-loadscope-reorder`` their scope starts at once: it is
+    the longest one)."""
+    unlisted = sorted(
+        {i.path.name for i in items if i.get_closest_marker("services")} - SERVICES_MODULES
+    )
+    if unlisted:
+        raise pytest.UsageError(
+            f"tests/conftest.py: add {', '.join(unlisted)} to SERVICES_MODULES (they have "
+            "`services` tests, which must never run beside another services module)"
+        )
+    if hasattr(config, "workerinput"):
+        items.sort(key=lambda item: item.path.name not in SERVICES_MODULES)  # stable
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under ``--dist loadscope``: one scope per module, all of ``SERVICES_MODULES`` in one."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModulesAndServices(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return SERVICES_SCOPE if module.rsplit("/", 1)[-1] in SERVICES_MODULES else module
+
+    return ModulesAndServices(config, log)
 
 
 @pytest.fixture(scope="session")

@@ -154,5 +154,6 @@ def test_refuses_a_policy_for_other_observations(frame: pl.DataFrame) -> None:
         torch.nn.Linear(other.dim, other.n_actions), torch.zeros(1, other.dim)
     )
     pol = LearnedPolicy(net, other, AnalyticModel(load_calibration(None)), "logits", "k2")
+    tiny = FqeParams(n_steps=10, n_steps_per_epoch=10)  # refused whatever the budget
     with pytest.raises(ValueError, match="ObsSpec"):
-        run_ope(frame, {"k2": pol}, spec=SPEC, seeds=(0,), params=FQE)
+        run_ope(frame, {"k2": pol}, spec=SPEC, seeds=(0,), params=tiny)
