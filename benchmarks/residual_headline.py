@@ -96,6 +96,7 @@ def run(args: argparse.Namespace, t0: float) -> dict[str, Any]:
         DEFAULT_MARGINS,
         choose_base,
         choose_margin,
+        dagger_round,
         label_deferral,
         robustness,
         robustness_topologies,
@@ -149,7 +150,7 @@ def run(args: argparse.Namespace, t0: float) -> dict[str, Any]:
     train = s.training(args.label_windows)
     label_seeds = [int(x) for x in args.label_seeds.split(",")]
 
-    def label_tasks(windows: list[Any]) -> list[Any]:
+    def label_tasks(windows: list[Any], seeds: list[int] = label_seeds) -> list[Any]:
         backlogs = warm_backlogs(s, windows) if not args.cold_labels else {}
         return [
             LabelTask(
@@ -169,7 +170,7 @@ def run(args: argparse.Namespace, t0: float) -> dict[str, Any]:
                 terminal=args.terminal,
             )
             for w in windows
-            for seed in label_seeds
+            for seed in seeds
         ]
 
     tasks = label_tasks(train)
@@ -256,6 +257,62 @@ def run(args: argparse.Namespace, t0: float) -> dict[str, Any]:
             print(f"  {k:<14} {_h(f['avg_jct_s'])} dev/1k {f['deviations_per_1000']}")
     out["learners"] = learners
     out["mlflow"] = uri
+
+    # 3a. DAgger rounds for BC: label the states its residual visits on the training days (the
+    # base still scores and continues every fork), retrain on the union, choose its margin
+    # again; the round with the best validation figure is kept (round 0 included)
+    rounds: list[dict[str, Any]] = []
+    dagger_seeds = [int(x) for x in args.dagger_seeds.split(",")]
+    for k in range(1, args.dagger_rounds + 1):
+        c = learners["bc"]
+        t = time.perf_counter()
+        union, r = dagger_round(
+            labels, manifest, c["package"], label_tasks(train, dagger_seeds), params,
+            work / f"pkgs-dagger{k}", predictor=s.predictor, tracking_uri=uri,
+            executor=args.executor,
+        )  # fmt: skip
+        added = union.height - labels.height
+        labels = union
+        manifest = {**manifest, "hash": r.dataset_hash}
+        deferral = label_deferral(labels, make_spec(cfg), trained_sig, min_support=3)
+        m = choose_margin(
+            r.package_dir, base, deferral, val_cases, work / f"res-bc-dagger{k}", margins
+        )
+        before = c["margin"]["candidates"][f"margin-{c['margin']['margin']}"]["avg_jct_s"]
+        after = m.figures[f"margin-{m.to_json()['margin']}"]["avg_jct_s"]
+        rounds.append(
+            {
+                "round": k,
+                "rows_added": added,
+                "rows": labels.height,
+                "label_hash": r.dataset_hash,
+                "seconds": time.perf_counter() - t,
+                "label_match": r.label_match,
+                "margin": m.to_json(),
+                "validation_avg_jct_s": after,
+                "previous_validation_avg_jct_s": before,
+                "kept": bool(after is not None and before is not None and after < before),
+            }
+        )
+        print(f"dagger round {k}: +{added} rows, margin {m.margin}, validation "
+              f"{_h(before)} -> {_h(after)} {stamp()}")  # fmt: skip
+        if rounds[-1]["kept"]:
+            learners["bc"] = {
+                **c,
+                "train": {
+                    "label_match": r.label_match,
+                    "steps_per_s": r.steps_per_s,
+                    "transitions": r.transitions,
+                    "run_id": r.run_id,
+                    "dataset_hash": r.dataset_hash,
+                    "learned": r.package_dir,
+                },
+                "margin": m.to_json(),
+                "margin_value": m.margin,
+                "package": m.package_dir,
+                "dagger_round": k,
+            }
+    out["dagger"] = rounds
 
     # 3b. refit on the training and validation days' labels, each learner at the margin the
     # validation days chose for it (the held-out days stay unseen)
@@ -387,7 +444,7 @@ def run(args: argparse.Namespace, t0: float) -> dict[str, Any]:
 
     # 7. the package (before the slow search policy)
     if args.ship is not None:
-        ship(args.ship, out, learners, base, deferral, manifest)
+        ship(args.ship, out, learners, base, manifest)
         print(f"shipped {args.ship} {stamp()}")
 
     # 8. the search policy beside, on a subset of the held-out cases
@@ -422,16 +479,19 @@ def ship(
     out: dict[str, Any],
     learners: dict[str, Any],
     base: Any,
-    deferral: Any,
     manifest: dict[str, Any],
 ) -> None:
     """The promoted residual into ``dest`` (replaced), its ``policy.json`` recording how the
     base and margin were chosen and the held-out and robustness figures."""
-    from linkwise.models.residual import write_residual_package
+    from linkwise.models.residual import Deferral, write_residual_package
 
     p = out["promoted"]
     algo, margin = p["learner"], p["margin"]
     c = learners[algo]
+    # the deferral the promoted package was evaluated with (a DAgger round or the refit may
+    # have given it labels of its own)
+    meta = json.loads((Path(c["package"]) / "policy.json").read_text())
+    deferral = Deferral.from_json(meta["residual"]["deferral"])
     chosen = {
         "base": base.to_json(),
         "margin": c["margin"],
@@ -491,6 +551,8 @@ def main() -> int:
         action="store_true",
         help="after the margins are chosen, retrain on the training and validation days' labels",
     )
+    p.add_argument("--dagger-rounds", type=int, default=0, help="DAgger rounds for BC")
+    p.add_argument("--dagger-seeds", default="0", help="resampling seeds of a DAgger round")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--margins", help="comma-separated margins (default: inf,2,1,0.5,0.25)")
     p.add_argument("--executor", default="local:2", help="labelling executor")
