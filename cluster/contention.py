@@ -26,14 +26,18 @@ Two models share one interface (``ContentionModel``):
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 from linkwise.cluster.domain import Job, Placement, Topology
 from linkwise.cluster.profiles import Calibration, CommProfile
 
 SHARING_MODES = ("duty", "flows")
+SETS_KEPT = 16
+"""How many running sets' derived tables ``AnalyticModel.remembered`` keeps (the newest)."""
+
+T = TypeVar("T")
 
 
 def sharing_penalty(k: float, alpha: float) -> float:
@@ -106,12 +110,21 @@ class AnalyticModel:
     _duty: dict[tuple[str, int, Placement, int], tuple[Topology, float]] = field(
         default_factory=dict, compare=False, repr=False
     )
+    # what callers derive from the model for one set of placed rings (``remembered``), keyed
+    # by (id(topology), the caller's key), the newest SETS_KEPT of them
+    _sets: dict[tuple[int, Any], tuple[Topology, Any]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         if self.sharing not in SHARING_MODES:
             raise ValueError(
                 f"unknown sharing {self.sharing!r} (known: {', '.join(SHARING_MODES)})"
             )
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled and deep-copied without ``remembered``'s tables (a cache, rebuilt)."""
+        return {**self.__dict__, "_sets": {}}
 
     def profile(self, job: Job) -> CommProfile:
         try:
@@ -134,6 +147,28 @@ class AnalyticModel:
         best = ring_iteration_time(prof, job.num_gpus, n, bw, self.calibration.overhead_s)
         self._best[key] = (topo, best)
         return best
+
+    def remembered(self, topo: Topology, kind: str, key: Any, build: Callable[[T | None], T]) -> T:
+        """``build(newest)``, remembered by (topology, ``kind``, ``key``) for the newest
+        ``SETS_KEPT`` entries, ``newest`` being the newest value of this topology and kind (or
+        None): for tables that are a pure function of the model, the topology and ``key``
+        (the contention predictions of one set of running rings, ``cluster.mdp.slowdown``),
+        built from the last ones where they share parts."""
+        k = (id(topo), (kind, key))
+        sets = self._sets
+        hit = sets.pop(k, None)
+        if hit is None:
+            newest: T | None = None
+            for (tid, (other, _)), (_, kept) in reversed(sets.items()):
+                if tid == id(topo) and other == kind:
+                    newest = kept
+                    break
+            hit = (topo, build(newest))
+            if len(sets) >= SETS_KEPT:
+                del sets[next(iter(sets))]
+        sets[k] = hit  # the newest last
+        value: T = hit[1]
+        return value
 
     def _bandwidth_alone(self, topo: Topology, placement: Placement) -> float:
         """The ring's bottleneck bandwidth with nobody else on the network."""

@@ -117,15 +117,28 @@ def _running_features(
     gpus = 0
     weighted = 0.0
     soon = 0
+    if memo is None:  # _running_terms inlined: the same operations, in the same order
+        unit, cap = cfg.time_scale_s, cfg.max_time_s
+        scale = math.log1p(cap / unit)
+        log1p = math.log1p
+        for r in state.running:
+            job = r.job
+            g = job.num_gpus
+            if not job.pred_s > 0:
+                predicted_remaining(job, 0.0)  # raises: the job has no prediction
+            rem = max(0.0, job.pred_s - (r.attained_gpu_s + g * (t - r.since)) / g)
+            gpus += g
+            if rem > 0.0:  # else its term is 0.0 (log1p(0) / scale): the sum unchanged
+                weighted += g * (log1p(min(max(rem, 0.0), cap) / unit) / scale)
+            if rem <= unit:
+                soon += g
+        return [weighted / gpus if gpus else 0.0, soon / total if total else 0.0]
     for r in state.running:
-        if memo is None:
-            g, lt, ends = _running_terms(r, t, cfg)
-        else:
-            hit = memo.get(id(r))
-            if hit is None or hit[0] is not r or hit[1] != t:
-                hit = (r, t, *_running_terms(r, t, cfg))
-                memo[id(r)] = hit
-            _, _, g, lt, ends = hit
+        hit = memo.get(id(r))
+        if hit is None or hit[0] is not r or hit[1] != t:
+            hit = (r, t, *_running_terms(r, t, cfg))
+            memo[id(r)] = hit
+        _, _, g, lt, ends = hit
         gpus += g
         weighted += g * lt
         if ends:

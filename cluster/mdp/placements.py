@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from linkwise.cluster.contention import ContentionModel
 from linkwise.cluster.domain import ClusterState, Job, Placement
 from linkwise.cluster.heuristics._common import bounded_placement
-from linkwise.cluster.mdp.slowdown import Contention, Prediction
+from linkwise.cluster.mdp.slowdown import Prediction, contention_of
 from linkwise.cluster.placement import (
     best_fit,
     first_fit,
@@ -63,7 +63,7 @@ class Builder:
         self.topo = state.topology
         self.free = state.free_gpus
         self.busy = state.jobs_per_node
-        self.contention = Contention(state, model)
+        self.contention = contention_of(state, model)
         self._placements: dict[tuple[str, int], Placement | None] = {}
         self._predictions: dict[tuple[str, int, Placement], Prediction] = {}
         self._least: dict[tuple[str, int], Placement | None] = {}

@@ -21,20 +21,100 @@ class Prediction:
     added_slowdown: float  # sum over running jobs of the increase of their t / t_best
 
 
+def split_key(state: ClusterState) -> tuple[tuple[int, str, int, Placement], ...]:
+    """What an ``AnalyticModel``'s ``Contention`` of the state depends on besides the
+    topology: each split running job's id, profile, GPUs and placement, in running order."""
+    return tuple(
+        (r.job.job_id, r.job.profile, r.job.num_gpus, r.placement)
+        for r in state.running
+        if len(r.placement.alloc) > 1
+    )
+
+
+def contention_of(state: ClusterState, model: ContentionModel) -> Contention:
+    """``Contention(state, model)``; for an ``AnalyticModel`` the same object for every
+    state with the same topology and split running jobs (``split_key``: the contention
+    tables and every prediction are a function of them alone), remembered by the model
+    (``AnalyticModel.remembered``), so that a decision point where only single-node jobs
+    started or ended since the last one reuses the tables and predictions; a new set of
+    split jobs keeps the last set's rings whose links carry the same loads."""
+    if not isinstance(model, AnalyticModel):
+        return Contention(state, model)
+
+    def build(last: Contention | None) -> Contention:
+        return Contention(state, model, last)
+
+    return model.remembered(state.topology, "mdp.contention", split_key(state), build)
+
+
+class _Static:
+    """What a split ring's key alone fixes: its links, weight, ``t_best``, intra-node bound,
+    and ``ring_iteration_time``'s terms (``compute_s + comm / bw + overhead``, the same
+    operations in the same order)."""
+
+    __slots__ = ("best", "comm", "compute", "intra", "links", "overhead", "weight")
+
+    def __init__(
+        self, topo: Topology, model: AnalyticModel, job: Job, placement: Placement
+    ) -> None:
+        prof = model.profile(job)
+        gpus, nodes = job.num_gpus, len(placement.alloc)
+        assert gpus > 1 and nodes > 1  # a split ring
+        self.links = topo.ring_links(placement.nodes)
+        self.weight = 1.0 if model.sharing == "flows" else model.duty_cycle(topo, job, placement)
+        self.best = model.best_time(topo, job)
+        self.intra = min(topo.nodes[n].intra_gbps for n in placement.nodes)
+        self.compute = prof.compute_s
+        self.comm = (prof.grad_gb / gpus) * 2.0 * (gpus - 1)  # ring_comm_time's numerator
+        self.overhead = model.calibration.overhead_s * nodes
+
+    def time(self, bw: float) -> float:
+        """``ring_iteration_time`` at bottleneck ``bw``."""
+        return self.compute + self.comm / bw + self.overhead
+
+
+class _Ring:
+    """A split running job's ring under the loads on its links: its links' bandwidth shares
+    without a new ring, its slowdown, and the slowdown terms new rings gave it (by the links
+    they share with it and their weight): all a function of its key and ``loads``."""
+
+    __slots__ = ("loads", "shares", "slowdown", "static", "terms")
+
+    def __init__(
+        self,
+        static: _Static,
+        loads: tuple[float, ...],
+        shares: tuple[float, ...],
+        slowdown: float,
+    ) -> None:
+        self.static = static
+        self.loads = loads
+        self.shares = shares  # per link of ``static.links``
+        self.slowdown = slowdown
+        self.terms: dict[tuple[tuple[int, ...], float], float] = {}
+
+
 class Contention:
     """What the contention model predicts for one more job next to the running ones.
 
     For an ``AnalyticModel`` the prediction is incremental (only the rings sharing a link
-    with the new one are recomputed, with the model's own formulas); other models are
-    asked for all rates at once.
+    with the new one are recomputed, with the model's own formulas: the same operations on
+    the same values as ``_predict_reference``) and remembered per (profile, GPUs,
+    placement), each running ring's term per (links shared, weight); other models are asked
+    for all rates at once. With an ``AnalyticModel`` nothing here reads the state beyond
+    ``split_key`` (``contention_of`` shares one object between states); ``last``, another
+    set's ``Contention`` on the same topology and model, lends the rings whose key and loads
+    are unchanged.
     """
 
-    def __init__(self, state: ClusterState, model: ContentionModel) -> None:
+    def __init__(
+        self, state: ClusterState, model: ContentionModel, last: Contention | None = None
+    ) -> None:
         topo = state.topology
         self.topo = topo
         self.model = model
         self.analytic = model if isinstance(model, AnalyticModel) else None
-        self.split = [r for r in state.running if r.placement.num_nodes > 1]
+        self.split = [r for r in state.running if len(r.placement.alloc) > 1]
         self.load = [0.0] * len(topo.links)
         self.users: dict[int, list[int]] = {}
         self.links: list[tuple[int, ...]] = []
@@ -44,21 +124,11 @@ class Contention:
         # per split running job (when first asked), what ``_time`` needs that a new ring
         # cannot change: its intra-node bound and each link's bandwidth share without it
         self._shares: dict[int, tuple[float, tuple[tuple[int, float], ...]]] = {}
+        self._predictions: dict[tuple[str, int, Placement], Prediction] = {}
+        self._rings: list[_Ring] = []
+        self._by_key: dict[tuple[int, str, int, Placement], _Ring] = {}
         if self.analytic is not None:
-            a = self.analytic
-            for i, r in enumerate(self.split):
-                links = topo.ring_links(r.placement.nodes)
-                w = self._weight(r.job, r.placement)
-                self.links.append(links)
-                self.weights.append(w)
-                for link in links:
-                    self.load[link] += w
-                    self.users.setdefault(link, []).append(i)
-            for i, r in enumerate(self.split):
-                best = a.best_time(topo, r.job)
-                self._best.append(best)
-                t = self._time(r.job, r.placement, self.links[i], self.weights[i], None, 0.0)
-                self.slowdown.append(max(1.0, t / best))
+            self._build(last)
         else:
             self._running = state.running
             self._all = [(r.job, r.placement) for r in state.running]
@@ -70,6 +140,62 @@ class Contention:
                 if r.placement.num_nodes > 1
             ]
             self.load = [float(f) for f in link_flows(state)]
+
+    def _build(self, last: Contention | None) -> None:
+        """The analytic tables: link loads summed in running order, each ring's shares and
+        slowdown (``_time`` with no new ring: the same values folded by ``min`` in the same
+        order); a ring of ``last`` with the same key is kept where its links' loads are
+        equal, its shares recomputed only on the links whose load changed."""
+        a = self.analytic
+        assert a is not None
+        topo = self.topo
+        same = last is not None and last.topo is topo and last.analytic is a
+        self._static: dict[tuple[str, int, Placement], _Static] = (
+            last._static if last is not None and same else {}
+        )
+        kept = last._by_key if last is not None and same else {}
+        static = self._static
+        load = self.load
+        users = self.users
+        statics: list[_Static] = []
+        keys: list[tuple[int, str, int, Placement]] = []
+        for i, r in enumerate(self.split):
+            job, placement = r.job, r.placement
+            skey = (job.profile, job.num_gpus, placement)
+            st = static.get(skey)
+            if st is None:
+                st = static[skey] = _Static(topo, a, job, placement)
+            statics.append(st)
+            keys.append((job.job_id, *skey))
+            w = st.weight
+            self.links.append(st.links)
+            self.weights.append(w)
+            self._best.append(st.best)
+            for link in st.links:
+                load[link] += w
+                users.setdefault(link, []).append(i)
+        gbps = topo.link_gbps
+        alpha = a.calibration.alpha
+        for key, st in zip(keys, statics, strict=True):
+            loads = tuple([load[link] for link in st.links])
+            ring = kept.get(key)
+            if ring is None or ring.loads != loads:
+                own = st.weight
+                old = ring.loads if ring is not None else ()
+                shares: list[float] = []
+                for c, (link, lv) in enumerate(zip(st.links, loads, strict=True)):
+                    if ring is not None and old[c] == lv:
+                        shares.append(ring.shares[c])
+                    else:
+                        k = 1.0 + max(0.0, lv - own)
+                        shares.append(gbps[link] / (k + alpha * (k - 1) if k > 1 else 1.0))
+                bw = st.intra
+                for share in shares:
+                    bw = min(bw, share)
+                ring = _Ring(st, loads, tuple(shares), max(1.0, st.time(bw) / st.best))
+            self._rings.append(ring)
+            self._by_key[key] = ring
+            self.slowdown.append(ring.slowdown)
 
     def _weight(self, job: Job, placement: Placement) -> float:
         assert self.analytic is not None
@@ -105,8 +231,66 @@ class Contention:
         )
 
     def predict(self, job: Job, placement: Placement) -> Prediction:
+        """The job's predicted slowdown at ``placement`` and what it adds to the running."""
         if self.analytic is None:
             return self._predict_generic(job, placement)
+        key = (job.profile, job.num_gpus, placement)
+        hit = self._predictions.get(key)
+        if hit is None:
+            hit = self._predictions[key] = self._predict_analytic(job, placement)
+        return hit
+
+    def _predict_analytic(self, job: Job, placement: Placement) -> Prediction:
+        """``_predict_reference``'s values: the rings sharing a link with the new one found
+        from the links' users, each ring's term remembered by the links it shares."""
+        assert self.analytic is not None
+        best = self.analytic.best_time(self.topo, job)
+        if len(placement.alloc) <= 1:
+            t = self._time(job, placement, (), 0.0, None, 0.0)
+            return Prediction(max(0.0, t / best - 1.0), 0.0)
+        links = self.topo.ring_links(placement.nodes)
+        w = self._weight(job, placement)
+        t = self._time(job, placement, links, 0.0, None, 0.0)
+        shared: dict[int, list[int]] = {}
+        users = self.users
+        for link in links:
+            for i in users.get(link, ()):
+                on = shared.get(i)
+                if on is None:
+                    shared[i] = [link]
+                else:
+                    on.append(link)
+        added = 0.0
+        rings = self._rings
+        for i in sorted(shared):
+            ring = rings[i]
+            key = (tuple(shared[i]), w)
+            term = ring.terms.get(key)
+            if term is None:
+                term = ring.terms[key] = self._term(ring, key[0], w)
+            added += term
+        return Prediction(max(0.0, t / best - 1.0), max(0.0, added))
+
+    def _term(self, ring: _Ring, on: tuple[int, ...], extra: float) -> float:
+        """What a new ring of weight ``extra`` on links ``on`` adds to a split running job's
+        ``t / t_best``: ``_time_with``'s operations on the same values."""
+        assert self.analytic is not None
+        alpha = self.analytic.calibration.alpha
+        st = ring.static
+        own = st.weight
+        gbps = self.topo.link_gbps
+        bw = st.intra
+        for link, lv, share in zip(st.links, ring.loads, ring.shares, strict=True):
+            if link in on:
+                k = 1.0 + max(0.0, lv + extra - own)
+                share = gbps[link] / (k + alpha * (k - 1) if k > 1 else 1.0)
+            bw = min(bw, share)
+        return max(1.0, st.time(bw) / st.best) - ring.slowdown
+
+    def _predict_reference(self, job: Job, placement: Placement) -> Prediction:
+        """The model's rule as first written (every affected ring's time by ``_time``): the
+        reference the remembered path is tested against."""
+        assert self.analytic is not None
         best = self.analytic.best_time(self.topo, job)
         if placement.num_nodes <= 1:
             t = self._time(job, placement, (), 0.0, None, 0.0)
@@ -120,7 +304,8 @@ class Contention:
             affected.update(self.users.get(link, ()))
         added = 0.0
         for i in sorted(affected):
-            t_new = self._time_with(i, linkset, w)
+            r = self.split[i]
+            t_new = self._time(r.job, r.placement, self.links[i], self.weights[i], linkset, w)
             added += max(1.0, t_new / self._best[i]) - self.slowdown[i]
         return Prediction(max(0.0, t / best - 1.0), max(0.0, added))
 

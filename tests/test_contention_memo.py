@@ -1,0 +1,201 @@
+"""The mdp's contention tables remembered between decision points cannot go stale (issue 23
+item 4).
+
+``cluster.mdp.slowdown.contention_of`` hands out one ``Contention`` for every state with the
+same topology and split running jobs (``split_key``), remembered by the ``AnalyticModel``,
+with the predictions it made; a new set of split jobs borrows the last set's rings whose key
+and link loads are unchanged, with the terms they remember. Whatever the states seen before
+(jobs starting, finishing, being preempted or migrated between two decisions, single-node
+jobs coming and going, a split ring moving, another topology, the same ids on other
+placements), every table and every prediction must be bit-for-bit what a fresh
+``Contention(state, model)`` computes by the model's rule as first written
+(``_predict_reference``); and the encoder's running-job terms (inlined) must equal the
+reference terms.
+"""
+
+from __future__ import annotations
+
+import copy
+import pickle
+from dataclasses import dataclass, replace
+
+from linkwise.cluster.contention import SETS_KEPT, AnalyticModel
+from linkwise.cluster.domain import (
+    ClusterState,
+    Decision,
+    Job,
+    PendingJob,
+    Placement,
+    RunningJob,
+    Topology,
+)
+from linkwise.cluster.heuristics import make_policy
+from linkwise.cluster.mdp import MdpConfig, candidates
+from linkwise.cluster.mdp.features import _running_features, _running_terms
+from linkwise.cluster.mdp.slowdown import Contention, contention_of, split_key
+from linkwise.cluster.profiles import assign_profiles, load_calibration
+from linkwise.cluster.simulator import SimConfig, simulate
+from linkwise.cluster.topology import from_spec
+from linkwise.datasets import synthetic
+from linkwise.datasets.predictor import RuntimePredictor
+
+CFG = MdpConfig(
+    k_slots=4,
+    slot_order="mixed",
+    running_slots=2,
+    migrate=True,
+    generators=("bounded", "least_contention", "best_fit"),
+)
+
+
+def _states(spec: str, base: str, seed: int) -> list[ClusterState]:
+    """Every decision point's state of a busy simulation (a preemptive base: jobs are
+    preempted and restarted between decisions)."""
+    topo = from_spec(spec)
+    jobs = synthetic.generate(150, seed=seed, max_gpus=topo.total_gpus // 2, load_scale=6.0)
+    jobs = RuntimePredictor.fit(jobs).annotate(
+        assign_profiles(jobs, load_calibration(None), seed=seed)
+    )
+    states: list[ClusterState] = []
+    policy = make_policy(base)
+
+    @dataclass
+    class Record:
+        name: str = "record"
+
+        def decide(self, state: ClusterState) -> Decision:
+            states.append(state)
+            return policy.decide(state)
+
+    simulate(topo, jobs, AnalyticModel(load_calibration(None)), Record(), SimConfig())
+    return states
+
+
+def _assert_same(got: Contention, fresh: Contention, state: ClusterState) -> int:
+    """Tables, the running jobs' slowdowns and every candidate's prediction equal (floats
+    compared exactly); returns the number of predictions compared."""
+    assert got.load == fresh.load
+    assert got.slowdown == fresh.slowdown
+    assert fresh.slowdown == [  # the model's rule, ``_time`` with no new ring
+        max(1.0, fresh._time(r.job, r.placement, fresh.links[i], fresh.weights[i], None, 0.0) / b)
+        for i, (r, b) in enumerate(zip(fresh.split, fresh._best, strict=True))
+    ]
+    assert got.links == fresh.links and got.weights == fresh.weights
+    assert got.users == fresh.users
+    for r in state.running:
+        assert got.running_slowdown(r) == fresh.running_slowdown(r)
+    n = 0
+    cands = candidates(state, CFG, fresh.model)
+    rows = [*cands.placements, *(cands.running.placements if cands.running else ())]
+    jobs = [pj.job for pj in cands.slots] + [r.job for r in state.running]
+    for job in jobs:
+        for p in {p for row in rows for p in row if p is not None}:
+            if p.num_gpus != job.num_gpus:
+                continue
+            want = fresh._predict_reference(job, p)
+            assert got.predict(job, p) == want, (state.time, job.job_id, p)
+            assert fresh.predict(job, p) == want
+            n += 1
+    return n
+
+
+def test_remembered_contention_equals_a_fresh_one_at_every_decision_point() -> None:
+    model = AnalyticModel(load_calibration(None))
+    compared = reused = changed = 0
+    last: tuple[object, ...] | None = None
+    for spec, base, seed in (
+        ("8x4,leaf=2", "qssf_preemptive", 4),
+        ("6x8,leaf=3", "tiresias_las", 5),  # preempts
+        ("8x4,leaf=2", "deepshare", 4),  # migrates; the first shape again, after another
+    ):
+        for state in _states(spec, base, seed):
+            # candidates() inside _assert_same asks for the running rows' bases too: the
+            # remembered sets of several running sets interleave
+            got = contention_of(state, model)
+            key = split_key(state)
+            reused += bool(key) and key == last
+            changed += key != last
+            last = key
+            compared += _assert_same(got, Contention(state, model), state)
+    assert compared > 2000, compared
+    assert reused > 200 and changed > 20, (reused, changed)  # both paths really taken
+
+
+def _ring(job_id: int, gpus: int, alloc: tuple[tuple[int, int], ...], t: float) -> RunningJob:
+    job = Job(job_id, 0.0, gpus, 3600.0, profile="bert", pred_s=3000.0, pred_hi_s=6000.0)
+    return RunningJob(job, Placement(alloc), t, 1000.0, 1.0, since=t)
+
+
+TOPO = from_spec("8x8,leaf=2")
+
+
+def _state_of(running: list[RunningJob], topo: Topology = TOPO, t: float = 100.0) -> ClusterState:
+    free = [n.gpus for n in topo.nodes]
+    for r in running:
+        for node, g in r.placement.alloc:
+            free[node] -= g
+    pending = tuple(
+        PendingJob(_ring(100 + g, g, ((0, 1),), 0.0).job, 1000.0) for g in (2, 6, 12, 16)
+    )
+    return ClusterState(
+        time=t, topology=topo, free_gpus=tuple(free), running=tuple(running), pending=pending
+    )
+
+
+def test_a_ring_that_ends_moves_or_changes_profile_between_two_decisions_is_seen() -> None:
+    """Hand-made transitions: each must give the fresh tables, never the remembered ones of
+    the state before (the key holds id, profile, GPUs and placement of each split job)."""
+    model = AnalyticModel(load_calibration(None))
+    a = _ring(1, 8, ((0, 4), (2, 4)), 0.0)
+    b = _ring(2, 8, ((1, 4), (3, 4)), 0.0)
+    c = _ring(3, 4, ((4, 4),), 0.0)  # single node: not part of the key
+    moved = replace(b, placement=Placement(((0, 4), (3, 4))))
+    other = replace(a, job=replace(a.job, profile="MoE"))
+    same_id_elsewhere = replace(a, placement=Placement(((0, 2), (2, 2), (5, 4))))
+    sequence = [
+        [a, b, c],
+        [a, b],  # a single-node job ended: the same tables, reused
+        [a],  # a split job ended (finished or preempted)
+        [a, b],
+        [a, moved],  # migrated
+        [other, b],  # another profile under the same id
+        [same_id_elsewhere, b],
+        [b, a],  # the same rings in another order (sums in another order)
+        [a, b, c],
+    ]
+    for running in sequence:
+        state = _state_of(running)
+        got = contention_of(state, model)
+        fresh = Contention(state, model)
+        _assert_same(got, fresh, state)
+    # a reused object is the same one, a changed set is not
+    s1 = _state_of([a, b, c])
+    s2 = _state_of([a, b])
+    s3 = _state_of([a])
+    assert contention_of(s1, model) is contention_of(s2, model)
+    assert contention_of(s3, model) is not contention_of(s2, model)
+    # the same shapes on another topology object are another entry
+    s4 = _state_of([a, b], from_spec("8x8,leaf=2"))
+    assert contention_of(s4, model) is not contention_of(s2, model)
+
+
+def test_the_model_keeps_a_bounded_number_of_sets_and_drops_them_when_copied() -> None:
+    model = AnalyticModel(load_calibration(None))
+    for i in range(3 * SETS_KEPT):
+        ring = _ring(i, 8, ((0, 4), (1 + i % 5, 4)), 0.0)
+        contention_of(_state_of([ring]), model)
+    assert len(model._sets) == SETS_KEPT
+    for other in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        assert other == model and other._sets == {}
+
+
+def test_the_inlined_running_terms_equal_the_reference_terms() -> None:
+    """``_running_features`` without a memo (inlined) against the memo path, which calls
+    ``_running_terms``: equal floats at every decision point, overdue jobs included."""
+    checked = overdue = 0
+    for state in _states("6x8,leaf=3", "tiresias_las", 7):
+        inline = _running_features(state, CFG)
+        assert inline == _running_features(state, CFG, {})
+        overdue += sum(_running_terms(r, state.time, CFG)[1] == 0.0 for r in state.running)
+        checked += len(state.running)
+    assert checked > 500 and overdue > 0, (checked, overdue)
