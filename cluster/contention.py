@@ -110,6 +110,9 @@ class AnalyticModel:
     _duty: dict[tuple[str, int, Placement, int], tuple[Topology, float]] = field(
         default_factory=dict, compare=False, repr=False
     )
+    _rings: dict[tuple[str, int, Placement, int], tuple[Topology, _SplitRing]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
     # what callers derive from the model for one set of placed rings (``remembered``), keyed
     # by (id(topology), the caller's key), the newest SETS_KEPT of them
     _sets: dict[tuple[int, Any], tuple[Topology, Any]] = field(
@@ -193,10 +196,61 @@ class AnalyticModel:
         self._duty[key] = (topo, duty)
         return duty
 
+    def _split_ring(self, topo: Topology, job: Job, placement: Placement) -> _SplitRing:
+        """A split ring's links, weight and iteration-time terms, remembered."""
+        key = (job.profile, job.num_gpus, placement, id(topo))
+        hit = self._rings.get(key)
+        if hit is None:
+            prof = self.profile(job)
+            weight = 1.0 if self.sharing == "flows" else self.duty_cycle(topo, job, placement)
+            hit = self._rings[key] = (
+                topo,
+                _SplitRing(
+                    links=topo.ring_links(placement.nodes),
+                    weight=weight,
+                    intra=_intra_cap(topo, placement),
+                    compute=prof.compute_s,
+                    comm=(prof.grad_gb / job.num_gpus) * 2.0 * (job.num_gpus - 1),
+                    overhead=self.calibration.overhead_s * placement.num_nodes,
+                ),
+            )
+        return hit[1]
+
     def iteration_times(
         self, topo: Topology, placed: Sequence[tuple[Job, Placement]]
     ) -> list[float]:
-        """Per-iteration time of each placed job next to all the others."""
+        """Per-iteration time of each placed job next to all the others (the same operations
+        as ``_iteration_times_reference``, a split ring's fixed parts remembered)."""
+        rings = [
+            self._split_ring(topo, j, p) if len(p.alloc) > 1 and j.num_gpus > 1 else None
+            for j, p in placed
+        ]
+        load = [0.0] * len(topo.links)
+        for ring in rings:
+            if ring is not None:
+                w = ring.weight
+                for link in ring.links:
+                    load[link] += w
+        alpha = self.calibration.alpha
+        gbps = topo.link_gbps
+        out: list[float] = []
+        for (job, placement), ring in zip(placed, rings, strict=True):
+            if ring is None:
+                out.append(self._iteration_times_reference(topo, [(job, placement)])[0])
+                continue
+            own = ring.weight
+            bw = ring.intra
+            for link in ring.links:
+                k = 1.0 + max(0.0, load[link] - own)  # this ring plus the others on the link
+                bw = min(bw, gbps[link] / (k + alpha * (k - 1) if k > 1 else 1.0))
+            out.append(ring.compute + ring.comm / bw + ring.overhead)
+        return out
+
+    def _iteration_times_reference(
+        self, topo: Topology, placed: Sequence[tuple[Job, Placement]]
+    ) -> list[float]:
+        """``iteration_times`` as first written: the reference it is tested against (and the
+        rule for a job alone on one node, which no other ring slows)."""
         if self.sharing == "flows":
             weights = [1.0 if p.num_nodes > 1 else 0.0 for _, p in placed]
         else:
@@ -228,6 +282,20 @@ class AnalyticModel:
             min(1.0, self.best_time(topo, job) / t)
             for (job, _), t in zip(placed, times, strict=True)
         ]
+
+
+@dataclass(frozen=True, slots=True)
+class _SplitRing:
+    """What a split ring's job and placement fix: its links, weight on them, intra-node bound
+    and ``ring_iteration_time``'s terms (``compute + comm / bw + overhead``, the same
+    operations in the same order)."""
+
+    links: tuple[int, ...]
+    weight: float
+    intra: float
+    compute: float
+    comm: float  # ring_comm_time's numerator: (grad_gb / gpus) * 2.0 * (gpus - 1)
+    overhead: float
 
 
 def _intra_cap(topo: Topology, placement: Placement) -> float:

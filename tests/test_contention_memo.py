@@ -199,3 +199,32 @@ def test_the_inlined_running_terms_equal_the_reference_terms() -> None:
         overdue += sum(_running_terms(r, state.time, CFG)[1] == 0.0 for r in state.running)
         checked += len(state.running)
     assert checked > 500 and overdue > 0, (checked, overdue)
+
+
+def test_iteration_times_equal_the_rule_as_first_written_to_the_last_bit() -> None:
+    """``AnalyticModel.iteration_times`` (a split ring's fixed parts remembered, the
+    simulator's rates) against ``_iteration_times_reference``: random sets of split and
+    single-node placements on two fabrics, both sharing modes, repeated sets included."""
+    import random
+
+    rng = random.Random(3)
+    cal = load_calibration(None)
+    profiles = sorted(cal.profiles)
+    checked = 0
+    for sharing in ("duty", "flows"):
+        model = AnalyticModel(cal, sharing=sharing)
+        for spec in ("8x8,leaf=2", "12x4,leaf=3"):
+            topo = from_spec(spec)
+            n, g = len(topo.nodes), topo.nodes[0].gpus
+            for _ in range(150):
+                placed = []
+                for j in range(rng.randint(1, 12)):
+                    nodes = sorted(rng.sample(range(n), rng.choice((1, 1, 2, 3, 4))))
+                    alloc = tuple((node, rng.randint(1, g)) for node in nodes)
+                    gpus = sum(c for _, c in alloc)
+                    job = Job(j, 0.0, gpus, 100.0, profile=rng.choice(profiles))
+                    placed.append((job, Placement(alloc)))
+                got = model.iteration_times(topo, placed)
+                assert got == model._iteration_times_reference(topo, placed)
+                checked += len(placed)
+    assert checked > 2000
