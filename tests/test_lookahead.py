@@ -90,6 +90,7 @@ def test_listed_as_search_policy(capsys: pytest.CaptureFixture[str]) -> None:
     spec = "lookahead:base=qssf,n=2,oracle=true"
     assert PolicySpec.parse(spec).is_oracle and is_oracle(spec)
     assert needs_predictions("lookahead:base=sjf_bco") and not is_oracle("lookahead:base=qssf")
+    assert not is_oracle("lookahead")  # a label in a table, not a spec: no error
     info = PolicySpec.parse("lookahead:base=fifo,alts=tiresias_las").info()
     assert info.kind == "search" and info.preemptive
 

@@ -111,7 +111,10 @@ def is_oracle(spec: str) -> bool:
     if spec_name(spec) == "lookahead":  # a search policy: an oracle only with oracle=true
         from linkwise.cluster.lookahead import LookaheadSpec
 
-        return LookaheadSpec.parse(spec).oracle
+        try:
+            return LookaheadSpec.parse(spec).oracle
+        except ValueError:  # a table's label such as "lookahead", not a spec
+            return False
     return spec_name(spec) in ORACLE_POLICIES
 
 
