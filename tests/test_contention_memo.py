@@ -228,3 +228,88 @@ def test_iteration_times_equal_the_rule_as_first_written_to_the_last_bit() -> No
                 assert got == model._iteration_times_reference(topo, placed)
                 checked += len(placed)
     assert checked > 2000
+
+
+def test_least_contention_chooses_as_the_rule_over_the_whole_pool() -> None:
+    """``Builder.least_contention`` predicts in full only the placements whose lower bound
+    (the job's own slowdown) could still beat the best so far: its choice must be the first
+    of the whole pool with the least (job + added slowdown, nodes), every placement
+    predicted by the rule as first written."""
+    from linkwise.cluster.mdp.placements import _BASE_POOL, Builder, _leaf_best_fit
+
+    model = AnalyticModel(load_calibration(None))
+    checked = pruned = 0
+    for spec, base, seed in (("8x4,leaf=2", "deepshare", 4), ("6x8,leaf=3", "tiresias_las", 5)):
+        for state in _states(spec, base, seed):
+            b = Builder(state, model)
+            fresh = Contention(state, model)
+            for pj in state.pending:
+                job = pj.job
+                if job.num_gpus > state.total_free_gpus:
+                    continue
+                pool: list[Placement] = []
+                for gen in _BASE_POOL:
+                    p = b.base(gen, job.num_gpus)
+                    if p is not None and p not in pool:
+                        pool.append(p)
+                if pool and pool[0].num_nodes > 1:
+                    for members in state.topology.leaf_nodes:
+                        p = _leaf_best_fit(members, state.free_gpus, job.num_gpus)
+                        if p is not None and p not in pool:
+                            pool.append(p)
+                want: Placement | None = None
+                want_key = (0.0, 0)
+                for p in pool:
+                    pred = fresh._predict_reference(job, p)
+                    k = (pred.job_slowdown + pred.added_slowdown, p.num_nodes)
+                    if want is None or k < want_key:
+                        want, want_key = p, k
+                before = len(b._predictions)
+                assert b.least_contention(job) == want
+                pruned += len(pool) - (len(b._predictions) - before) > 0
+                checked += 1
+    assert checked > 300 and pruned > 0, (checked, pruned)
+
+
+def test_least_of_a_pool_is_the_rule_where_the_lowest_bound_loses() -> None:
+    """Random split rings and random pools of split placements (many where the placement
+    with the least own slowdown adds the most to the others): ``Builder._least_of`` picks
+    what the rule over the whole pool picks."""
+    import random
+
+    from linkwise.cluster.mdp.placements import Builder
+
+    rng = random.Random(11)
+    model = AnalyticModel(load_calibration(None))
+    profiles = sorted(model.calibration.profiles)
+    topo = from_spec("12x8,leaf=3")
+    n = len(topo.nodes)
+    lost = 0
+    for trial in range(300):
+        running = []
+        for j in range(rng.randint(1, 10)):
+            nodes = sorted(rng.sample(range(n), rng.choice((2, 2, 3))))
+            alloc = tuple((node, 1) for node in nodes)
+            job = Job(j, 0.0, len(alloc), 100.0, profile=rng.choice(profiles))
+            running.append(RunningJob(job, Placement(alloc), 0.0, 100.0, 1.0))
+        free = [8] * n
+        for r in running:
+            for node, g in r.placement.alloc:
+                free[node] -= g
+        state = ClusterState(100.0, topo, tuple(free), tuple(running), ())
+        job = Job(999, 0.0, 4, 100.0, profile=rng.choice(profiles))
+        pool = list(
+            {
+                Placement(tuple((node, 2) for node in sorted(rng.sample(range(n), 2))))
+                for _ in range(6)
+            }
+        )
+        fresh = Contention(state, model)
+        keys = []
+        for i, p in enumerate(pool):
+            pred = fresh._predict_reference(job, p)
+            keys.append((pred.job_slowdown + pred.added_slowdown, p.num_nodes, i))
+        bounds = [(fresh.job_slowdown(job, p), p.num_nodes, i) for i, p in enumerate(pool)]
+        lost += min(bounds)[2] != min(keys)[2]
+        assert Builder(state, model)._least_of(job, pool) == pool[min(keys)[2]], trial
+    assert lost > 5, lost

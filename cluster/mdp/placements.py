@@ -117,15 +117,36 @@ class Builder:
                 p = _leaf_best_fit(members, self.free, gpus)
                 if p is not None and p not in pool:
                     pool.append(p)
-        best: Placement | None = None
-        best_key = (0.0, 0)
-        for p in pool:
-            pred = self.predict(job, p)
-            k = (pred.job_slowdown + pred.added_slowdown, p.num_nodes)
-            if best is None or k < best_key:
-                best, best_key = p, k
+        best = self._least_of(job, pool)
         self._least[key] = best
         return best
+
+    def _least_of(self, job: Job, pool: Sequence[Placement]) -> Placement | None:
+        """The first placement of ``pool`` with the least (job slowdown + added slowdown,
+        nodes). With an ``AnalyticModel`` the placements are tried by a lower bound of that
+        key (the job's own slowdown: the added one is at least 0) and a placement whose bound
+        is no better than the best key so far is never predicted in full: the same choice."""
+        c = self.contention
+        if c.analytic is None:
+            best: Placement | None = None
+            best_key = (0.0, 0)
+            for p in pool:
+                pred = self.predict(job, p)
+                k = (pred.job_slowdown + pred.added_slowdown, p.num_nodes)
+                if best is None or k < best_key:
+                    best, best_key = p, k
+            return best
+        bounds = sorted((c.job_slowdown(job, p), p.num_nodes, i) for i, p in enumerate(pool))
+        chosen: tuple[float, int, int] | None = None
+        for bound in bounds:
+            if chosen is not None and bound >= chosen:
+                break  # every later bound is no better either: none of them can be chosen
+            q = pool[bound[2]]
+            got = self.predict(job, q)
+            full = (got.job_slowdown + got.added_slowdown, q.num_nodes, bound[2])
+            if chosen is None or full < chosen:
+                chosen = full
+        return None if chosen is None else pool[chosen[2]]
 
     def placement(self, gen: str, job: Job) -> Placement | None:
         if gen == "least_contention":

@@ -240,6 +240,21 @@ class Contention:
             hit = self._predictions[key] = self._predict_analytic(job, placement)
         return hit
 
+    def job_slowdown(self, job: Job, placement: Placement) -> float:
+        """``predict(job, placement).job_slowdown`` without the running rings' terms (an
+        ``AnalyticModel`` only): the same value."""
+        assert self.analytic is not None
+        hit = self._predictions.get((job.profile, job.num_gpus, placement))
+        if hit is not None:
+            return hit.job_slowdown
+        best = self.analytic.best_time(self.topo, job)
+        if len(placement.alloc) <= 1:
+            t = self._time(job, placement, (), 0.0, None, 0.0)
+        else:
+            links = self.topo.ring_links(placement.nodes)
+            t = self._time(job, placement, links, 0.0, None, 0.0)
+        return max(0.0, t / best - 1.0)
+
     def _predict_analytic(self, job: Job, placement: Placement) -> Prediction:
         """``_predict_reference``'s values: the rings sharing a link with the new one found
         from the links' users, each ring's term remembered by the links it shares."""
