@@ -498,6 +498,12 @@ def ship(
         "learner": algo,
         "beats_base_on_validation": p["beats_base_on_validation"],
         "labels": {k: out["labels"][k] for k in ("hash", "rows", "points", "windows")},
+        "refit_with_validation": {
+            k: v
+            for k, v in out["labels"].get("refit", {}).items()
+            if k in ("hash", "rows", "points")
+        },
+        "label_seeds": out["labels"].get("seeds", [0]),
         "experiment": out["experiment"],
         "heldout": out["heldout"]["policies"],
         "robustness": out["robustness"][algo],
@@ -516,6 +522,19 @@ def ship(
     if dest.exists():
         shutil.rmtree(dest)
     tmp.rename(dest)
+
+
+def ship_from(results: Path, dest: Path) -> int:
+    """Ship the promoted package of a finished run (its results JSON; the run's working
+    folder must still hold its packages)."""
+    from linkwise.pipelines.residual import BaseChoice
+
+    out = json.loads(results.read_text())
+    b = out["base"]
+    base = BaseChoice(str(b["base"]), float(b["avg_jct_s"]), dict(b["candidates"]))
+    ship(dest, out, out["learners"], base, {})
+    print(f"shipped {dest} from {results}")
+    return 0
 
 
 def main() -> int:
@@ -564,7 +583,16 @@ def main() -> int:
     p.add_argument("--lookahead-cases", type=int, default=1, help="0: skip the search policy")
     p.add_argument("--tracking-uri", help="MLflow (default: sqlite in the working folder)")
     p.add_argument("--ship", type=Path, help="write the promoted package here (replaced)")
+    p.add_argument(
+        "--ship-from",
+        type=Path,
+        help="a finished run's results JSON: ship its promoted package to --ship, run nothing",
+    )
     args = p.parse_args()
+    if args.ship_from is not None:
+        if args.ship is None:
+            p.error("--ship-from needs --ship DIR")
+        return ship_from(args.ship_from, args.ship)
     t0 = time.perf_counter()
     result = run(args, t0)
     result["wall_s"] = time.perf_counter() - t0
