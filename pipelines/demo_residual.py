@@ -18,6 +18,7 @@ state): they are left out of its verdict.
 from __future__ import annotations
 
 import math
+import shutil
 from collections.abc import Mapping, Sequence
 from contextlib import closing
 from pathlib import Path
@@ -112,6 +113,9 @@ def build_residuals(
     """The base, the labels and one residual package per learner, each at its margin chosen
     on the validation windows (module docstring): a JSON-able summary with every figure."""
     plan = _plan(exp)
+    # the stage's folder is its own: a demo run again in the same place rebuilds it (packages
+    # refuse a non-empty folder)
+    shutil.rmtree(out / "residual", ignore_errors=True)
     val, label_ws = residual_windows(db, slurm_cluster, topo, exp, until, validation)
     with closing(open_store(db)) as con:
         backlogs = {
