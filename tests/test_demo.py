@@ -179,3 +179,12 @@ def test_residual_base_deviations_and_gate(demo: DemoResult) -> None:
     saved = json.loads((Path(demo.out_dir) / "demo.json").read_text())
     assert saved["residual"]["base"]["base"] == base["base"]
     assert saved["residual_gate"]["passed"] == gate["passed"]
+
+
+def test_the_demo_runs_again_in_the_same_folder(demo: DemoResult) -> None:
+    # last in the module: it replaces the folder's store, packages and MLflow versions
+    again = run_demo(Path(demo.out_dir), experiment="ci", progress=False)
+    assert again.history["jobs"] == demo.history["jobs"]  # the same history, replayed afresh
+    assert again.residual is not None and again.residual["base"] == demo.residual["base"]
+    labels = list((Path(demo.out_dir) / "residual" / "labels").glob("*.parquet"))
+    assert len(labels) == 1  # the stage's folder rebuilt, not added to
