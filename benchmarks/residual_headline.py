@@ -79,6 +79,18 @@ def label_chain(labels: Any) -> dict[str, Any]:
     }
 
 
+def _training(r: Any) -> dict[str, Any]:
+    """A ``pipelines.residual.LabelTraining`` as the results JSON records it."""
+    return {
+        "label_match": r.label_match,
+        "steps_per_s": r.steps_per_s,
+        "transitions": r.transitions,
+        "run_id": r.run_id,
+        "dataset_hash": r.dataset_hash,
+        "learned": r.package_dir,
+    }
+
+
 def run(args: argparse.Namespace, t0: float) -> dict[str, Any]:
     import polars as pl
 
@@ -240,14 +252,7 @@ def run(args: argparse.Namespace, t0: float) -> dict[str, Any]:
         )
         m = choose_margin(r.package_dir, base, deferral, val_cases, work / f"res-{algo}", margins)
         learners[algo] = {
-            "train": {
-                "label_match": r.label_match,
-                "steps_per_s": r.steps_per_s,
-                "transitions": r.transitions,
-                "run_id": r.run_id,
-                "dataset_hash": r.dataset_hash,
-                "learned": r.package_dir,
-            },
+            "train": _training(r),
             "margin": m.to_json(),
             "margin_value": m.margin,
             "package": m.package_dir,
@@ -299,14 +304,7 @@ def run(args: argparse.Namespace, t0: float) -> dict[str, Any]:
         if rounds[-1]["kept"]:
             learners["bc"] = {
                 **c,
-                "train": {
-                    "label_match": r.label_match,
-                    "steps_per_s": r.steps_per_s,
-                    "transitions": r.transitions,
-                    "run_id": r.run_id,
-                    "dataset_hash": r.dataset_hash,
-                    "learned": r.package_dir,
-                },
+                "train": _training(r),
                 "margin": m.to_json(),
                 "margin_value": m.margin,
                 "package": m.package_dir,
@@ -349,14 +347,7 @@ def run(args: argparse.Namespace, t0: float) -> dict[str, Any]:
                 chosen={"base": base.to_json(), "refit_with_validation": True},
             )
             c["train_before_refit"] = c["train"]
-            c["train"] = {
-                "label_match": r.label_match,
-                "steps_per_s": r.steps_per_s,
-                "transitions": r.transitions,
-                "run_id": r.run_id,
-                "dataset_hash": r.dataset_hash,
-                "learned": r.package_dir,
-            }
+            c["train"] = _training(r)
             c["package"] = str(pkg)
         print(f"refit on {labels.height} label rows (validation days added) {stamp()}")
 
