@@ -250,7 +250,10 @@ def run(args: argparse.Namespace, t0: float) -> dict[str, Any]:
         r = train_on_labels(
             labels, manifest, algo, params, work / "pkgs", predictor=s.predictor, tracking_uri=uri
         )
-        m = choose_margin(r.package_dir, base, deferral, val_cases, work / f"res-{algo}", margins)
+        m = choose_margin(
+            r.package_dir, base, deferral, val_cases, work / f"res-{algo}", margins,
+            executor=args.bench_executor,
+        )  # fmt: skip
         learners[algo] = {
             "train": _training(r),
             "margin": m.to_json(),
@@ -263,31 +266,34 @@ def run(args: argparse.Namespace, t0: float) -> dict[str, Any]:
     out["learners"] = learners
     out["mlflow"] = uri
 
-    # 3a. DAgger rounds for BC: label the states its residual visits on the training days (the
-    # base still scores and continues every fork), retrain on the union, choose its margin
-    # again; the round with the best validation figure is kept (round 0 included)
+    # 3a. DAgger rounds for one learner: label the states its residual visits on the training
+    # days (the base still scores and continues every fork), retrain on the union, choose its
+    # margin again; a round is kept only if its validation figure improves
     rounds: list[dict[str, Any]] = []
     dagger_seeds = [int(x) for x in args.dagger_seeds.split(",")]
+    dl = args.dagger_learner
     for k in range(1, args.dagger_rounds + 1):
-        c = learners["bc"]
+        c = learners[dl]
         t = time.perf_counter()
         union, r = dagger_round(
             labels, manifest, c["package"], label_tasks(train, dagger_seeds), params,
             work / f"pkgs-dagger{k}", predictor=s.predictor, tracking_uri=uri,
-            executor=args.executor,
+            executor=args.executor, algo=dl,
         )  # fmt: skip
         added = union.height - labels.height
         labels = union
         manifest = {**manifest, "hash": r.dataset_hash}
         deferral = label_deferral(labels, make_spec(cfg), trained_sig, min_support=3)
         m = choose_margin(
-            r.package_dir, base, deferral, val_cases, work / f"res-bc-dagger{k}", margins
-        )
+            r.package_dir, base, deferral, val_cases, work / f"res-{dl}-dagger{k}", margins,
+            executor=args.bench_executor,
+        )  # fmt: skip
         before = c["margin"]["candidates"][f"margin-{c['margin']['margin']}"]["avg_jct_s"]
         after = m.figures[f"margin-{m.to_json()['margin']}"]["avg_jct_s"]
         rounds.append(
             {
                 "round": k,
+                "learner": dl,
                 "rows_added": added,
                 "rows": labels.height,
                 "label_hash": r.dataset_hash,
@@ -302,7 +308,7 @@ def run(args: argparse.Namespace, t0: float) -> dict[str, Any]:
         print(f"dagger round {k}: +{added} rows, margin {m.margin}, validation "
               f"{_h(before)} -> {_h(after)} {stamp()}")  # fmt: skip
         if rounds[-1]["kept"]:
-            learners["bc"] = {
+            learners[dl] = {
                 **c,
                 "train": _training(r),
                 "margin": m.to_json(),
@@ -365,7 +371,7 @@ def run(args: argparse.Namespace, t0: float) -> dict[str, Any]:
             "avg_jct_s": r["avg_jct_s"],
             "p99_jct_s": r.get("p99_jct_s"),
             "deviations_per_1000": r.get("deviations_per_1000"),
-            "decision_points": r.get("decision_points"),
+            "decision_points": r.get("decisions"),  # mean per case
             "preemptions_per_job": r.get("preemptions_per_job"),
         }
         if k != "base":
@@ -458,7 +464,7 @@ def run(args: argparse.Namespace, t0: float) -> dict[str, Any]:
             "ratio_to_base": (la["avg_jct_s"] / lrows["base"]["avg_jct_s"]) if la else None,
             "p99_jct_s": la.get("p99_jct_s"),
             "latency_ms_p99": la.get("latency_ms_p99"),
-            "decision_points": la.get("decision_points"),
+            "decision_points": la.get("decisions"),  # mean per case
         }
         print(f"lookahead on {len(sub)} cases: {out['lookahead']} {stamp()}")
 
@@ -561,7 +567,8 @@ def main() -> int:
         action="store_true",
         help="after the margins are chosen, retrain on the training and validation days' labels",
     )
-    p.add_argument("--dagger-rounds", type=int, default=0, help="DAgger rounds for BC")
+    p.add_argument("--dagger-rounds", type=int, default=0, help="DAgger rounds")
+    p.add_argument("--dagger-learner", choices=("bc", "cql"), default="bc")
     p.add_argument("--dagger-seeds", default="0", help="resampling seeds of a DAgger round")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--margins", help="comma-separated margins (default: inf,2,1,0.5,0.25)")

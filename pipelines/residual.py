@@ -366,12 +366,13 @@ def dagger_round(
     predictor: RuntimePredictor | None = None,
     tracking_uri: str | None = None,
     executor: str = "serial",
+    algo: str = "bc",
 ) -> tuple[pl.DataFrame, LabelTraining]:
     """One round: label the states of the residual's own rollouts (``tasks`` with the
     residual, built from ``residual_spec``, as their roll-in; each move still scored against
     the tasks' base, which continues every fork, as in the first labels), append them to
-    ``labels``, retrain BC on the union (a new content hash: the old one plus the round's
-    rows)."""
+    ``labels``, retrain ``algo`` (BC or CQL) on the union (a new content hash: the old one
+    plus the round's rows)."""
     import hashlib
 
     from linkwise.models.policy_spec import PolicySpec
@@ -386,7 +387,7 @@ def dagger_round(
     result = train_on_labels(
         union,
         {**manifest, "hash": digest, "parent_hash": manifest["hash"]},
-        "bc",
+        algo,
         params,
         out_dir,
         predictor=predictor,

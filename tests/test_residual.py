@@ -315,3 +315,17 @@ def test_one_dagger_round_labels_the_residuals_own_states(
     assert own.height > 0 and union.height == df.height + own.height
     assert again.dataset_hash != manifest["hash"]
     assert again.transitions == best_actions(union).height
+
+
+def test_a_dagger_round_can_retrain_cql_on_every_scored_move(
+    labels: Any, trained: Any, tmp_path: Path
+) -> None:
+    df, manifest = labels
+    uri, runs = trained
+    pkg = write_residual_package(runs["cql"].package_dir, tmp_path / "r", base="sjf_bco",
+                                 margin=0.0, deferral=Deferral())  # fmt: skip
+    union, again = dagger_round(df, manifest, str(pkg), _label_tasks(), TINY, tmp_path / "p2",
+                                tracking_uri=uri, algo="cql")  # fmt: skip
+    assert again.algo == "cql"
+    # CQL learns from every scored move of the union, BC from one best move per point
+    assert again.transitions == union.height > best_actions(union).height
