@@ -412,12 +412,13 @@ def _run_ope(
     def estimates(choose: Chooser) -> list[float]:
         return [fqe_values(dataset, choose, s0, p, int(s), device, bounds) for s in seeds]
 
-    behaviour = estimates(logged_policy(df, spec))
+    # every policy resolved (a reserved name, a missing or mismatched package) before any fit
     choosers: dict[str, Chooser] = {BEHAVIOUR: logged_policy(df, spec)}
     for name, pol in policies.items():
         if name == BEHAVIOUR:
             raise ValueError(f"{BEHAVIOUR!r} is reserved for the logged policy")
         choosers[name] = policy_chooser(_resolve(pol, spec))
+    behaviour = estimates(choosers[BEHAVIOUR])
     out: dict[str, OpeResult] = {}
     for name, choose in choosers.items():
         values = behaviour if name == BEHAVIOUR else estimates(choose)

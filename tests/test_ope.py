@@ -157,3 +157,17 @@ def test_refuses_a_policy_for_other_observations(frame: pl.DataFrame) -> None:
     tiny = FqeParams(n_steps=10, n_steps_per_epoch=10)  # refused whatever the budget
     with pytest.raises(ValueError, match="ObsSpec"):
         run_ope(frame, {"k2": pol}, spec=SPEC, seeds=(0,), params=tiny)
+
+
+def test_a_missing_policy_is_refused_before_any_fit(
+    frame: pl.DataFrame, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import linkwise.evaluation.ope as ope
+
+    fits: list[int] = []
+    real = ope.fqe_values
+    monkeypatch.setattr(ope, "fqe_values", lambda *a, **k: fits.append(1) or real(*a, **k))
+    with pytest.raises(Exception, match="no-such-package"):
+        run_ope(frame, {"gone": str(tmp_path / "no-such-package")}, spec=SPEC, seeds=(0,),
+                params=FqeParams(n_steps=10, n_steps_per_epoch=10))  # fmt: skip
+    assert fits == []  # the behaviour policy was not fit for a run that cannot finish
