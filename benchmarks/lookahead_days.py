@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "ratio_to_base": lk["avg_jct_s"] / b["avg_jct_s"],
         "base_p99_jct_s": b.get("p99_jct_s"),
         "lookahead_p99_jct_s": lk.get("p99_jct_s"),
-        "decision_points": lk.get("decision_points"),
+        "decision_points": lk.get("decisions"),  # mean per case
         "deviations_per_1000": lk.get("deviations_per_1000"),
         "latency_ms_p99": lk.get("latency_ms_p99"),
         "seconds": time.perf_counter() - t0,
