@@ -54,20 +54,21 @@ FOREIGN = "0000000000000000"  # a topology signature no cluster has
 
 class _Timed:
     """A base policy timing its own ``decide`` (copies share the clock: the residual's
-    deviation finishes on a fresh copy of its base)."""
+    deviation finishes on a fresh copy of its base): wall seconds, calls, CPU seconds."""
 
     def __init__(self, inner: Any, clock: list[float] | None = None) -> None:
         self.inner = inner
         self.name = inner.name
-        self.clock = clock if clock is not None else [0.0, 0.0]
+        self.clock = clock if clock is not None else [0.0, 0.0, 0.0]
 
     def decide(self, state: Any) -> Any:
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         try:
             return self.inner.decide(state)
         finally:
             self.clock[0] += time.perf_counter() - t
             self.clock[1] += 1
+            self.clock[2] += time.process_time() - c
 
     def __deepcopy__(self, memo: dict[int, Any]) -> _Timed:
         return _Timed(copy.deepcopy(self.inner, memo), self.clock)
@@ -104,6 +105,86 @@ class _Counting:
     def decide(self, state: Any) -> Any:
         self.decisions += 1
         return self.policy.decide(state)
+
+
+# (label, module, class or "", attribute): the parts ``--parts`` times (CPU seconds, calls),
+# each inclusive of what it calls (``candidates`` holds ``contention_of`` and ``predict``)
+PARTS = (
+    ("annotate_state", "linkwise.models.residual", "", "annotate_state"),
+    ("more_than_wait", "linkwise.models.residual", "", "more_than_wait"),
+    ("candidates", "linkwise.models.residual", "", "candidates"),
+    ("  contention_of", "linkwise.cluster.mdp.placements", "", "contention_of"),
+    ("    split_key", "linkwise.cluster.mdp.slowdown", "", "split_key"),
+    ("  Contention.predict", "linkwise.cluster.mdp.slowdown", "Contention", "predict"),
+    ("encode", "linkwise.models.residual", "", "encode"),
+    ("encode_partial", "linkwise.models.residual", "", "encode_partial"),
+    ("_score", "linkwise.models.residual", "ResidualPolicy", "_score"),
+    ("  _deviate", "linkwise.models.residual", "ResidualPolicy", "_deviate"),
+    ("    apply_decision", "linkwise.models.residual", "", "apply_decision"),
+    ("    merge_moves", "linkwise.models.residual", "", "merge_moves"),
+    ("sim observe", "linkwise.cluster.simulator", "Simulator", "observe"),
+    ("sim apply", "linkwise.cluster.simulator", "Simulator", "apply"),
+    ("sim advance", "linkwise.cluster.simulator", "Simulator", "advance"),
+    ("  _update_split_rates", "linkwise.cluster.simulator", "Simulator", "_update_split_rates"),
+)
+
+
+class _Parts:
+    """Per-part CPU timers (``PARTS``): each function replaced by a wrapper adding its
+    ``process_time`` and calls, restored on exit; ``jobs_per_node`` too (a cached property)."""
+
+    def __init__(self) -> None:
+        self.cpu: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+        self._undo: list[tuple[Any, str, Any]] = []
+
+    def _wrap(self, label: str, fn: Any) -> Any:
+        cpu, calls = self.cpu, self.calls
+        cpu[label], calls[label] = 0.0, 0
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            c = time.process_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                cpu[label] += time.process_time() - c
+                calls[label] += 1
+
+        return timed
+
+    def __enter__(self) -> _Parts:
+        import importlib
+        from functools import cached_property
+
+        from linkwise.cluster.domain import ClusterState
+
+        for label, module, cls, attr in PARTS:
+            owner: Any = importlib.import_module(module)
+            if cls:
+                owner = getattr(owner, cls)
+            if not hasattr(owner, attr):
+                continue
+            fn = owner.__dict__[attr] if cls else getattr(owner, attr)
+            self._undo.append((owner, attr, fn))
+            setattr(owner, attr, self._wrap(label, fn))
+        prop = ClusterState.__dict__["jobs_per_node"]
+        self._undo.append((ClusterState, "jobs_per_node", prop))
+        wrapped = cached_property(self._wrap("jobs_per_node", prop.func))
+        wrapped.__set_name__(ClusterState, "jobs_per_node")
+        ClusterState.jobs_per_node = wrapped  # type: ignore[method-assign,assignment]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for owner, attr, fn in reversed(self._undo):
+            setattr(owner, attr, fn)
+        self._undo.clear()
+
+    def table(self) -> dict[str, dict[str, float]]:
+        return {
+            k: {"cpu_s": round(self.cpu[k], 3), "calls": self.calls[k]}
+            for k in self.cpu
+            if self.calls[k]
+        }
 
 
 # ------------------------------------------------------------------------ a throwaway package
@@ -221,9 +302,11 @@ def simulate_package(
     base_only: bool = False,
     plain: bool = False,
     margin: float | None = None,
+    parts: bool = False,
 ) -> dict[str, Any]:
     """Simulate the package (or, ``base_only``, a residual's base alone; ``plain``: through
-    ``ResidualPolicy.decide_plain``, the path before the fast one) once, summarised."""
+    ``ResidualPolicy.decide_plain``, the path before the fast one) once, summarised;
+    ``parts``: with per-part CPU timers (``_Parts``; the network as ``values``)."""
     import torch
 
     from linkwise.cluster.contention import AnalyticModel
@@ -238,7 +321,8 @@ def simulate_package(
     learned = load_package(package, model=model)
     residual = is_residual_meta(learned.meta)
     inner: Any = learned
-    clock = [0.0, 0.0]
+    clock = [0.0, 0.0, 0.0]
+    timers = _Parts()
     if residual:
         res = residual_from_learned(learned, model)
         if margin is not None:  # the package's margin replaced (how often it deviates)
@@ -250,13 +334,21 @@ def simulate_package(
 
             res.deferral = Deferral.from_json(learned.meta["residual"]["chosen"]["labels_deferral"])
         res.base = _Timed(res.base, clock)
+        if parts:
+            res.values = timers._wrap("values (network)", res.values)
         if plain:
             res.decide = res.decide_plain  # type: ignore[method-assign]
         inner = res.base.inner if base_only else res
     policy = _Counting(inner) if not base_only else inner
-    t0, c0 = time.perf_counter(), time.process_time()
-    result = simulate(topo, jobs, model, policy)
-    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    if parts:
+        timers.__enter__()
+    try:
+        t0, c0 = time.perf_counter(), time.process_time()
+        result = simulate(topo, jobs, model, policy)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    finally:
+        if parts:
+            timers.__exit__()
     m = summarize(result.records, total_gpus=topo.total_gpus, events=result.events, wall_s=wall)
     row: dict[str, Any] = {
         "jobs": len(jobs),
@@ -280,11 +372,14 @@ def simulate_package(
         if adv:
             row["advantage_p50_p95_p99"] = [adv[int(q * (len(adv) - 1))] for q in (0.5, 0.95, 0.99)]
         row["base_s"] = clock[0]
+        row["base_cpu_s"] = clock[2]
         row["base_calls"] = int(clock[1])
         row["overhead_s"] = wall - clock[0]
         row.update({f"residual_{k}": v for k, v in inner.stats().items()})
     elif not residual:
         row["wait_overrides"] = learned.wait_overrides
+    if parts:
+        row["parts"] = timers.table()
     return row
 
 
@@ -394,6 +489,7 @@ def main() -> int:
     p.add_argument("--max-jobs", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--profile", type=int, default=0, help="print the top N functions (own time)")
+    p.add_argument("--parts", action="store_true", help="per-part CPU timers (PARTS) per run")
     p.add_argument(
         "--train-speed",
         type=int,
@@ -442,9 +538,11 @@ def main() -> int:
             rows.append(
                 simulate_package(topo, jobs, package, defer=d, plain=True, margin=args.margin)
             )
-        rows.append(simulate_package(topo, jobs, package, defer=d, margin=args.margin))
+        rows.append(
+            simulate_package(topo, jobs, package, defer=d, margin=args.margin, parts=args.parts)
+        )
     if residual and not args.no_base:
-        rows.append(simulate_package(topo, jobs, package, base_only=True))
+        rows.append(simulate_package(topo, jobs, package, base_only=True, parts=args.parts))
     for r in rows:
         r["load_avg_before"] = [round(x, 2) for x in load]
     if args.json:

@@ -59,6 +59,7 @@ from linkwise.cluster.mdp import (
     candidates,
     decode,
     encode,
+    encode_partial,
     local_grace,
     nothing_fits,
 )
@@ -177,7 +178,7 @@ class Deferral:
 
     def obs_reason(self, obs: npt.NDArray[np.float32]) -> str:
         """``"range"`` when more than ``max_out`` encoded features lie outside the training
-        range."""
+        range (a NaN feature, unknown in ``encode_partial``, is never outside)."""
         if not self.feature_lo:
             return ""
         x = np.asarray(obs, dtype=np.float64).reshape(-1)
@@ -300,6 +301,14 @@ class ResidualPolicy:
                 if not math.isinf(self.margin):
                     self.deferrals[reason] += 1
             return base_d
+        if self.deferral.feature_lo:  # the range rule first, on what needs no candidates
+            allowed = more_than_wait(state, cfg)
+            if allowed is False:  # as candidates' mask would say: only waiting allowed
+                return base_d
+            if allowed and self._range_first(state):
+                self.decisions += 1
+                self.deferrals["range"] += 1
+                return base_d
         c = candidates(state, cfg, self.belief)
         if not c.mask[: cfg.wait_action].any():
             return base_d
@@ -346,6 +355,12 @@ class ResidualPolicy:
             self.deferrals["support"] += 1
             return base_d
         return self._score(state, c, obs, base_a, eligible, base_d, plain=True)
+
+    def _range_first(self, state: ClusterState) -> bool:
+        """Whether the range rule defers on the features known without the candidates
+        (``encode_partial``: the same values, NaN for the others, which never count): more
+        than ``max_out`` of them outside the range means more of the whole observation."""
+        return bool(self.deferral.obs_reason(encode_partial(state, self.obs_spec, self.belief)))
 
     def _topology_reason(self, topology: Topology) -> str:
         """``Deferral.topology_reason``, kept for the topology last seen (immutable)."""

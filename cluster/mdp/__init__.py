@@ -94,6 +94,7 @@ from linkwise.cluster.mdp.config import (
 )
 from linkwise.cluster.mdp.features import (
     encode,
+    encode_partial,
     encode_state,
     time_from_log,
 )
@@ -143,6 +144,7 @@ __all__ = [
     "decision_steps",
     "decode",
     "encode",
+    "encode_partial",
     "encode_state",
     "jobs_in_system",
     "local_grace",

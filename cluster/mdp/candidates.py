@@ -60,11 +60,34 @@ class Candidates:
         return None
 
 
+@dataclass(frozen=True, eq=False)
+class SlotPart:
+    """What a state's pending slots are without placements or the contention model: the
+    orders' heads, the slots, each slot's communication share and ranks."""
+
+    heads: tuple[list[PendingJob], ...]
+    slots: tuple[PendingJob, ...]
+    intensity: tuple[float, ...]
+    ranks: tuple[tuple[float, ...], ...]
+
+
+def slot_part(state: ClusterState, config: MdpConfig, model: ContentionModel) -> SlotPart:
+    """The pending slots of one state (``candidates`` and ``features.encode_partial``)."""
+    heads = order_heads(state, config.k_slots)
+    slots = pending_slots(state, config, heads)
+    return SlotPart(
+        heads=heads,
+        slots=slots,
+        intensity=tuple(comm_intensity(model, state.topology, pj.job) for pj in slots),
+        ranks=slot_ranks(slots, heads, config.k_slots),
+    )
+
+
 def candidates(state: ClusterState, config: MdpConfig, model: ContentionModel) -> Candidates:
     """Slots, candidate placements, contention predictions and the mask of one state."""
     b = Builder(state, model, config.span_lambda)
-    heads = order_heads(state, config.k_slots)
-    slots = pending_slots(state, config, heads)
+    part = slot_part(state, config, model)
+    slots = part.slots
     n_c = config.n_candidates
     mask = np.zeros(config.n_actions, dtype=np.bool_)
     mask[-1] = True
@@ -87,7 +110,6 @@ def candidates(state: ClusterState, config: MdpConfig, model: ContentionModel) -
         for c, p in enumerate(row):
             if p is not None and not (config.mask_duplicates and red[c]):
                 mask[k * n_c + c] = True
-    intensity = tuple(comm_intensity(model, state.topology, pj.job) for pj in slots)
     running = None
     if config.running_slots:
         running = running_rows(state, config, model, b.contention)
@@ -105,8 +127,8 @@ def candidates(state: ClusterState, config: MdpConfig, model: ContentionModel) -
         predictions=tuple(preds),
         mask=mask,
         contention=b.contention,
-        intensity=intensity,
-        ranks=slot_ranks(slots, heads, config.k_slots),
+        intensity=part.intensity,
+        ranks=part.ranks,
         running=running,
     )
 

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from linkwise.cluster.contention import ContentionModel, min_nodes
-from linkwise.cluster.domain import ClusterState, Job, Placement, RunningJob, Topology
-from linkwise.cluster.mdp.candidates import Candidates, candidates
+from linkwise.cluster.domain import ClusterState, Job, PendingJob, Placement, RunningJob, Topology
+from linkwise.cluster.mdp.candidates import Candidates, candidates, slot_part
 from linkwise.cluster.mdp.config import FloatArray, MdpConfig
 from linkwise.cluster.mdp.known import predicted_remaining
 from linkwise.cluster.mdp.running import RunningRows
@@ -28,7 +28,20 @@ RunningMemo = dict[int, tuple[RunningJob, float, int, float, bool]]
 
 
 def _global(cands: Candidates, memo: RunningMemo | None = None) -> list[float]:
-    state, cfg = cands.state, cands.config
+    c = cands.contention
+    return _global_values(cands.state, cands.config, len(cands.slots), c.load, c.slowdown, memo)
+
+
+def _global_values(
+    state: ClusterState,
+    cfg: MdpConfig,
+    n_slots: int,
+    contention_load: Sequence[float] | None,
+    split: Sequence[float] | None,
+    memo: RunningMemo | None = None,
+) -> list[float]:
+    """The global features; those that need the contention model's tables (``load``: link
+    loads, ``split``: the split running jobs' slowdowns) are NaN where they are None."""
     topo = state.topology
     free = state.free_gpus
     total = topo.total_gpus
@@ -49,11 +62,19 @@ def _global(cands: Candidates, memo: RunningMemo | None = None) -> list[float]:
     flows = link_flows(state)
     nic = flows[:n_nodes]
     up = flows[n_nodes : n_nodes + len(topo.leaf_names)]
-    load = cands.contention.load[:n_nodes]
     fs = cfg.flow_scale
     n_pending, n_running = len(state.pending), len(state.running)
-    split = cands.contention.slowdown
     demand = sum(p.job.num_gpus for p in state.pending)
+    nan = math.nan
+    if split is None:
+        split_share, slowdown_mean, slowdown_max = nan, nan, nan
+    else:
+        split_share = len(split) / n_running if n_running else 0.0
+        if split:
+            slowdown_mean = min(cfg.max_slowdown, sum(s - 1.0 for s in split) / len(split))
+            slowdown_max = min(cfg.max_slowdown, max(split) - 1.0)
+        else:
+            slowdown_mean, slowdown_max = 0.0, 0.0
     out = [
         1.0 - sum(free) / total,
         *(h / n_nodes for h in hist),
@@ -62,14 +83,14 @@ def _global(cands: Candidates, memo: RunningMemo | None = None) -> list[float]:
         sum(1 for f in nic if f >= 2) / n_nodes,
         (sum(up) / len(up) / fs) if up else 0.0,
         (max(up) / fs) if up else 0.0,
-        max(load) / fs,
+        nan if contention_load is None else max(contention_load[:n_nodes]) / fs,
         log_count(n_pending, cfg.queue_scale),
         log_count(n_running, cfg.queue_scale),
-        len(split) / n_running if n_running else 0.0,
+        split_share,
         demand / total,
-        max(0, n_pending - len(cands.slots)) / n_pending if n_pending else 0.0,
-        min(cfg.max_slowdown, sum(s - 1.0 for s in split) / len(split)) if split else 0.0,
-        min(cfg.max_slowdown, max(split) - 1.0) if split else 0.0,
+        max(0, n_pending - n_slots) / n_pending if n_pending else 0.0,
+        slowdown_mean,
+        slowdown_max,
         *_running_features(state, cfg, memo),
     ]
     if cfg.time_of_day:
@@ -147,19 +168,29 @@ def _running_features(
 
 
 def _slot_features(cands: Candidates, k: int) -> list[float]:
-    cfg = cands.config
-    if k >= len(cands.slots):
+    return _slot_values(cands.state, cands.config, cands.slots, cands.intensity, cands.ranks, k)
+
+
+def _slot_values(
+    state: ClusterState,
+    cfg: MdpConfig,
+    slots: Sequence[PendingJob],
+    intensity: Sequence[float],
+    ranks: Sequence[Sequence[float]],
+    k: int,
+) -> list[float]:
+    if k >= len(slots):
         return [0.0] * len(SLOT_FEATURES)
-    pj = cands.slots[k]
+    pj = slots[k]
     job = pj.job
-    topo = cands.state.topology
+    topo = state.topology
     remaining = predicted_remaining(job, pj.attained_gpu_s)
     remaining_hi = predicted_remaining(job, pj.attained_gpu_s, upper=True)
     return [
         1.0,
         job.num_gpus / cfg.gpu_scale,
         min_nodes(topo, job.num_gpus) / cfg.node_scale,
-        log_time(cands.state.time - job.submit_time, cfg),
+        log_time(state.time - job.submit_time, cfg),
         log_size(pj.attained_gpu_s, cfg),
         log_time(remaining, cfg),
         log_time(remaining_hi, cfg),
@@ -167,10 +198,10 @@ def _slot_features(cands: Candidates, k: int) -> list[float]:
         log_size(job.pred_hi_s * job.num_gpus, cfg),
         log_time(job.time_limit, cfg),
         1.0 if job.time_limit > 0 else 0.0,
-        cands.intensity[k],
+        intensity[k],
         1.0 if pj.preemptions else 0.0,
-        1.0 if job.num_gpus <= cands.state.total_free_gpus else 0.0,
-        *cands.ranks[k],
+        1.0 if job.num_gpus <= state.total_free_gpus else 0.0,
+        *ranks[k],
     ]
 
 
@@ -330,6 +361,21 @@ def encode(cands: Candidates, spec: ObsSpec, memo: RunningMemo | None = None) ->
     if out.shape[0] != spec.dim:  # pragma: no cover - a bug in the feature lists
         raise AssertionError(f"encoded {out.shape[0]} features, spec has {spec.dim}")
     return out
+
+
+def encode_partial(state: ClusterState, spec: ObsSpec, model: ContentionModel) -> FloatArray:
+    """``encode(candidates(state, spec.config, model), spec)`` where a feature is known
+    without the candidates' placements or the contention model's tables (the global
+    features but the link loads and the split jobs' slowdowns, every slot feature), NaN
+    elsewhere: the same float32 values there, bit for bit, at a fraction of the cost
+    (a feature range checked on these alone before the candidates are built)."""
+    cfg = spec.config
+    part = slot_part(state, cfg, model)
+    values = _global_values(state, cfg, len(part.slots), None, None)
+    for k in range(cfg.k_slots):
+        values += _slot_values(state, cfg, part.slots, part.intensity, part.ranks, k)
+    values += [math.nan] * (spec.dim - len(values))
+    return np.asarray(values, dtype=np.float32)
 
 
 def encode_state(state: ClusterState, spec: ObsSpec, model: ContentionModel) -> FloatArray:

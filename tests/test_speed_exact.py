@@ -1,0 +1,218 @@
+"""The residual's scoring path made cheaper without changing a decision (issue 23 item 4).
+
+Each shortcut is checked against the rule it replaces, on every decision point of seeded
+simulations, and each check is shown to catch a deliberately broken variant:
+
+- ``mdp.encode_partial`` (the features known without the candidates: the global ones but
+  the contention tables', every slot's) equals ``encode`` bit for bit wherever it is not NaN;
+- the range deferral decided on those features first (``ResidualPolicy._range_first``, no
+  candidates for a point that defers anyway) decides and counts as ``decide_plain``, with
+  points deferred before the candidates, points deferred only by candidate features and
+  points scored all present.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from linkwise.cluster.contention import AnalyticModel
+from linkwise.cluster.domain import ClusterState, Decision
+from linkwise.cluster.heuristics import make_policy
+from linkwise.cluster.mdp import MdpConfig, candidates, encode, encode_partial, make_spec
+from linkwise.cluster.mdp.spec import SLOT_FEATURES
+from linkwise.cluster.profiles import assign_profiles, load_calibration
+from linkwise.cluster.simulator import SimConfig, simulate
+from linkwise.cluster.topology import from_spec
+from linkwise.datasets import synthetic
+from linkwise.datasets.predictor import RuntimePredictor
+from linkwise.models.residual import Deferral, ResidualPolicy, topology_signature
+
+TOPO = from_spec("4x8,leaf=2")
+MODEL = AnalyticModel(load_calibration(None))
+PREDICTOR = RuntimePredictor.fit(synthetic.generate(100, seed=9, max_gpus=32))
+CFG = MdpConfig(
+    k_slots=4, slot_order="mixed", generators=("bounded", "least_contention", "best_fit")
+)
+CONFIGS = {
+    "mixed": CFG,
+    "running-migrate": replace(CFG, running_slots=2, migrate=True),
+    "head": replace(CFG, slot_order="head"),
+    "fitting-tod": replace(CFG, slot_order="fitting", time_of_day=True),
+}
+# the global features that need the contention model's tables
+CONTENTION_GLOBALS = ("g.nic_load_max", "g.split_running_share", "g.running_slowdown_mean",
+                      "g.running_slowdown_max")  # fmt: skip
+
+
+def _jobs(n: int = 120, seed: int = 5, load: float = 6.0) -> tuple[Any, ...]:
+    drawn = synthetic.generate(n, seed=seed, max_gpus=32, load_scale=load)
+    return PREDICTOR.annotate(assign_profiles(drawn, load_calibration(None), seed=seed))
+
+
+def _states(base: str = "qssf_preemptive", seed: int = 5, load: float = 6.0) -> list[Any]:
+    """Every decision point's state of a busy simulation."""
+    states: list[ClusterState] = []
+    policy = make_policy(base)
+
+    @dataclass
+    class Record:
+        name: str = "record"
+
+        def decide(self, state: ClusterState) -> Decision:
+            states.append(state)
+            return policy.decide(state)
+
+    simulate(TOPO, _jobs(seed=seed, load=load), MODEL, Record(), SimConfig())
+    return states
+
+
+def _bits(x: Any) -> Any:
+    return np.asarray(x, dtype=np.float32).view(np.uint32)
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_partial_encoding_is_the_encoding_where_known(config: str) -> None:
+    cfg = CONFIGS[config]
+    spec = make_spec(cfg)
+    names = spec.feature_names
+    n_global = sum(1 for n in names if n.startswith("g."))
+    expected_known = n_global - len(CONTENTION_GLOBALS) + cfg.k_slots * len(SLOT_FEATURES)
+    checked = 0
+    for state in _states(base="tiresias_las" if config == "head" else "qssf_preemptive"):
+        full = encode(candidates(state, cfg, MODEL), spec)
+        part = encode_partial(state, spec, MODEL)
+        assert part.shape == full.shape and part.dtype == full.dtype
+        assert not np.isnan(full).any()
+        known = ~np.isnan(part)
+        assert int(known.sum()) == expected_known
+        assert not any(known[names.index(n)] for n in CONTENTION_GLOBALS)
+        assert np.array_equal(_bits(part[known]), _bits(full[known]))
+        checked += 1
+    assert checked > 100
+
+
+def _broken_range_first(deferral: Deferral, spec: Any, state: ClusterState) -> bool:
+    """A wrong shortcut: defers when ``max_out`` known features lie outside the range (one
+    too few: the whole observation may have no more)."""
+    x = np.asarray(encode_partial(state, spec, MODEL), dtype=np.float64)
+    lo = np.asarray(deferral.feature_lo) - deferral.tolerance
+    hi = np.asarray(deferral.feature_hi) + deferral.tolerance
+    out = int(np.count_nonzero((x < lo) | (x > hi)))
+    return out > 0 and out >= deferral.max_out
+
+
+def _range_deferral(cfg: MdpConfig) -> Deferral:
+    """A training range like a package's: the encoded states of a lighter workload on the same
+    cluster (so busier states lie outside it, some by slot or global features, some only by
+    candidate features), with the topology's signature."""
+    spec = make_spec(cfg)
+    obs = np.stack([encode(candidates(s, cfg, MODEL), spec) for s in _states(seed=11, load=2.0)])
+    return Deferral(
+        topologies=(topology_signature(TOPO),),
+        feature_lo=tuple(float(x) for x in obs.min(axis=0)),
+        feature_hi=tuple(float(x) for x in obs.max(axis=0)),
+        max_out=1,
+    )
+
+
+def _values(n_actions: int) -> Callable[[Any], Any]:
+    def values(obs: Any) -> Any:
+        x = float(np.asarray(obs).sum())
+        return np.sin(np.arange(n_actions, dtype=np.float32) * (1.0 + x))[None, :]
+
+    return values
+
+
+@dataclass
+class Both:
+    fast: ResidualPolicy
+    plain: ResidualPolicy
+    name: str = "both"
+    pairs: list[tuple[Decision, Decision]] = field(default_factory=list)
+
+    def decide(self, state: ClusterState) -> Decision:
+        reference = self.plain.decide_plain(state)
+        d = self.fast.decide(state)
+        self.pairs.append((d, reference))
+        return d
+
+
+def _pair(cfg: MdpConfig, deferral: Deferral) -> tuple[ResidualPolicy, ResidualPolicy]:
+    spec = make_spec(cfg)
+    made = [
+        ResidualPolicy(
+            base=make_policy("qssf_preemptive"),
+            values=_values(spec.n_actions),
+            obs_spec=spec,
+            belief=MODEL,
+            margin=0.3,
+            deferral=deferral,
+            base_spec="qssf_preemptive",
+            predictor=PREDICTOR,
+        )
+        for _ in range(2)
+    ]
+    return made[0], made[1]
+
+
+def _simulate_both(cfg: MdpConfig, broken: bool = False) -> tuple[Both, int]:
+    deferral = _range_deferral(cfg)
+    fast, plain = _pair(cfg, deferral)
+    early = [0]
+    spec = fast.obs_spec
+    inner = fast._range_first
+
+    def counted(state: ClusterState) -> bool:
+        hit = _broken_range_first(deferral, spec, state) if broken else inner(state)
+        early[0] += hit
+        return hit
+
+    fast._range_first = counted  # type: ignore[method-assign]
+    both = Both(fast, plain)
+    simulate(TOPO, _jobs(seed=5, load=6.0), MODEL, both, SimConfig())
+    return both, early[0]
+
+
+@pytest.mark.parametrize("config", ["mixed", "running-migrate"])
+def test_range_deferral_before_the_candidates_decides_as_the_plain_path(config: str) -> None:
+    cfg = CONFIGS[config]
+    both, early = _simulate_both(cfg)
+    fast, plain = both.fast, both.plain
+    mismatched = [i for i, (a, b) in enumerate(both.pairs) if a != b]
+    assert not mismatched, f"{len(mismatched)} decision points differ, first {mismatched[0]}"
+    assert fast.stats() == plain.stats()
+    assert fast.advantages == plain.advantages
+    late = fast.deferrals["range"] - early
+    scored = len(fast.advantages)
+    # every branch taken: deferred before the candidates, only after them, and scored
+    assert early > 20 and late > 0 and scored > 20, (early, late, scored)
+
+
+def test_a_broken_shortcut_is_caught() -> None:
+    """The comparison above fails for a shortcut one feature short of the rule."""
+    both, early = _simulate_both(CONFIGS["mixed"], broken=True)
+    differs = any(a != b for a, b in both.pairs) or both.fast.stats() != both.plain.stats()
+    assert differs and early > 0
+
+
+def test_partial_encoding_never_reads_the_contention_model() -> None:
+    """``encode_partial`` builds no contention tables: a model whose tables raise is fine
+    (its comm shares, the slots' only model input, come from ``best_time`` and profiles)."""
+
+    class NoTables(AnalyticModel):
+        def remembered(self, *args: Any, **kwargs: Any) -> Any:
+            raise AssertionError("contention tables built")
+
+    model = NoTables(load_calibration(None))
+    spec = make_spec(CFG)
+    states = _states()
+    for state in states[::7]:
+        part = encode_partial(state, spec, model)
+        assert np.array_equal(_bits(part), _bits(encode_partial(state, spec, MODEL)))
+    assert math.isnan(float(encode_partial(states[0], spec, model)[-1]))
