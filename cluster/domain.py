@@ -259,7 +259,7 @@ class Placement:
 
     @property
     def nodes(self) -> tuple[int, ...]:
-        return tuple(n for n, _ in self.alloc)
+        return tuple([n for n, _ in self.alloc])
 
     @property
     def num_nodes(self) -> int:

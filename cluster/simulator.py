@@ -236,6 +236,9 @@ class Simulator:
         self._wake = math.inf  # the decision point a policy asked for (Decision.wake_at)
         self._events = 0
         self._state: ClusterState | None = None
+        # the last state handed out with its running tuple (whose ``jobs_per_node``, a pure
+        # function of that tuple and the topology, the next state with it shares)
+        self._busy_src: ClusterState | None = None
         self._pending_view: tuple[PendingJob, ...] = ()
         self._pending_dirty = False
         self._pending_unsorted = False
@@ -266,7 +269,7 @@ class Simulator:
             if self._transit_dirty:
                 self._transit_view = tuple([t.snapshot() for t in self._transit.values()])
                 self._transit_dirty = False
-            self._state = ClusterState(
+            state = ClusterState(
                 time=self.time,
                 topology=self.topology,
                 free_gpus=tuple(self._free),
@@ -275,6 +278,14 @@ class Simulator:
                 link_flows=self._flows,
                 transit=self._transit_view,
             )
+            src = self._busy_src
+            known = src.__dict__.get("jobs_per_node") if src is not None else None
+            if known is not None and src is not None and src.running is state.running:
+                # the same running jobs: the cached property's value, not recounted
+                object.__setattr__(state, "jobs_per_node", known)
+            else:
+                self._busy_src = state
+            self._state = state
         return self._state
 
     def apply(self, decision: Decision) -> None:

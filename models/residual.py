@@ -270,6 +270,8 @@ class ResidualPolicy:
     _supported: tuple[Deferral, npt.NDArray[np.bool_]] | None = field(
         default=None, init=False, repr=False, compare=False
     )
+    # the last pending and running tuples found all annotated (``_annotate``)
+    _annotated: tuple[Any, Any] = field(default=((), ()), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.margin = parse_margin(self.margin)
@@ -286,7 +288,7 @@ class ResidualPolicy:
         candidates where nothing but waiting can be allowed (``nothing_fits``), no encoding
         or scoring where the model defers or no alternative is eligible, the base's decision
         matched without asking it again, the base copied only when deviating."""
-        state = annotate_state(state, self.predictor)
+        state = self._annotate(state)
         base_d = self.base.decide(state)
         cfg = self.obs_spec.config
         if nothing_fits(state, cfg):  # every action but wait masked: no candidates needed
@@ -355,6 +357,24 @@ class ResidualPolicy:
             self.deferrals["support"] += 1
             return base_d
         return self._score(state, c, obs, base_a, eligible, base_d, plain=True)
+
+    def _annotate(self, state: ClusterState) -> ClusterState:
+        """``annotate_state(state, self.predictor)``: the same state without a look at its
+        jobs where its pending and running tuples are the ones last found all annotated
+        (immutable tuples of frozen jobs: still all annotated)."""
+        if self.predictor is None:
+            return state
+        pending, running = self._annotated
+        fresh_p = state.pending is not pending
+        fresh_r = state.running is not running
+        if not fresh_p and not fresh_r:
+            return state
+        if (not fresh_p or all(p.job.pred_s > 0 for p in state.pending)) and (
+            not fresh_r or all(r.job.pred_s > 0 for r in state.running)
+        ):  # ``Job.predicted``, as annotate_state asks it
+            self._annotated = (state.pending, state.running)
+            return state
+        return annotate_state(state, self.predictor)
 
     def _range_first(self, state: ClusterState) -> bool:
         """Whether the range rule defers on the features known without the candidates

@@ -5,6 +5,9 @@ simulations, and each check is shown to catch a deliberately broken variant:
 
 - ``mdp.encode_partial`` (the features known without the candidates: the global ones but
   the contention tables', every slot's) equals ``encode`` bit for bit wherever it is not NaN;
+- the simulator hands a state the ``jobs_per_node`` of the last one with the same running
+  tuple (the rule's value, also in forks); the residual skips ``annotate_state``'s look at
+  tuples it found all annotated (the same result);
 - the range deferral decided on those features first (``ResidualPolicy._range_first``, no
   candidates for a point that defers anyway) decides and counts as ``decide_plain``, with
   points deferred before the candidates, points deferred only by candidate features and
@@ -23,13 +26,15 @@ import pytest
 
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import ClusterState, Decision
+from linkwise.cluster.fork import fork
 from linkwise.cluster.heuristics import make_policy
 from linkwise.cluster.mdp import MdpConfig, candidates, encode, encode_partial, make_spec
 from linkwise.cluster.mdp.spec import SLOT_FEATURES
 from linkwise.cluster.profiles import assign_profiles, load_calibration
-from linkwise.cluster.simulator import SimConfig, simulate
+from linkwise.cluster.simulator import SimConfig, Simulator, simulate
 from linkwise.cluster.topology import from_spec
 from linkwise.datasets import synthetic
+from linkwise.datasets.prediction import annotate_state
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.models.residual import Deferral, ResidualPolicy, topology_signature
 
@@ -216,3 +221,101 @@ def test_partial_encoding_never_reads_the_contention_model() -> None:
         part = encode_partial(state, spec, model)
         assert np.array_equal(_bits(part), _bits(encode_partial(state, spec, MODEL)))
     assert math.isnan(float(encode_partial(states[0], spec, model)[-1]))
+
+
+# ----------------------------------------------------------------- ClusterState.jobs_per_node
+
+
+def _jobs_per_node_rule(state: ClusterState) -> tuple[int, ...]:
+    """``ClusterState.jobs_per_node`` as the property computes it."""
+    return ClusterState.__dict__["jobs_per_node"].func(state)  # type: ignore[no-any-return]
+
+
+def _check_jobs_per_node(sim: Simulator, policy: Any) -> tuple[int, int]:
+    """Drive ``sim`` by ``policy``; at every decision point the state's ``jobs_per_node``
+    (shared from an earlier state where the simulator could) must be the rule's. Returns
+    (states whose value was shared, states that differ)."""
+    shared = differ = 0
+    while True:
+        state = sim.observe()
+        shared += "jobs_per_node" in state.__dict__
+        differ += state.jobs_per_node != _jobs_per_node_rule(state)
+        sim.apply(policy.decide(state))
+        if not sim.advance():
+            return shared, differ
+
+
+class _StaleSimulator(Simulator):
+    """A wrong shortcut: the last state's counts handed on whatever ran since."""
+
+    def observe(self) -> ClusterState:
+        fresh = self._state is None
+        state = super().observe()
+        last = getattr(self, "_last", None)
+        if fresh and last is not None and "jobs_per_node" in last.__dict__:
+            object.__setattr__(state, "jobs_per_node", last.__dict__["jobs_per_node"])
+        self._last = state
+        return state
+
+
+@pytest.mark.parametrize("base", ["qssf_preemptive", "deepshare", "tiresias_las"])
+def test_jobs_per_node_shared_between_states_is_the_rule(base: str) -> None:
+    sim = Simulator(TOPO, _jobs(), MODEL, SimConfig())
+    shared, differ = _check_jobs_per_node(sim, make_policy(base))
+    assert differ == 0 and shared > 50, (shared, differ)
+    # forks (cluster.fork fills a simulator's internals directly) too
+    states = _states(base)
+    for i in range(0, len(states), max(1, len(states) // 8)):
+        forked = fork(states[i], MODEL, SimConfig(), seed=1, horizon_s=4 * 3600.0)
+        _, differ = _check_jobs_per_node(forked, make_policy(base))
+        assert differ == 0
+
+
+def test_a_stale_jobs_per_node_is_caught() -> None:
+    sim = _StaleSimulator(TOPO, _jobs(), MODEL, SimConfig())
+    _, differ = _check_jobs_per_node(sim, make_policy("qssf_preemptive"))
+    assert differ > 0
+
+
+# ----------------------------------------------------------------- the residual's annotation
+
+
+def test_annotation_remembered_is_annotate_state() -> None:
+    """``ResidualPolicy._annotate`` returns what ``annotate_state`` returns (the same object
+    where that is the state itself), on states of a simulation where a third of the jobs
+    come without predictions, and on hand-made transitions: the same pending tuple with a
+    new running one holding a job without predictions, and the reverse."""
+    drawn = assign_profiles(
+        synthetic.generate(120, seed=3, max_gpus=32, load_scale=6.0), load_calibration(None)
+    )
+    annotated = PREDICTOR.annotate(drawn)
+    jobs = [r if r.job_id % 3 == 0 else a for r, a in zip(drawn, annotated, strict=True)]
+    fast, _ = _pair(CFG, Deferral())
+    checked = same = 0
+    states: list[ClusterState] = []
+
+    @dataclass
+    class Record:
+        name: str = "record"
+
+        def decide(self, state: ClusterState) -> Decision:
+            states.append(state)
+            got, want = fast._annotate(state), annotate_state(state, PREDICTOR)
+            nonlocal checked, same
+            assert got == want and ((got is state) == (want is state))
+            checked += 1
+            same += want is state
+            return make_policy("qssf_preemptive").decide(want)
+
+    simulate(TOPO, jobs, MODEL, Record(), SimConfig())
+    assert checked > 100 and 0 < same < checked
+    full = [s for s in states if s.running and s.pending and annotate_state(s, PREDICTOR) is s]
+    raw_running = next(s for s in states if any(not r.job.predicted for r in s.running))
+    raw_pending = next(s for s in states if any(not p.job.predicted for p in s.pending))
+    for transition in (
+        replace(full[0], running=raw_running.running),
+        replace(full[0], pending=raw_pending.pending),
+    ):
+        fast._annotate(full[0])  # remembered all annotated
+        assert fast._annotate(transition) == annotate_state(transition, PREDICTOR)
+        assert fast._annotate(transition) is not transition

@@ -72,7 +72,7 @@ class Order(Protocol):
 def check_predictions(state: ClusterState, who: str) -> None:
     """MissingPredictions unless every pending and running job carries a prediction."""
     for p in state.pending:
-        if not p.job.predicted:
+        if not p.job.pred_s > 0:  # ``Job.predicted`` inlined: the hot path
             raise MissingPredictions(
                 f"{who} orders jobs by predicted GPU time, but job {p.job.job_id} has no "
                 "run-time prediction: pass --history PATH (a trace or store of jobs "
