@@ -236,8 +236,9 @@ class Simulator:
         self._wake = math.inf  # the decision point a policy asked for (Decision.wake_at)
         self._events = 0
         self._state: ClusterState | None = None
-        # the last state handed out with its running tuple (whose ``jobs_per_node``, a pure
-        # function of that tuple and the topology, the next state with it shares)
+        # the last state handed out with its running jobs' placements (``jobs_per_node`` is a
+        # function of those and the topology alone: the next state on the same placement
+        # objects shares it)
         self._busy_src: ClusterState | None = None
         self._pending_view: tuple[PendingJob, ...] = ()
         self._pending_dirty = False
@@ -280,8 +281,8 @@ class Simulator:
             )
             src = self._busy_src
             known = src.__dict__.get("jobs_per_node") if src is not None else None
-            if known is not None and src is not None and src.running is state.running:
-                # the same running jobs: the cached property's value, not recounted
+            if known is not None and src is not None and _same_placements(src, state):
+                # the same placements: the cached property's value, not recounted
                 object.__setattr__(state, "jobs_per_node", known)
             else:
                 self._busy_src = state
@@ -689,6 +690,16 @@ class Simulator:
                 run.view = None
                 self._running_dirty = True
                 self._push_completion(run)
+
+
+def _same_placements(a: ClusterState, b: ClusterState) -> bool:
+    """Whether two states' running jobs hold the same placement objects, in the same order
+    (a job whose rate changed keeps its placement; ``jobs_per_node`` reads nothing else)."""
+    if a.running is b.running:
+        return True
+    if len(a.running) != len(b.running):
+        return False
+    return all(x.placement is y.placement for x, y in zip(a.running, b.running, strict=True))
 
 
 @dataclass(frozen=True)
