@@ -380,7 +380,10 @@ class ResidualPolicy:
         """Whether the range rule defers on the features known without the candidates
         (``encode_partial``: the same values, NaN for the others, which never count): more
         than ``max_out`` of them outside the range means more of the whole observation."""
-        return bool(self.deferral.obs_reason(encode_partial(state, self.obs_spec, self.belief)))
+        spec, belief, rule = self.obs_spec, self.belief, self.deferral
+        if rule.obs_reason(encode_partial(state, spec, belief, slots=False)):
+            return True  # the global features alone (no slots chosen)
+        return bool(rule.obs_reason(encode_partial(state, spec, belief)))
 
     def _topology_reason(self, topology: Topology) -> str:
         """``Deferral.topology_reason``, kept for the topology last seen (immutable)."""
@@ -475,11 +478,11 @@ def more_than_wait(state: ClusterState, cfg: MdpConfig) -> bool | None:
     fitting jobs only (``cluster.mdp.slots``)."""
     if not TOTAL_GENERATORS & set(cfg.generators):
         return None
-    if cfg.running_slots and running_eligible(state, cfg):
-        return True
     free = state.total_free_gpus
     pending = state.pending[: cfg.k_slots] if cfg.slot_order == "head" else state.pending
-    return any(p.job.num_gpus <= free for p in pending)
+    if any(p.job.num_gpus <= free for p in pending):
+        return True
+    return bool(cfg.running_slots and running_eligible(state, cfg))
 
 
 def merge_moves(move: Decision, rest: Decision, wake_at: float = math.inf) -> Decision:

@@ -98,6 +98,11 @@ def test_partial_encoding_is_the_encoding_where_known(config: str) -> None:
         assert int(known.sum()) == expected_known
         assert not any(known[names.index(n)] for n in CONTENTION_GLOBALS)
         assert np.array_equal(_bits(part[known]), _bits(full[known]))
+        glob = encode_partial(state, spec, MODEL, slots=False)  # the global ones alone
+        known_g = ~np.isnan(glob)
+        assert int(known_g.sum()) == n_global - len(CONTENTION_GLOBALS) - 1
+        assert not (known_g & ~known).any() and not known_g[names.index("g.beyond_slots_share")]
+        assert np.array_equal(_bits(glob[known_g]), _bits(full[known_g]))
         checked += 1
     assert checked > 100
 
@@ -166,28 +171,30 @@ def _pair(cfg: MdpConfig, deferral: Deferral) -> tuple[ResidualPolicy, ResidualP
     return made[0], made[1]
 
 
-def _simulate_both(cfg: MdpConfig, broken: bool = False) -> tuple[Both, int]:
+def _simulate_both(cfg: MdpConfig, broken: bool = False) -> tuple[Both, int, int]:
     deferral = _range_deferral(cfg)
     fast, plain = _pair(cfg, deferral)
-    early = [0]
+    early = [0, 0]  # deferred before the candidates, of which by the global features alone
     spec = fast.obs_spec
     inner = fast._range_first
 
     def counted(state: ClusterState) -> bool:
         hit = _broken_range_first(deferral, spec, state) if broken else inner(state)
         early[0] += hit
+        by_globals = deferral.obs_reason(encode_partial(state, spec, MODEL, slots=False))
+        early[1] += bool(by_globals)
         return hit
 
     fast._range_first = counted  # type: ignore[method-assign]
     both = Both(fast, plain)
     simulate(TOPO, _jobs(seed=5, load=6.0), MODEL, both, SimConfig())
-    return both, early[0]
+    return both, early[0], early[1]
 
 
 @pytest.mark.parametrize("config", ["mixed", "running-migrate"])
 def test_range_deferral_before_the_candidates_decides_as_the_plain_path(config: str) -> None:
     cfg = CONFIGS[config]
-    both, early = _simulate_both(cfg)
+    both, early, by_globals = _simulate_both(cfg)
     fast, plain = both.fast, both.plain
     mismatched = [i for i, (a, b) in enumerate(both.pairs) if a != b]
     assert not mismatched, f"{len(mismatched)} decision points differ, first {mismatched[0]}"
@@ -195,13 +202,14 @@ def test_range_deferral_before_the_candidates_decides_as_the_plain_path(config: 
     assert fast.advantages == plain.advantages
     late = fast.deferrals["range"] - early
     scored = len(fast.advantages)
-    # every branch taken: deferred before the candidates, only after them, and scored
-    assert early > 20 and late > 0 and scored > 20, (early, late, scored)
+    # every branch taken: deferred by the global features, by the slots', only after the
+    # candidates, and scored
+    assert 0 < by_globals < early and late > 0 and scored > 20, (by_globals, early, late, scored)
 
 
 def test_a_broken_shortcut_is_caught() -> None:
     """The comparison above fails for a shortcut one feature short of the rule."""
-    both, early = _simulate_both(CONFIGS["mixed"], broken=True)
+    both, early, _ = _simulate_both(CONFIGS["mixed"], broken=True)
     differs = any(a != b for a, b in both.pairs) or both.fast.stats() != both.plain.stats()
     assert differs and early > 0
 

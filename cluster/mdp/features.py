@@ -15,7 +15,13 @@ from linkwise.cluster.mdp.config import FloatArray, MdpConfig
 from linkwise.cluster.mdp.known import predicted_remaining
 from linkwise.cluster.mdp.running import RunningRows
 from linkwise.cluster.mdp.slowdown import Prediction, link_flows
-from linkwise.cluster.mdp.spec import CAND_FEATURES, RUN_FEATURES, SLOT_FEATURES, ObsSpec
+from linkwise.cluster.mdp.spec import (
+    CAND_FEATURES,
+    GLOBAL_FEATURES,
+    RUN_FEATURES,
+    SLOT_FEATURES,
+    ObsSpec,
+)
 
 
 def log_count(n: int, scale: float) -> float:
@@ -363,19 +369,29 @@ def encode(cands: Candidates, spec: ObsSpec, memo: RunningMemo | None = None) ->
     return out
 
 
-def encode_partial(state: ClusterState, spec: ObsSpec, model: ContentionModel) -> FloatArray:
+def encode_partial(
+    state: ClusterState, spec: ObsSpec, model: ContentionModel, *, slots: bool = True
+) -> FloatArray:
     """``encode(candidates(state, spec.config, model), spec)`` where a feature is known
     without the candidates' placements or the contention model's tables (the global
     features but the link loads and the split jobs' slowdowns, every slot feature), NaN
     elsewhere: the same float32 values there, bit for bit, at a fraction of the cost
-    (a feature range checked on these alone before the candidates are built)."""
+    (a feature range checked on these alone before the candidates are built). ``slots``
+    False: the global ones only (cheaper still: no slots are chosen)."""
     cfg = spec.config
-    part = slot_part(state, cfg, model)
-    values = _global_values(state, cfg, len(part.slots), None, None)
-    for k in range(cfg.k_slots):
-        values += _slot_values(state, cfg, part.slots, part.intensity, part.ranks, k)
+    if slots:
+        part = slot_part(state, cfg, model)
+        values = _global_values(state, cfg, len(part.slots), None, None)
+        for k in range(cfg.k_slots):
+            values += _slot_values(state, cfg, part.slots, part.intensity, part.ranks, k)
+    else:
+        values = _global_values(state, cfg, -1, None, None)
+        values[_BEYOND_SLOTS] = math.nan  # the share of the queue beyond the slots
     values += [math.nan] * (spec.dim - len(values))
     return np.asarray(values, dtype=np.float32)
+
+
+_BEYOND_SLOTS = GLOBAL_FEATURES.index("beyond_slots_share")
 
 
 def encode_state(state: ClusterState, spec: ObsSpec, model: ContentionModel) -> FloatArray:
