@@ -48,7 +48,8 @@ from __future__ import annotations
 import math
 import os
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -559,6 +560,28 @@ def windows_predictor(windows: Sequence[Window]) -> RuntimePredictor:
 # ------------------------------------------------------------------------ in parallel
 
 
+EPHEMERAL_STARTUP_S = 120
+"""How long a flow waits for Prefect's ephemeral API server to start. Prefect's default, 20
+s, is exceeded on a loaded 2-core machine, and a benchmark then fails after its labelling."""
+
+
+@contextmanager
+def patient_prefect_server() -> Iterator[None]:
+    """Run flows inside this to give Prefect's ephemeral API server ``EPHEMERAL_STARTUP_S``
+    to start, unless the operator set ``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS``.
+    A context, not an environment variable: Prefect reads its settings once, at import."""
+    from prefect.settings import (
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS as STARTUP,
+    )
+    from prefect.settings import temporary_settings
+
+    if os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS") is not None:
+        yield
+        return
+    with temporary_settings({STARTUP: max(int(STARTUP.value()), EPHEMERAL_STARTUP_S)}):
+        yield
+
+
 def make_task_runner(executor: str) -> Any:
     """The Prefect task runner an executor string names: ``"local"`` / ``"local:N"`` (a
     process pool of N workers, default the CPU count), ``"threads"``, ``"dask"`` (a temporary
@@ -631,5 +654,6 @@ def run_rollouts(
         return empty_frame()
     if executor == "serial":
         return rollout_batch(tasks)
-    frames: list[pl.DataFrame] = rollouts_flow(tasks, executor, batch)()
+    with patient_prefect_server():
+        frames: list[pl.DataFrame] = rollouts_flow(tasks, executor, batch)()
     return pl.concat([empty_frame(), *frames], how="vertical")

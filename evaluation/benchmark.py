@@ -82,7 +82,12 @@ from linkwise.cluster.simulator import InvalidDecision, SimConfig, SimulationSta
 from linkwise.datasets.backlog import Backlog
 from linkwise.datasets.prediction import ensure_predicted
 from linkwise.datasets.predictor import RuntimePredictor
-from linkwise.datasets.rollouts import Window, make_task_runner, window_workload
+from linkwise.datasets.rollouts import (
+    Window,
+    make_task_runner,
+    patient_prefect_server,
+    window_workload,
+)
 from linkwise.evaluation.compare import UNFAIR_SLOWDOWN, Scenario, bounded_slowdown, job_metrics
 from linkwise.evaluation.predictions import check_predictions, package_predictor
 from linkwise.models.policy_spec import PolicySpec
@@ -607,7 +612,8 @@ def _run_prefect(
         return [f.result() for f in futures]
 
     fl = flow(name="benchmark", task_runner=make_task_runner(executor), validate_parameters=False)
-    out: list[list[CaseResult | CaseFailure]] = fl(benchmark)()
+    with patient_prefect_server():
+        out: list[list[CaseResult | CaseFailure]] = fl(benchmark)()
     return [r for part in out for r in part]
 
 

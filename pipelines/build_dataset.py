@@ -357,7 +357,10 @@ def _flow() -> Any:
 
 def build_dataset_flow(**kwargs: Any) -> dict[str, Any]:
     """``build_dataset`` as a Prefect flow run (same keyword arguments)."""
-    result: dict[str, Any] = _flow()(**kwargs)
+    from linkwise.datasets.rollouts import patient_prefect_server
+
+    with patient_prefect_server():
+        result: dict[str, Any] = _flow()(**kwargs)
     return result
 
 

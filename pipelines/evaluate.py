@@ -537,9 +537,11 @@ def evaluate_flow(policies: Sequence[str], **kwargs: Any) -> dict[str, Any]:
     """``evaluate_and_promote`` as a Prefect flow run (same arguments)."""
     from prefect import flow
 
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    from linkwise.datasets.rollouts import patient_prefect_server
+
     fl = flow(name="evaluate", validate_parameters=False, log_prints=False)(evaluate_and_promote)
-    result: dict[str, Any] = fl(policies, **kwargs)
+    with patient_prefect_server():
+        result: dict[str, Any] = fl(policies, **kwargs)
     return result
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -338,8 +337,10 @@ def _flow() -> Any:
 
 def train_flow(config: str | Path, **kwargs: Any) -> TrainResult:
     """``train`` as a Prefect flow run (same arguments)."""
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-    result: TrainResult = _flow()(config, **kwargs)
+    from linkwise.datasets.rollouts import patient_prefect_server
+
+    with patient_prefect_server():
+        result: TrainResult = _flow()(config, **kwargs)
     return result
 
 

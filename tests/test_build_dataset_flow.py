@@ -22,6 +22,7 @@ from linkwise.datasets.rollouts import (
     jobs_from_trace,
     make_task_runner,
     make_tasks,
+    patient_prefect_server,
     rollouts_flow,
     run_rollouts,
 )
@@ -294,3 +295,18 @@ def test_dataset_plan_takes_every_window_and_a_log_share() -> None:
     capped = {n for n, e in EXPERIMENTS.items() if e.dataset.log_share is not None}
     assert capped == {"full", "full-multigpu", "philly-all", "philly-multigpu"}
     assert DatasetPlan(rollouts=1, policies=(), epsilons=(0.0,), seeds=(0,)).log_share is None
+
+
+def test_flows_give_a_slow_ephemeral_server_two_minutes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS as STARTUP
+
+    name = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
+    monkeypatch.delenv(name, raising=False)
+    before = STARTUP.value()
+    # an environment variable set after import would not be seen: Prefect reads it once
+    with patient_prefect_server():
+        assert STARTUP.value() == max(before, 120)
+    assert STARTUP.value() == before
+    monkeypatch.setenv(name, "30")  # the operator's own setting is left alone
+    with patient_prefect_server():
+        assert STARTUP.value() == before
