@@ -220,7 +220,8 @@ class AnalyticModel:
         self, topo: Topology, placed: Sequence[tuple[Job, Placement]]
     ) -> list[float]:
         """Per-iteration time of each placed job next to all the others (the same operations
-        as ``_iteration_times_reference``, a split ring's fixed parts remembered)."""
+        as ``_iteration_times_reference``, a split ring's fixed parts remembered, and its time
+        where the loads on its links are those it was last timed at)."""
         rings = [
             self._split_ring(topo, j, p) if len(p.alloc) > 1 and j.num_gpus > 1 else None
             for j, p in placed
@@ -238,12 +239,19 @@ class AnalyticModel:
             if ring is None:
                 out.append(self._iteration_times_reference(topo, [(job, placement)])[0])
                 continue
+            loads = tuple([load[link] for link in ring.links])
+            last = ring.last
+            if last[0] == loads:  # the same loads on its links as last time: the same time
+                out.append(last[1])
+                continue
             own = ring.weight
             bw = ring.intra
-            for link in ring.links:
-                k = 1.0 + max(0.0, load[link] - own)  # this ring plus the others on the link
+            for link, lv in zip(ring.links, loads, strict=True):
+                k = 1.0 + max(0.0, lv - own)  # this ring plus the others on the link
                 bw = min(bw, gbps[link] / (k + alpha * (k - 1) if k > 1 else 1.0))
-            out.append(ring.compute + ring.comm / bw + ring.overhead)
+            t = ring.compute + ring.comm / bw + ring.overhead
+            last[0], last[1] = loads, t
+            out.append(t)
         return out
 
     def _iteration_times_reference(
@@ -296,6 +304,9 @@ class _SplitRing:
     compute: float
     comm: float  # ring_comm_time's numerator: (grad_gb / gpus) * 2.0 * (gpus - 1)
     overhead: float
+    # the loads on its links when last timed and the time then (``iteration_times``: the
+    # time is a function of these loads and the fields above alone)
+    last: list[Any] = field(default_factory=lambda: [None, 0.0], compare=False, repr=False)
 
 
 def _intra_cap(topo: Topology, placement: Placement) -> float:

@@ -327,3 +327,82 @@ def test_annotation_remembered_is_annotate_state() -> None:
         fast._annotate(full[0])  # remembered all annotated
         assert fast._annotate(transition) == annotate_state(transition, PREDICTOR)
         assert fast._annotate(transition) is not transition
+
+
+# ----------------------------------------------------------------- the simulator's rates
+
+
+def _evolving_sets(seed: int, topo: Any, steps: int = 300) -> list[list[Any]]:
+    """Sets of placed jobs as a simulation meets them: each the last with one job added or
+    removed (most rings keep the loads on their links), now and then a fresh set."""
+    import random
+
+    from linkwise.cluster.domain import Job, Placement
+
+    rng = random.Random(seed)
+    profiles = sorted(load_calibration(None).profiles)
+    n, g = len(topo.nodes), topo.nodes[0].gpus
+    placed: list[Any] = []
+    out = []
+    for step in range(steps):
+        if step % 60 == 0:
+            placed = []
+        if placed and rng.random() < 0.4:
+            placed.pop(rng.randrange(len(placed)))
+        else:
+            nodes = sorted(rng.sample(range(n), rng.choice((1, 2, 2, 3))))
+            alloc = tuple((node, rng.randint(1, g)) for node in nodes)
+            job = Job(step, 0.0, sum(c for _, c in alloc), 100.0, profile=rng.choice(profiles))
+            placed.append((job, Placement(alloc)))
+        out.append(list(placed))
+    return out
+
+
+def _ring(model: AnalyticModel, job: Any, placement: Any, topo: Any) -> Any:
+    """The model's remembered split ring of a job on a placement (None: not yet met)."""
+    hit = model._rings.get((job.profile, job.num_gpus, placement, id(topo)))
+    return None if hit is None else hit[1]
+
+
+@pytest.mark.parametrize("sharing", ["duty", "flows"])
+def test_ring_times_remembered_by_their_loads_are_the_rule(sharing: str) -> None:
+    """``AnalyticModel.iteration_times`` reuses a split ring's time where the loads on its
+    links are the ones it was last timed at: bit-equal to ``_iteration_times_reference`` on
+    evolving sets (where it reuses most) on two fabrics."""
+    model = AnalyticModel(load_calibration(None), sharing=sharing)
+    reused = checked = 0
+    for spec in ("8x8,leaf=2", "12x4,leaf=3,oversub=2"):
+        topo = from_spec(spec)
+        for placed in _evolving_sets(7, topo):
+            rings = [_ring(model, j, p, topo) for j, p in placed]
+            before = [None if r is None else r.last[0] for r in rings]
+            got = model.iteration_times(topo, placed)
+            assert got == model._iteration_times_reference(topo, placed)
+            reused += sum(
+                1
+                for r, b in zip(rings, before, strict=True)
+                if r is not None and b is not None and r.last[0] == b
+            )
+            checked += len(placed)
+    assert checked > 1000 and reused > 200, (checked, reused)
+
+
+def test_ring_times_remembered_by_the_wrong_loads_are_caught() -> None:
+    """The check above fails for a memo that records the loads but not the time."""
+    model = AnalyticModel(load_calibration(None))
+    topo = from_spec("8x8,leaf=2")
+    wrong = 0
+    for placed in _evolving_sets(7, topo):
+        want = model._iteration_times_reference(topo, placed)
+        for j, p in placed:  # a wrong memo: every known ring "timed" at its current loads
+            ring = _ring(model, j, p, topo)
+            if ring is not None:
+                load = [0.0] * len(topo.links)
+                for jj, pp in placed:
+                    rr = _ring(model, jj, pp, topo)
+                    if rr is not None:
+                        for link in rr.links:
+                            load[link] += rr.weight
+                ring.last[0] = tuple(load[link] for link in ring.links)
+        wrong += model.iteration_times(topo, placed) != want
+    assert wrong > 0
