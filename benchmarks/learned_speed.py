@@ -3,7 +3,8 @@
 Simulates ``model:PACKAGE`` on the shared Philly slice at philly-all's ``88x8,leaf=8`` in
 one process with one torch thread, and reports the simulation's wall time, decision points,
 network calls and time per decision point; ``--profile N`` prints cProfile's top ``N``
-functions by own time (what dominates). ``--max-jobs`` takes the first jobs of the trace.
+functions by own time (what dominates), ``--parts`` per-part CPU timers (``PARTS``).
+``--max-jobs`` takes the first jobs of the trace.
 
 Two kinds of package:
 
