@@ -406,3 +406,61 @@ def test_ring_times_remembered_by_the_wrong_loads_are_caught() -> None:
                 ring.last[0] = tuple(load[link] for link in ring.links)
         wrong += model.iteration_times(topo, placed) != want
     assert wrong > 0
+
+
+# ----------------------------------------------------------------- the encoder's running terms
+
+
+def _edge_states() -> list[ClusterState]:
+    """States of a busy simulation whose running jobs are given attained service that puts
+    their predicted remaining time at the edges (up to rounding): 0, below 0, ``max_time_s``,
+    beyond it, just above 0, ``time_scale_s``."""
+    cfg = CFG
+    out = []
+    for state in _states()[::5]:
+        if not state.running:
+            continue
+        runs = []
+        for i, r in enumerate(state.running):
+            g, t, pred = r.job.num_gpus, state.time, r.job.pred_s
+            job = replace(r.job, pred_s=cfg.max_time_s * 2, pred_hi_s=cfg.max_time_s * 3)
+            rem = (0.0, -50.0, cfg.max_time_s, cfg.max_time_s * 1.5, 1e-9, cfg.time_scale_s)[i % 6]
+            base = job.pred_s if i % 6 >= 2 else pred
+            job = job if i % 6 >= 2 else r.job
+            attained = (base - rem) * g - g * (t - r.since)
+            runs.append(replace(r, job=job, attained_gpu_s=attained))
+        out.append(replace(state, running=tuple(runs)))
+    return out
+
+
+def _running_features_uncapped(state: ClusterState, cfg: MdpConfig) -> list[float]:
+    """A wrong shortcut: the inlined loop without the cap at ``max_time_s``."""
+    unit, cap = cfg.time_scale_s, cfg.max_time_s
+    scale = math.log1p(cap / unit)
+    gpus = soon = 0
+    weighted = 0.0
+    for r in state.running:
+        g = r.job.num_gpus
+        rem = r.job.pred_s - (r.attained_gpu_s + g * (state.time - r.since)) / g
+        gpus += g
+        if rem > 0.0:
+            weighted += g * (math.log1p(rem / unit) / scale)
+        else:
+            rem = 0.0
+        if rem <= unit:
+            soon += g
+    total = state.topology.total_gpus
+    return [weighted / gpus if gpus else 0.0, soon / total if total else 0.0]
+
+
+def test_inlined_running_features_equal_the_reference_terms_at_the_edges() -> None:
+    """The encoder's running-job loop (``max``/``min`` as conditionals) against the terms
+    computed by ``predicted_remaining`` and ``log_time`` (the memo path), on remaining times
+    at exactly 0, below, at and beyond the cap; an uncapped loop is caught."""
+    from linkwise.cluster.mdp.features import _running_features
+
+    states = _edge_states()
+    assert len(states) > 20
+    for state in states:
+        assert _running_features(state, CFG) == _running_features(state, CFG, {})
+    assert any(_running_features_uncapped(s, CFG) != _running_features(s, CFG, {}) for s in states)

@@ -151,12 +151,17 @@ def _running_features(
         for r in state.running:
             job = r.job
             g = job.num_gpus
-            if not job.pred_s > 0:
+            pred = job.pred_s
+            if not pred > 0:
                 predicted_remaining(job, 0.0)  # raises: the job has no prediction
-            rem = max(0.0, job.pred_s - (r.attained_gpu_s + g * (t - r.since)) / g)
+            # ``max(0.0, x)`` and ``min(x, cap)`` as conditionals: the same value they return
+            # (the first of equal arguments, 0.0 for NaN), without a builtin call each
+            rem = pred - (r.attained_gpu_s + g * (t - r.since)) / g
             gpus += g
             if rem > 0.0:  # else its term is 0.0 (log1p(0) / scale): the sum unchanged
-                weighted += g * (log1p(min(max(rem, 0.0), cap) / unit) / scale)
+                weighted += g * (log1p((rem if rem <= cap else cap) / unit) / scale)
+            else:
+                rem = 0.0
             if rem <= unit:
                 soon += g
         return [weighted / gpus if gpus else 0.0, soon / total if total else 0.0]
