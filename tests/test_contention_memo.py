@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import copy
 import pickle
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from linkwise.cluster.contention import SETS_KEPT, AnalyticModel
 from linkwise.cluster.domain import (
     ClusterState,
-    Decision,
     Job,
     PendingJob,
     Placement,
@@ -34,10 +33,10 @@ from linkwise.cluster.mdp import MdpConfig, candidates
 from linkwise.cluster.mdp.features import _running_features, _running_terms
 from linkwise.cluster.mdp.slowdown import Contention, contention_of, split_key
 from linkwise.cluster.profiles import assign_profiles, load_calibration
-from linkwise.cluster.simulator import SimConfig, simulate
 from linkwise.cluster.topology import from_spec
 from linkwise.datasets import synthetic
 from linkwise.datasets.predictor import RuntimePredictor
+from linkwise.tests._states import decision_states
 
 CFG = MdpConfig(
     k_slots=4,
@@ -56,19 +55,7 @@ def _states(spec: str, base: str, seed: int) -> list[ClusterState]:
     jobs = RuntimePredictor.fit(jobs).annotate(
         assign_profiles(jobs, load_calibration(None), seed=seed)
     )
-    states: list[ClusterState] = []
-    policy = make_policy(base)
-
-    @dataclass
-    class Record:
-        name: str = "record"
-
-        def decide(self, state: ClusterState) -> Decision:
-            states.append(state)
-            return policy.decide(state)
-
-    simulate(topo, jobs, AnalyticModel(load_calibration(None)), Record(), SimConfig())
-    return states
+    return decision_states(topo, jobs, AnalyticModel(load_calibration(None)), make_policy(base))
 
 
 def _assert_same(got: Contention, fresh: Contention, state: ClusterState) -> int:

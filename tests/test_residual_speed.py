@@ -25,6 +25,7 @@ from linkwise.datasets import synthetic
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.models.learned import masked_argmax
 from linkwise.models.residual import Deferral, ResidualPolicy, topology_signature
+from linkwise.tests._states import decision_states
 
 TOPO = from_spec("4x8,leaf=2")
 MODEL = AnalyticModel(load_calibration(None))
@@ -196,16 +197,6 @@ def test_contention_added_slowdown_is_the_model_rule_exactly() -> None:
     from linkwise.cluster.mdp import candidates
     from linkwise.cluster.mdp.slowdown import Contention
 
-    states: list[ClusterState] = []
-
-    @dataclass
-    class Record:
-        name: str = "record"
-
-        def decide(self, state: ClusterState) -> Decision:
-            states.append(state)
-            return make_policy("tiresias_las").decide(state)
-
     topo = from_spec("8x4,leaf=2")
     jobs = PREDICTOR.annotate(
         assign_profiles(
@@ -214,7 +205,7 @@ def test_contention_added_slowdown_is_the_model_rule_exactly() -> None:
             seed=4,
         )
     )
-    simulate(topo, jobs, MODEL, Record(), SimConfig())
+    states = decision_states(topo, jobs, MODEL, make_policy("tiresias_las"))
     checked = 0
     for state in states:
         c = Contention(state, MODEL)

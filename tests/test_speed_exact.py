@@ -37,6 +37,7 @@ from linkwise.datasets import synthetic
 from linkwise.datasets.prediction import annotate_state
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.models.residual import Deferral, ResidualPolicy, topology_signature
+from linkwise.tests._states import decision_states
 
 TOPO = from_spec("4x8,leaf=2")
 MODEL = AnalyticModel(load_calibration(None))
@@ -62,19 +63,7 @@ def _jobs(n: int = 120, seed: int = 5, load: float = 6.0) -> tuple[Any, ...]:
 
 def _states(base: str = "qssf_preemptive", seed: int = 5, load: float = 6.0) -> list[Any]:
     """Every decision point's state of a busy simulation."""
-    states: list[ClusterState] = []
-    policy = make_policy(base)
-
-    @dataclass
-    class Record:
-        name: str = "record"
-
-        def decide(self, state: ClusterState) -> Decision:
-            states.append(state)
-            return policy.decide(state)
-
-    simulate(TOPO, _jobs(seed=seed, load=load), MODEL, Record(), SimConfig())
-    return states
+    return decision_states(TOPO, _jobs(seed=seed, load=load), MODEL, make_policy(base))
 
 
 def _bits(x: Any) -> Any:
