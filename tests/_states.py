@@ -1,5 +1,6 @@
-"""Every decision point's state of a simulation, for the tests that compare a fast rule with
-the rule it replaces at each of them (as ``linkwise.tests._states``)."""
+"""What the tests that compare a fast rule with the rule it replaces record at every decision
+point of a simulation: the states, or a residual's fast and plain decisions side by side
+(as ``linkwise.tests._states``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from linkwise.cluster.domain import ClusterState, Decision, Job, Topology
+from linkwise.cluster.mdp import nothing_fits
 from linkwise.cluster.simulator import SimConfig, simulate
+from linkwise.models.residual import ResidualPolicy
 
 
 @dataclass
@@ -32,3 +35,22 @@ def decision_states(
     recording = _Recording(policy)
     simulate(topology, list(jobs), model, recording, SimConfig())
     return recording.states
+
+
+@dataclass
+class Both:
+    """Decides every decision point by the fast and the plain path and records both (and the
+    points where nothing but waiting fits)."""
+
+    fast: ResidualPolicy
+    plain: ResidualPolicy
+    name: str = "both"
+    pairs: list[tuple[Decision, Decision]] = field(default_factory=list)
+    skipped: int = 0
+
+    def decide(self, state: ClusterState) -> Decision:
+        reference = self.plain.decide_plain(state)
+        d = self.fast.decide(state)
+        self.skipped += nothing_fits(state, self.fast.obs_spec.config)
+        self.pairs.append((d, reference))
+        return d

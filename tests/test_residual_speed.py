@@ -8,16 +8,16 @@ equal. Not a timed test (timings: ``benchmarks/learned_speed.py``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import pytest
 
 from linkwise.cluster.contention import AnalyticModel
-from linkwise.cluster.domain import ClusterState, Decision
+from linkwise.cluster.domain import Decision
 from linkwise.cluster.heuristics import make_policy
-from linkwise.cluster.mdp import MdpConfig, make_spec, nothing_fits
+from linkwise.cluster.mdp import MdpConfig, make_spec
 from linkwise.cluster.profiles import assign_profiles, load_calibration
 from linkwise.cluster.simulator import SimConfig, simulate
 from linkwise.cluster.topology import from_spec
@@ -25,7 +25,7 @@ from linkwise.datasets import synthetic
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.models.learned import masked_argmax
 from linkwise.models.residual import Deferral, ResidualPolicy, topology_signature
-from linkwise.tests._states import decision_states
+from linkwise.tests._states import Both, decision_states
 
 TOPO = from_spec("4x8,leaf=2")
 MODEL = AnalyticModel(load_calibration(None))
@@ -62,24 +62,6 @@ def _pair(base: str, cfg: MdpConfig, margin: float, deferral: Deferral) -> list[
         )
         for _ in range(2)
     ]
-
-
-@dataclass
-class Both:
-    """Decides every decision point by the fast and the plain path and records both."""
-
-    fast: ResidualPolicy
-    plain: ResidualPolicy
-    name: str = "both"
-    pairs: list[tuple[Decision, Decision]] = field(default_factory=list)
-    skipped: int = 0
-
-    def decide(self, state: ClusterState) -> Decision:
-        reference = self.plain.decide_plain(state)
-        d = self.fast.decide(state)
-        self.skipped += nothing_fits(state, self.fast.obs_spec.config)
-        self.pairs.append((d, reference))
-        return d
 
 
 def _run(both: Both) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -37,7 +37,7 @@ from linkwise.datasets import synthetic
 from linkwise.datasets.prediction import annotate_state
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.models.residual import Deferral, ResidualPolicy, topology_signature
-from linkwise.tests._states import decision_states
+from linkwise.tests._states import Both, decision_states
 
 TOPO = from_spec("4x8,leaf=2")
 MODEL = AnalyticModel(load_calibration(None))
@@ -126,20 +126,6 @@ def _values(n_actions: int) -> Callable[[Any], Any]:
         return np.sin(np.arange(n_actions, dtype=np.float32) * (1.0 + x))[None, :]
 
     return values
-
-
-@dataclass
-class Both:
-    fast: ResidualPolicy
-    plain: ResidualPolicy
-    name: str = "both"
-    pairs: list[tuple[Decision, Decision]] = field(default_factory=list)
-
-    def decide(self, state: ClusterState) -> Decision:
-        reference = self.plain.decide_plain(state)
-        d = self.fast.decide(state)
-        self.pairs.append((d, reference))
-        return d
 
 
 def _pair(cfg: MdpConfig, deferral: Deferral) -> tuple[ResidualPolicy, ResidualPolicy]:
