@@ -300,3 +300,69 @@ def test_least_of_a_pool_is_the_rule_where_the_lowest_bound_loses() -> None:
         lost += min(bounds)[2] != min(keys)[2]
         assert Builder(state, model)._least_of(job, pool) == pool[min(keys)[2]], trial
     assert lost > 5, lost
+
+
+def test_builders_kept_between_states_place_and_predict_as_a_fresh_builder() -> None:
+    """``placements.builder_of`` hands one ``Builder`` to every state with the same
+    contention predictions, free GPUs and jobs per node: at every decision point of
+    preempting and migrating simulations, in order (so that kept builders are reused), every
+    generator's placement, ``least_contention``'s pool and choice, and every prediction and
+    own slowdown must be what a fresh ``Builder`` over a fresh ``Contention`` gives; builders
+    are reused, and never for a state with other free GPUs."""
+    from linkwise.cluster.mdp.config import GENERATORS
+    from linkwise.cluster.mdp.placements import Builder, builder_of
+
+    checked = reused = 0
+    for spec, base, seed in (
+        ("8x4,leaf=2", "qssf_preemptive", 6),
+        ("6x8,leaf=3", "tiresias_las", 7),
+    ):
+        model = AnalyticModel(load_calibration(None))
+        given: dict[int, tuple[Builder, tuple[int, ...]]] = {}  # kept alive: ids stay unique
+        for state in _states(spec, base, seed):
+            b = builder_of(state, model, 0.5)
+            if id(b) in given:
+                reused += 1
+                assert given[id(b)][1] == state.free_gpus
+            given[id(b)] = (b, state.free_gpus)
+            fresh = Builder(state, model, 0.5, Contention(state, model))
+            jobs = [pj.job for pj in state.pending] + [r.job for r in state.running]
+            for job in jobs:
+                if job.num_gpus > state.total_free_gpus:
+                    continue
+                assert b.pool(job.num_gpus) == fresh.pool(job.num_gpus)
+                for gen in GENERATORS:
+                    p = b.placement(gen, job)
+                    assert p == fresh.placement(gen, job), (gen, job)
+                    if p is not None:
+                        assert b.predict(job, p) == fresh.predict(job, p)
+                        got = b.contention.job_slowdown(job, p)
+                        assert got == fresh.contention.job_slowdown(job, p)
+                        assert got == fresh.contention._predict_reference(job, p).job_slowdown
+                        checked += 1
+    assert checked > 2000 and reused > 50, (checked, reused)
+
+
+def test_a_builder_is_never_shared_by_states_with_other_jobs_per_node() -> None:
+    """The same free GPUs and no split jobs, but other jobs per node: SJF-BCO's fragment
+    first fit puts a 4-GPU job on the busiest node, so the two states must get their own
+    builders and placements."""
+    from linkwise.cluster.mdp.placements import builder_of
+
+    topo = from_spec("4x8")
+    model = AnalyticModel(load_calibration(None))
+    profile = sorted(model.calibration.profiles)[0]
+
+    def run(i: int, node: int, gpus: int) -> RunningJob:
+        job = Job(i, 0.0, gpus, 100.0, profile=profile)
+        return RunningJob(job, Placement(((node, gpus),)), 0.0, 100.0, 1.0)
+
+    free = (4, 4, 8, 8)
+    a = ClusterState(10.0, topo, free, (run(1, 0, 2), run(2, 0, 2), run(3, 1, 4)), ())
+    b = ClusterState(10.0, topo, free, (run(1, 0, 4), run(2, 1, 2), run(3, 1, 2)), ())
+    job = Job(9, 0.0, 4, 100.0, profile=profile)
+    ba, bb = builder_of(a, model), builder_of(b, model)
+    assert ba is not bb
+    assert ba.placement("fragment_first_fit", job) == Placement(((0, 4),))
+    assert bb.placement("fragment_first_fit", job) == Placement(((1, 4),))
+    assert builder_of(a, model) is ba  # kept

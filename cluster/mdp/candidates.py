@@ -10,7 +10,7 @@ import numpy as np
 from linkwise.cluster.contention import ContentionModel
 from linkwise.cluster.domain import WAIT, ClusterState, Decision, PendingJob, Placement, Start
 from linkwise.cluster.mdp.config import BoolArray, InvalidAction, MdpConfig
-from linkwise.cluster.mdp.placements import Builder
+from linkwise.cluster.mdp.placements import builder_of
 from linkwise.cluster.mdp.running import RunningRows, running_rows
 from linkwise.cluster.mdp.slots import order_heads, pending_slots, slot_ranks
 from linkwise.cluster.mdp.slowdown import Contention, Prediction, comm_intensity
@@ -85,7 +85,7 @@ def slot_part(state: ClusterState, config: MdpConfig, model: ContentionModel) ->
 
 def candidates(state: ClusterState, config: MdpConfig, model: ContentionModel) -> Candidates:
     """Slots, candidate placements, contention predictions and the mask of one state."""
-    b = Builder(state, model, config.span_lambda)
+    b = builder_of(state, model, config.span_lambda)
     part = slot_part(state, config, model)
     slots = part.slots
     n_c = config.n_candidates

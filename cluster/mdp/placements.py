@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from linkwise.cluster.contention import ContentionModel
 from linkwise.cluster.domain import ClusterState, Job, Placement
 from linkwise.cluster.heuristics._common import bounded_placement
-from linkwise.cluster.mdp.slowdown import Prediction, contention_of
+from linkwise.cluster.mdp.slowdown import Contention, Prediction, contention_of
 from linkwise.cluster.placement import (
     best_fit,
     first_fit,
@@ -19,6 +19,27 @@ from linkwise.cluster.placement import (
 
 # the generators least_contention chooses among (with a best fit inside each leaf)
 _BASE_POOL = ("best_fit", "same_leaf", "least_busy", "first_fit", "fragment_first_fit")
+# the Builders one Contention keeps (``builder_of``), the newest last
+BUILDERS_KEPT = 32
+
+
+def builder_of(state: ClusterState, model: ContentionModel, span_lambda: float = 1.0) -> Builder:
+    """``Builder(state, model, span_lambda)``, the same object for every state with the same
+    contention predictions (``contention_of``: for an ``AnalyticModel`` one object per
+    topology and split running jobs), free GPUs and jobs per node (what a Builder reads):
+    kept by that ``Contention`` (the newest ``BUILDERS_KEPT``), so that a decision point
+    after an arrival, or after a wait, reuses the placements and predictions of the last one
+    with the same free GPUs."""
+    contention = contention_of(state, model)
+    key = (state.free_gpus, state.jobs_per_node, span_lambda)
+    kept = contention.builders
+    b: Builder | None = kept.pop(key, None)
+    if b is None:
+        b = Builder(state, model, span_lambda, contention)
+        if len(kept) >= BUILDERS_KEPT:
+            del kept[next(iter(kept))]
+    kept[key] = b  # the newest last
+    return b
 
 
 def _leaf_best_fit(members: Sequence[int], free: Sequence[int], gpus: int) -> Placement | None:
@@ -53,20 +74,26 @@ def _leaf_best_fit(members: Sequence[int], free: Sequence[int], gpus: int) -> Pl
 
 class Builder:
     """Per-state memo tables shared by all slots (placements by GPU count, predictions by
-    job shape and placement)."""
+    job shape and placement): a function of the topology, the free GPUs, the jobs per node,
+    ``span_lambda`` and the contention predictions (``contention``, by default
+    ``contention_of(state, model)``) alone."""
 
     def __init__(
-        self, state: ClusterState, model: ContentionModel, span_lambda: float = 1.0
+        self,
+        state: ClusterState,
+        model: ContentionModel,
+        span_lambda: float = 1.0,
+        contention: Contention | None = None,
     ) -> None:
-        self.state = state
         self.span_lambda = span_lambda
         self.topo = state.topology
         self.free = state.free_gpus
         self.busy = state.jobs_per_node
-        self.contention = contention_of(state, model)
+        self.contention = contention if contention is not None else contention_of(state, model)
         self._placements: dict[tuple[str, int], Placement | None] = {}
         self._predictions: dict[tuple[str, int, Placement], Prediction] = {}
         self._least: dict[tuple[str, int], Placement | None] = {}
+        self._pools: dict[int, tuple[Placement, ...]] = {}
         self._capacities: list[int] | None = None
 
     def base(self, gen: str, gpus: int) -> Placement | None:
@@ -106,20 +133,32 @@ class Builder:
         key = (job.profile, job.num_gpus)
         if key in self._least:
             return self._least[key]
-        gpus = job.num_gpus
+        best = self._least_of(job, self.pool(job.num_gpus))
+        self._least[key] = best
+        return best
+
+    def pool(self, gpus: int) -> tuple[Placement, ...]:
+        """The placements ``least_contention`` chooses among for a job of ``gpus`` GPUs (the
+        same for every profile, kept): the base pool's, then where no single node holds it
+        the best fit inside every leaf, each once, in that order."""
+        hit = self._pools.get(gpus)
+        if hit is not None:
+            return hit
         pool: list[Placement] = []
+        seen: set[Placement] = set()
         for gen in _BASE_POOL:
             p = self.base(gen, gpus)
-            if p is not None and p not in pool:
+            if p is not None and p not in seen:
                 pool.append(p)
+                seen.add(p)
         if pool and pool[0].num_nodes > 1:  # no single node holds it: try every leaf too
             for members in self.topo.leaf_nodes:
                 p = _leaf_best_fit(members, self.free, gpus)
-                if p is not None and p not in pool:
+                if p is not None and p not in seen:
                     pool.append(p)
-        best = self._least_of(job, pool)
-        self._least[key] = best
-        return best
+                    seen.add(p)
+        hit = self._pools[gpus] = tuple(pool)
+        return hit
 
     def _least_of(self, job: Job, pool: Sequence[Placement]) -> Placement | None:
         """The first placement of ``pool`` with the least (job slowdown + added slowdown,

@@ -25,7 +25,7 @@ from linkwise.cluster.contention import ContentionModel
 from linkwise.cluster.domain import ClusterState, Placement, RunningJob
 from linkwise.cluster.mdp.config import RUN_ORDERS, MdpConfig
 from linkwise.cluster.mdp.known import may_preempt, predicted_remaining, restart_seconds
-from linkwise.cluster.mdp.placements import Builder
+from linkwise.cluster.mdp.placements import builder_of
 from linkwise.cluster.mdp.slots import round_robin
 from linkwise.cluster.mdp.slowdown import Contention, Prediction, comm_intensity, link_flows
 from linkwise.cluster.restart import parse_restart
@@ -117,7 +117,7 @@ def running_rows(
     for r in slots if cfg.migrate else ():
         base = without(state, r)
         bases.append(base)
-        b = Builder(base, model, cfg.span_lambda)
+        b = builder_of(base, model, cfg.span_lambda)
         row = tuple(b.placement(g, r.job) for g in cfg.generators)
         red = tuple(p is not None and p in row[:c] for c, p in enumerate(row))
         rows.append(row)

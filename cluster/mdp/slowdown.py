@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 from linkwise.cluster.contention import (
     AnalyticModel,
@@ -127,6 +128,11 @@ class Contention:
         self._predictions: dict[tuple[str, int, Placement], Prediction] = {}
         self._rings: list[_Ring] = []
         self._by_key: dict[tuple[int, str, int, Placement], _Ring] = {}
+        # ``job_slowdown`` of a split placement, and of one node by its intra-node bandwidth
+        self._bounds: dict[tuple[str, int, Placement], float] = {}
+        self._alone: dict[tuple[str, int, float], float] = {}
+        # the placement tables of the states over these predictions (``placements.builder_of``)
+        self.builders: dict[Any, Any] = {}
         if self.analytic is not None:
             self._build(last)
         else:
@@ -244,16 +250,25 @@ class Contention:
         """``predict(job, placement).job_slowdown`` without the running rings' terms (an
         ``AnalyticModel`` only): the same value."""
         assert self.analytic is not None
-        hit = self._predictions.get((job.profile, job.num_gpus, placement))
+        key = (job.profile, job.num_gpus, placement)
+        hit = self._predictions.get(key)
         if hit is not None:
             return hit.job_slowdown
-        best = self.analytic.best_time(self.topo, job)
-        if len(placement.alloc) <= 1:
-            t = self._time(job, placement, (), 0.0, None, 0.0)
-        else:
+        if len(placement.alloc) <= 1:  # a function of the node's intra-node bandwidth alone
+            alone = (job.profile, job.num_gpus, self.topo.nodes[placement.alloc[0][0]].intra_gbps)
+            bound = self._alone.get(alone)
+            if bound is None:
+                t = self._time(job, placement, (), 0.0, None, 0.0)
+                bound = self._alone[alone] = max(
+                    0.0, t / self.analytic.best_time(self.topo, job) - 1.0
+                )
+            return bound
+        bound = self._bounds.get(key)
+        if bound is None:
             links = self.topo.ring_links(placement.nodes)
             t = self._time(job, placement, links, 0.0, None, 0.0)
-        return max(0.0, t / best - 1.0)
+            bound = self._bounds[key] = max(0.0, t / self.analytic.best_time(self.topo, job) - 1.0)
+        return bound
 
     def _predict_analytic(self, job: Job, placement: Placement) -> Prediction:
         """``_predict_reference``'s values: the rings sharing a link with the new one found
