@@ -84,24 +84,16 @@ class _Counting:
         self.decisions = 0
         self.calls = 0
         self.rows = 0
-        if hasattr(policy, "network"):  # a learned package: count its network's calls
-            net = policy.network
+        # a learned package scores through ``action_values``, a residual through ``values``
+        attr = "action_values" if hasattr(policy, "action_values") else "values"
+        values = getattr(policy, attr)
 
-            def counted(x: Any) -> Any:
-                self.calls += 1
-                self.rows += int(x.shape[0])
-                return net(x)
+        def counted(obs: Any) -> Any:
+            self.calls += 1
+            self.rows += 1 if obs.ndim == 1 else int(obs.shape[0])
+            return values(obs)
 
-            policy.network = counted
-        else:  # a residual: count its value calls
-            values = policy.values
-
-            def counted_values(obs: Any) -> Any:
-                self.calls += 1
-                self.rows += 1 if obs.ndim == 1 else int(obs.shape[0])
-                return values(obs)
-
-            policy.values = counted_values
+        setattr(policy, attr, counted)
 
     def decide(self, state: Any) -> Any:
         self.decisions += 1
@@ -364,6 +356,7 @@ def simulate_package(
         row["decision_points"] = policy.decisions
         row["network_calls"] = policy.calls
         row["network_rows"] = policy.rows
+        row["forward"] = learned.forward  # small batches through numpy or torch
         row["ms_per_decision_point"] = 1000 * wall / max(1, policy.decisions)
     if residual and not base_only:
         row["defer"] = defer

@@ -17,7 +17,9 @@ A package is a folder:
 ``load_package`` verifies every checksum *before* reading anything else, then rebuilds the
 spec with ``ObsSpec.from_json`` (refusing a model encoded differently from this code) and
 checks the network's output shape; a ``predictor.json`` that the checksums do not cover is
-refused. ``LearnedPolicy`` implements the ``Policy`` protocol as ``cluster.mdp.MdpPolicy``
+refused. A network of the MLP structures ``models.numpy_net`` recognises gets a numpy forward
+for small batches (``LearnedPolicy.forward``), accepted only where it reproduces the network
+on probe rows. ``LearnedPolicy`` implements the ``Policy`` protocol as ``cluster.mdp.MdpPolicy``
 does: it first annotates the jobs that have no run-time predictions with its package's
 predictor (``LearnedPolicy.predictor``), then at each step it encodes the state with the
 model's spec, sets masked actions to -inf, and takes the best; "wait" (always allowed) wins
@@ -81,6 +83,8 @@ from linkwise.datasets.prediction import (
     write_predictor,
 )
 from linkwise.datasets.predictor import RuntimePredictor
+from linkwise.models import numpy_net as npnet
+from linkwise.models.numpy_net import NumpyNet
 
 __all__ = [
     "CHECKSUMS",
@@ -104,7 +108,7 @@ PACKAGE_FORMAT = "linkwise-policy/1"
 GUARDS = ("aging", "strict", "idle", "off")  # the guard's modes, the default first
 RUNNING_FEATURE = "g.running_log"  # log1p(running jobs) / log1p(queue_scale): 0 iff idle
 WAIT_FEATURE = "wait_log"  # per slot: the job's wait, log-scaled (cluster.mdp.time_from_log)
-SMALL_BATCH = 64  # batches up to this many rows are scored on one thread
+SMALL_BATCH = 64  # batches up to this many rows: numpy when verified, else one torch thread
 STARVE_S = 6 * 3600.0  # the aging guard's default: a job waiting this long must start
 NETWORK = "network.pt"
 OBS_SPEC = "obs_spec.json"
@@ -370,7 +374,10 @@ class LearnedPolicy:
     which the ``"aging"`` guard starts a job; ``wait_overrides`` counts the steps where the
     guard replaced the model's "wait" by a start.
     ``predictor``: the run-time predictor of the package; ``decide`` annotates the jobs that
-    have no predictions with it (jobs annotated upstream keep theirs)."""
+    have no predictions with it (jobs annotated upstream keep theirs).
+    ``numpy_net``: the network in numpy (``models.numpy_net``), set by ``load_package`` when
+    recognised and verified; it scores batches of up to ``SMALL_BATCH`` rows (``forward``
+    says which path they take)."""
 
     network: Any  # a torch.jit.ScriptModule, (B, dim) -> (B, n_actions)
     spec: ObsSpec
@@ -382,6 +389,7 @@ class LearnedPolicy:
     guard: str = GUARDS[0]
     predictor: RuntimePredictor | None = None
     starve_s: float = STARVE_S
+    numpy_net: NumpyNet | None = field(default=None, repr=False, compare=False)
     wait_overrides: int = field(default=0, init=False)
     _running_feature: int = field(default=0, init=False, repr=False)
     _wait_features: tuple[int, ...] = field(default=(), init=False, repr=False)
@@ -411,15 +419,23 @@ class LearnedPolicy:
             (self.package_dir, self.model, self.spec.version, self.name, self.guard, self.starve_s),
         )
 
-    def action_values(self, obs: FloatArray) -> npt.NDArray[np.float32]:
-        """The network's values for a batch of observations ``(B, dim) -> (B, n_actions)``."""
-        import torch
+    @property
+    def forward(self) -> str:
+        """How small batches are scored: ``"numpy"`` (``numpy_net``) or ``"torch"``."""
+        return "torch" if self.numpy_net is None else "numpy"
 
+    def action_values(self, obs: FloatArray) -> npt.NDArray[np.float32]:
+        """The network's values for a batch of observations ``(B, dim) -> (B, n_actions)``:
+        by ``numpy_net`` up to ``SMALL_BATCH`` rows when there is one, else by torch."""
         x = np.ascontiguousarray(obs, dtype=np.float32)
         if x.ndim == 1:
             x = x[None, :]
         if x.shape[1] != self.spec.dim:
             raise ValueError(f"observations have {x.shape[1]} features, the model {self.spec.dim}")
+        if self.numpy_net is not None and x.shape[0] <= SMALL_BATCH:
+            return npnet.evaluate(self.numpy_net, x)
+        import torch
+
         threads = torch.get_num_threads()
         try:  # one thread for a decision's few rows: more only wait on each other (100x slower
             # on a loaded 2-core machine, benchmarks/learned_speed.md)
@@ -641,6 +657,7 @@ def load_package(
         ) from None
     if shape != (1, spec.n_actions):
         raise PackageError(f"{d}: network gives {shape}, the spec has {spec.n_actions} actions")
+    fast = npnet.load(network, spec.dim)  # None: not recognised, or not verified
     predictor = None
     if (d / PREDICTOR).is_file():
         try:
@@ -658,4 +675,5 @@ def load_package(
         guard=guard,
         predictor=predictor,
         starve_s=starve_s,
+        numpy_net=fast,
     )

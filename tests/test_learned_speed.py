@@ -116,6 +116,7 @@ def test_fast_decisions_equal_the_plain_stepping_loop(setting: str, tmp_path: Pa
 
 def test_scoring_restores_torch_threads() -> None:
     policy = load_package(PRETRAINED / "philly-all")
+    policy.numpy_net = None  # the torch path (tests/test_numpy_net.py: the numpy one)
     before = torch.get_num_threads()
     obs = np.zeros((1, policy.spec.dim), dtype=np.float32)
     expected: Any
