@@ -79,7 +79,7 @@ class _Ring:
     without a new ring, its slowdown, and the slowdown terms new rings gave it (by the links
     they share with it and their weight): all a function of its key and ``loads``."""
 
-    __slots__ = ("loads", "shares", "slowdown", "static", "terms")
+    __slots__ = ("floor", "index", "loads", "shares", "slowdown", "static", "terms")
 
     def __init__(
         self,
@@ -93,6 +93,10 @@ class _Ring:
         self.shares = shares  # per link of ``static.links``
         self.slowdown = slowdown
         self.terms: dict[tuple[tuple[int, ...], float], float] = {}
+        # set by the first ``Contention._term``: each link's position in ``static.links``,
+        # the bottleneck without a new ring and the link holding it (-1: the intra-node bound)
+        self.index: dict[int, int] | None = None
+        self.floor = (0.0, -1)
 
 
 class Contention:
@@ -309,12 +313,24 @@ class Contention:
         st = ring.static
         own = st.weight
         gbps = self.topo.link_gbps
-        bw = st.intra
-        for link, lv, share in zip(st.links, ring.loads, ring.shares, strict=True):
-            if link in on:
-                k = 1.0 + max(0.0, lv + extra - own)
-                share = gbps[link] / (k + alpha * (k - 1) if k > 1 else 1.0)
-            bw = min(bw, share)
+        index = ring.index
+        if index is None:
+            index = ring.index = {link: c for c, link in enumerate(st.links)}
+            bw, at = st.intra, -1
+            for link, share in zip(st.links, ring.shares, strict=True):
+                if share < bw:
+                    bw, at = share, link
+            ring.floor = (bw, at)
+        bw, at = ring.floor
+        if at in on:  # the bottleneck link is shared: the least of the others (min is exact)
+            bw = st.intra
+            for link, share in zip(st.links, ring.shares, strict=True):
+                if share < bw and link not in on:
+                    bw = share
+        loads = ring.loads
+        for link in on:
+            k = 1.0 + max(0.0, loads[index[link]] + extra - own)
+            bw = min(bw, gbps[link] / (k + alpha * (k - 1) if k > 1 else 1.0))
         return max(1.0, st.time(bw) / st.best) - ring.slowdown
 
     def _predict_reference(self, job: Job, placement: Placement) -> Prediction:
