@@ -18,7 +18,6 @@ import torch
 
 from linkwise.cluster.mdp import MdpConfig, make_spec
 from linkwise.datasets.export import export_dataset, to_mdp_dataset
-from linkwise.datasets.transitions import TransitionBuffer
 from linkwise.models.learned import load_package, masked_argmax
 from linkwise.models.training import (
     AlgoConfig,
@@ -29,6 +28,7 @@ from linkwise.models.training import (
     fit,
     frame_arrays,
 )
+from linkwise.tests._frames import random_frame
 
 CONFIG = MdpConfig(k_slots=2)
 SPEC = make_spec(CONFIG)
@@ -48,30 +48,8 @@ TINY = AlgoConfig(
 
 
 def tiny_frame(episodes: int = 6, steps: int = 15, seed: int = 0) -> pl.DataFrame:
-    """Random observations; each step allows "wait" and a random subset of starts, never
-    ``NEVER``; the logged action is one of the allowed; rewards in (-1, 0). Even episodes
-    end in a terminal, odd ones are cut (timeout)."""
-    rng = np.random.default_rng(seed)
-    buf = TransitionBuffer(SPEC.version)
-    for e in range(episodes):
-        for t in range(steps):
-            mask = rng.random(A) < 0.4
-            mask[WAIT] = True
-            mask[NEVER] = False
-            buf.add(
-                episode=f"rollout/tiny/w{e}",
-                step=t,
-                time=float(t),
-                obs=rng.random(SPEC.dim).astype(np.float32),
-                action=int(rng.choice(np.flatnonzero(mask))),
-                reward=-float(rng.random()),
-                mask=mask,
-                source="rollout",
-                behaviour="tiny",
-                match="policy",
-            )
-        buf.end_episode(terminal=e % 2 == 0)
-    return buf.to_frame()
+    """``random_frame`` where no state ever allows ``NEVER``."""
+    return random_frame(SPEC, episodes=episodes, steps=steps, seed=seed, never=(NEVER,))
 
 
 FRAME = tiny_frame()

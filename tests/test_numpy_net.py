@@ -38,6 +38,7 @@ from linkwise.models.learned import (
 )
 from linkwise.models.numpy_net import ATOL, RTOL, Mlp, NumpyNet
 from linkwise.models.residual import Deferral, ResidualPolicy, residual_from_learned
+from linkwise.tests._frames import random_frame
 from linkwise.tests._states import decision_states
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -321,31 +322,6 @@ def test_a_ppo_package_keeps_torch(activation: type[nn.Module], tmp_path: Path) 
     assert policy.forward == "torch" and numpy_net.extract(policy.network) is None
 
 
-def _tiny_frame() -> Any:
-    from linkwise.datasets.transitions import TransitionBuffer
-
-    rng = np.random.default_rng(0)
-    buf = TransitionBuffer(SPEC.version)
-    for e in range(2):
-        for t in range(10):
-            mask = rng.random(SPEC.n_actions) < 0.5
-            mask[SPEC.config.wait_action] = True
-            buf.add(
-                episode=f"rollout/tiny/w{e}",
-                step=t,
-                time=float(t),
-                obs=rng.random(SPEC.dim).astype(np.float32),
-                action=int(rng.choice(np.flatnonzero(mask))),
-                reward=-1.0,
-                mask=mask,
-                source="rollout",
-                behaviour="tiny",
-                match="policy",
-            )
-        buf.end_episode(terminal=True)
-    return buf.to_frame()
-
-
 @pytest.mark.parametrize("masked", [True, False])
 @pytest.mark.parametrize("algo", ["bc", "cql"])
 def test_d3rlpy_packages_and_their_residuals_take_numpy(
@@ -359,7 +335,8 @@ def test_d3rlpy_packages_and_their_residuals_take_numpy(
     from linkwise.models.training import AlgoConfig, build_algo
 
     fitted = build_algo(algo, AlgoConfig(hidden_units=(16, 8, 8), masked=masked), "cpu:0")
-    fitted.build_with_dataset(to_mdp_dataset(_tiny_frame(), SPEC, masks=masked))
+    frame = random_frame(SPEC, episodes=2, steps=10, allowed=0.5)
+    fitted.build_with_dataset(to_mdp_dataset(frame, SPEC, masks=masked))
     pkg = save_package(fitted, SPEC, {"hash": "h"}, tmp_path / "pkg")
     res = write_residual_package(
         pkg, tmp_path / "res", base="sjf_bco", margin=0.0, deferral=Deferral()

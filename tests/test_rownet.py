@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import polars as pl
 import pytest
 import torch
 from d3rlpy.logging import NoopAdapterFactory  # type: ignore[import-untyped]
@@ -18,7 +17,6 @@ from d3rlpy.models.encoders import VectorEncoderFactory  # type: ignore[import-u
 
 from linkwise.cluster.mdp import MdpConfig, make_spec, obs_layout
 from linkwise.datasets.export import to_mdp_dataset
-from linkwise.datasets.transitions import TransitionBuffer
 from linkwise.models.learned import load_package, save_package
 from linkwise.models.masked import MASKED_VALUE
 from linkwise.models.rownet import (
@@ -36,6 +34,7 @@ from linkwise.models.training import (
     flatten_params,
     frame_arrays,
 )
+from linkwise.tests._frames import random_frame
 
 SPEC = make_spec(MdpConfig(k_slots=2))
 ROWS = AlgoConfig(
@@ -61,31 +60,7 @@ def _random_obs(n: int, seed: int = 0) -> torch.Tensor:
     return x
 
 
-def _tiny_frame(episodes: int = 4, steps: int = 15) -> pl.DataFrame:
-    """Random observations and masks (wait always allowed), a logged allowed action."""
-    rng = np.random.default_rng(0)
-    buf = TransitionBuffer(SPEC.version)
-    for e in range(episodes):
-        for t in range(steps):
-            mask = rng.random(SPEC.n_actions) < 0.4
-            mask[-1] = True
-            buf.add(
-                episode=f"rollout/tiny/w{e}",
-                step=t,
-                time=float(t),
-                obs=rng.random(SPEC.dim).astype(np.float32),
-                action=int(rng.choice(np.flatnonzero(mask))),
-                reward=-float(rng.random()),
-                mask=mask,
-                source="rollout",
-                behaviour="tiny",
-                match="policy",
-            )
-        buf.end_episode(terminal=e % 2 == 0)
-    return buf.to_frame()
-
-
-FRAME = _tiny_frame()
+FRAME = random_frame(SPEC, episodes=4, steps=15)
 
 
 def _permute_slots(x: torch.Tensor, perm: list[int]) -> torch.Tensor:
