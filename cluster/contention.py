@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from linkwise.cluster.domain import Job, Placement, Topology
 from linkwise.cluster.profiles import Calibration, CommProfile
@@ -38,6 +38,7 @@ SETS_KEPT = 16
 """How many running sets' derived tables ``AnalyticModel.remembered`` keeps (the newest)."""
 
 T = TypeVar("T")
+P = TypeVar("P")
 
 
 def sharing_penalty(k: float, alpha: float) -> float:
@@ -244,12 +245,7 @@ class AnalyticModel:
             if last[0] == loads:  # the same loads on its links as last time: the same time
                 out.append(last[1])
                 continue
-            own = ring.weight
-            bw = ring.intra
-            for link, lv in zip(ring.links, loads, strict=True):
-                k = 1.0 + max(0.0, lv - own)  # this ring plus the others on the link
-                bw = min(bw, gbps[link] / (k + alpha * (k - 1) if k > 1 else 1.0))
-            t = ring.compute + ring.comm / bw + ring.overhead
+            t = ring.time(load, gbps, alpha)
             last[0], last[1] = loads, t
             out.append(t)
         return out
@@ -308,6 +304,26 @@ class _SplitRing:
     # time is a function of these loads and the fields above alone)
     last: list[Any] = field(default_factory=lambda: [None, 0.0], compare=False, repr=False)
 
+    def time(self, load: Sequence[float], gbps: Sequence[float], alpha: float) -> float:
+        """Per-iteration time with ``load[link]`` on each of its links (every ring's weight
+        on it, its own included): a function of those loads and the fields above alone."""
+        own = self.weight
+        bw = self.intra
+        for link in self.links:
+            k = 1.0 + max(0.0, load[link] - own)  # this ring plus the others on the link
+            bw = min(bw, gbps[link] / (k + alpha * (k - 1) if k > 1 else 1.0))
+        return self.time_at(bw)
+
+    def share(self, link: int, lv: float, gbps: Sequence[float], alpha: float) -> float:
+        """Its bandwidth on ``link`` under load ``lv``: the term ``time`` takes the min of
+        (the same operations), so ``time`` is ``time_at(min(intra, shares))``."""
+        k = 1.0 + max(0.0, lv - self.weight)
+        return gbps[link] / (k + alpha * (k - 1) if k > 1 else 1.0)
+
+    def time_at(self, bw: float) -> float:
+        """Per-iteration time at bottleneck bandwidth ``bw``."""
+        return self.compute + self.comm / bw + self.overhead
+
 
 def _intra_cap(topo: Topology, placement: Placement) -> float:
     """The slowest intra-node link of the placement's nodes: no ring runs faster.
@@ -326,6 +342,161 @@ def link_flows(topo: Topology, placements: Iterable[Placement]) -> list[int]:
             for link in topo.ring_links(placement.nodes):
                 flows[link] += 1
     return flows
+
+
+def incremental_rates(model: ContentionModel) -> bool:
+    """Whether ``SplitRates`` gives ``model.rates``: an ``AnalyticModel`` whose rules are
+    its class's own (a subclass overriding one of them does not qualify)."""
+    return isinstance(model, AnalyticModel) and all(
+        getattr(type(model), name) is getattr(AnalyticModel, name)
+        for name in ("rates", "iteration_times", "best_time", "_split_ring", "duty_cycle")
+    )
+
+
+@dataclass(slots=True)
+class _Member(Generic[P]):
+    payload: P
+    links: tuple[int, ...]  # the links it is counted on in ``link_flows``
+    ring: _SplitRing | None  # None: a split job without a ring (one GPU): a fixed rate
+    best: float  # ``best_time``, or the fixed rate
+    # its bottleneck min(intra, its ``_SplitRing.share`` on each link) at the loads now, and
+    # per link that share or (where the link got lighter since) a lower bound of it that is
+    # above ``bw`` (set when it is timed)
+    shares: dict[int, float] = field(default_factory=dict)
+    bw: float = math.inf
+
+
+class SplitRates(Generic[P]):
+    """An ``AnalyticModel``'s rates of a changing set of split jobs, kept up to date.
+
+    Members are ordered by when they were added; ``changed()`` gives, bit for bit, what
+    ``model.rates(topo, members in that order)`` gives, for the members whose rate may differ
+    from the last ``changed()``: those added since, and those on a link whose load differs,
+    except where the bottleneck cannot have moved.
+    A link's load is the fold of its members' weights from 0.0 in member order, as
+    ``iteration_times`` sums it: an addition (the newest member) adds its weight, a removal
+    re-folds the link. A ring's time is ``time_at(min(intra, its shares))``, a share being a
+    function of one link's load: where a changed link's share was above the ring's
+    bottleneck and still is not below it, the bottleneck is the same float (a link that got
+    lighter: its share did not fall, when alpha >= 0).
+    """
+
+    def __init__(self, model: AnalyticModel, topo: Topology) -> None:
+        self._model = model
+        self._topo = topo
+        n = len(topo.links)
+        self._users: list[dict[int, float]] = [{} for _ in range(n)]  # member -> weight, in order
+        self._load = [0.0] * n
+        self._flows = [0] * n
+        self._members: dict[int, _Member[P]] = {}
+        self._next = 0
+        self._new: set[int] = set()
+        self._before: dict[int, float] = {}  # touched link -> its load at the last changed()
+        self._refold: set[int] = set()  # links a member left since
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+    def add(self, payload: P, job: Job, placement: Placement) -> int | None:
+        """Add a split job as the newest member; its id, or None (and nothing added) for a
+        placement over a node twice, which this bookkeeping does not cover."""
+        topo, model = self._topo, self._model
+        links = topo.ring_links(placement.nodes)
+        if len(set(links)) != len(links):
+            return None
+        if len(placement.alloc) > 1 and job.num_gpus > 1:
+            ring: _SplitRing | None = model._split_ring(topo, job, placement)
+            best = model.best_time(topo, job)
+        else:
+            ring, best = None, model.rates(topo, [(job, placement)])[0]
+        mid = self._next
+        self._next += 1
+        self._members[mid] = _Member(payload, links, ring, best)
+        self._new.add(mid)
+        flows = self._flows
+        for link in links:
+            flows[link] += 1
+        if ring is not None:
+            w = ring.weight
+            users, load, before, refold = self._users, self._load, self._before, self._refold
+            for link in ring.links:
+                users[link][mid] = w
+                if link not in before:
+                    before[link] = load[link]
+                if link not in refold:
+                    load[link] += w
+        return mid
+
+    def remove(self, mid: int) -> None:
+        """Remove a member."""
+        m = self._members.pop(mid)
+        self._new.discard(mid)
+        flows = self._flows
+        for link in m.links:
+            flows[link] -= 1
+        if m.ring is not None:
+            users, load, before = self._users, self._load, self._before
+            for link in m.ring.links:
+                del users[link][mid]
+                if link not in before:
+                    before[link] = load[link]
+                self._refold.add(link)
+
+    def changed(self) -> list[tuple[P, float]]:
+        """(payload, rate) of the members added since the last call and of those whose
+        bottleneck may have moved, in member order; the others' rates are what they were."""
+        load, users = self._load, self._users
+        for link in self._refold:
+            total = 0.0
+            for w in users[link].values():
+                total += w
+            load[link] = total
+        gbps = self._topo.link_gbps
+        alpha = self._model.calibration.alpha
+        members = self._members
+        # a share never rises with its link's load where alpha >= 0 (each operation rounds
+        # monotonically): a lighter link's share is above what is kept, which stays a bound
+        lighter_is_wider = alpha >= 0
+        todo = self._new
+        for link, old in self._before.items():
+            lv = load[link]
+            if lv == old:
+                continue
+            lighter = lighter_is_wider and lv < old
+            for mid in users[link]:
+                if mid in todo:
+                    continue
+                m = members[mid]
+                if m.shares[link] <= m.bw:  # it may be the bottleneck
+                    todo.add(mid)
+                elif not lighter:
+                    ring = m.ring
+                    assert ring is not None
+                    share = ring.share(link, lv, gbps, alpha)
+                    if share < m.bw:
+                        todo.add(mid)
+                    else:
+                        m.shares[link] = share
+        self._refold = set()
+        self._before = {}
+        self._new = set()
+        out: list[tuple[P, float]] = []
+        for mid in sorted(todo):
+            m = members[mid]
+            ring = m.ring
+            if ring is None:
+                out.append((m.payload, m.best))
+                continue
+            shares = {link: ring.share(link, load[link], gbps, alpha) for link in ring.links}
+            m.shares = shares
+            m.bw = bw = min([ring.intra, *shares.values()])
+            out.append((m.payload, min(1.0, m.best / ring.time_at(bw))))
+        return out
+
+    @property
+    def flows(self) -> tuple[int, ...]:
+        """``link_flows`` of the members."""
+        return tuple(self._flows)
 
 
 @dataclass(frozen=True)

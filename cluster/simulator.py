@@ -21,10 +21,16 @@ from __future__ import annotations
 import heapq
 import math
 import time as wallclock
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from linkwise.cluster.contention import ContentionModel, link_flows
+from linkwise.cluster.contention import (
+    AnalyticModel,
+    ContentionModel,
+    SplitRates,
+    incremental_rates,
+    link_flows,
+)
 from linkwise.cluster.domain import (
     ClusterState,
     Decision,
@@ -114,6 +120,7 @@ class _Run:
     base: float = 0.0  # isolated work left at start, without the restore charge
     restore: float = 0.0  # restore seconds charged at this start
     migrations: int = 0
+    member: int = -1  # its id in the simulator's ``SplitRates`` (-1: none)
 
     def real_remaining(self) -> float:
         """Work left at ``since`` without what is left of the restore charge."""
@@ -190,6 +197,13 @@ class Simulator:
     ``running`` warm-starts it: jobs already running when the simulation begins, each on its
     placement, with ``Job.duration`` as the isolated work left. The clock starts at the
     earliest submit time among ``jobs`` and ``running``; the running jobs start then.
+
+    Split jobs' rates come from ``SplitRates`` where the model allows it (the floats
+    ``model.rates`` gives over all of them, recomputed only for rings whose bottleneck may
+    have moved); ``incremental=False`` recomputes them all at every change (the reference,
+    and the path for other models or a placement over a node twice). A run put in
+    ``_running`` other than by ``_launch`` (``cluster.fork``) must be there before the first
+    ``_update_split_rates``, which registers what runs then.
     """
 
     def __init__(
@@ -199,6 +213,8 @@ class Simulator:
         model: ContentionModel,
         config: SimConfig | None = None,
         running: Sequence[tuple[Job, Placement]] = (),
+        *,
+        incremental: bool = True,
     ) -> None:
         self.topology = topology
         self.model = model
@@ -246,6 +262,10 @@ class Simulator:
         self._running_view: tuple[RunningJob, ...] = ()
         self._running_dirty = False
         self._flows: tuple[int, ...] = tuple([0] * len(topology.links))
+        # the split runs' rates, built at the first _update_split_rates (None until then, and
+        # for good where ``_incremental`` is False)
+        self._split_rates: SplitRates[_Run] | None = None
+        self._incremental = incremental and incremental_rates(model)
         self._wall_start = wallclock.perf_counter()
         self._admit_arrivals()
         if running:
@@ -515,6 +535,8 @@ class Simulator:
         )
         self._running[job.job_id] = run
         self._running_dirty = True
+        if run.split and self._split_rates is not None:
+            self._add_split(self._split_rates, run)
         acc = self._acc[job.job_id]
         if math.isnan(acc.first_start):
             acc.first_start = self.time
@@ -528,6 +550,7 @@ class Simulator:
         run = self._running.pop(job_id, None)
         if run is None:
             raise InvalidDecision(f"t={self.time:.1f}: cannot {what} job {job_id}: not running")
+        self._remove_split(run)
         run.rebase(self.time)
         run.version = -1  # invalidates its completion events
         self._running_dirty = True
@@ -658,6 +681,7 @@ class Simulator:
                 continue
             del self._running[job_id]
             self._running_dirty = True
+            self._remove_split(run)
             run.rebase(self.time)
             self._release(run)
             acc = self._acc.pop(job_id)
@@ -677,13 +701,52 @@ class Simulator:
             split_changed |= run.split
         return split_changed
 
+    def _add_split(self, rates: SplitRates[_Run], run: _Run) -> bool:
+        """Make ``run`` the newest member of ``rates``; False where it cannot be (every
+        rate is recomputed from then on)."""
+        member = rates.add(run, run.job, run.placement)
+        if member is None:
+            self._split_rates = None
+            self._incremental = False
+            return False
+        run.member = member
+        return True
+
+    def _remove_split(self, run: _Run) -> None:
+        if run.member >= 0 and self._split_rates is not None:
+            self._split_rates.remove(run.member)
+        run.member = -1
+
     def _update_split_rates(self) -> None:
+        """Rates of the split runs after a change to their set; those that changed are
+        rebased first and get a new completion (in running order)."""
+        if not self._incremental:
+            self._update_split_rates_full()
+            return
+        rates = self._split_rates
+        if rates is None:
+            assert isinstance(self.model, AnalyticModel)
+            rates = self._split_rates = SplitRates(self.model, self.topology)
+            for run in self._running.values():
+                if run.split and not self._add_split(rates, run):
+                    self._update_split_rates_full()
+                    return
+        self._flows = rates.flows
+        self._set_rates(rates.changed())
+
+    def _update_split_rates_full(self) -> None:
+        """``_update_split_rates`` recomputing every split run's rate (the reference)."""
         split = [r for r in self._running.values() if r.split]
         self._flows = tuple(link_flows(self.topology, (r.placement for r in split)))
         if not split:
             return
         rates = self.model.rates(self.topology, [(r.job, r.placement) for r in split])
-        for run, rate in zip(split, rates, strict=True):
+        self._set_rates(zip(split, rates, strict=True))
+
+    def _set_rates(self, rates: Iterable[tuple[_Run, float]]) -> None:
+        """Each run's new rate, in order: a changed one is rebased first and gets a new
+        completion."""
+        for run, rate in rates:
             if rate != run.rate:
                 run.rebase(self.time)
                 run.rate = rate
