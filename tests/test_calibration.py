@@ -199,8 +199,10 @@ def _assert_same(a: Any, b: Any, path: str = "") -> None:
             _assert_same(a[k], b[k], f"{path}.{k}")
     elif isinstance(a, float) and isinstance(b, float):
         # a rank correlation over near-tied predictions moves by a few 1e-4 when the fit's
-        # last digits move (BLAS build, thread count); every other number agrees to 1e-6
-        rel = 1e-2 if "spearman" in path else 1e-6
+        # last digits move (BLAS build, thread count, numpy release), a weakly identified
+        # parameter (MobileNetV3's grad_gb: 1.2e-6 from numpy 2.4.6's wheel); every other
+        # number agrees to 1e-5
+        rel = 1e-2 if "spearman" in path else 1e-5
         assert a == pytest.approx(b, rel=rel, abs=1e-12), path
     else:
         assert a == b, path

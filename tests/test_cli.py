@@ -120,13 +120,14 @@ def test_calibrate_reproduces_the_shipped_calibration(tmp_path: Path) -> None:
 
     from linkwise.cluster.profiles import load_calibration
 
-    # the fit is an optimiser's: the last digits move with the BLAS build and thread count,
-    # so every number must agree to a relative 1e-6, but a rank correlation over near-tied
-    # predictions (the fit's Spearman diagnostics), which moves by a few 1e-4, to 1e-2
+    # the fit is an optimiser's: the last digits move with the BLAS build, thread count and
+    # numpy release (a weakly identified parameter by 1.2e-6), so every number must agree to
+    # a relative 1e-5, but a rank correlation over near-tied predictions (the fit's Spearman
+    # diagnostics), which moves by a few 1e-4, to 1e-2
     assert _numbers_close(asdict(load_calibration(target)), asdict(load_calibration()))
 
 
-def _numbers_close(a: object, b: object, rel: float = 1e-6) -> bool:
+def _numbers_close(a: object, b: object, rel: float = 1e-5) -> bool:
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(
             _numbers_close(a[k], b[k], 1e-2 if "spearman" in str(k) else rel) for k in a
