@@ -268,12 +268,15 @@ class Placement:
 
 @dataclass(frozen=True, slots=True)
 class PendingJob:
-    """A job in the queue; a preempted job comes back with its attained service and work left."""
+    """A job in the queue; a preempted job comes back with its attained service and work left,
+    and the restore its restart will pay (``remaining_s + restore_s`` is what it has left to
+    run once started, as a ``RunningJob.remaining_s`` counts it)."""
 
     job: Job
     remaining_s: float  # isolated seconds of work left
     attained_gpu_s: float = 0.0  # GPU-seconds of service received so far (Tiresias' LAS)
     preemptions: int = 0
+    restore_s: float = 0.0  # isolated seconds its restart costs first (cluster/restart.py)
 
 
 @dataclass(frozen=True, slots=True)

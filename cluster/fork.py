@@ -257,6 +257,7 @@ def fork(
             remaining_s=left,
             attained_gpu_s=pj.attained_gpu_s,
             preemptions=pj.preemptions,
+            restore_s=pj.restore_s,
         )
         sim._acc[pj.job.job_id] = _Acc()
     sim._pending_dirty = True

@@ -56,6 +56,12 @@ class SimulationStalled(RuntimeError):
     """Jobs are pending, nothing runs, nothing will arrive, and the policy keeps waiting."""
 
 
+class NoProgress(RuntimeError):
+    """Events follow one another but no job arrives or finishes: the policy makes no progress
+    (a livelock, e.g. jobs preempting each other back and forth), ``SimConfig.quiet_events``
+    of them in a row."""
+
+
 @dataclass(frozen=True, slots=True)
 class SimConfig:
     """Simulator options.
@@ -63,15 +69,20 @@ class SimConfig:
     ``tick_s``: a periodic decision point every so many seconds while jobs are pending
     (None: decide only at arrivals and completions). ``restart``: what a preemption or a
     migration costs (default: Sia's measured costs per profile and a 30 s grace;
-    ``RestartModel.free()`` for free preemption).
+    ``RestartModel.free()`` for free preemption). ``quiet_events``: the step budget, the
+    most events in a row (ticks aside) in which no job arrives or finishes before the run
+    raises ``NoProgress`` instead of running on forever.
     """
 
     tick_s: float | None = None
     restart: RestartModel = field(default_factory=RestartModel.sia)
+    quiet_events: int = 20_000
 
     def __post_init__(self) -> None:
         if self.tick_s is not None and not self.tick_s > 0:
             raise ValueError("tick_s must be positive")
+        if self.quiet_events < 1:
+            raise ValueError(f"quiet_events must be at least 1, got {self.quiet_events}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,6 +262,8 @@ class Simulator:
         self._next_tick = math.inf
         self._wake = math.inf  # the decision point a policy asked for (Decision.wake_at)
         self._events = 0
+        self._quiet = 0  # events in a row, ticks aside, in which no job arrived or finished
+        self._quiet_since = self.time
         self._state: ClusterState | None = None
         # the last state handed out with its running jobs' placements (``jobs_per_node`` is a
         # function of those and the topology alone: the next state on the same placement
@@ -357,16 +370,38 @@ class Simulator:
         if self._wake <= self.time + _EPS:
             self._wake = math.inf
         self._events += 1
+        seen = (len(self._records), self._next_arrival)
         split_changed = self._complete_due()
         if self._transit_heap:
             split_changed |= self._transit_due()
         self._admit_arrivals()
-        if self._next_tick <= self.time + _EPS:
+        ticked = self._next_tick <= self.time + _EPS
+        if ticked:
             self._schedule_tick()
         if split_changed:
             self._update_split_rates()
         self._state = None
+        self._count_quiet(seen != (len(self._records), self._next_arrival), ticked)
         return True
+
+    def _count_quiet(self, progressed: bool, ticked: bool) -> None:
+        """The step budget: raise ``NoProgress`` after ``quiet_events`` events in a row
+        (ticks aside) in which no job arrived or finished."""
+        if progressed:
+            self._quiet = 0
+            self._quiet_since = self.time
+            return
+        if ticked:
+            return
+        self._quiet += 1
+        if self._quiet > self.config.quiet_events:
+            raise NoProgress(
+                f"no job arrived or finished in {self._quiet} events "
+                f"(simulated t={self._quiet_since:.0f} s to t={self.time:.0f} s; "
+                f"{len(self._pending)} pending, {len(self._running)} running, "
+                f"{len(self._transit)} checkpointing or waiting for GPUs): the policy makes "
+                "no progress (a livelock, e.g. jobs preempting each other back and forth)"
+            )
 
     # -- results ---------------------------------------------------------------------
 
@@ -634,6 +669,7 @@ class Simulator:
                         remaining_s=tr.remaining,
                         attained_gpu_s=tr.attained,
                         preemptions=tr.preemptions,
+                        restore_s=self._restart.restore_s(tr.job.profile),
                     )
                     self._pending_unsorted = True
                     self._pending_dirty = True

@@ -78,7 +78,13 @@ from linkwise.cluster.mdp import MdpPolicy
 from linkwise.cluster.metrics import summarize
 from linkwise.cluster.profiles import Calibration, load_calibration
 from linkwise.cluster.restart import RestartModel
-from linkwise.cluster.simulator import InvalidDecision, SimConfig, SimulationStalled, simulate
+from linkwise.cluster.simulator import (
+    InvalidDecision,
+    NoProgress,
+    SimConfig,
+    SimulationStalled,
+    simulate,
+)
 from linkwise.datasets.backlog import Backlog
 from linkwise.datasets.prediction import ensure_predicted
 from linkwise.datasets.predictor import RuntimePredictor
@@ -390,11 +396,12 @@ def _deviations(policy: Policy) -> float | None:
 
 
 def try_task(task: BenchTask) -> CaseResult | CaseFailure:
-    """``run_task``, with a policy's failure (a stall, an impossible start) as a value."""
+    """``run_task``, with a policy's failure (a stall, a livelock, an impossible start) as a
+    value naming the policy and the case."""
 
     try:
         return run_task(task)
-    except (SimulationStalled, InvalidDecision) as exc:
+    except (SimulationStalled, NoProgress, InvalidDecision) as exc:
         return CaseFailure(
             policy=task.policy.label,
             spec=task.policy.spec,

@@ -575,6 +575,8 @@ def format_evaluation(report: EvaluationReport, run_id: str | None, wide: bool =
         lines.append(
             f"  {q.policy} / {q.baseline} {q.stat}: {q.ratio:.3f} [{q.low:.3f}, {q.high:.3f}]"
         )
+    for policy, failure in report.context.get("failed", {}).items():
+        lines.append(f"  FAILED {policy}, {failure['cases']} cases (left out): {failure['first']}")
     refs = report.references
     if refs:
         lines.append(

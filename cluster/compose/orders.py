@@ -269,13 +269,14 @@ class PredRemaining(KeyedOrder):
 
 @dataclass(frozen=True, slots=True)
 class TrueGpuTime(KeyedOrder):
-    """Oracle: smallest true remaining GPU time first (GPUs x remaining isolated run time)."""
+    """Oracle: smallest true remaining GPU time first (GPUs x remaining isolated run time,
+    a preempted job's restore included, as ``true_remaining`` counts it)."""
 
     name: ClassVar[str] = "true_gpu_time"
     oracle: ClassVar[bool] = True
 
     def score_pending(self, p: PendingJob, now: float) -> float:
-        return p.job.num_gpus * p.remaining_s
+        return p.job.num_gpus * (p.remaining_s + p.restore_s)
 
     def score_running(self, r: RunningJob, now: float) -> float:
         return r.job.num_gpus * r.remaining_at(now)
@@ -283,13 +284,21 @@ class TrueGpuTime(KeyedOrder):
 
 @dataclass(frozen=True, slots=True)
 class TrueRemaining(KeyedOrder):
-    """Oracle: shortest true remaining (isolated) run time first (SRTF)."""
+    """Oracle: shortest true remaining (isolated) run time first (SRTF).
+
+    A pending job is scored by what it would have left to run once started: its work plus
+    the restore a preempted job pays on restart (``PendingJob.restore_s``), as a running
+    job's remaining time counts the restore it still works off. Scored without it, a job
+    just restarted (its restore ahead of it) lost to the job it displaced, which lost to it
+    again once back in the queue: a livelock of preemptions where no work is done (issue 32
+    item 3). Scored with it, a preempted job never ranks below what it had left when it was
+    preempted, so the one that displaced it is never displaced back by it."""
 
     name: ClassVar[str] = "true_remaining"
     oracle: ClassVar[bool] = True
 
     def score_pending(self, p: PendingJob, now: float) -> float:
-        return p.remaining_s
+        return p.remaining_s + p.restore_s
 
     def score_running(self, r: RunningJob, now: float) -> float:
         return r.remaining_at(now)

@@ -44,7 +44,7 @@ def apply_start(state: ClusterState, start: Start, model: ContentionModel) -> Cl
         job=pj.job,
         placement=start.placement,
         start_time=state.time,
-        remaining_s=pj.remaining_s,
+        remaining_s=pj.remaining_s + pj.restore_s,
         rate=rate,
         attained_gpu_s=pj.attained_gpu_s,
         preemptions=pj.preemptions,
