@@ -108,10 +108,10 @@ class AnalyticModel:
     _best: dict[tuple[str, int, int], tuple[Topology, float]] = field(
         default_factory=dict, compare=False, repr=False
     )
-    _duty: dict[tuple[str, int, Placement, int], tuple[Topology, float]] = field(
+    _duty: dict[tuple[str, int, Placement, int, int], tuple[Topology, float]] = field(
         default_factory=dict, compare=False, repr=False
     )
-    _rings: dict[tuple[str, int, Placement, int], tuple[Topology, _SplitRing]] = field(
+    _rings: dict[tuple[str, int, Placement, int, int], tuple[Topology, _SplitRing]] = field(
         default_factory=dict, compare=False, repr=False
     )
     # what callers derive from the model for one set of placed rings (``remembered``), keyed
@@ -174,23 +174,24 @@ class AnalyticModel:
         value: T = hit[1]
         return value
 
-    def _bandwidth_alone(self, topo: Topology, placement: Placement) -> float:
-        """The ring's bottleneck bandwidth with nobody else on the network."""
+    def _bandwidth_alone(self, topo: Topology, placement: Placement, job: int = 0) -> float:
+        """The ring's bottleneck bandwidth with nobody else on the network (``job``: its id,
+        which picks its uplinks under ECMP)."""
         nodes = placement.nodes
         bw = _intra_cap(topo, placement)
         if len(nodes) == 1:
             return bw
         gbps = topo.link_gbps
-        return min(bw, min(gbps[link] for link in topo.ring_links(nodes)))
+        return min(bw, min(gbps[link] for link in topo.ring_links(nodes, job)))
 
     def duty_cycle(self, topo: Topology, job: Job, placement: Placement) -> float:
         """Share of the job's isolated iteration at this placement spent in the ring all-reduce."""
-        key = (job.profile, job.num_gpus, placement, id(topo))
+        key = (job.profile, job.num_gpus, placement, id(topo), _path_key(topo, job))
         cached = self._duty.get(key)
         if cached is not None:
             return cached[1]
         prof = self.profile(job)
-        bw = self._bandwidth_alone(topo, placement)
+        bw = self._bandwidth_alone(topo, placement, job.job_id)
         overhead = self.calibration.overhead_s
         total = ring_iteration_time(prof, job.num_gpus, placement.num_nodes, bw, overhead)
         duty = ring_comm_time(prof, job.num_gpus, bw) / total if total > 0 else 0.0
@@ -199,7 +200,7 @@ class AnalyticModel:
 
     def _split_ring(self, topo: Topology, job: Job, placement: Placement) -> _SplitRing:
         """A split ring's links, weight and iteration-time terms, remembered."""
-        key = (job.profile, job.num_gpus, placement, id(topo))
+        key = (job.profile, job.num_gpus, placement, id(topo), _path_key(topo, job))
         hit = self._rings.get(key)
         if hit is None:
             prof = self.profile(job)
@@ -207,7 +208,7 @@ class AnalyticModel:
             hit = self._rings[key] = (
                 topo,
                 _SplitRing(
-                    links=topo.ring_links(placement.nodes),
+                    links=topo.ring_links(placement.nodes, job.job_id),
                     weight=weight,
                     intra=_intra_cap(topo, placement),
                     compute=prof.compute_s,
@@ -260,9 +261,9 @@ class AnalyticModel:
         else:
             weights = [self.duty_cycle(topo, j, p) if p.num_nodes > 1 else 0.0 for j, p in placed]
         load = [0.0] * len(topo.links)
-        for (_, placement), w in zip(placed, weights, strict=True):
+        for (job, placement), w in zip(placed, weights, strict=True):
             if placement.num_nodes > 1:
-                for link in topo.ring_links(placement.nodes):
+                for link in topo.ring_links(placement.nodes, job.job_id):
                     load[link] += w
         alpha = self.calibration.alpha
         gbps = topo.link_gbps
@@ -272,7 +273,7 @@ class AnalyticModel:
             nodes = placement.nodes
             bw = _intra_cap(topo, placement)
             if len(nodes) > 1:
-                for link in topo.ring_links(nodes):
+                for link in topo.ring_links(nodes, job.job_id):
                     k = 1.0 + max(0.0, load[link] - own)  # this ring plus the others on the link
                     bw = min(bw, gbps[link] / sharing_penalty(k, alpha))
             out.append(
@@ -325,6 +326,12 @@ class _SplitRing:
         return self.compute + self.comm / bw + self.overhead
 
 
+def _path_key(topo: Topology, job: Job) -> int:
+    """What of the job its ring's links depend on besides the placement: its id under ECMP
+    (the hash of its flows), nothing (-1) on pooled uplinks."""
+    return job.job_id if topo.ecmp_spines else -1
+
+
 def _intra_cap(topo: Topology, placement: Placement) -> float:
     """The slowest intra-node link of the placement's nodes: no ring runs faster.
 
@@ -334,12 +341,17 @@ def _intra_cap(topo: Topology, placement: Placement) -> float:
     return min(topo.nodes[n].intra_gbps for n in placement.nodes)
 
 
-def link_flows(topo: Topology, placements: Iterable[Placement]) -> list[int]:
-    """Number of split rings crossing each link of the topology."""
+def link_flows(
+    topo: Topology, placements: Iterable[Placement], jobs: Iterable[int] | None = None
+) -> list[int]:
+    """Number of split rings crossing each link of the topology (``jobs``: the id of each
+    placement's job, which picks its uplinks under ECMP; without them, id 0's)."""
     flows = [0] * len(topo.links)
+    ids = iter(jobs) if jobs is not None else None
     for placement in placements:
+        job = next(ids) if ids is not None else 0
         if placement.num_nodes > 1:
-            for link in topo.ring_links(placement.nodes):
+            for link in topo.ring_links(placement.nodes, job):
                 flows[link] += 1
     return flows
 
@@ -401,7 +413,7 @@ class SplitRates(Generic[P]):
         """Add a split job as the newest member; its id, or None (and nothing added) for a
         placement over a node twice, which this bookkeeping does not cover."""
         topo, model = self._topo, self._model
-        links = topo.ring_links(placement.nodes)
+        links = topo.ring_links(placement.nodes, job.job_id)
         if len(set(links)) != len(links):
             return None
         if len(placement.alloc) > 1 and job.num_gpus > 1:

@@ -9,6 +9,7 @@ Units: times in seconds, bandwidths in GB/s (bytes, not bits), gradient sizes in
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -22,6 +23,9 @@ class LinkKind(StrEnum):
     NIC = "nic"  # a node's network interface (both directions)
     LEAF_UPLINK = "leaf_uplink"  # a leaf (ToR) switch to its aggregation/spine layer
     AGG_UPLINK = "agg_uplink"  # an aggregation switch to the core
+    # one direction of one of a leaf's parallel uplinks (``Topology.ecmp_spines``): a flow
+    # between leaves takes the one ECMP hashes it onto (``ecmp_plane``)
+    LEAF_PORT = "leaf_port"
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +66,11 @@ class Topology:
     leaf_uplink_gbps: tuple[float, ...]
     agg_names: tuple[str, ...] = ("spine",)
     agg_uplink_gbps: tuple[float, ...] = (float("inf"),)
+    # parallel leaf uplinks with ECMP path choice per flow: 0 (default) pools each leaf's
+    # uplinks into one link of ``leaf_uplink_gbps``; S > 0 gives every leaf S uplinks (one per
+    # spine plane) of ``leaf_uplink_gbps / S`` each way, and each ring hop between leaves
+    # takes one plane by a hash (``ecmp_plane``), so rings can collide on one uplink
+    ecmp_spines: int = 0
 
     def __post_init__(self) -> None:
         n_leaves = len(self.leaf_names)
@@ -80,6 +89,8 @@ class Topology:
             raise ValueError("a leaf refers to an unknown aggregation switch")
         if len({n.name for n in self.nodes}) != len(self.nodes):
             raise ValueError("node names must be unique")
+        if self.ecmp_spines < 0:
+            raise ValueError("ecmp_spines must be 0 (pooled uplinks) or positive")
 
     @cached_property
     def total_gpus(self) -> int:
@@ -120,7 +131,19 @@ class Topology:
             Link(n + n_leaves + i, LinkKind.AGG_UPLINK, f"{name}:up", self.agg_uplink_gbps[i])
             for i, name in enumerate(self.agg_names)
         ]
-        return tuple(nic + leaf + agg)
+        spines, base = self.ecmp_spines, n + n_leaves + len(self.agg_names)
+        ports = [
+            Link(
+                base + (i * spines + s) * 2 + d,
+                LinkKind.LEAF_PORT,
+                f"{name}:{'down' if d else 'up'}{s + 1}",
+                self.leaf_uplink_gbps[i] / spines,
+            )
+            for i, name in enumerate(self.leaf_names)
+            for s in range(spines)
+            for d in (0, 1)
+        ]
+        return tuple(nic + leaf + agg + ports)
 
     @cached_property
     def link_gbps(self) -> tuple[float, ...]:
@@ -130,15 +153,54 @@ class Topology:
     def _ring_memo(self) -> dict[tuple[int, ...], tuple[int, ...]]:
         return {}
 
-    def ring_links(self, nodes: Sequence[int]) -> tuple[int, ...]:
-        """Ids of the network links a ring over these nodes crosses (none for one node)."""
+    @cached_property
+    def _ecmp_memo(self) -> dict[tuple[int, tuple[int, ...]], tuple[int, ...]]:
+        return {}
+
+    def ring_links(self, nodes: Sequence[int], job: int = 0) -> tuple[int, ...]:
+        """Ids of the network links a ring over these nodes crosses (none for one node).
+
+        ``job`` (its id) matters only with ECMP (``ecmp_spines``): it is part of the hash
+        that puts each of the ring's hops between leaves on one parallel uplink."""
         if len(nodes) <= 1:
             return ()
         key = tuple(nodes)
+        if self.ecmp_spines:
+            memo = self._ecmp_memo
+            hit = memo.get((job, key))
+            if hit is None:
+                hit = memo[(job, key)] = self._compute_ecmp_links(key, job)
+            return hit
         hit = self._ring_memo.get(key)
         if hit is None:
             hit = self._ring_memo[key] = self._compute_ring_links(key)
         return hit
+
+    def ring_hops(self, nodes: Sequence[int]) -> tuple[tuple[int, int], ...]:
+        """The (src, dst) node pairs of a ring over these nodes: the nodes ordered by leaf,
+        then index (so the ring leaves and enters each leaf once), each sending to the next."""
+        order = sorted(nodes, key=lambda i: (self.nodes[i].leaf, i))
+        m = len(order)
+        return tuple((order[i], order[(i + 1) % m]) for i in range(m)) if m > 1 else ()
+
+    def _compute_ecmp_links(self, nodes: tuple[int, ...], job: int) -> tuple[int, ...]:
+        """NICs, then the parallel uplink each hop between leaves is hashed onto (its source
+        leaf's up port and its destination leaf's down port of that plane), then the
+        aggregation uplinks as in the pooled fabric."""
+        n, n_leaves, spines = len(self.nodes), len(self.leaf_names), self.ecmp_spines
+        base = n + n_leaves + len(self.agg_names)
+        ports: set[int] = set()
+        for flow, (src, dst) in enumerate(self.ring_hops(nodes)):
+            a, b = self.nodes[src].leaf, self.nodes[dst].leaf
+            if a != b:
+                s = ecmp_plane(job, flow, src, dst, spines)
+                ports.add(base + (a * spines + s) * 2)
+                ports.add(base + (b * spines + s) * 2 + 1)
+        out = list(nodes) + sorted(ports)
+        aggs = sorted({self.leaf_agg[self.nodes[i].leaf] for i in nodes})
+        if len(aggs) > 1:
+            out.extend(n + n_leaves + a for a in aggs)
+        return tuple(out)
 
     def _compute_ring_links(self, nodes: tuple[int, ...]) -> tuple[int, ...]:
         n, n_leaves = len(self.nodes), len(self.leaf_names)
@@ -150,6 +212,15 @@ class Topology:
             if len(aggs) > 1:
                 out.extend(n + n_leaves + a for a in aggs)
         return tuple(out)
+
+
+def ecmp_plane(job: int, flow: int, src: int, dst: int, planes: int) -> int:
+    """The parallel uplink (spine plane) ECMP puts a flow on: the first 8 bytes of BLAKE2b
+    over (job id, flow index in its ring, source node index, destination node index), each a
+    signed little-endian 64-bit integer, as an unsigned integer modulo ``planes``.
+    Deterministic (no process seed), the same for the same four integers everywhere."""
+    data = b"".join(x.to_bytes(8, "little", signed=True) for x in (job, flow, src, dst))
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") % planes
 
 
 MAX_JOB_GPUS = 1 << 20

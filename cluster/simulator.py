@@ -773,7 +773,9 @@ class Simulator:
     def _update_split_rates_full(self) -> None:
         """``_update_split_rates`` recomputing every split run's rate (the reference)."""
         split = [r for r in self._running.values() if r.split]
-        self._flows = tuple(link_flows(self.topology, (r.placement for r in split)))
+        self._flows = tuple(
+            link_flows(self.topology, (r.placement for r in split), (r.job.job_id for r in split))
+        )
         if not split:
             return
         rates = self.model.rates(self.topology, [(r.job, r.placement) for r in split])

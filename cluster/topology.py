@@ -32,7 +32,9 @@ DEFAULT_NODES_PER_LEAF = 16
 # the one default cluster of every command, experiment and deployment that needs one
 DEFAULT_TOPOLOGY = "16x8,leaf=4"
 
-_SPEC_KEYS = {"leaf", "nic", "intra", "oversub", "pcie", "nvlink", "agg", "agg_oversub"}
+_SPEC_KEYS = {
+    "leaf", "nic", "intra", "oversub", "pcie", "nvlink", "agg", "agg_oversub", "ecmp", "spines"
+}  # fmt: skip
 
 
 def _options(opts: Iterable[str], known: Collection[str], what: str) -> dict[str, str]:
@@ -55,7 +57,11 @@ def from_spec(spec: str) -> Topology:
     Keys: ``leaf`` nodes per leaf switch (default 16), ``nic`` NIC GB/s (12.5),
     ``intra`` intra-node GB/s (150; ``pcie`` sets 12 and PCIe), ``oversub`` leaf
     uplink oversubscription (1 = non-blocking), ``agg`` leaves per aggregation
-    switch (default: all under one spine) and ``agg_oversub``.
+    switch (default: all under one spine) and ``agg_oversub``. ``ecmp=1`` splits each
+    leaf's uplinks into parallel uplinks with ECMP path choice per flow
+    (``Topology.ecmp_spines``): ``spines`` of them (default: the pooled uplink over the NIC
+    speed, rounded, at least 1, so each uplink carries one NIC's traffic), each
+    ``pooled / spines``; ``ecmp=0`` (default) keeps one pooled uplink per leaf.
     """
     head, *opts = [p.strip() for p in spec.strip().split(",")]
     try:
@@ -74,11 +80,15 @@ def from_spec(spec: str) -> Topology:
         oversub = float(kv.get("oversub", 1.0))
         leaves_per_agg = int(kv["agg"]) if "agg" in kv else 0
         agg_oversub = float(kv.get("agg_oversub", 1.0))
+        ecmp = int(kv.get("ecmp", 0))
+        spines = int(kv["spines"]) if "spines" in kv else 0
     except ValueError as exc:
         raise ValueError(f"bad cluster spec {spec!r}: {exc}") from None
     rates = (nic, intra, oversub, agg_oversub)
     if per_leaf <= 0 or leaves_per_agg < 0 or not all(0 < r < math.inf for r in rates):
         raise ValueError(f"bad cluster spec {spec!r}: values must be positive and finite")
+    if ecmp not in (0, 1) or spines < 0 or (spines and not ecmp):
+        raise ValueError(f"bad cluster spec {spec!r}: ecmp is 0 or 1; spines >= 1 needs ecmp=1")
     n_leaves = math.ceil(n_nodes / per_leaf)
     width = len(str(n_nodes))
     nodes = tuple(
@@ -115,6 +125,7 @@ def from_spec(spec: str) -> Topology:
         leaf_uplink_gbps=tuple(size * nic / oversub for size in leaf_sizes),
         agg_names=agg_names,
         agg_uplink_gbps=agg_up,
+        ecmp_spines=(spines or max(1, round(max(leaf_sizes) / oversub))) if ecmp else 0,
     )
 
 

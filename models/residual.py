@@ -100,12 +100,14 @@ def topology_signature(topology: Topology) -> str:
     """A short digest of the cluster's shape and fabric: node count, GPUs and NIC/intra
     bandwidth per node, which leaf each node hangs off, leaf and aggregation uplinks (names
     left out: the same fabric under other host names is the same)."""
-    parts = {
+    parts: dict[str, Any] = {
         "nodes": [(n.gpus, n.leaf, n.nic_gbps, n.intra_gbps) for n in topology.nodes],
         "leaf_agg": list(topology.leaf_agg),
         "leaf_up": [_num(x) for x in topology.leaf_uplink_gbps],
         "agg_up": [_num(x) for x in topology.agg_uplink_gbps],
     }
+    if topology.ecmp_spines:  # only then, so pooled fabrics keep their signatures
+        parts["ecmp_spines"] = topology.ecmp_spines
     text = json.dumps(parts, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

@@ -335,7 +335,7 @@ def _evolving_sets(seed: int, topo: Any, steps: int = 300) -> list[list[Any]]:
 
 def _ring(model: AnalyticModel, job: Any, placement: Any, topo: Any) -> Any:
     """The model's remembered split ring of a job on a placement (None: not yet met)."""
-    hit = model._rings.get((job.profile, job.num_gpus, placement, id(topo)))
+    hit = model._rings.get((job.profile, job.num_gpus, placement, id(topo), -1))
     return None if hit is None else hit[1]
 
 
