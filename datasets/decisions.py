@@ -81,6 +81,7 @@ __all__ = [
     "LogReport",
     "build_log_transitions",
     "load_log_jobs",
+    "store_cluster",
     "store_predictor",
     "topology_from_store",
 ]
@@ -151,12 +152,22 @@ def _resolve_cluster(con: duckdb.DuckDBPyConnection, table: str, cluster: str | 
     if cluster is not None:
         return cluster
     names = [str(r[0]) for r in con.execute(f"SELECT DISTINCT cluster FROM {table}").fetchall()]
+    if not names:
+        raise ValueError(f"the store's {table} table is empty: no cluster in it")
     if len(names) != 1:
         raise ValueError(
             f"the store's {table} table holds {len(names)} clusters ({', '.join(sorted(names))}): "
             "name one"
         )
     return names[0]
+
+
+def store_cluster(con: duckdb.DuckDBPyConnection, cluster: str | None = None) -> str:
+    """The Slurm cluster a store's accounting is of: ``cluster`` when given, else the only one
+    in its ``jobs`` table (ValueError when it holds none or several). Datasets and evaluations
+    name their spans by it, so that a held-out window and a training span of one store compare
+    whether or not ``--slurm-cluster`` was given."""
+    return _resolve_cluster(con, "jobs", cluster)
 
 
 def topology_from_store(

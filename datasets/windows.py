@@ -8,12 +8,93 @@ over the workload or the last ones in time.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 from linkwise.datasets.rollouts import Window
 
-__all__ = ["choose_windows", "spread_windows"]
+__all__ = ["WindowSupply", "choose_windows", "spread_windows", "window_supply"]
+
+
+@dataclass(frozen=True)
+class WindowSupply:
+    """How many windows a workload offers a run that asks for ``asked`` of them: the history
+    needed, stated up front (issue 32 item 2). ``cut``: windows with any job; ``busy``: with at
+    least ``min_jobs`` jobs; ``free``: busy and not excluded (not overlapping the training
+    data); ``jobs`` and ``span_s``: the workload's jobs and its submit span."""
+
+    asked: int
+    cut: int
+    busy: int
+    free: int
+    window_s: float
+    min_jobs: int
+    jobs: int
+    span_s: float
+
+    @property
+    def missing(self) -> int:
+        """Windows short of ``asked``."""
+        return max(0, self.asked - self.free)
+
+    def message(self, what: str, hint: str = "") -> str:
+        """One sentence: what was asked, what the workload has, what is missing and (``hint``)
+        what else to do."""
+        hours = self.window_s / 3600.0
+        have = (
+            f"the history has {self.jobs} jobs over {self.span_s / 86400.0:.2f} days "
+            f"({self.cut} windows of {hours:g} h with jobs, {self.busy} with at least "
+            f"{self.min_jobs} jobs"
+            + (
+                f", {self.busy - self.free} of them overlapping the training data"
+                if self.busy > self.free
+                else ""
+            )
+            + f"): {self.free} usable"
+        )
+        if not self.missing:
+            return f"{what}: {self.asked} windows asked, {have}"
+        rate = self.jobs / self.span_s if self.span_s > 0 else 0.0
+        days = self.missing * self.window_s / 86400.0
+        need_jobs = self.missing * self.min_jobs
+        pace = (
+            f" (at its pace of {rate * 86400.0:.0f} jobs a day, about "
+            f"{max(days, need_jobs / rate / 86400.0):.2f} more days)"
+            if rate > 0 and math.isfinite(rate)
+            else ""
+        )
+        return (
+            f"{what}: {self.asked} windows of {hours:g} h with at least {self.min_jobs} jobs "
+            f"asked, {have}; {self.missing} more windows missing: at least {days:.2f} more "
+            f"days and {need_jobs} more jobs of history{pace}" + (f"; {hint}" if hint else "")
+        )
+
+
+def window_supply(
+    windows: Sequence[Window],
+    *,
+    asked: int,
+    min_jobs: int,
+    window_s: float,
+    excluded: Callable[[Window], bool] | None = None,
+) -> WindowSupply:
+    """What ``windows`` (``cut_windows``' output, every window with a job) offer a run asking
+    for ``asked`` windows of ``min_jobs`` jobs (pure)."""
+    busy = [w for w in windows if len(w.jobs) >= min_jobs]
+    free = [w for w in busy if excluded is None or not excluded(w)]
+    submits = [j.submit_time for w in windows for j in w.jobs]
+    return WindowSupply(
+        asked=asked,
+        cut=len(windows),
+        busy=len(busy),
+        free=len(free),
+        window_s=window_s,
+        min_jobs=min_jobs,
+        jobs=len(submits),
+        span_s=(max(submits) - min(submits)) if submits else 0.0,
+    )
 
 
 def spread_windows(windows: Sequence[Window], n: int) -> list[Window]:

@@ -153,6 +153,7 @@ def render_markdown(
     lines = ["# linkwise evaluation", "", "## Setup", ""]
     for key in (
         "cluster",
+        "topology_source",
         "gpus",
         "contention",
         "workload",
@@ -164,8 +165,9 @@ def render_markdown(
         "cases",
         "baseline",
         "executor",
+        "history_note",
     ):
-        if key in context:
+        if context.get(key) is not None:
             lines.append(f"- **{key}**: {context[key]}")
     restart = context.get("restart")
     if isinstance(restart, Mapping):  # cluster/restart.py's RestartModel.to_dict()

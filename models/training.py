@@ -48,8 +48,8 @@ import numpy.typing as npt
 import polars as pl
 
 from linkwise.cluster.mdp import MdpConfig, ObsSpec, obs_layout
-from linkwise.cluster.topology import DEFAULT_TOPOLOGY
 from linkwise.datasets.credit import Credit
+from linkwise.datasets.operator import parse_time
 from linkwise.datasets.transitions import list_column_array
 from linkwise.models.config import check_keys, config_digest, resolve_path
 from linkwise.models.learned import _value_module, masked_argmax
@@ -152,9 +152,15 @@ class AlgoConfig:
 
 @dataclass(frozen=True)
 class DatasetConfig:
-    """The training data: ``path`` (an exported dataset's Parquet or manifest) or rollouts of
-    ``policies`` on ``rollouts`` windows of ``trace`` (``pipelines.build_dataset``); the
-    ``holdout`` share of episodes is kept for evaluation.
+    """The training data: ``path`` (an exported dataset's Parquet or manifest), or built
+    (``pipelines.build_dataset``) from ``db``, the cluster's own store (its accounting's
+    decisions, and rollouts of ``policies`` on ``rollouts`` of its windows warm-started from
+    the accounting, on the cluster its ``nodes`` table describes unless ``topology`` names
+    one; jobs submitted in ``[since, until)``), or from rollouts on ``rollouts`` windows of
+    ``trace`` (on ``topology``, default ``DEFAULT_TOPOLOGY``); the ``holdout`` share of
+    episodes is kept for evaluation. ``holdout_last_s`` (a store without ``until``): the
+    dataset ends that long before the store's last submitted job, so that the latest windows
+    stay free for ``linkwise evaluate`` (its default: 4 windows of 6 h, 86400 s).
 
     ``mdp`` holds the ``[dataset.mdp]`` fields the experiment asks for (a partial
     ``MdpConfig``): a dataset is built with them; an existing dataset's manifest is the
@@ -162,8 +168,12 @@ class DatasetConfig:
     is the manifest's full configuration (``TrainConfig.with_mdp``)."""
 
     path: str | None = None
+    db: str | None = None
     trace: str | None = None
-    topology: str = DEFAULT_TOPOLOGY
+    topology: str | None = None
+    since: float | None = None
+    until: float | None = None
+    holdout_last_s: float = 0.0
     policies: tuple[str, ...] = ("best_fit",)
     epsilons: tuple[float, ...] = (0.0,)
     seeds: tuple[int, ...] = (0,)
@@ -178,11 +188,41 @@ class DatasetConfig:
     holdout: float = 0.25
 
     def __post_init__(self) -> None:
-        if self.path is None and self.trace is None:
-            raise ValueError("dataset: give a path or a trace to build rollouts from")
+        given = [k for k in ("path", "db", "trace") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "dataset: give exactly one of path (an exported dataset), db (the cluster's "
+                f"store) or trace (rollouts of a trace); got {', '.join(given) or 'none'}"
+            )
         if not 0 <= self.holdout < 1:
             raise ValueError("dataset.holdout must be in [0, 1)")
         MdpConfig.from_json(self.mdp)  # unknown or invalid fields are refused here
+
+    def from_source(
+        self,
+        *,
+        path: str | None = None,
+        db: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+    ) -> DatasetConfig:
+        """This configuration with its source replaced by an exported dataset (``path``) or a
+        store (``db``, with an optional span): ``linkwise train --dataset/--db/--since/--until``.
+        ``since``/``until`` alone bound the configuration's own store."""
+        if path is not None and (db is not None or since is not None or until is not None):
+            raise ValueError("--dataset is a built dataset: --db, --since and --until do not apply")
+        if path is not None:
+            return replace(self, path=path, db=None, trace=None, since=None, until=None)
+        if db is None and (since is not None or until is not None) and self.db is None:
+            raise ValueError("--since/--until bound a store: give --db (or db in [dataset])")
+        return replace(
+            self,
+            path=None if db is not None else self.path,
+            trace=None if db is not None else self.trace,
+            db=db if db is not None else self.db,
+            since=since if since is not None else self.since,
+            until=until if until is not None else self.until,
+        )
 
     def mdp_config(self) -> MdpConfig:
         """The MDP configuration to build a dataset with (the given fields, defaults else)."""
@@ -250,6 +290,9 @@ class TrainConfig:
         for key, cast in (("policies", str), ("epsilons", float), ("seeds", int), ("windows", int)):
             if key in ds:
                 ds[key] = tuple(cast(x) for x in ds[key])
+        for key in ("since", "until"):
+            if ds.get(key) is not None:
+                ds[key] = parse_time(str(ds[key]), f"dataset.{key}")
         for key in ("path", "trace", "calibration"):
             if ds.get(key):
                 ds[key] = resolve_path(str(ds[key]), base)

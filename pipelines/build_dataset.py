@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import textwrap
 import time
 import zlib
 from collections.abc import Sequence
@@ -51,10 +52,12 @@ from linkwise.cluster.topology import DEFAULT_TOPOLOGY, load_topology
 from linkwise.datasets.backlog import Backlog, backlog_from_store
 from linkwise.datasets.decisions import (
     build_log_transitions,
+    store_cluster,
     store_predictor,
     topology_from_store,
 )
 from linkwise.datasets.export import export_dataset, file_sha256, log_to_mlflow
+from linkwise.datasets.operator import DEFAULT_STORE, operator_store, parse_time
 from linkwise.datasets.prediction import predictor_from_history, predictor_record
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.rollouts import (
@@ -67,7 +70,7 @@ from linkwise.datasets.rollouts import (
 )
 from linkwise.datasets.store import open_store
 from linkwise.datasets.transitions import empty_frame
-from linkwise.datasets.windows import choose_windows
+from linkwise.datasets.windows import choose_windows, window_supply
 from linkwise.models.learned import LearnedPolicy, load_package
 from linkwise.models.policy_spec import split_specs
 
@@ -227,6 +230,9 @@ def build_dataset(
     spec = make_spec(config)
     cal = load_calibration(calibration)
     model = AnalyticModel(cal)
+    if db is not None:  # spans are named by the store's cluster, given or not
+        with closing(open_store(db)) as con:
+            slurm_cluster = store_cluster(con, slurm_cluster)
     topo: Topology | None = load_topology(topology) if topology else None
     if topo is None and db is not None:
         with closing(open_store(db)) as con:
@@ -246,6 +252,35 @@ def build_dataset(
     sources["predictor"] = predictor_record(predictor, fitted_on)
     if log_share is not None and not 0.0 <= log_share <= 1.0:
         raise ValueError(f"log_share must be in [0, 1], got {log_share}")
+    want = rollouts is None or rollouts > 0 or bool(windows)
+    rollout_note: dict[str, Any] | None = None
+    if want:  # the rollout windows first: a history too short is refused before any work
+        if trace is not None:
+            jobs = _submitted(jobs_from_trace(trace), since, until)
+            origin: dict[str, Any] = {
+                "trace": str(trace),
+                "sha256": file_sha256(trace),
+                "since": since,
+                "until": until,
+            }
+        else:
+            assert db is not None
+            with closing(open_store(db)) as con:
+                jobs = jobs_from_store(con, cluster=slurm_cluster, since=since, until=until)
+            origin = {"db": db, "cluster": slurm_cluster, "since": since, "until": until}
+        cut = cut_windows(jobs, window_s, max_gpus=topo.total_gpus)
+        n = len(cut) if rollouts is None else rollouts
+        chosen = choose_windows(cut, ids=windows, n=n, min_jobs=min_jobs)
+        shortfall: str | None = None
+        if not windows and rollouts is not None:
+            supply = window_supply(cut, asked=rollouts, min_jobs=min_jobs, window_s=window_s)
+            hint = "lower --window or --min-jobs, or widen --since/--until"
+            if not supply.free:
+                raise ValueError(supply.message(f"no rollout windows for --rollouts {n}", hint))
+            if supply.missing:
+                shortfall = supply.message(
+                    f"--rollouts {n}: {len(chosen)} windows rolled out", hint
+                )
     frames: list[pl.DataFrame] = [empty_frame()]
     logs = empty_frame()
     log_report: dict[str, Any] | None = None
@@ -279,24 +314,7 @@ def build_dataset(
             "decision_times": window,
             "profile_seed": seed,
         }
-    want = rollouts is None or rollouts > 0 or bool(windows)
     if want:
-        if trace is not None:
-            jobs = _submitted(jobs_from_trace(trace), since, until)
-            origin: dict[str, Any] = {
-                "trace": str(trace),
-                "sha256": file_sha256(trace),
-                "since": since,
-                "until": until,
-            }
-        else:
-            assert db is not None
-            with closing(open_store(db)) as con:
-                jobs = jobs_from_store(con, cluster=slurm_cluster, since=since, until=until)
-            origin = {"db": db, "cluster": slurm_cluster, "since": since, "until": until}
-        cut = cut_windows(jobs, window_s, max_gpus=topo.total_gpus)
-        n = len(cut) if rollouts is None else rollouts
-        chosen = choose_windows(cut, ids=windows, n=n, min_jobs=min_jobs)
         backlogs: dict[int, Backlog] = {}
         if warm_start:
             if trace is not None or db is None:
@@ -333,6 +351,7 @@ def build_dataset(
             "warm_start": warm_start,
             "resampling": "block bootstrap of the window's arrivals (datasets.rollouts)",
         }
+        rollout_note = {"asked": rollouts, "episodes": len(tasks), "shortfall": shortfall}
     if log_share is not None and db is not None:
         others = sum(f.height for f in frames)
         logs, sources["log_share"] = cap_log_share(logs, others, log_share)
@@ -343,6 +362,7 @@ def build_dataset(
     return {
         **manifest,
         "log_report": log_report,
+        "rollout_report": rollout_note,
         "mlflow_run_id": run_id,
         "seconds": seconds,
         "transitions_per_s": df.height / seconds if seconds > 0 else math.inf,
@@ -412,6 +432,15 @@ def format_report(m: dict[str, Any]) -> str:
         )
     for src, c in rep["by_source"].items():
         lines.append(f"  {src}: {c['transitions']} transitions, {c['episodes']} episodes")
+    roll = m.get("sources", {}).get("rollouts")
+    if roll:
+        lines.append(
+            f"  rollouts: {len(roll['windows'])} windows x {len(roll['policies'])} policies x "
+            f"{len(roll['epsilons'])} exploration rates x {len(roll['seeds'])} seeds"
+        )
+    note = (m.get("rollout_report") or {}).get("shortfall")
+    if note:
+        lines.extend("  " + part for part in textwrap.wrap(f"note: {note}", 118))
     lines.append(
         "  exact-match share: "
         + ("n/a" if exact is None else f"{exact:.1%}")
@@ -449,7 +478,7 @@ def mdp_from_args(args: argparse.Namespace) -> MdpConfig:
 def cmd_build_dataset(args: argparse.Namespace) -> int:
     """``linkwise build-dataset``: build, export, print the report (or JSON)."""
     manifest = build_dataset(
-        args.from_db,
+        operator_store(args.from_db, args.trace),
         args.trace,
         out_dir=args.out,
         rollouts=args.rollouts,
@@ -462,6 +491,8 @@ def cmd_build_dataset(args: argparse.Namespace) -> int:
         min_jobs=args.min_jobs,
         topology=args.cluster,
         slurm_cluster=args.slurm_cluster,
+        since=parse_time(args.since, "--since"),
+        until=parse_time(args.until, "--until"),
         calibration=str(args.calibration) if args.calibration else None,
         config=mdp_from_args(args),
         executor=args.executor,
@@ -484,7 +515,22 @@ def add_build_dataset_parser(subparsers: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = subparsers.add_parser(
         "build-dataset", help="transitions from logs and simulator rollouts, exported"
     )
-    p.add_argument("--from-db", type=Path, help="the DuckDB store (transitions from the logs)")
+    p.add_argument(
+        "--from-db",
+        type=Path,
+        help="the DuckDB store (transitions from the logs; default without --trace: the "
+        f"operator's store {DEFAULT_STORE})",
+    )
+    p.add_argument(
+        "--since",
+        help="the dataset's span starts here: jobs submitted from then on (ISO 8601, local "
+        "time unless it has an offset, or epoch seconds; default: the history's start)",
+    )
+    p.add_argument(
+        "--until",
+        help="the dataset's span ends here (exclusive; default: the history's end); later "
+        "windows stay free for `linkwise evaluate`",
+    )
     p.add_argument("--trace", type=Path, help="trace file for rollouts (default: the store's jobs)")
     p.add_argument(
         "--rollouts",

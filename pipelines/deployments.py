@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from prefect import flow
 
+from linkwise.datasets.operator import parse_time
 from linkwise.pipelines.build_dataset import build_dataset
 from linkwise.pipelines.evaluate import evaluate_and_promote
 from linkwise.pipelines.experiment import get_experiment
@@ -89,10 +90,29 @@ def train_deployment(
     tracking_uri: str | None = None,
     out_dir: str = "linkwise-out/train",
     register: bool | None = None,
+    dataset: str | None = None,
+    db: str | None = None,
+    since: str | None = None,
+    until: str | None = None,
+    steps: int | None = None,
 ) -> dict[str, Any]:
-    """``pipelines.train.train`` on a TOML configuration (registers ``@challenger``)."""
+    """``pipelines.train.train`` on a TOML configuration (registers ``@challenger``);
+    ``dataset`` (an exported one) or ``db`` with ``since``/``until`` (ISO or epoch seconds)
+    replace its dataset source, ``steps`` its budget (``linkwise train``'s options)."""
+    source = {
+        "path": dataset,
+        "db": db,
+        "since": parse_time(since, "since"),
+        "until": parse_time(until, "until"),
+    }
     result = train(
-        config, tracking_uri=tracking_uri, out_dir=out_dir, register=register, progress=False
+        config,
+        source={k: v for k, v in source.items() if v is not None},
+        steps=steps,
+        tracking_uri=tracking_uri,
+        out_dir=out_dir,
+        register=register,
+        progress=False,
     )
     return result.to_json()
 
@@ -122,7 +142,8 @@ def evaluate_deployment(
     """``pipelines.evaluate.evaluate_and_promote`` with the experiment's numbers: benchmark
     on its held-out windows, gate ``@challenger`` and promote it to ``@shadow`` when it passes
     (a refusal is logged, the run completes); ``warm_start`` with ``db``: windows start from
-    the accounting's backlog. ``cluster``: a topology spec (default: the experiment's)."""
+    the accounting's backlog. ``cluster``: a topology spec or slurm.conf folder (default: with
+    ``db``, the cluster the store's ``nodes`` table describes; else the experiment's)."""
     exp = get_experiment(experiment)
     return evaluate_and_promote(
         policies,
@@ -133,7 +154,7 @@ def evaluate_deployment(
         slurm_cluster=slurm_cluster,
         n_windows=_or(n_windows, exp.evaluation.heldout_windows),
         seeds=_or(seeds, list(exp.evaluation.seeds)),
-        cluster=_or(cluster, exp.topology),
+        cluster=cluster if cluster is not None or db is not None else exp.topology,
         window_s=_or(window_s, exp.windows.window_s),
         block_s=_or(block_s, exp.windows.block_s),
         min_jobs=_or(min_jobs, exp.windows.min_jobs),

@@ -30,24 +30,27 @@ import tempfile
 import textwrap
 from collections.abc import Mapping, Sequence
 from contextlib import closing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from linkwise.cluster.contention import AnalyticModel
+from linkwise.cluster.domain import Topology
 from linkwise.cluster.heuristics import is_oracle, policy_names
 from linkwise.cluster.mdp import ObsSpec
 from linkwise.cluster.profiles import load_calibration
 from linkwise.cluster.restart import parse_restart
 from linkwise.cluster.topology import DEFAULT_TOPOLOGY, load_topology
 from linkwise.datasets.backlog import Backlog, backlog_from_store
-from linkwise.datasets.decisions import topology_from_store
+from linkwise.datasets.decisions import store_cluster, topology_from_store
 from linkwise.datasets.export import file_sha256, read_dataset
+from linkwise.datasets.operator import DEFAULT_STORE, operator_store
 from linkwise.datasets.prediction import fit_history, load_history
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.rollouts import cut_windows, jobs_from_store
 from linkwise.datasets.store import open_store
 from linkwise.datasets.traces import jobs_frame, load_trace
-from linkwise.datasets.windows import choose_windows
+from linkwise.datasets.windows import choose_windows, window_supply
 from linkwise.deployer.promote import (
     CHALLENGER,
     CHAMPION,
@@ -97,10 +100,12 @@ from linkwise.models.registry import (
 from linkwise.models.training import split_episodes
 
 __all__ = [
+    "EvaluationTopology",
     "add_evaluate_parsers",
     "evaluate",
     "evaluate_and_promote",
     "evaluate_flow",
+    "evaluation_topology",
     "gate_challenger",
     "gate_evidence",
     "model_manifest",
@@ -174,6 +179,45 @@ def _reference(spec: str) -> bool:
 # ------------------------------------------------------------------------ evaluate
 
 
+@dataclass(frozen=True)
+class EvaluationTopology:
+    """The cluster an evaluation runs on, what the output calls it and where it came from."""
+
+    topology: Topology
+    name: str
+    source: str
+
+
+def evaluation_topology(
+    cluster: str | None, db: str | Path | None, slurm_cluster: str | None = None
+) -> EvaluationTopology:
+    """The topology to evaluate on: ``cluster`` (a spec, or a folder with ``slurm.conf`` and
+    ``topology.conf``) when given; else, for a store, the cluster the store describes (its
+    ``nodes`` table, as ``build-dataset`` reads it; ValueError when it has none); else the one
+    default ``DEFAULT_TOPOLOGY``."""
+    if cluster:
+        return EvaluationTopology(load_topology(cluster), cluster, "given (--cluster)")
+    if db is None:
+        topo = load_topology(DEFAULT_TOPOLOGY)
+        return EvaluationTopology(topo, DEFAULT_TOPOLOGY, "the default (no --cluster)")
+    with closing(open_store(db)) as con:
+        try:
+            topo = topology_from_store(con, slurm_cluster)
+        except ValueError as exc:
+            raise ValueError(
+                f"{db}: cannot evaluate on the store's cluster: {exc}; collect its nodes "
+                "(`linkwise collect accounting`) or name the topology with --cluster (a spec "
+                "such as 4x4, or the folder of slurm.conf and topology.conf)"
+            ) from None
+    gpus = sorted({n.gpus for n in topo.nodes})
+    shape = f"{len(topo.nodes)}x{gpus[0]}" if len(gpus) == 1 else f"{len(topo.nodes)} nodes"
+    return EvaluationTopology(
+        topo,
+        f"{topo.name} ({shape}, {topo.total_gpus} GPUs)",
+        f"the store's nodes table ({db}, cluster {topo.name})",
+    )
+
+
 def evaluate(
     policies: Sequence[str],
     *,
@@ -184,7 +228,7 @@ def evaluate(
     n_windows: int = 4,
     holdout_from: Sequence[str | Path] = (),
     seeds: Sequence[int] = (0, 1, 2),
-    cluster: str = DEFAULT_TOPOLOGY,
+    cluster: str | None = None,
     window_s: float = 6 * 3600.0,
     block_s: float = 1800.0,
     min_jobs: int = 10,
@@ -218,7 +262,8 @@ def evaluate(
     evaluate``) so does a learned package without its own predictor. ``wide``: every column
     in the report's results table (``evaluation.columns``). ``restart_cost``/``restart_grace``:
     what a preemption costs (``cluster.restart.parse_restart``: ``sia`` by default, ``0``
-    free, or seconds)."""
+    free, or seconds). ``cluster``: the topology (``evaluation_topology``: default, the cluster
+    a store describes, else ``DEFAULT_TOPOLOGY``); the report says which and from where."""
 
     if not policies:
         raise ValueError("no policies to evaluate")
@@ -236,7 +281,11 @@ def evaluate(
     refs, versions = (
         pin_policies(policies, uri) if needs_registry else ([PolicyRef(s, s) for s in policies], {})
     )
-    topo = load_topology(cluster)
+    if db is not None:  # spans are named by the store's cluster, given or not
+        with closing(open_store(db)) as con:
+            slurm_cluster = store_cluster(con, slurm_cluster)
+    where = evaluation_topology(cluster, db, slurm_cluster)
+    topo = where.topology
     traces: dict[str, str | Path] = {}
     origin: float | None = 0.0  # a store's times are Unix seconds
     if trace is not None:
@@ -256,21 +305,31 @@ def evaluate(
             manifests.append(m)
     used: list[Span] = [s for m in manifests for s in dataset_spans(m, traces=traces)]
     cut = cut_windows(jobs, window_s, max_gpus=topo.total_gpus)
+    shortfall: str | None = None
     if windows:
         chosen = choose_windows(cut, ids=windows)
         check_heldout(window_spans(chosen, source), used)
     else:
+        excluded = overlaps_any(source, used)
+        supply = window_supply(
+            cut, asked=n_windows, min_jobs=min_jobs, window_s=window_s, excluded=excluded
+        )
+        if not supply.free:
+            raise ValueError(
+                supply.message(
+                    "no evaluation windows left",
+                    "or train on an earlier span (build-dataset/train --until) so that later "
+                    "windows stay held out",
+                )
+            )
+        if supply.missing:
+            shortfall = supply.message("fewer evaluation windows than asked")
         chosen = choose_windows(
             cut,
             n=n_windows,
             min_jobs=min_jobs,
-            excluded=overlaps_any(source, used),
+            excluded=excluded,
             where="last" if used else "spread",
-        )
-    if not chosen:
-        raise ValueError(
-            "no evaluation windows left (all overlap the training data or are "
-            f"below {min_jobs} jobs)"
         )
     fitted: dict[str, Any] | None = None
     if predictor is not None:
@@ -312,7 +371,8 @@ def evaluate(
     labels = [r.label for r in refs]
     base = baseline or next((s for s in labels if _reference(s)), labels[0])
     context: dict[str, Any] = {
-        "cluster": cluster,
+        "cluster": where.name,
+        "topology_source": where.source,
         "gpus": topo.total_gpus,
         "contention": contention,
         "workload": workload,
@@ -339,6 +399,7 @@ def evaluate(
         "oracles": [x for x in labels if is_oracle(x)],
         "predictor": fitted,
         "restart": restart.to_dict(),
+        "history_note": shortfall,
     }
     report = write_report(
         bench, out_dir, baseline=base, context=context, n_boot=n_boot, seed=seed, wide=wide
@@ -560,8 +621,12 @@ def format_evaluation(report: EvaluationReport, run_id: str | None, wide: bool =
     lines = [
         f"evaluation: {report.context['cases']} cases "
         f"({len(report.context['evaluation_windows'])} windows x "
-        f"{len(report.context['seeds'])} seeds) on {report.context['cluster']}"
+        f"{len(report.context['seeds'])} seeds) on {report.context['cluster']}",
+        f"  topology: {report.context.get('topology_source', 'given')}",
     ]
+    note = report.context.get("history_note")
+    if note:
+        lines += ["  " + part for part in textwrap.wrap(f"note: {note}", MAX_WIDTH - 2)]
     restart = report.context.get("restart")
     if isinstance(restart, dict):
         lines.append(f"  restart cost: {restart.get('description', restart.get('name'))}")
@@ -595,7 +660,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     report, run_id = evaluate(
         split_specs(args.policies or "") or policy_names(predictions=args.history is not None),
         trace=args.trace,
-        db=args.db,
+        db=operator_store(args.db, args.trace),
         slurm_cluster=args.slurm_cluster,
         windows=_csv(args.windows, int),
         n_windows=args.n_windows,
@@ -670,7 +735,12 @@ def add_evaluate_parsers(sub: Any) -> None:
         help="comma-separated specs: heuristics, model:ALIAS|PATH (default: every heuristic)",
     )
     p.add_argument("--trace", type=Path, help="trace file of the evaluation workload")
-    p.add_argument("--db", type=Path, help="DuckDB store: its accounting as the workload")
+    p.add_argument(
+        "--db",
+        type=Path,
+        help=f"DuckDB store: its accounting as the workload (default without --trace: the "
+        f"operator's store {DEFAULT_STORE})",
+    )
     p.add_argument("--slurm-cluster", help="cluster name in the store")
     p.add_argument("--windows", help="comma-separated window ids (checked against --holdout-from)")
     p.add_argument(
@@ -688,7 +758,9 @@ def add_evaluate_parsers(sub: Any) -> None:
     )
     p.add_argument("--seeds", help="comma-separated seeds (default 0,1,2)")
     p.add_argument(
-        "--cluster", default=DEFAULT_TOPOLOGY, help=f"topology (default {DEFAULT_TOPOLOGY})"
+        "--cluster",
+        help="topology: a spec or the folder of slurm.conf and topology.conf (default: the "
+        f"cluster the store's nodes table describes; with --trace {DEFAULT_TOPOLOGY})",
     )
     p.add_argument("--window", type=float, default=6 * 3600.0, help="window length, seconds")
     p.add_argument("--block", type=float, default=1800.0, help="bootstrap block, s (0: replay)")

@@ -341,7 +341,8 @@ HEADLINE = Experiment(
 
 # The Prefect deployments (``prefect.yaml``): the daily dataset build from the store and the
 # evaluation of @challenger; training runs the TOML named in its deployment. The dataset
-# build takes the cluster's topology from the store; the evaluation runs on ``topology``.
+# build and the evaluation of the store take the cluster's topology from the store (its
+# ``nodes`` table) unless given one; ``topology`` is for a trace only.
 # The MDP is ``MdpConfig()``'s default (K=8, head of the queue), what the deployed build has
 # always used.
 DAILY = Experiment(

@@ -4,9 +4,13 @@
 flow around it. Steps:
 
 1. Read the TOML configuration (``models.training.TrainConfig``).
-2. The dataset: an exported one (``dataset.path``, its content hash verified) or built from
-   rollouts (``pipelines.build_dataset``, serial, into ``OUT/datasets``; content-hashed, so
-   the same configuration gives the same file). Its ObsSpec must match this encoder.
+2. The dataset: an exported one (``dataset.path``, its content hash verified) or built
+   (``pipelines.build_dataset``, serial, into ``OUT/datasets``; content-hashed, so the same
+   configuration gives the same file) from the cluster's store (``dataset.db``: its
+   accounting's decisions plus warm-started rollouts on the store's cluster, over
+   ``[since, until)``) or from rollouts of a trace. Its ObsSpec must match this encoder.
+   ``linkwise train --dataset PATH`` or ``--db STORE --since --until`` replace the file's
+   source (``DatasetConfig.from_source``).
 3. Split by episode into training and held-out transitions.
 4. One MLflow run (experiment with an explicit artifact location): the configuration and
    the dataset hash as parameters, the dataset as a run input, the TOML as an artifact;
@@ -26,7 +30,8 @@ import json
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from contextlib import closing
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +39,11 @@ import numpy as np
 import polars as pl
 
 from linkwise.cluster.mdp import ObsSpec
+from linkwise.cluster.topology import DEFAULT_TOPOLOGY
 from linkwise.datasets.export import read_dataset, to_mdp_dataset
+from linkwise.datasets.operator import DEFAULT_STORE, parse_time
+from linkwise.datasets.rollouts import jobs_from_store
+from linkwise.datasets.store import open_store
 from linkwise.models.learned import masked_argmax, save_package
 from linkwise.models.registry import default_tracking_uri, mlflow_env
 from linkwise.models.training import (
@@ -60,6 +69,7 @@ __all__ = [
     "load_training_data",
     "train",
     "train_flow",
+    "with_steps",
 ]
 
 
@@ -102,17 +112,35 @@ class TrainResult:
         return asdict(self)
 
 
+def with_steps(cfg: TrainConfig, steps: int) -> TrainConfig:
+    """``cfg`` trained for ``steps`` steps (``linkwise train --steps``): the epoch length kept
+    when it divides them, else one epoch of ``steps``."""
+    per_epoch = cfg.params.n_steps_per_epoch
+    per_epoch = per_epoch if steps > 0 and steps % per_epoch == 0 else steps
+    return replace(cfg, params=replace(cfg.params, n_steps=steps, n_steps_per_epoch=per_epoch))
+
+
 def load_training_data(
     cfg: TrainConfig, out_dir: str | Path
 ) -> tuple[pl.DataFrame, dict[str, Any], ObsSpec]:
     """The configuration's transitions, the dataset manifest (with ``path``) and its spec."""
 
     ds = cfg.dataset
+    if ds.db is not None and not Path(ds.db).is_file():
+        raise FileNotFoundError(
+            f"dataset.db: no store at {Path(ds.db).resolve()}: collect the cluster's accounting "
+            "into it first (`linkwise collect accounting --db ...`), or name one with --db"
+        )
+    until = ds.until
+    if ds.db is not None and until is None and ds.holdout_last_s > 0:
+        with closing(open_store(ds.db)) as con:
+            last = jobs_from_store(con)["submit_time"].max()
+        until = float(last) - ds.holdout_last_s if last is not None else None  # type: ignore[arg-type]
     if ds.path:
         path = ds.path
     else:
-        assert ds.trace is not None
         built = build_dataset(
+            ds.db,
             trace=ds.trace,
             out_dir=Path(out_dir) / "datasets",
             rollouts=ds.rollouts,
@@ -123,11 +151,14 @@ def load_training_data(
             window_s=ds.window_s,
             block_s=ds.block_s,
             min_jobs=ds.min_jobs,
-            topology=ds.topology,
+            topology=ds.topology or (None if ds.db else DEFAULT_TOPOLOGY),
+            since=ds.since,
+            until=until,
             config=ds.mdp_config(),
             calibration=ds.calibration,
             executor="serial",
             max_steps=ds.max_steps,
+            warm_start=ds.db is not None,  # windows start from the accounting's backlog
         )
         path = str(built["path"])
     df, manifest = read_dataset(path)
@@ -197,6 +228,8 @@ def progress_bar(enabled: bool) -> Any:
 def train(
     config: str | Path | TrainConfig,
     *,
+    source: Mapping[str, Any] | None = None,
+    steps: int | None = None,
     tracking_uri: str | None = None,
     out_dir: str | Path = "linkwise-out/train",
     register: bool | None = None,
@@ -208,11 +241,18 @@ def train(
 
     ``checkpoint_every`` > 0: a package every that many steps as well, into
     ``out_dir/packages/RUN_ID/step_NNNNNN`` (``policy.json``'s ``checkpoint_step``), listed
-    in ``TrainResult.checkpoints`` with its held-out report; the last one is the run's package."""
+    in ``TrainResult.checkpoints`` with its held-out report; the last one is the run's package.
+    ``source``: ``DatasetConfig.from_source``'s keywords (``path``, ``db``, ``since``,
+    ``until``), replacing the configuration's dataset source. ``steps``: the training budget
+    instead of ``[train] n_steps`` (``with_steps``)."""
 
     mlflow_env()
     t0 = time.perf_counter()
     cfg = config if isinstance(config, TrainConfig) else TrainConfig.from_toml(config)
+    if source:
+        cfg = replace(cfg, dataset=cfg.dataset.from_source(**source))
+    if steps is not None:
+        cfg = with_steps(cfg, steps)
     out = Path(out_dir).resolve()
     uri = tracking_uri or default_tracking_uri()
     df, manifest, spec = load_training_data(cfg, out)
@@ -376,7 +416,15 @@ def format_result(r: TrainResult) -> str:
 
 def cmd_train(args: argparse.Namespace) -> int:
     """``linkwise train --config FILE``: train, register, print the summary and the run id."""
+    source = {
+        "path": str(args.dataset) if args.dataset else None,
+        "db": str(args.db) if args.db else None,
+        "since": parse_time(args.since, "--since"),
+        "until": parse_time(args.until, "--until"),
+    }
     kwargs: dict[str, Any] = {
+        "source": {k: v for k, v in source.items() if v is not None},
+        "steps": args.steps,
         "tracking_uri": args.tracking_uri,
         "out_dir": args.out,
         "register": False if args.no_register else None,
@@ -399,6 +447,30 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
         p,
         config_help="experiment TOML file",
         out_help="folder for built datasets and policy packages",
+    )
+    p.add_argument(
+        "--dataset",
+        type=Path,
+        help="train on this exported dataset (build-dataset's .parquet) instead of the "
+        "configuration's [dataset]",
+    )
+    p.add_argument(
+        "--db",
+        type=Path,
+        help="build the dataset from this store (the cluster's own accounting, its topology "
+        "from the nodes table) instead of the configuration's [dataset]; the operator TOMLs "
+        f"(models/experiments/operator_*.toml) read {DEFAULT_STORE} by default",
+    )
+    p.add_argument(
+        "--since", help="with a store: jobs submitted from then on (ISO 8601 or epoch seconds)"
+    )
+    p.add_argument(
+        "--until",
+        help="with a store: jobs submitted before then (exclusive); later windows stay "
+        "held out for `linkwise evaluate`",
+    )
+    p.add_argument(
+        "--steps", type=int, help="training steps instead of the configuration's [train] n_steps"
     )
     p.add_argument("--prefect", action="store_true", help="run as a Prefect flow")
     p.add_argument("--json", action="store_true", help="print the result as JSON only")

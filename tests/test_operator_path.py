@@ -1,0 +1,167 @@
+"""The operator's path on their own cluster's store (issue 32 items 1, 2, 5, 6): evaluate
+and build-dataset default to the operator's store and the cluster it describes, say how much
+history a request lacks, train learns from the store, shadow-report finds the latest span
+with evidence, and promote documents its exit codes. The real local Slurm end to end is
+``tests/test_operator_live.py``."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+
+from linkwise.cli import main
+from linkwise.cluster.topology import from_spec
+from linkwise.datasets import synthetic
+from linkwise.datasets.operator import DEFAULT_STORE
+from linkwise.pipelines.history import replay_history
+
+ROOT = Path(__file__).resolve().parents[1]
+CLUSTER = "op"
+EVAL = ["--policies", "backfill,fifo", "--seeds", "0", "--executor", "serial", "--no-log",
+        "--n-boot", "50", "--min-jobs", "5"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """About a day of a 3-node x 4-GPU cluster's accounting (nodes table included)."""
+    db = tmp_path_factory.mktemp("store") / "store.duckdb"
+    jobs = synthetic.generate(300, seed=0, max_gpus=12, load_scale=0.5)
+    replay_history(jobs, from_spec("3x4"), db, cluster=CLUSTER)
+    return db
+
+
+def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_evaluate_runs_on_the_cluster_the_store_describes(
+    store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Item 1: not on the default 16x8 (128 GPUs) but on the store's 3 x 4 GPUs, and the
+    output says which topology and where it came from."""
+    code, out, err = _run(
+        ["evaluate", "--db", str(store), *EVAL, "--n-windows", "1", "--out", str(tmp_path / "e")],
+        capsys,
+    )
+    assert code == 0, err
+    assert "on op (3x4, 12 GPUs)" in out
+    assert f"topology: the store's nodes table ({store}, cluster op)" in out
+    report = (tmp_path / "e" / "report.md").read_text()
+    assert "- **cluster**: op (3x4, 12 GPUs)" in report and "- **gpus**: 12" in report
+    assert "- **topology_source**: the store's nodes table" in report
+
+
+def test_evaluate_refuses_a_store_without_nodes(
+    store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bare = tmp_path / "bare.duckdb"
+    shutil.copy(store, bare)
+    with duckdb.connect(str(bare)) as con:
+        con.execute("DELETE FROM nodes")
+    argv = ["evaluate", "--db", str(bare), *EVAL, "--out", str(tmp_path / "e")]
+    code, _, err = _run(argv, capsys)
+    assert code == 2
+    assert "cannot evaluate on the store's cluster: no nodes of cluster 'op' in the store" in err
+    assert "collect its nodes (`linkwise collect accounting`) or name the topology" in err
+    assert not (tmp_path / "e").exists()
+
+
+def test_evaluate_says_how_much_history_is_missing(
+    store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Item 2: not `no evaluation windows left` but what was asked, what the store has and
+    how many windows, days and jobs are missing."""
+    argv = ["evaluate", "--db", str(store), *EVAL, "--out", str(tmp_path / "e")]
+    code, _, err = _run([*argv, "--n-windows", "4", "--window", "3600", "--min-jobs", "60"], capsys)
+    assert code == 2
+    assert "4 windows of 1 h with at least 60 jobs asked" in err
+    assert "299 jobs over 1.06 days (26 windows of 1 h with jobs, 0 with at least 60 jobs)" in err
+    assert "0 usable; 4 more windows missing: at least 0.17 more days and 240 more jobs" in err
+    assert "no evaluation windows left (all overlap" not in err
+
+
+def test_evaluate_and_build_dataset_default_to_the_operators_store(
+    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, _, err = _run(["evaluate", *EVAL, "--n-windows", "1"], capsys)
+    assert code == 2 and f"no store at {tmp_path / DEFAULT_STORE}" in err
+    (tmp_path / DEFAULT_STORE).parent.mkdir(parents=True)
+    shutil.copy(store, tmp_path / DEFAULT_STORE)
+    code, out, err = _run(["evaluate", *EVAL, "--n-windows", "1"], capsys)
+    assert code == 0, err
+    assert "on op (3x4, 12 GPUs)" in out
+
+
+def test_the_evaluate_deployment_runs_on_the_stores_cluster(store: Path, tmp_path: Path) -> None:
+    from linkwise.pipelines.deployments import evaluate_deployment
+
+    out: dict[str, Any] = evaluate_deployment.fn(
+        ["backfill"], db=str(store), n_windows=1, seeds=[0], min_jobs=5, n_boot=50,
+        promote=False, out_dir=str(tmp_path / "e"),
+        tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+    )  # fmt: skip
+    context = out["evaluation"]["context"]
+    assert context["gpus"] == 12 and context["cluster"] == "op (3x4, 12 GPUs)"
+
+
+def test_build_dataset_spans_since_until_and_says_why_fewer_rollouts(
+    store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Item 2: --since/--until bound the dataset; --rollouts 8 on half a day of history rolls
+    out the 2 windows there are and says why, with how much history is missing."""
+    argv = ["build-dataset", "--from-db", str(store), "--policies", "backfill", "--epsilons", "0",
+            "--executor", "serial", "--max-steps", "20", "--out", str(tmp_path / "ds")]  # fmt: skip
+    code, out, err = _run([*argv, "--rollouts", "8", "--since", "0", "--until", "43200"], capsys)
+    assert code == 0, err
+    assert "rollouts: 2 windows x 1 policies x 1 exploration rates x 1 seeds" in out
+    assert "note: --rollouts 8: 2 windows rolled out: 8 windows of 6 h with at least 10 jobs" in out
+    assert "6 more windows missing" in out
+    manifest = json.loads(next((tmp_path / "ds").glob("transitions-*.json")).read_text())
+    acc = manifest["sources"]["accounting"]
+    assert (acc["since"], acc["until"], acc["cluster"]) == (0.0, 43200.0, CLUSTER)
+    assert manifest["sources"]["rollouts"]["until"] == 43200.0
+    code, _, err = _run([*argv, "--rollouts", "2", "--since", "90000", "--min-jobs", "50"], capsys)
+    assert code == 2 and "no rollout windows for --rollouts 2" in err
+    assert "2 more windows missing" in err
+
+
+def test_train_learns_from_the_store_without_edits(
+    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Item 2: the shipped operator TOML builds its dataset from the operator's store (here
+    given with --db), on the store's cluster, up to --until, and registers @challenger."""
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    config = str(ROOT / "models" / "experiments" / "operator_bc.toml")
+    argv = ["train", "--config", config, "--steps", "20", "--tracking-uri", uri, "--json"]
+    code, _, err = _run(argv, capsys)
+    assert code == 2 and f"no store at {tmp_path / DEFAULT_STORE}" in err
+    code, out, err = _run([*argv, "--db", str(store), "--until", "64800"], capsys)
+    assert code == 0, err
+    result = json.loads(out.splitlines()[-1])
+    assert result["steps"] == 20 and result["alias"] == "challenger"
+    manifest = json.loads(Path(result["dataset_path"]).with_suffix(".json").read_text())
+    topology = {"spec": None, "name": CLUSTER, "nodes": 3, "gpus": 12}
+    assert manifest["sources"]["topology"] == topology
+    assert manifest["sources"]["accounting"]["until"] == 64800.0
+    assert manifest["sources"]["rollouts"]["warm_start"] is True
+
+
+def test_the_operator_tomls_read_the_operators_store() -> None:
+    from linkwise.models.training import TrainConfig
+
+    for algo in ("bc", "cql"):
+        toml = ROOT / "models" / "experiments" / f"operator_{algo}.toml"
+        ds = TrainConfig.from_toml(toml).dataset
+        assert (ds.db, ds.trace, ds.path, ds.topology) == (DEFAULT_STORE, None, None, None)
+        assert ds.holdout_last_s == 86400
+    with pytest.raises(ValueError, match="exactly one of path"):
+        TrainConfig.from_mapping({"algo": "bc", "dataset": {"db": "a", "trace": "b"}})
