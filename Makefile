@@ -6,6 +6,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_OUT ?= linkwise-out
+# The local Slurm's version (scripts/local-slurm): 22.05 (Debian 12's packages on the host),
+# 24.11 or 26.05 (Debian trixie's / forky's in a cached chroot). Exported: tests that start
+# their own instances through the script inherit it.
+LINKWISE_SLURM_VERSION ?= 24.11
+export LINKWISE_SLURM_VERSION
 
 .PHONY: install demo demo-slurm test lint format typecheck pytest bench clean slurm-up slurm-down prometheus-up prometheus-down
 

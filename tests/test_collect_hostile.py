@@ -24,7 +24,9 @@ import os, sys
 args = sys.argv[1:]
 name = os.path.basename(sys.argv[0])
 out = sys.stdout.buffer
-if name == "sinfo":
+if name == "scontrol" and args == ["--version"]:  # the release picks sinfo --json
+    out.write(b"slurm 22.05.8\\n")
+elif name == "sinfo":
     out.write(open({sinfo!r}, "rb").read())
 elif "--json" in args:
     out.write(open({doc!r}, "rb").read())
@@ -69,7 +71,7 @@ def fake_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, i
     doc = tmp_path / "sacct.json"
     n_hostile = _hostile_doc(doc)
     script = FAKE.format(python=sys.executable, sinfo=str(FIX / "sinfo.json"), doc=str(doc))
-    for name in ("sacct", "sinfo"):
+    for name in ("sacct", "sinfo", "scontrol"):
         (bin_dir / name).write_text(script)
         (bin_dir / name).chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{Path(sys.executable).parent}:/usr/bin:/bin")

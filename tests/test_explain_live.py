@@ -20,6 +20,7 @@ import pytest
 from linkwise.cli import main
 from linkwise.cluster.slurm.client import SlurmClient, read_env_file
 from linkwise.deployer.loop import ServeConfig, serve
+from linkwise.tests._slurm import slurm_cmd
 
 pytestmark = pytest.mark.services
 
@@ -92,6 +93,6 @@ def test_explain_a_live_shadow_decision(
         assert all(q.state == "PENDING" and not q.held for q in queue.values())
     finally:
         subprocess.run(
-            ["scancel", *map(str, ids)], env={**os.environ, **env}, check=False,
+            [slurm_cmd(env, "scancel"), *map(str, ids)], env={**os.environ, **env}, check=False,
             capture_output=True,
         )  # fmt: skip

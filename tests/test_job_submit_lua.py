@@ -19,6 +19,7 @@ import pytest
 
 from linkwise.cluster.slurm.client import SlurmClient, read_env_file
 from linkwise.deployer.safety import HOLD_TAG, lease_dir_for, pid_start_time
+from linkwise.tests._slurm import slurm_argv
 
 pytestmark = pytest.mark.services
 
@@ -100,8 +101,7 @@ def _admin_comment(client: SlurmClient, job_id: int) -> str:
 
 
 def _as_user(cluster: dict[str, str], user: str, *args: str) -> subprocess.CompletedProcess[str]:
-    cmd = ["setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups"]
-    cmd += ["env", f"SLURM_CONF={cluster['SLURM_CONF']}", *args]
+    cmd = slurm_argv(cluster, *args, user=user)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=30, cwd="/tmp")
 
 

@@ -29,6 +29,7 @@ from linkwise.deployer.migration import MigrationConfig, MigrationExecutor, Move
 from linkwise.deployer.observation import build_observation, slurm_topology
 from linkwise.deployer.profiles import resolve_profiles
 from linkwise.deployer.safety import Recorder
+from linkwise.tests._slurm import slurm_cmd
 
 pytestmark = pytest.mark.services
 
@@ -115,7 +116,7 @@ def test_a_learned_package_decides_on_the_live_queue(env_file: Path, tmp_path: P
         assert all(q.state == "PENDING" and not q.held for q in queue)
     finally:
         subprocess.run(
-            ["scancel", *map(str, mine)], env={**os.environ, **env}, check=False,
+            [slurm_cmd(env, "scancel"), *map(str, mine)], env={**os.environ, **env}, check=False,
             capture_output=True,
         )  # fmt: skip
 
@@ -165,5 +166,5 @@ def test_a_signalled_job_is_in_transit_with_its_target_reserved(
         assert tr.held is not None and tr.held.nodes == (topo.node_index[q.nodes[0]],)
         assert obs.state.free_gpus[k] == max(0, obs.slurm_free[k] - 1)
     finally:
-        subprocess.run(["scancel", str(job)], env={**os.environ, **env}, check=False,
-                       capture_output=True)  # fmt: skip
+        subprocess.run([slurm_cmd(env, "scancel"), str(job)], env={**os.environ, **env},
+                       check=False, capture_output=True)  # fmt: skip

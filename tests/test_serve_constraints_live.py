@@ -25,6 +25,7 @@ from linkwise.cluster.hostlist import expand
 from linkwise.cluster.slurm.client import SlurmClient, read_env_file
 from linkwise.deployer.loop import ServeConfig, serve
 from linkwise.deployer.safety import HOLD_TAG, RELEASED_TAG, lease_dir_for
+from linkwise.tests._slurm import slurm_argv
 from linkwise.tests._store import read_store
 
 pytestmark = pytest.mark.services
@@ -104,18 +105,15 @@ def wait_for(cond: Callable[[], bool], timeout: float, what: str) -> None:
 
 def sbatch(cluster: dict[str, str], *args: str, user: str | None = None) -> int:
     """sbatch (as root, or as ``user``); the job id."""
-    cmd = ["env", f"SLURM_CONF={cluster['SLURM_CONF']}", "sbatch", "--parsable"]
-    cmd += ["--chdir=/tmp", "-o", "/dev/null", *args]
-    if user is not None:
-        cmd = ["setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups", *cmd]
+    cmd = slurm_argv(cluster, "sbatch", "--parsable", "--chdir=/tmp", "-o", "/dev/null", *args,
+                     user=user)  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=30, cwd="/tmp")
     assert out.returncode == 0, out.stderr
     return int(out.stdout.strip().split(";")[0])
 
 
 def as_user(cluster: dict[str, str], user: str, *args: str) -> subprocess.CompletedProcess[str]:
-    cmd = ["setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups"]
-    cmd += ["env", f"SLURM_CONF={cluster['SLURM_CONF']}", *args]
+    cmd = slurm_argv(cluster, *args, user=user)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=30, cwd="/tmp")
 
 

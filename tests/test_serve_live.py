@@ -23,6 +23,7 @@ from linkwise.cluster.slurm.client import SlurmClient, read_env_file
 from linkwise.datasets.store import open_store
 from linkwise.deployer.loop import ServeConfig, serve
 from linkwise.deployer.policies import LoadedPolicy
+from linkwise.tests._slurm import slurm_argv
 from linkwise.tests._store import read_store
 
 pytestmark = pytest.mark.services
@@ -336,9 +337,8 @@ def test_slurmctld_restart_mid_cycle_loop_survives(client: SlurmClient, tmp_path
 
 def submit_as(user: str, *args: str) -> int:
     """sbatch as another (non-root) user of the cluster; its job id."""
-    conf = read_env_file(Path(LIVE_DIR) / "env")["SLURM_CONF"]
-    cmd = ["setpriv", f"--reuid={user}", f"--regid={user}", "--init-groups"]
-    cmd += ["env", f"SLURM_CONF={conf}", "sbatch", "--parsable", "--chdir=/tmp", "-o", "/dev/null"]
+    env = read_env_file(Path(LIVE_DIR) / "env")
+    cmd = slurm_argv(env, "sbatch", "--parsable", "--chdir=/tmp", "-o", "/dev/null", user=user)
     out = subprocess.run([*cmd, *args], check=True, capture_output=True, text=True, timeout=30)
     return int(out.stdout.strip().split(";")[0])
 

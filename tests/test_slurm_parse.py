@@ -402,7 +402,9 @@ def test_rest_accounting_keeps_good_records_beside_hostile_ones() -> None:
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     try:
-        rest = RestTransport(f"http://127.0.0.1:{httpd.server_address[1]}", "root", lambda: "t")
+        rest = RestTransport(
+            f"http://127.0.0.1:{httpd.server_address[1]}", "root", lambda: "t", api="v0.0.38"
+        )
         batch = rest.accounting(0.0, 1.0)
     finally:
         httpd.shutdown()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -48,15 +49,37 @@ _UNAVAILABLE_HINTS = (
 
 
 class CommandRunner:
-    """Runs Slurm commands with a timeout and ``SLURM_CONF``; raises ``SlurmError``s."""
+    """Runs Slurm commands with a timeout and ``SLURM_CONF``; raises ``SlurmError``s.
 
-    def __init__(self, slurm_conf: str | None = None, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+    ``bin_dir`` (the env file's ``LINKWISE_SLURM_BIN``) is a folder of Slurm's commands that
+    comes before ``PATH``: ``scripts/local-slurm`` puts wrappers there that run a Slurm of
+    another version in its chroot. Commands it does not hold are looked up on ``PATH``.
+    """
+
+    def __init__(
+        self,
+        slurm_conf: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        bin_dir: str | None = None,
+    ) -> None:
         self.slurm_conf = slurm_conf
         self.timeout = timeout
+        self.bin_dir = bin_dir or None
         self._last_stderr = ""
 
     def __repr__(self) -> str:
-        return f"CommandRunner(slurm_conf={self.slurm_conf!r}, timeout={self.timeout})"
+        return (
+            f"CommandRunner(slurm_conf={self.slurm_conf!r}, timeout={self.timeout}, "
+            f"bin_dir={self.bin_dir!r})"
+        )
+
+    def program(self, name: str) -> str:
+        """The path a command runs from: ``bin_dir/name`` when that exists, else ``name``."""
+        if self.bin_dir and "/" not in name:
+            candidate = os.path.join(self.bin_dir, name)
+            if os.access(candidate, os.X_OK):
+                return candidate
+        return name
 
     def env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         """The environment commands run with."""
@@ -82,6 +105,7 @@ class CommandRunner:
         """
         argv = [str(a) for a in args]
         name = _describe(argv)
+        argv[0] = self.program(argv[0])
         limit = self.timeout if timeout is None else timeout
         try:
             proc = subprocess.run(
@@ -155,13 +179,37 @@ def chunks(items: Sequence[int], size: int) -> Iterator[list[int]]:
         yield list(items[i : i + size])
 
 
+_RELEASE = re.compile(r"slurm[- ](?:wlm )?(\d+)\.(\d+)")
+SCONTROL_JSON_SINCE = (23, 2)  # ``scontrol --json`` exists from Slurm 23.02
+
+
+def parse_release(text: str) -> tuple[int, int]:
+    """``"slurm 24.11.5"`` (``scontrol --version``) -> ``(24, 11)``."""
+    m = _RELEASE.search(text.strip().lower())
+    if not m:
+        raise SlurmError(f"scontrol --version: unexpected output {text.strip()[:80]!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
 class CliTransport:
-    """Reads accounting, queue, nodes and partitions through the commands' JSON output."""
+    """Reads accounting, queue, nodes and partitions through the commands' JSON output.
+
+    Per-node records come from ``sinfo --json`` on 22.05 and ``scontrol --json show nodes``
+    from 23.02 (whose ``sinfo --json`` groups nodes): the release is asked once
+    (``scontrol --version``) and kept.
+    """
 
     name = "cli"
 
     def __init__(self, runner: CommandRunner) -> None:
         self.runner = runner
+        self._release: tuple[int, int] | None = None
+
+    def release(self) -> tuple[int, int]:
+        """Slurm's (major, minor) release, asked once."""
+        if self._release is None:
+            self._release = parse_release(self.runner.run(["scontrol", "--version"]))
+        return self._release
 
     def __repr__(self) -> str:
         return f"CliTransport({self.runner!r})"
@@ -204,7 +252,9 @@ class CliTransport:
         return parse_queue(self.runner.run_json(["squeue", "-a", "--json"]))
 
     def nodes(self) -> list[NodeInfo]:
-        """Nodes (``sinfo --json``)."""
+        """Nodes (``scontrol --json show nodes``; ``sinfo --json`` before 23.02)."""
+        if self.release() >= SCONTROL_JSON_SINCE:
+            return parse_nodes(self.runner.run_json(["scontrol", "--json", "show", "nodes"]))
         return parse_nodes(self.runner.run_json(["sinfo", "--json"]))
 
     def partitions(self) -> list[PartitionInfo]:

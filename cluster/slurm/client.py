@@ -91,7 +91,9 @@ class SlurmClient:
         user: str = "root",
     ) -> SlurmClient:
         """A client from env-file values (``SLURM_CONF``, ``LINKWISE_SLURM_REST_URL``)."""
-        runner = CommandRunner(env.get("SLURM_CONF"), timeout=timeout)
+        runner = CommandRunner(
+            env.get("SLURM_CONF"), timeout=timeout, bin_dir=env.get("LINKWISE_SLURM_BIN")
+        )
         if transport == "cli":
             return cls(CliTransport(runner), runner)
         if transport == "rest":

@@ -1,15 +1,19 @@
-"""Slurm 22.05 output (JSON of sacct/squeue/sinfo/slurmrestd v0.0.38, ``-P`` text) -> records.
+"""Slurm's output (JSON of sacct/squeue/sinfo/scontrol/slurmrestd, ``-P`` text) -> records.
 
-Pure functions, shared by both transports so that they produce identical records. The
-22.05 defects handled here:
+Pure functions, shared by both transports so that they produce identical records from every
+supported generation of Slurm's JSON (``schema.SUPPORTED``: 22.05's v0.0.38 and 23.11-26.05's
+v0.0.40-v0.0.45; ``schema`` reads the value shapes that differ). A document of another
+generation raises ``SlurmSchemaError``. The defects handled here:
 
-- the accounting JSON's ``exit_code`` is ``SUCCESS/0`` for every normal exit, even a job
-  that exited 3 (state FAILED): a FAILED record takes its exit code from a second source
+- 22.05's accounting JSON's ``exit_code`` is ``SUCCESS/0`` for every normal exit, even a job
+  that exited 3 (state FAILED; fixed in later versions): a FAILED record takes its exit code
+  from a second source
   (``sacct -P -o ExitCode`` or the controller's raw wait status), else it is ``None``;
 - a multi-node job shows only its batch host for a few seconds around start/end: a record
   is ``settled`` only when ``allocation_nodes > 0`` or it never ran (``None assigned``);
 - a requeued job has one record per run under the same id: ``run_index`` counts the runs
-  before it that ended in a requeue (see ``run_indexes``).
+  before it that ended in a requeue (see ``run_indexes``); later versions print a requeued
+  run's state as ``["PENDING", "REQUEUED"]``, which reads REQUEUED (``job_state_text``).
 
 ``parse_accounting_json`` is the fast path from ``sacct --json`` text (orjson, with Python's
 cyclic garbage collector paused while the ~150 objects a record decodes to are alive: the
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -39,6 +44,17 @@ from linkwise.cluster.slurm.records import (
     PartitionInfo,
     QueuedJob,
     RejectedRecord,
+)
+from linkwise.cluster.slurm.schema import (
+    LEGACY,
+    SlurmSchemaError,
+    count,
+    exit_status,
+    generation,
+    job_state_text,
+    node_state_text,
+    number,
+    text_list,
 )
 
 ExitStatus = tuple[int | None, int | None]  # (exit code, signal)
@@ -140,16 +156,21 @@ def run_indexes(lines: Iterable[tuple[int, int, str]]) -> dict[RunKey, int]:
 def ctld_exit_codes(doc: Mapping[str, Any]) -> dict[RunKey, ExitStatus]:
     """Exit status of the finished jobs the controller still holds (squeue/REST jobs JSON);
     a job whose id, submit time or status cannot be read is left out."""
+    generation(doc, "queue")
     out: dict[RunKey, ExitStatus] = {}
     for job in _list(doc, "jobs"):
-        if not isinstance(job, Mapping) or str(job.get("job_state", "")) not in FINISHED_STATES:
-            continue
         try:  # only corrects exit codes: a job that cannot be read here is left out
-            key = (_as_int(job.get("job_id"), "job_id"), _as_int(job.get("submit_time") or 0, "t"))
-            status = _as_int(job.get("exit_code"), "exit_code")
-        except _BadField:
+            if job_state_text(job.get("job_state")) not in FINISHED_STATES:
+                continue
+            key = (_as_int(job.get("job_id"), "job_id"), count(job.get("submit_time")))
+            raw = job.get("exit_code")
+            if isinstance(raw, Mapping):
+                status, code, signal = exit_status(raw)
+                out[key] = (0, signal) if status == "SIGNALED" else (code, None)
+            else:
+                out[key] = decode_wait_status(_as_int(raw, "exit_code"))
+        except (_BadField, AttributeError, ValueError, TypeError, OverflowError):
             continue
-        out[key] = decode_wait_status(status)
     return out
 
 
@@ -166,6 +187,7 @@ def parse_accounting_batch(
     gives each run's index (default 0).
     """
     _raise_errors(doc, "accounting")
+    legacy = generation(doc, "accounting") == LEGACY
     codes = exit_codes or {}
     indexes = run_index or {}
     placements: dict[tuple[str, int], tuple[tuple[str, ...], tuple[int, ...]]] = {}
@@ -174,7 +196,7 @@ def parse_accounting_batch(
     with gc_paused():
         for rec in _list(doc, "jobs"):
             try:
-                runs.append(_job_run(rec, codes, indexes, placements))
+                runs.append(_job_run(rec, codes, indexes, placements, legacy))
             except _BadField as bad:
                 rejected.append(_rejected(rec, bad))
     return AccountingBatch(tuple(runs), tuple(rejected))
@@ -336,8 +358,10 @@ def _job_run(
     codes: Mapping[RunKey, ExitStatus],
     indexes: Mapping[RunKey, int],
     placements: dict[tuple[str, int], tuple[tuple[str, ...], tuple[int, ...]]],
+    legacy: bool = True,
 ) -> JobRun:
-    """One record as a ``JobRun``; raises ``_BadField`` naming the field that is unreadable."""
+    """One record as a ``JobRun``; raises ``_BadField`` naming the field that is unreadable.
+    ``legacy``: a 22.05 record (its FAILED exit codes need a second source)."""
     if not isinstance(rec, Mapping):
         raise _BadField("record", "record is not an object")
     get = rec.get
@@ -347,8 +371,10 @@ def _job_run(
     t = _as_map(get("time"), "time")
     submit = _as_int(t.get("submission") or 0, "time.submission")
     key = (job_id, submit)
-    state = _as_text(_as_map(get("state"), "state").get("current") or "UNKNOWN", "state")
-    state = state.split(" ")[0]
+    try:
+        state = job_state_text(_as_map(get("state"), "state").get("current")) or "UNKNOWN"
+    except ValueError as exc:
+        raise _BadField("state", "state is neither text nor a list of text") from exc
     node_expr = _as_text(get("nodes"), "nodes")
     gpus = _tres_gpus(_as_map(get("tres"), "tres").get("allocated") or ())
     placement = placements.get((node_expr, gpus))
@@ -361,9 +387,12 @@ def _job_run(
     allocation_nodes = _as_int(get("allocation_nodes") or 0, "allocation_nodes")
     array = _as_map(get("array"), "array")
     array_job = _as_int(array.get("job_id") or 0, "array.job_id")
-    task = array.get("task_id")
     try:
-        code, signal = _accounting_exit(state, get("exit_code"), codes.get(key))
+        task = number(array.get("task_id"))
+    except ValueError as exc:
+        raise _BadField("array.task_id", "array.task_id is not an integer") from exc
+    try:
+        code, signal = _accounting_exit(state, get("exit_code"), codes.get(key), legacy)
     except (TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise _BadField("exit_code", "exit_code is not readable") from exc
     return JobRun(
@@ -422,18 +451,20 @@ def _tres_gpus(tres: Any) -> int:
 _NOT_ENDED = frozenset({"PENDING", "RUNNING", "SUSPENDED", "CONFIGURING", "COMPLETING"})
 
 
-def _accounting_exit(state: str, raw: Any, better: ExitStatus | None) -> ExitStatus:
+def _accounting_exit(
+    state: str, raw: Any, better: ExitStatus | None, legacy: bool = True
+) -> ExitStatus:
     if state in _NOT_ENDED:
         return None, None
     code: int | None = None
     signal: int | None = None
     if isinstance(raw, Mapping):
-        if raw.get("status") == "SIGNALED":
-            sig = (raw.get("signal") or {}).get("signal_id")
-            code, signal = 0, (int(sig) if sig else None)
-        elif raw.get("return_code") is not None:
-            code = int(raw["return_code"])
-    if state == "FAILED" and code == 0 and signal is None:
+        status, return_code, sig = exit_status(raw)
+        if status == "SIGNALED":
+            code, signal = 0, sig
+        else:
+            code = return_code
+    if legacy and state == "FAILED" and code == 0 and signal is None:
         # the 22.05 defect: a failed run reported as exit 0
         return better if better is not None and better != (0, None) else (None, None)
     return code, signal
@@ -493,41 +524,56 @@ def _split_gres(text: str) -> list[str]:
 
 
 def parse_queue(doc: Mapping[str, Any]) -> list[QueuedJob]:
-    """Pending and running jobs of a ``squeue --json`` / ``/slurm/v0.0.38/jobs`` document."""
+    """Pending and running jobs of a ``squeue --json`` / ``/slurm/VERSION/jobs`` document of
+    any supported generation. A job record that cannot be read raises ``SlurmSchemaError``
+    naming the job and the fault (the live loop treats it as a Slurm-side fault)."""
     _raise_errors(doc, "queue")
+    generation(doc, "queue")
     out: list[QueuedJob] = []
     for job in _list(doc, "jobs"):
-        state = str(job.get("job_state") or "")
-        if state in FINISHED_STATES:
-            continue
-        reason = str(job.get("state_reason") or "")
-        alloc = str(job.get("tres_alloc_str") or "")
-        node_expr = str(job.get("nodes") or "")
-        req = str(job.get("required_nodes") or "")
-        out.append(
-            QueuedJob(
-                job_id=int(job["job_id"]),
-                name=str(job.get("name") or ""),
-                user=str(job.get("user_name") or ""),
-                partition=str(job.get("partition") or ""),
-                state=state,
-                reason=reason,
-                submit_time=float(_int(job.get("submit_time"))),
-                start_time=_epoch(job.get("start_time")),
-                time_limit_s=_limit_s(job.get("time_limit")),
-                num_nodes=int(job.get("node_count") or 0),
-                gpus=tres_str_gpus(alloc or str(job.get("tres_req_str") or "")),
-                nodes=tuple(expand(node_expr)) if node_expr else (),
-                held=state == "PENDING"
-                and (job.get("priority") == 0 or reason.startswith("JobHeld")),
-                req_nodes=tuple(expand(req)) if req else (),
-                admin_comment=str(job.get("admin_comment") or ""),
-                comment=str(job.get("comment") or ""),
-                requeue=bool(job.get("requeue")),
-                **_request_fields(job),
-            )
-        )
+        try:
+            queued = _queued_job(job)
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
+            job_id = job.get("job_id") if isinstance(job, Mapping) else None
+            raise SlurmSchemaError(
+                f"queue: job {str(job_id)[:40]}: unreadable record ({type(exc).__name__}: "
+                f"{str(exc)[:200]})"
+            ) from exc
+        if queued is not None:
+            out.append(queued)
     return out
+
+
+def _queued_job(job: Mapping[str, Any]) -> QueuedJob | None:
+    """One queue record as a ``QueuedJob`` (``None`` for a job that has finished)."""
+    state = job_state_text(job.get("job_state"))
+    if state in FINISHED_STATES:
+        return None
+    reason = str(job.get("state_reason") or "")
+    alloc = str(job.get("tres_alloc_str") or "")
+    node_expr = str(job.get("nodes") or "")
+    req = str(job.get("required_nodes") or "")
+    held = job.get("hold") is True or number(job.get("priority")) == 0
+    return QueuedJob(
+        job_id=count(job["job_id"]),
+        name=str(job.get("name") or ""),
+        user=str(job.get("user_name") or ""),
+        partition=str(job.get("partition") or ""),
+        state=state,
+        reason=reason,
+        submit_time=float(_int(job.get("submit_time"))),
+        start_time=_epoch(job.get("start_time")),
+        time_limit_s=_limit_s(job.get("time_limit")),
+        num_nodes=_int(job.get("node_count")),
+        gpus=tres_str_gpus(alloc or str(job.get("tres_req_str") or "")),
+        nodes=tuple(expand(node_expr)) if node_expr else (),
+        held=state == "PENDING" and (held or reason.startswith("JobHeld")),
+        req_nodes=tuple(expand(req)) if req else (),
+        admin_comment=str(job.get("admin_comment") or ""),
+        comment=str(job.get("comment") or ""),
+        requeue=bool(job.get("requeue")),
+        **_request_fields(job),
+    )
 
 
 # job fields whose requests the live loop does not model: a job with any of them set is
@@ -536,7 +582,6 @@ _UNMODELLED_FIELDS = (
     "licenses",
     "resv_name",
     "dependency",
-    "tres_per_task",
     "tres_per_socket",
     "cpus_per_tres",
     "memory_per_tres",
@@ -557,13 +602,16 @@ def _request_fields(job: Mapping[str, Any]) -> dict[str, Any]:
         mem = _int(job.get("memory_per_cpu")) * max(1, cpus)
     excluded = str(job.get("excluded_nodes") or "")
     unmodelled = [f"{key}={str(job.get(key))[:60]}" for key in _UNMODELLED_FIELDS if job.get(key)]
-    per_node = str(job.get("tres_per_node") or "")
-    if any(not t.startswith("gres:gpu") for t in per_node.split(",") if t):
-        unmodelled.append(f"tres_per_node={per_node[:60]}")
+    # TRES per node, job and task other than GPUs and a task's CPUs (24.11+ write ``-c 4``
+    # as ``tres_per_task: cpu=4``): not modelled
+    for key in ("tres_per_node", "tres_per_job", "tres_per_task"):
+        text = str(job.get(key) or "")
+        if any(not _modelled_tres(t) for t in text.split(",") if t):
+            unmodelled.append(f"{key}={text[:60]}")
     if _int(job.get("minimum_tmp_disk_per_node")):
         unmodelled.append("tmp disk")
-    task = job.get("array_task_id")
-    shared = str(job.get("shared") or "").lower()
+    task = number(job.get("array_task_id"))
+    shared = text_list(job.get("shared")).lower()
     return dict(
         excluded_nodes=tuple(expand(excluded)) if excluded else (),
         features=str(job.get("features") or ""),
@@ -574,34 +622,56 @@ def _request_fields(job: Mapping[str, Any]) -> dict[str, Any]:
         het_job_id=_int(job.get("het_job_id")),
         het_job_offset=_int(job.get("het_job_offset")),
         array_job_id=_int(job.get("array_job_id")),
-        array_task_id=None if task is None or task == "" else int(task),
+        array_task_id=None if task is None else int(task),
         array_tasks=str(job.get("array_task_string") or ""),
         unmodelled=tuple(unmodelled),
     )
 
 
+def _modelled_tres(item: str) -> bool:
+    """A TRES request item the loop models: GPUs (22.05 ``gres:gpu:2``, later
+    ``gres/gpu:2``, typed or not) or CPUs (``cpu=4`` / ``cpu:4``)."""
+    return item.startswith(("gres:gpu", "gres/gpu", "cpu=", "cpu:"))
+
+
 def parse_nodes(doc: Mapping[str, Any]) -> list[NodeInfo]:
-    """Nodes of a ``sinfo --json`` / ``/slurm/v0.0.38/nodes`` document."""
+    """Nodes of a document with per-node records: 22.05's ``sinfo --json``, ``scontrol
+    --json show nodes`` (23.02+) or ``/slurm/VERSION/nodes``. (From 23.02 ``sinfo --json``
+    groups nodes by partition and state under ``sinfo`` instead: refused, naming the
+    command to use.)"""
     _raise_errors(doc, "nodes")
+    generation(doc, "nodes")
+    if "nodes" not in doc and isinstance(doc.get("sinfo"), list):
+        raise SlurmSchemaError(
+            "nodes: this sinfo --json groups nodes by partition and state (Slurm 23.02+): "
+            "read per-node records from `scontrol --json show nodes`"
+        )
     out: list[NodeInfo] = []
     for node in _list(doc, "nodes"):
-        flags = [str(f).upper() for f in node.get("state_flags") or []]
-        state = "+".join([str(node.get("state") or "UNKNOWN").upper(), *flags])
-        out.append(
-            NodeInfo(
-                name=str(node["name"]),
-                state=state,
-                partitions=tuple(str(p) for p in node.get("partitions") or []),
-                cpus=int(node.get("cpus") or 0),
-                gpus_total=gres_gpus(str(node.get("gres") or "")),
-                gpus_used=gres_gpus(str(node.get("gres_used") or "")),
-                cpus_alloc=_int(node.get("alloc_cpus")),
-                memory_mb=_int(node.get("real_memory")),
-                memory_alloc_mb=_int(node.get("alloc_memory")),
-                features=_features(node.get("active_features") or node.get("features")),
-            )
-        )
+        try:
+            out.append(_node_info(node))
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
+            name = node.get("name") if isinstance(node, Mapping) else None
+            raise SlurmSchemaError(
+                f"nodes: node {str(name)[:40]}: unreadable record ({type(exc).__name__}: "
+                f"{str(exc)[:200]})"
+            ) from exc
     return out
+
+
+def _node_info(node: Mapping[str, Any]) -> NodeInfo:
+    return NodeInfo(
+        name=str(node["name"]),
+        state=node_state_text(node.get("state"), node.get("state_flags")),
+        partitions=tuple(str(p) for p in node.get("partitions") or []),
+        cpus=_int(node.get("cpus")),
+        gpus_total=gres_gpus(str(node.get("gres") or "")),
+        gpus_used=gres_gpus(str(node.get("gres_used") or "")),
+        cpus_alloc=_int(node.get("alloc_cpus")),
+        memory_mb=_int(node.get("real_memory")),
+        memory_alloc_mb=_int(node.get("alloc_memory")),
+        features=_features(node.get("active_features") or node.get("features")),
+    )
 
 
 def _features(value: Any) -> tuple[str, ...]:
@@ -611,16 +681,40 @@ def _features(value: Any) -> tuple[str, ...]:
 
 
 def parse_partitions(doc: Mapping[str, Any]) -> list[PartitionInfo]:
-    """Partitions of a ``/slurm/v0.0.38/partitions`` document."""
+    """Partitions of a ``/slurm/VERSION/partitions`` document: v0.0.38 writes ``nodes`` and
+    ``state`` as text; v0.0.40+ ``nodes: {configured, ...}`` and ``partition: {state: [..]}``.
+    """
     _raise_errors(doc, "partitions")
-    return [
-        PartitionInfo(
-            name=str(p["name"]),
-            nodes=tuple(expand(str(p.get("nodes") or ""))) if p.get("nodes") else (),
-            state=str(p.get("state") or "UNKNOWN").upper(),
-        )
-        for p in _list(doc, "partitions")
-    ]
+    generation(doc, "partitions")
+    out: list[PartitionInfo] = []
+    for p in _list(doc, "partitions"):
+        try:
+            out.append(_partition_info(p))
+        except (KeyError, TypeError, ValueError) as exc:
+            name = p.get("name") if isinstance(p, Mapping) else None
+            raise SlurmSchemaError(
+                f"partitions: partition {str(name)[:40]}: unreadable record "
+                f"({type(exc).__name__}: {str(exc)[:200]})"
+            ) from exc
+    return out
+
+
+def _partition_info(p: Mapping[str, Any]) -> PartitionInfo:
+    nodes = p.get("nodes")
+    if isinstance(nodes, Mapping):
+        nodes = nodes.get("configured")
+    if nodes is not None and not isinstance(nodes, str):
+        raise TypeError("nodes is neither text nor {configured: text}")
+    state = p.get("state")
+    inner = p.get("partition")
+    if state is None and isinstance(inner, Mapping):
+        state = inner.get("state")
+    words = state if isinstance(state, list) else [state or "UNKNOWN"]
+    return PartitionInfo(
+        name=str(p["name"]),
+        nodes=tuple(expand(nodes)) if nodes else (),
+        state="+".join(str(w).upper() for w in words) or "UNKNOWN",
+    )
 
 
 def parse_scontrol_partitions(text: str) -> list[PartitionInfo]:
@@ -658,9 +752,8 @@ def _list(doc: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
 
 
 def _int(value: Any) -> int:
-    if value is None or value == "":
-        return 0
-    return int(value)
+    """A count of either generation (unset: 0)."""
+    return count(value)
 
 
 def _epoch(value: Any) -> float | None:
@@ -669,8 +762,11 @@ def _epoch(value: Any) -> float | None:
 
 
 def _limit_s(value: Any) -> float | None:
-    """A time limit in minutes -> seconds; None, NO_VAL or INFINITE -> None."""
+    """A time limit in minutes -> seconds; unset, infinite, NO_VAL or INFINITE -> None."""
     if value is None or isinstance(value, bool):
         return None
-    v = int(value)
+    v = number(value)
+    if v is None or v == math.inf:
+        return None
+    v = int(v)
     return None if v < 0 or v >= _NO_VAL else float(v * 60)

@@ -1,6 +1,9 @@
-"""Slurm through slurmrestd (API v0.0.38 as served by Slurm 22.05), JWT auth, stdlib only.
+"""Slurm through slurmrestd, JWT auth, stdlib only.
 
-The token is held privately: it never appears in a repr, a log line or an error message.
+The API version is the newest that both slurmrestd serves (its ``/openapi/v3`` paths) and
+this client reads (``schema.SUPPORTED``: 22.05's v0.0.38, and v0.0.40-v0.0.45; 24.11 serves
+v0.0.40-v0.0.42, 26.05 v0.0.42-v0.0.45), asked once per transport. The token is held
+privately: it never appears in a repr, a log line or an error message.
 """
 
 from __future__ import annotations
@@ -30,8 +33,8 @@ from linkwise.cluster.slurm.records import (
     PartitionInfo,
     QueuedJob,
 )
+from linkwise.cluster.slurm.schema import SUPPORTED, SlurmSchemaError, job_state_text, version_key
 
-API = "v0.0.38"
 DEFAULT_TIMEOUT_S = 30.0
 TOKEN_LIFESPAN_S = 3600
 
@@ -67,7 +70,11 @@ class RestTransport:
         *,
         timeout: float = DEFAULT_TIMEOUT_S,
         token_ttl_s: float = TOKEN_LIFESPAN_S / 2,
+        api: str | None = None,
     ) -> None:
+        if api is not None and api not in SUPPORTED:
+            raise ValueError(f"REST API {api!r} is not supported ({', '.join(SUPPORTED)})")
+        self._api = api
         self.base_url = base_url.rstrip("/")
         self.user = user
         self.timeout = timeout
@@ -121,10 +128,17 @@ class RestTransport:
             raise SlurmError(f"{what}: JSON answer is not an object")
         return doc
 
+    def api(self) -> str:
+        """The API version used: the newest one slurmrestd serves for both ``/slurm`` and
+        ``/slurmdb`` that this client reads (asked once, from ``/openapi/v3``)."""
+        if self._api is None:
+            self._api = pick_api(self.get("/openapi/v3"), self.base_url)
+        return self._api
+
     def job_ids(self, since: float, until: float | None) -> list[int]:
         """Ids of the jobs with an accounting record in the window, ascending."""
         params = {"start_time": slurm_time(since), "end_time": slurm_time(until or time.time())}
-        doc = self.get(f"/slurmdb/{API}/jobs", params)
+        doc = self.get(f"/slurmdb/{self.api()}/jobs", params)
         _check(doc, "accounting")
         ids = (j.get("job_id") for j in doc.get("jobs") or [] if isinstance(j, Mapping))
         return sorted({int(i) for i in ids if isinstance(i, int) and not isinstance(i, bool)})
@@ -137,31 +151,70 @@ class RestTransport:
     def accounting(self, since: float, until: float | None = None) -> AccountingBatch:
         """The runs with an accounting record in ``[since, until]`` and the records rejected.
 
-        The v0.0.38 job list omits earlier runs of requeued jobs, so each job's full record
-        set is read from ``/slurmdb/v0.0.38/job/{id}`` (one request per job). Exit codes of
-        FAILED runs come from the controller's job list, which holds jobs for MinJobAge
-        after they end; older FAILED runs keep ``exit_code=None``.
+        The job list omits earlier runs of requeued jobs (v0.0.38 to v0.0.45 alike), so each
+        job's full record set is read from ``/slurmdb/VERSION/job/{id}`` (one request per
+        job). Exit codes of FAILED runs come from the controller's job list, which holds jobs
+        for MinJobAge after they end; older FAILED runs keep ``exit_code=None``.
         """
+        api = self.api()
         records: list[Mapping[str, Any]] = []
+        meta: Any = None
         for job_id in self.job_ids(since, until):
-            doc = self.get(f"/slurmdb/{API}/job/{job_id}")
+            doc = self.get(f"/slurmdb/{api}/job/{job_id}")
             _check(doc, f"accounting job {job_id}")
+            meta = doc.get("meta", meta)
             records.extend(doc.get("jobs") or [])
-        codes = ctld_exit_codes(self.get(f"/slurm/{API}/jobs"))
+        codes = ctld_exit_codes(self.get(f"/slurm/{api}/jobs"))
         indexes = run_indexes(_run_keys(records))
-        return parse_accounting_batch({"jobs": records, "errors": []}, codes, indexes)
+        whole: dict[str, Any] = {"jobs": records, "errors": []}
+        if meta is not None:
+            whole["meta"] = meta
+        return parse_accounting_batch(whole, codes, indexes)
 
     def queue(self) -> list[QueuedJob]:
         """Pending and running jobs."""
-        return parse_queue(self.get(f"/slurm/{API}/jobs"))
+        return parse_queue(self.get(f"/slurm/{self.api()}/jobs"))
 
     def nodes(self) -> list[NodeInfo]:
         """Nodes."""
-        return parse_nodes(self.get(f"/slurm/{API}/nodes"))
+        return parse_nodes(self.get(f"/slurm/{self.api()}/nodes"))
 
     def partitions(self) -> list[PartitionInfo]:
         """Partitions."""
-        return parse_partitions(self.get(f"/slurm/{API}/partitions"))
+        return parse_partitions(self.get(f"/slurm/{self.api()}/partitions"))
+
+
+def served_apis(openapi: Mapping[str, Any]) -> dict[str, set[str]]:
+    """The versions an OpenAPI document serves per family: ``{"slurm": {"v0.0.42"}, ...}``
+    (from its paths, ``/slurm/v0.0.42/jobs`` and ``/slurmdb/v0.0.42/jobs``)."""
+    out: dict[str, set[str]] = {"slurm": set(), "slurmdb": set()}
+    paths = openapi.get("paths")
+    for path in paths if isinstance(paths, Mapping) else ():
+        parts = str(path).split("/")
+        if len(parts) > 2 and parts[1] in out and parts[2].startswith("v"):
+            out[parts[1]].add(parts[2])
+    return out
+
+
+def pick_api(openapi: Mapping[str, Any], where: str = "slurmrestd") -> str:
+    """The newest version served for both ``/slurm`` and ``/slurmdb`` that this client
+    reads; ``SlurmSchemaError`` naming what is served and what is supported otherwise."""
+    served = served_apis(openapi)
+    both = served["slurm"] & served["slurmdb"] & set(SUPPORTED)
+    if not both:
+        shown = ", ".join(sorted(served["slurm"] | served["slurmdb"], key=_safe_key)) or "none"
+        raise SlurmSchemaError(
+            f"{where}: serves API versions {shown}; this client reads {', '.join(SUPPORTED)} "
+            "(for both /slurm and /slurmdb)"
+        )
+    return max(both, key=version_key)
+
+
+def _safe_key(version: str) -> tuple[int, ...]:
+    try:
+        return version_key(version)
+    except ValueError:
+        return (-1,)
 
 
 def _check(doc: Mapping[str, Any], what: str) -> None:
@@ -192,5 +245,8 @@ def _run_keys(records: list[Any]) -> list[tuple[int, int, str]]:
         t, state, job = r.get("time"), r.get("state"), r.get("job_id")
         submit = (t.get("submission") or 0) if isinstance(t, Mapping) else None
         if isinstance(job, int) and isinstance(submit, int) and isinstance(state, Mapping):
-            out.append((job, submit, str(state.get("current", "")).split(" ")[0]))
+            try:
+                out.append((job, submit, job_state_text(state.get("current"))))
+            except ValueError:  # the parse rejects this record, naming its state
+                continue
     return out
