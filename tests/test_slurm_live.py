@@ -131,9 +131,9 @@ def test_hostlist_expand_matches_scontrol(cli: SlurmClient, expr: str) -> None:
 
 
 def test_timeout_raises_slurm_timeout(env: dict[str, str]) -> None:
-    runner = CommandRunner(env["SLURM_CONF"], timeout=0.001)
-    with pytest.raises(SlurmTimeout, match="sinfo"):
-        CliTransport(runner).nodes()
+    runner = CommandRunner(env["SLURM_CONF"], timeout=0.001, bin_dir=env.get("LINKWISE_SLURM_BIN"))
+    with pytest.raises(SlurmTimeout, match="squeue"):
+        CliTransport(runner).queue()
 
 
 def test_unreachable_controller_is_a_clear_error(env: dict[str, str], tmp_path: Path) -> None:
@@ -142,11 +142,12 @@ def test_unreachable_controller_is_a_clear_error(env: dict[str, str], tmp_path: 
     lines = [ln for ln in conf.splitlines() if not ln.startswith("SlurmctldPort=")]
     (tmp_path / "slurm.conf").write_text("\n".join([*lines, "SlurmctldPort=1"]) + "\n")
     (tmp_path / "gres.conf").write_text((Path(env["SLURM_CONF"]).parent / "gres.conf").read_text())
-    client = SlurmClient(CliTransport(CommandRunner(str(tmp_path / "slurm.conf"), 20)), None)  # type: ignore[arg-type]
+    runner = CommandRunner(str(tmp_path / "slurm.conf"), 20, env.get("LINKWISE_SLURM_BIN"))
+    client = SlurmClient(CliTransport(runner), runner)
     with pytest.raises(SlurmError) as err:
-        client.nodes()
+        client.queue()
     assert isinstance(err.value, SlurmUnavailable | SlurmTimeout)
-    assert "sinfo" in str(err.value)
+    assert "squeue" in str(err.value)
     rest_down = SlurmClient.from_env(
         {**env, "LINKWISE_SLURM_REST_URL": "http://127.0.0.1:1"}, "rest"
     )
