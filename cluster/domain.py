@@ -248,6 +248,11 @@ class Job:
     # whether it may be preempted or migrated: None unknown (the simulator's share decides,
     # ``mdp.known.may_preempt``); live, True only for jobs that opted in (deployer/migration)
     preemptible: bool | None = None
+    # the form of its request: True flexible (``--gpus=N``: any split over any nodes), False
+    # fixed (``-N k`` with GPUs per node: ``requested_shape``, which every placement keeps),
+    # None not known (a trace without it): ``backfill`` keeps ``requested_shape``, the
+    # other placements split it as they see fit (the behaviour before requests had a form)
+    flexible: bool | None = None
 
     def __post_init__(self) -> None:
         if self.num_gpus <= 0:
@@ -263,6 +268,8 @@ class Job:
             raise ValueError(f"job {self.job_id}: time_limit must be non-negative")
         if self.pred_s < 0 or self.pred_hi_s < self.pred_s:
             raise ValueError(f"job {self.job_id}: need 0 <= pred_s <= pred_hi_s")
+        if self.flexible and self.nodes:
+            raise ValueError(f"job {self.job_id}: a flexible request has no fixed node count")
 
     @property
     def predicted(self) -> bool:
@@ -305,6 +312,24 @@ def requested_shape(job: Job, node_gpus: int) -> Shape:
     while g % n:
         n += 1
     return Shape(n, g // n)
+
+
+def fixed_shape(job: Job, node_gpus: int) -> Shape | None:
+    """The shape every placement must give the job: ``requested_shape`` for a fixed request
+    (``Job.flexible`` False), None for a flexible or unknown one."""
+    return requested_shape(job, node_gpus) if job.flexible is False else None
+
+
+def within_request(job: Job, placement: Placement, node_gpus: int) -> bool:
+    """Whether a placement gives the job what it asked: its GPUs, and for a fixed request
+    exactly its shape's nodes with its GPUs per node on each."""
+    if placement.num_gpus != job.num_gpus:
+        return False
+    shape = fixed_shape(job, node_gpus)
+    return shape is None or (
+        placement.num_nodes == shape.nodes
+        and all(g == shape.gpus_per_node for _, g in placement.alloc)
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -321,6 +321,74 @@ def slurm_select_usable(
     return Placement(tuple((node, per) for node in sorted(chosen)))
 
 
+def slurm_select_flexible(topo: Topology, free: Sequence[int], gpus: int) -> Placement | None:
+    """Where select/cons_tres starts a flexible request (``--gpus=N``, any split) now, or None
+    (fewer than ``gpus`` GPUs free).
+
+    Packed when it can be: the shape a fixed request of these GPUs would have
+    (``requested_shape``: one node up to a node's GPUs, whole nodes beyond) on the nodes
+    ``slurm_select`` picks for it. Otherwise spread over the nodes with free GPUs, all of
+    each node's free GPUs taken, as cons_tres fills a GPU count from fragments: groups of
+    nodes (leaf switches; on one leaf, runs of consecutive nodes) one at a time, the group
+    that holds the rest with the fewest free GPUs, else the one with the most; inside a group
+    its nodes in index order. (The aggregation layer is not consulted; the choice has not been
+    checked against a real Slurm.)"""
+    _check_gpus(gpus)
+    if sum(free) < gpus:
+        return None
+    node_gpus = topo.max_gpus_per_node
+    n = 1 if gpus <= node_gpus else -(-gpus // max(1, node_gpus))
+    while gpus % n:
+        n += 1
+    packed = slurm_select(topo, free, Shape(n, gpus // n))
+    if packed is not None:
+        return packed
+    groups: list[list[int]] = []
+    if len(topo.leaf_names) == 1:
+        for node, f in enumerate(free):
+            if f <= 0:
+                continue
+            if groups and groups[-1][-1] == node - 1:
+                groups[-1].append(node)
+            else:
+                groups.append([node])
+    else:
+        by_leaf: dict[int, list[int]] = {}
+        for node, f in enumerate(free):
+            if f > 0:
+                by_leaf.setdefault(topo.nodes[node].leaf, []).append(node)
+        groups = [by_leaf[leaf] for leaf in sorted(by_leaf)]
+    totals = [sum(free[i] for i in g) for g in groups]
+    need = gpus
+    pairs: list[tuple[int, int]] = []
+    while need > 0:
+        holding = [k for k, t in enumerate(totals) if t >= need]
+        if holding:
+            k = min(holding, key=lambda k: (totals[k], k))
+        else:
+            k = max(range(len(groups)), key=lambda k: (totals[k], -k))
+        for node in groups[k]:
+            take = min(free[node], need)
+            pairs.append((node, take))
+            need -= take
+            if not need:
+                break
+        totals[k] = -1
+    return Placement.of(pairs)
+
+
+def fixed_first_fit(free: Sequence[int], shape: Shape) -> Placement | None:
+    """A fixed shape on the first ``shape.nodes`` nodes in index order with its GPUs per node
+    free (``first_fit`` for a fixed request), or None."""
+    per, pairs = shape.gpus_per_node, []
+    for node, f in enumerate(free):
+        if f >= per:
+            pairs.append((node, per))
+            if len(pairs) == shape.nodes:
+                return Placement(tuple(pairs))
+    return None
+
+
 def _consecutive_best_fit(usable: Sequence[int], free: Sequence[int], shape: Shape) -> list[int]:
     """cons_tres ``_eval_nodes`` without topology, on free GPUs (see ``slurm_select``)."""
     runs: list[list[int]] = []

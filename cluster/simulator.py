@@ -41,6 +41,8 @@ from linkwise.cluster.domain import (
     RunningJob,
     Topology,
     TransitJob,
+    requested_shape,
+    within_request,
 )
 from linkwise.cluster.loop import drive
 from linkwise.cluster.restart import RestartModel
@@ -469,6 +471,12 @@ class Simulator:
             raise InvalidDecision(
                 f"t={self.time:.1f}: job {job.job_id} asks {job.num_gpus} GPUs, "
                 f"placement gives {placement.num_gpus}"
+            )
+        if not within_request(job, placement, self.topology.max_gpus_per_node):
+            raise InvalidDecision(
+                f"t={self.time:.1f}: job {job.job_id} asks the fixed shape "
+                f"{requested_shape(job, self.topology.max_gpus_per_node)}, "
+                f"placement gives {placement.alloc}"
             )
         free = self._free
         claimable = self._claimable

@@ -5,8 +5,10 @@ Formats (the names of the ``--trace-format`` option):
 ``native``
     CSV or Parquet with ``job_id, submit_time, num_gpus, duration`` (seconds) and optional
     ``model`` (becomes ``Job.profile``), ``user``, ``name``, ``nodes`` (the node count asked,
-    ``-N``; 0 or absent: derived, ``domain.requested_shape``) and ``time_limit`` (seconds; 0
-    or absent: none). :func:`write_native` writes it.
+    ``-N``; 0 or absent: derived, ``domain.requested_shape``), ``time_limit`` (seconds; 0
+    or absent: none) and ``flexible`` (the request's form, ``Job.flexible``: 1 any split,
+    ``--gpus=N``, with no ``nodes``; 0 fixed; empty or absent: not known).
+    :func:`write_native` writes it (``flexible`` only where some job has a form).
 ``philly``
     The Microsoft Philly trace as shipped by petuum/adaptdl:
     ``timestamp,duration,num_gpus,gpu_time,cluster``. Job ids are the data-row order (0-based);
@@ -231,7 +233,11 @@ def frame_jobs(df: pl.DataFrame) -> tuple[Job, ...]:
 def write_native(jobs: Iterable[Job], path: str | Path) -> None:
     """Write jobs as a native trace: CSV (``.csv``) or Parquet (``.parquet``/``.pq``)."""
     path = Path(path)
-    frame = jobs_frame(jobs).rename({"profile": "model"})
+    rows = list(jobs)
+    frame = jobs_frame(rows).rename({"profile": "model"})
+    if any(j.flexible is not None for j in rows):
+        forms = [None if j.flexible is None else int(j.flexible) for j in rows]
+        frame = frame.with_columns(pl.Series("flexible", forms, dtype=pl.Int8))
     if _is_parquet(path):
         frame.write_parquet(path)
     elif path.suffix.lower() in _CSV_SUFFIXES:
@@ -508,7 +514,16 @@ def _native(table: pl.DataFrame) -> pl.DataFrame:
         profile=_opt_text(table, "model"),
         nodes=_opt_num(table, "nodes"),
         time_limit=_opt_num(table, "time_limit"),
+        extra={"_flexible": _optional_form(table)},
     )
+
+
+def _optional_form(table: pl.DataFrame) -> pl.Expr:
+    """The optional ``flexible`` column: null where absent or empty, else its number
+    (checked to be 0 or 1 in ``_finish``; NaN where it is not a number)."""
+    if "flexible" not in table.columns:
+        return pl.lit(None, dtype=pl.Float64)
+    return pl.when(_text("flexible").is_null()).then(None).otherwise(_num("flexible").fill_null(-1))
 
 
 def _philly(table: pl.DataFrame) -> pl.DataFrame:
@@ -674,6 +689,12 @@ def _finish(
         (pl.col("time_limit").is_null(), "non-numeric time_limit"),
         (pl.col("time_limit") < 0, "negative time_limit"),
     ]
+    if "_flexible" in std.columns:
+        form = pl.col("_flexible")
+        common += [
+            (form.is_not_null() & ~form.is_in([0.0, 1.0]), "flexible is not 0 or 1"),
+            ((form == 1.0) & (pl.col("nodes") > 0), "a flexible request with a node count"),
+        ]
     checked = std.with_columns(
         _reason=pl.coalesce(pl.col("_reason"), _first_reason(common)),
     )
@@ -706,6 +727,11 @@ def _finish(
     if "_fractional" in good.columns:
         notes["fractional_gpu"] = int(good["_fractional"].sum())
     first = float(good.item(0, "submit"))
+    forms = (
+        [None if f is None else f == 1.0 for f in good["_flexible"].to_list()]
+        if "_flexible" in good.columns
+        else [None] * good.height
+    )
     jobs = tuple(
         Job(
             job_id=int(job_id),
@@ -717,10 +743,16 @@ def _finish(
             name=str(name),
             nodes=int(nodes),
             time_limit=float(limit),
+            flexible=form,
         )
-        for job_id, t, g, d, profile, user, name, nodes, limit in good.select(
-            "job_id", "submit", "gpus", "duration", "profile", "user", "name", "nodes", "time_limit"
-        ).iter_rows()
-    )
+        for (job_id, t, g, d, profile, user, name, nodes, limit), form in zip(
+            good.select(
+                "job_id", "submit", "gpus", "duration", "profile", "user", "name", "nodes",
+                "time_limit",
+            ).iter_rows(),
+            forms,
+            strict=True,
+        )
+    )  # fmt: skip
     origin = None if base is None else base + first
     return Trace(jobs, rejected, source, fmt, origin, tuple(sorted(notes.items())))

@@ -53,6 +53,15 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--max-jobs", type=int, help="use only the first N jobs of the trace")
     g.add_argument("--seed", type=int, default=0, help="seed for the workload and profile draws")
+    g.add_argument(
+        "--flexible",
+        type=float,
+        metavar="SHARE",
+        help="replay this share (0-1) of the multi-GPU jobs whose trace gives no request form "
+        "as flexible (--gpus=N, any split), the rest as fixed (-N k, GPUs per node); chosen by "
+        "a hash of --seed and the job id (cluster/flexible.py). Without it such jobs keep "
+        "today's placement: backfill in the derived shape, the other policies any split",
+    )
     c = p.add_argument_group("cluster and contention")
     c.add_argument(
         "--cluster",
@@ -175,6 +184,11 @@ def _scenario(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
         )
     jobs = assign_profiles(jobs, calibration, seed=args.seed, mix=mix)
     info["jobs"] = len(jobs)
+    if args.flexible is not None:
+        from linkwise.cluster.flexible import with_flexible
+
+        jobs = with_flexible(jobs, args.flexible, seed=args.seed)
+        info["flexible_jobs"] = sum(bool(j.flexible) for j in jobs)
     predictor = None
     if args.history is not None:
         from linkwise.datasets.prediction import fit_history, load_history
@@ -262,7 +276,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.json:
         counts = {"rejected_rows": 0, "left_out_too_big": 0}
         counts |= {k: info[k] for k in (*counts, "rejected_rows_file") if k in info}
-        counts |= {k: v for k, v in info.items() if k.startswith(("history", "predictor"))}
+        counts |= {
+            k: v for k, v in info.items() if k.startswith(("history", "predictor", "flexible"))
+        }
         print(json.dumps(_finite({**out, **counts})))
         return EXIT_OK
     console = _stdout_console()

@@ -25,15 +25,24 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
-from linkwise.cluster.domain import Job, Placement, Start, Topology, requested_shape
+from linkwise.cluster.domain import (
+    Job,
+    Placement,
+    Start,
+    Topology,
+    fixed_shape,
+    requested_shape,
+)
 from linkwise.cluster.placement import (
     apply_placement,
     best_fit,
     first_fit,
+    fixed_first_fit,
     fragment_first_fit,
     least_busy,
     same_leaf,
     slurm_select,
+    slurm_select_flexible,
 )
 
 
@@ -131,10 +140,13 @@ class FirstFit:
         flows: Sequence[int],
         job: Job,
     ) -> Placement | None:
+        shape = fixed_shape(job, topo.max_gpus_per_node)
+        if shape is not None:
+            return fixed_first_fit(free, shape)
         return first_fit(topo, free, job.num_gpus)
 
     def memo_key(self, job: Job) -> tuple[int, int]:
-        return (job.num_gpus, 0)
+        return _free_key(job)
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,10 +165,12 @@ class Select:
         flows: Sequence[int],
         job: Job,
     ) -> Placement | None:
+        if job.flexible:
+            return slurm_select_flexible(topo, free, job.num_gpus)
         return slurm_select(topo, free, requested_shape(job, topo.max_gpus_per_node))
 
     def memo_key(self, job: Job) -> tuple[int, int]:
-        return (job.num_gpus, job.nodes)
+        return (job.num_gpus, -1 if job.flexible else job.nodes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,10 +189,13 @@ class BestFit:
         flows: Sequence[int],
         job: Job,
     ) -> Placement | None:
+        shape = fixed_shape(job, topo.max_gpus_per_node)
+        if shape is not None:
+            return slurm_select(topo, free, shape)
         return best_fit(topo, free, job.num_gpus)
 
     def memo_key(self, job: Job) -> tuple[int, int]:
-        return (job.num_gpus, 0)
+        return _free_key(job)
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,6 +239,9 @@ class Bounded:
         flows: Sequence[int],
         job: Job,
     ) -> Placement | None:
+        shape = fixed_shape(job, topo.max_gpus_per_node)
+        if shape is not None:
+            return slurm_select(topo, free, shape)
         caps = self._caps
         memo = self._memo
         if not caps or caps[0][0] is not topo:
@@ -238,7 +258,7 @@ class Bounded:
         return placement
 
     def memo_key(self, job: Job) -> tuple[int, int]:
-        return (job.num_gpus, 0)
+        return _free_key(job)
 
 
 _POOL = (best_fit, same_leaf, first_fit)
@@ -261,6 +281,9 @@ class LeastContention:
         job: Job,
     ) -> Placement | None:
         gpus = job.num_gpus
+        shape = fixed_shape(job, topo.max_gpus_per_node)
+        if shape is not None:
+            return slurm_select(topo, free, shape)
         pool = [gen(topo, free, gpus) for gen in _POOL]
         pool += [least_busy(topo, free, gpus, busy), fragment_first_fit(topo, free, gpus, busy)]
         best: Placement | None = None
@@ -268,14 +291,22 @@ class LeastContention:
         for p in pool:
             if p is None:
                 continue
-            added = sum(flows[link] for link in topo.ring_links(p.nodes)) if flows else 0
+            added = (
+                sum(flows[link] for link in topo.ring_links(p.nodes, job.job_id)) if flows else 0
+            )
             key = (added, p.num_nodes)
             if best is None or key < best_key:
                 best, best_key = p, key
         return best
 
     def memo_key(self, job: Job) -> tuple[int, int]:
-        return (job.num_gpus, 0)
+        return _free_key(job)
+
+
+def _free_key(job: Job) -> tuple[int, int]:
+    """``memo_key`` of the placements that split a job as they see fit: its GPUs, and for a
+    fixed request (which they place in its shape) its node count, below zero."""
+    return (job.num_gpus, -1 - job.nodes if job.flexible is False else 0)
 
 
 PLACEMENTS: dict[str, type] = {
@@ -283,10 +314,13 @@ PLACEMENTS: dict[str, type] = {
 }
 
 
-def add_flows(topo: Topology, flows: list[int], placement: Placement, sign: int = 1) -> None:
-    """Count a ring over ``placement`` on the links it crosses (in place; ``sign=-1`` removes)."""
+def add_flows(
+    topo: Topology, flows: list[int], placement: Placement, sign: int = 1, job: int = 0
+) -> None:
+    """Count a ring over ``placement`` on the links it crosses (in place; ``sign=-1`` removes;
+    ``job``: its job's id, which picks its uplinks under ECMP)."""
     if placement.num_nodes > 1 and flows:
-        for link in topo.ring_links(placement.nodes):
+        for link in topo.ring_links(placement.nodes, job):
             flows[link] += sign
 
 
@@ -340,7 +374,7 @@ def place_greedy(
         if track_busy:
             add_busy(busy, placement)
         if track_flows:
-            add_flows(topo, flows, placement)
+            add_flows(topo, flows, placement, job=job.job_id)
         total -= gpus
         starts.append(Start(job.job_id, placement))
     return starts

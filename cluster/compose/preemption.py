@@ -39,7 +39,14 @@ from linkwise.cluster.compose.placements import (
     place_greedy,
 )
 from linkwise.cluster.contention import ContentionModel
-from linkwise.cluster.domain import ClusterState, Decision, PendingJob, RunningJob, Start
+from linkwise.cluster.domain import (
+    ClusterState,
+    Decision,
+    PendingJob,
+    RunningJob,
+    Start,
+    within_request,
+)
 from linkwise.cluster.placement import apply_placement, best_fit, release_placement
 
 
@@ -101,7 +108,7 @@ def _flows_of(
         return list(state.link_flows)
     flows = [0] * len(state.topology.links)
     for r in running:
-        add_flows(state.topology, flows, r.placement)
+        add_flows(state.topology, flows, r.placement, job=r.job.job_id)
     return flows
 
 
@@ -287,6 +294,8 @@ class Migrate:
                 continue
             target = best_fit(topo, free, gpus)
             if target is None or target.num_nodes > fewest:
+                continue
+            if not within_request(r.job, target, topo.max_gpus_per_node):
                 continue
             apply_placement(free, target)
             out.append((r, Start(r.job.job_id, target)))

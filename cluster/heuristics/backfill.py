@@ -24,7 +24,12 @@ from linkwise.cluster.domain import (
     requested_shape,
 )
 from linkwise.cluster.heuristics._common import can_ever_run
-from linkwise.cluster.placement import apply_placement, slurm_select, slurm_select_usable
+from linkwise.cluster.placement import (
+    apply_placement,
+    slurm_select,
+    slurm_select_flexible,
+    slurm_select_usable,
+)
 
 # A job without a time limit gets its partition's limit; traces without limits (Philly)
 # get this one: 7 days, a common MaxTime of GPU partitions. Slurm's bf_window should be
@@ -109,6 +114,16 @@ class _Plan:
         self._ends.append(end)
         self._masks.append(sum(self._bits[n] for n in nodes))
         self._add_time(end)
+
+    def room_now(self, est: float) -> list[int]:
+        """The GPUs free now per node, none on nodes a reservation holds during a run of
+        ``est`` from now (where a flexible request may start now without delaying one)."""
+        end, now = self.now + est, self.now
+        blocked = 0
+        for rs, re, m in zip(self._starts, self._ends, self._masks, strict=True):
+            if rs <= end and re > now:
+                blocked |= m
+        return [0 if blocked & b else f for b, f in zip(self._bits, self.free, strict=True)]
 
     def all_free_nodes_reserved(self, by: float) -> bool:
         """Whether every node with free GPUs now is reserved from ``by`` or earlier."""
@@ -336,7 +351,10 @@ def plan_backfill(
         if not can_ever_run(state, pending[i]):
             i += 1
             continue
-        placement = slurm_select(topo, free, requested_shape(job, node_gpus))
+        if job.flexible:
+            placement = slurm_select_flexible(topo, free, job.num_gpus)
+        else:
+            placement = slurm_select(topo, free, requested_shape(job, node_gpus))
         if placement is None:
             break
         i += 1
@@ -367,6 +385,14 @@ def plan_backfill(
             continue
         tested += 1
         est = runtime_estimate(p.job, default_limit_s)
+        if p.job.flexible and p.job.num_gpus <= sum(free):
+            # a flexible request starts now on any GPUs no reservation needs during its run;
+            # else it is planned (and reserves nodes) in the shape it would have packed
+            now_at = slurm_select_flexible(topo, plan.room_now(est), p.job.num_gpus)
+            if now_at is not None:
+                plan.start_now(now_at, now + est)
+                starts.append(Start(p.job.job_id, now_at))
+                continue
         shape = requested_shape(p.job, node_gpus)
         key = (shape, est)
         after = resume.get(key, now)

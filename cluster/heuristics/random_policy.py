@@ -8,9 +8,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from linkwise.cluster.domain import ClusterState, Decision, Start
+from linkwise.cluster.domain import ClusterState, Decision, Start, fixed_shape, within_request
 from linkwise.cluster.heuristics._common import add_jobs, can_ever_run
-from linkwise.cluster.placement import apply_placement, distinct_placements
+from linkwise.cluster.placement import apply_placement, distinct_placements, slurm_select
 
 T = TypeVar("T")
 
@@ -63,7 +63,14 @@ class RandomPolicy:
             if not draw and (starts or first_fitting is not None):
                 continue
             candidates = distinct_placements(topo, free, gpus, busy)
-            if not candidates:  # pragma: no cover - first fit fails only on the total
+            shape = fixed_shape(p.job, topo.max_gpus_per_node)
+            if shape is not None:  # a fixed request: only the candidates in its shape
+                node_gpus = topo.max_gpus_per_node
+                candidates = tuple(c for c in candidates if within_request(p.job, c, node_gpus))
+                if not candidates:
+                    found = slurm_select(topo, free, shape)
+                    candidates = () if found is None else (found,)
+            if not candidates:  # only a fixed request: first fit fails only on the total
                 continue
             placement = rng.choice(candidates)
             if not draw:

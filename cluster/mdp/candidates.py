@@ -8,7 +8,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from linkwise.cluster.contention import ContentionModel
-from linkwise.cluster.domain import WAIT, ClusterState, Decision, PendingJob, Placement, Start
+from linkwise.cluster.domain import (
+    WAIT,
+    ClusterState,
+    Decision,
+    PendingJob,
+    Placement,
+    Start,
+    within_request,
+)
 from linkwise.cluster.mdp.config import BoolArray, InvalidAction, MdpConfig
 from linkwise.cluster.mdp.placements import builder_of
 from linkwise.cluster.mdp.running import RunningRows, running_rows
@@ -103,6 +111,9 @@ def candidates(state: ClusterState, config: MdpConfig, model: ContentionModel) -
             preds.append((None,) * n_c)
             continue
         row = tuple(b.placement(g, job) for g in config.generators)
+        if job.flexible is False:  # a fixed request: only the generators' placements in shape
+            node_gpus = state.topology.max_gpus_per_node
+            row = tuple(p if p and within_request(job, p, node_gpus) else None for p in row)
         red = tuple(p is not None and p in row[:c] for c, p in enumerate(row))
         rows.append(row)
         reds.append(red)
