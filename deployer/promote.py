@@ -37,13 +37,20 @@ from pathlib import Path
 from typing import Any
 
 from linkwise.evaluation.gates import GateReport, ShadowEvidence
-from linkwise.models.registry import MODEL_NAME, ensure_experiment, mlflow_env
+from linkwise.models.registry import (
+    MODEL_NAME,
+    ModelSource,
+    ensure_experiment,
+    mlflow_env,
+    parse_models_uri,
+)
 
 __all__ = [
     "CHALLENGER",
     "CHAMPION",
     "EXPERIMENT",
     "PREVIOUS",
+    "SERVED_ALIAS",
     "SHADOW",
     "PromotionDecision",
     "current_aliases",
@@ -51,11 +58,39 @@ __all__ = [
     "promote_challenger",
     "promote_shadow",
     "rollback",
+    "serving_refusal",
     "shadow_evidence",
 ]
 
 CHALLENGER, SHADOW, CHAMPION, PREVIOUS = "challenger", "shadow", "champion", "previous"
 EXPERIMENT = "linkwise-promotion"
+# the registry alias each mode of ``linkwise serve`` serves: a shadow loop runs the model the
+# evaluation gate promoted (@shadow), gathering the evidence ``promote --stage champion``
+# gates; an active loop runs only the model that gate passed (@champion)
+SERVED_ALIAS: Mapping[str, str] = {"shadow": SHADOW, "active": CHAMPION}
+
+
+def serving_refusal(mode: str, policy: str) -> str | None:
+    """Why ``linkwise serve --mode MODE --policy POLICY`` is refused, or None. An active loop
+    decides for the cluster: from the registry it takes only ``@champion`` (a model whose shadow
+    evidence passed the champion gate), never another alias such as ``@challenger`` (not gated
+    on the cluster) or ``@shadow`` (gated on the evaluation only). A pinned version
+    (``models:/NAME/N``), a local package and a heuristic are the operator's explicit choice."""
+    if mode != "active" or not policy.strip().startswith("model:"):
+        return None
+    source = ModelSource.parse(policy)
+    alias: str | None = source.target if source.kind == "alias" else None
+    if source.kind == "uri" and "@" in source.target:
+        alias = parse_models_uri(source.target)[1]
+    if alias is None or alias == CHAMPION:
+        return None
+    return (
+        f"active mode serves the registry's @{CHAMPION} only, not @{alias}: "
+        f"{policy} has not passed the champion gate on this cluster's shadow evidence. Serve "
+        f"it in shadow mode (--mode shadow --policy model:{SHADOW} after `linkwise promote "
+        f"--stage shadow`), then `linkwise promote --stage champion` and serve "
+        f"model:{CHAMPION}; or pin a version explicitly (model:models:/{MODEL_NAME}/N)"
+    )
 
 
 @dataclass(frozen=True)

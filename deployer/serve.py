@@ -20,6 +20,7 @@ from typing import Any
 
 from linkwise.deployer.loop import DEFAULT_LEASE_ROOT, ServeConfig, serve
 from linkwise.deployer.migration import MigrationConfig
+from linkwise.deployer.promote import serving_refusal
 from linkwise.deployer.safety import LeaseTaken
 from linkwise.models.registry import ModelSource
 
@@ -65,6 +66,9 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         "--policy",
         default="backfill",
         help=(
+            "shadow mode serves model:shadow (the model `promote --stage shadow` passed), "
+            "active mode model:champion (passed on shadow evidence; any other registry alias "
+            "is refused in active mode); "
             "model:ALIAS (the registry's linkwise-policy@ALIAS), model:models:/NAME@ALIAS|/N, "
             "model:./PATH[#sha256=DIGEST] (a local package: only as trustworthy as the "
             "checksums.sha256 beside it unless DIGEST, the SHA-256 of that file, is given), "
@@ -183,6 +187,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         config, log_format = service_from_args(args, config_from_args)
     except ValueError as exc:
         print(f"linkwise serve: {exc}", file=sys.stderr)
+        return 2
+    refusal = serving_refusal(config.mode, config.policy)
+    if refusal is not None:
+        print(f"linkwise serve: refusing to start: {refusal}", file=sys.stderr)
         return 2
     configure_logging(log_format)
     try:

@@ -1,7 +1,10 @@
 """The counterfactual shadow report: would the cluster have been better off under the policy
 the live loop ran in shadow mode?
 
-The shadow window is ``[since, until]`` of the loop's shadow decisions (or the times given).
+The shadow window is ``[since, until]`` of the loop's shadow decisions (or the times given):
+of the version named, else of the latest version whose span has evidence (finished jobs
+submitted in it, ``pick_shadow_window``); later spans without any (a short run, a fallback
+run) are skipped and named in the report.
 It is replayed in the simulator warm-started from the accounting at ``since``
 (``datasets.backlog``: the runs then running hold their GPUs with the time they had left, the
 runs then pending arrive at once), the jobs submitted in the window arriving as they did
@@ -51,9 +54,11 @@ __all__ = [
     "ShadowWindow",
     "add_shadow_report_parser",
     "log_shadow_report",
+    "pick_shadow_window",
     "shadow_headline",
     "shadow_policy_spec",
     "shadow_report",
+    "shadow_spans",
     "shadow_window",
     "write_shadow_report",
 ]
@@ -115,6 +120,7 @@ class ShadowReport:
     jct_s: dict[str, list[float]] = field(repr=False)
     n_boot: int = 2000
     seed: int = 0
+    skipped: tuple[str, ...] = ()  # later shadow spans left out for want of evidence
 
     def interval(self, metric: str, subject: str = POLICY, reference: str = ACCOUNTING) -> Interval:
         """The paired ratio of ``metric`` of ``subject`` to ``reference``."""
@@ -190,6 +196,76 @@ def shadow_window(
     )
 
 
+def shadow_spans(
+    con: Any, *, since: float | None = None, until: float | None = None
+) -> list[ShadowWindow]:
+    """Every version's shadow window in ``[since, until]``, the latest first."""
+    where = ["mode = 'shadow'"]
+    params: list[Any] = []
+    if since is not None:
+        where.append("ts >= ?")
+        params.append(float(since))
+    if until is not None:
+        where.append("ts <= ?")
+        params.append(float(until))
+    rows = con.execute(
+        "SELECT model_version, min(ts), max(ts), count(DISTINCT cycle_id), count(*), "
+        f"arg_max(policy, ts) FROM decisions WHERE {' AND '.join(where)} "
+        "GROUP BY model_version ORDER BY max(ts) DESC",
+        params,
+    ).fetchall()
+    return [
+        ShadowWindow(
+            since=float(r[1]) if since is None else float(since),
+            until=float(r[2]) if until is None else float(until),
+            cycles=int(r[3]),
+            decisions=int(r[4]),
+            policy=str(r[5]),
+            model_version=str(r[0]),
+        )
+        for r in rows
+    ]
+
+
+def _evidence(con: Any, cluster: str | None, since: float, until: float) -> int:
+    """Finished jobs of the accounting submitted in ``[since, until]``: what a window replays."""
+    from linkwise.datasets.rollouts import runs_from_store
+
+    end = math.nextafter(until, math.inf)
+    return int(runs_from_store(con, cluster=cluster, since=since, until=end).height)
+
+
+def pick_shadow_window(
+    con: Any,
+    *,
+    since: float | None = None,
+    until: float | None = None,
+    model_version: str | None = None,
+    cluster: str | None = None,
+) -> tuple[ShadowWindow, tuple[str, ...]]:
+    """The window a report covers and the later spans it skipped: ``model_version``'s when
+    given (``shadow_window``); else the latest version's span with evidence (finished jobs
+    submitted in it), each later span without any named with why. ValueError when no span
+    has any."""
+    if model_version is not None:
+        return shadow_window(con, since=since, until=until, model_version=model_version), ()
+    skipped: list[str] = []
+    for win in shadow_spans(con, since=since, until=until):
+        if _evidence(con, cluster, win.since, win.until):
+            return win, tuple(skipped)
+        skipped.append(
+            f"version {win.model_version} ({win.policy}; {win.cycles} cycles in "
+            f"[{win.since:.0f}, {win.until:.0f}]): no finished job was submitted in its span"
+        )
+    if not skipped:
+        raise ValueError("no shadow-mode decisions in the store for that window")
+    raise ValueError(
+        "no shadow span with evidence to replay (every span's jobs unfinished or none "
+        f"submitted): {'; '.join(skipped)}; wait for its jobs to finish and collect them, or "
+        "pick a span with --since/--until"
+    )
+
+
 def shadow_policy_spec(window: ShadowWindow) -> str:
     """The policy the decisions name, as a spec that runs it again: a registry model pinned to
     the version the loop logged, a package by its folder, a heuristic by its name."""
@@ -253,12 +329,20 @@ def shadow_report(
     from linkwise.evaluation.benchmark import BenchTask, EvalCase, PolicyRef, run_task
 
     cal = calibration if calibration is not None else load_calibration(None)
-    win = shadow_window(con, since=since, until=until, model_version=model_version)
-    spec = policy or shadow_policy_spec(win)
     name = _resolve_cluster(con, "jobs", cluster)
+    win, skipped = pick_shadow_window(
+        con, since=since, until=until, model_version=model_version, cluster=name
+    )
+    spec = policy or shadow_policy_spec(win)
     runs, firsts = _actual(con, name, win.since, win.until)
     backlog = backlog_from_store(con, topology, name, win.since, predictor)
     window = Window(0, win.since, win.until, frame_jobs(runs.select(list(JOB_COLUMNS))))
+    if not window.jobs and not backlog.pending:
+        raise ValueError(
+            f"no finished job was submitted in the shadow window [{win.since:.0f}, "
+            f"{win.until:.0f}] of version {win.model_version}, and none was pending at its "
+            "start: nothing to replay (pick another span with --since/--until)"
+        )
     case = EvalCase(
         window=window,
         seed=seed,
@@ -324,6 +408,7 @@ def shadow_report(
         jct_s={s: [float(x) for x in a["jct"]] for s, a in arrays.items()},
         n_boot=n_boot,
         seed=seed,
+        skipped=skipped,
     )
 
 
@@ -428,6 +513,7 @@ def _markdown(report: ShadowReport) -> str:
         f"the window's start ({report.backlog['running']} running, "
         f"{report.backlog['pending']} pending jobs); {report.jobs} jobs measured",
         f"- intervals: paired bootstrap over the jobs, {report.n_boot} draws, seed {report.seed}",
+        *(f"- skipped a later shadow span: {s}" for s in report.skipped),
         "",
         "| schedule | avg JCT s | p99 JCT s | avg queue s | avg run-time inflation |",
         "|---|---|---|---|---|",
@@ -599,12 +685,16 @@ def cmd_shadow_report(args: argparse.Namespace) -> int:
     from linkwise.cluster.profiles import load_calibration
     from linkwise.cluster.topology import load_topology
     from linkwise.datasets.decisions import topology_from_store
+    from linkwise.datasets.operator import operator_store
     from linkwise.datasets.store import open_store
     from linkwise.models.policy_spec import PolicySpec
+    from linkwise.models.registry import default_tracking_uri
 
-    db = Path(args.db)
+    db = operator_store(args.db)
+    assert db is not None
     if not db.is_file():
         raise FileNotFoundError(f"{db}: no such store")
+    uri = args.tracking_uri or default_tracking_uri()
     if args.policy:
         PolicySpec.parse(args.policy)  # refused before any work
     since, until = _time(args.since), _time(args.until)
@@ -624,14 +714,14 @@ def cmd_shadow_report(args: argparse.Namespace) -> int:
             since=since,
             until=until,
             cluster=args.slurm_cluster,
-            tracking_uri=args.tracking_uri,
+            tracking_uri=uri,
             seed=args.seed,
             n_boot=args.n_boot,
         )
     paths = write_shadow_report(report, args.out)
     run_id = None
-    if args.tracking_uri and not args.no_log:
-        run_id = log_shadow_report(report, args.out, tracking_uri=args.tracking_uri)
+    if not args.no_log:
+        run_id = log_shadow_report(report, args.out, tracking_uri=uri)
     if args.json:
         doc = {**report.to_json(), "files": {k: str(v) for k, v in paths.items()}}
         print(json.dumps({**doc, "mlflow_run_id": run_id}, default=str))
@@ -643,15 +733,22 @@ def cmd_shadow_report(args: argparse.Namespace) -> int:
 
 def add_shadow_report_parser(sub: Any) -> None:
     """``linkwise shadow-report``."""
-    import os
+    from linkwise.datasets.operator import DEFAULT_STORE
 
     p = sub.add_parser(
         "shadow-report",
         help="replay the shadow window under the shadow policy, backfill and the accounting",
     )
-    p.add_argument("--db", type=Path, required=True, help="the live loop's DuckDB store")
-    p.add_argument("--since", help="window start, epoch seconds or ISO (default: first decision)")
-    p.add_argument("--until", help="window end, epoch seconds or ISO (default: last decision)")
+    p.add_argument(
+        "--db", type=Path, help=f"the live loop's DuckDB store (default: {DEFAULT_STORE})"
+    )
+    p.add_argument(
+        "--since",
+        help="window start, epoch seconds or ISO (default: the first decision of the latest "
+        "shadow version whose span has finished jobs; later spans without any are skipped "
+        "and named)",
+    )
+    p.add_argument("--until", help="window end, epoch seconds or ISO (default: its last decision)")
     p.add_argument(
         "--policy",
         help="the policy to replay (default: the decisions' own, pinned to the logged version)",
@@ -661,8 +758,9 @@ def add_shadow_report_parser(sub: Any) -> None:
     p.add_argument("--calibration", type=Path, help="calibration JSON (default: the shipped fit)")
     p.add_argument(
         "--tracking-uri",
-        default=os.environ.get("MLFLOW_TRACKING_URI"),
-        help="MLflow: where models:/ specs load from and the report is logged",
+        help="MLflow: where models:/ specs load from and the report is logged (default: "
+        "$MLFLOW_TRACKING_URI, else sqlite:///linkwise-out/mlflow/mlflow.db under the working "
+        "folder, as for train, evaluate and promote)",
     )
     p.add_argument("--no-log", action="store_true", help="do not log the report to MLflow")
     p.add_argument("--out", type=Path, default=Path("linkwise-out/shadow-report"))

@@ -704,10 +704,10 @@ def cmd_promote(args: argparse.Namespace) -> int:
             args.evaluation, tracking_uri=uri, gates=gates, ope=args.ope
         )
     else:
-        if args.db is None:
-            raise ValueError("--stage champion needs --db (the live loop's store)")
+        db = operator_store(args.db)
+        assert db is not None
         decision = promote_from_shadow(
-            args.db,
+            db,
             tracking_uri=uri,
             gates=gates,
             cluster=args.cluster,
@@ -819,7 +819,19 @@ def add_evaluate_parsers(sub: Any) -> None:
     )
     p.set_defaults(func=cmd_evaluate)
 
-    p = sub.add_parser("promote", help="gate and promote: challenger -> shadow -> champion")
+    codes = (
+        "exit codes: 0 {done}, 3 refused ({why}; the decision is printed and logged in "
+        "MLflow), 2 bad input (a message on stderr), 1 failure"
+    )
+    p = sub.add_parser(
+        "promote",
+        help="gate and promote: challenger -> shadow -> champion",
+        description="Gate and promote through the registry's aliases: --stage shadow gates "
+        "@challenger on an evaluation and moves @shadow (what a shadow loop serves, "
+        "model:shadow); --stage champion gates @shadow on its shadow-mode evidence in the "
+        "store and moves @champion (what an active loop serves, model:champion).",
+        epilog=codes.format(done="promoted", why="a gate failed"),
+    )
     p.add_argument("--gates", type=Path, help="gates TOML (default: evaluation/gates.toml)")
     p.add_argument(
         "--stage",
@@ -832,7 +844,11 @@ def add_evaluate_parsers(sub: Any) -> None:
     p.add_argument(
         "--ope", type=Path, help="FQE JSON: policy -> {estimate, behaviour_return, spread}"
     )
-    p.add_argument("--db", type=Path, help="the live loop's DuckDB store (decisions, jobs)")
+    p.add_argument(
+        "--db",
+        type=Path,
+        help=f"the live loop's DuckDB store (decisions, jobs; default: {DEFAULT_STORE})",
+    )
     p.add_argument("--cluster", help="topology for the replay (default: the store's nodes)")
     p.add_argument("--slurm-cluster", help="cluster name in the store")
     p.add_argument("--calibration", type=Path, help="calibration JSON (default: shipped)")
@@ -840,7 +856,11 @@ def add_evaluate_parsers(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print the decision as JSON only")
     p.set_defaults(func=cmd_promote)
 
-    p = sub.add_parser("rollback", help="move @champion back to @previous")
+    p = sub.add_parser(
+        "rollback",
+        help="move @champion back to @previous",
+        epilog=codes.format(done="rolled back", why="no previous champion"),
+    )
     p.add_argument("--tracking-uri", help=uri_help)
     p.add_argument("--json", action="store_true", help="print the decision as JSON only")
     p.set_defaults(func=cmd_rollback)

@@ -165,3 +165,97 @@ def test_the_operator_tomls_read_the_operators_store() -> None:
         assert ds.holdout_last_s == 86400
     with pytest.raises(ValueError, match="exactly one of path"):
         TrainConfig.from_mapping({"algo": "bc", "dataset": {"db": "a", "trace": "b"}})
+
+
+def _shadow_rows(db: Path, version: str, policy: str, times: list[float]) -> None:
+    """Shadow-mode decision rows of one loop run (``version``), one cycle per time."""
+    with duckdb.connect(str(db)) as con:
+        for i, ts in enumerate(times):
+            con.execute(
+                "INSERT INTO decisions (decision_id, run_id, cycle_id, ts, mode, cluster, "
+                "partition, policy, model_version, obs_spec_version, job_id, action, nodes, "
+                "gpus, latency_ms, n_pending, note) VALUES (?, ?, ?, ?, 'shadow', ?, 'gpu', ?, "
+                "?, '', NULL, 'wait', '', 0, 1.0, 0, '')",
+                [f"{version}-{i}", version, i, ts, CLUSTER, policy, version],
+            )
+
+
+def test_shadow_report_takes_the_latest_span_with_evidence(
+    store: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Item 5: a later short run (no job submitted or pending in its span) no longer breaks
+    the default report (`case w0/s0 has no jobs`): the latest span with evidence is used, and
+    the report names the one it skipped."""
+    db = tmp_path / "live.duckdb"
+    shutil.copy(store, db)
+    _shadow_rows(db, "heuristic:sjf_bco", "sjf_bco", [20000.0 + 60 * i for i in range(50)])
+    _shadow_rows(db, "heuristic:fifo", "fifo", [900000.0 + 2 * i for i in range(5)])
+    argv = ["shadow-report", "--db", str(db), "--n-boot", "50", "--no-log",
+            "--out", str(tmp_path / "r")]  # fmt: skip
+    code, out, err = _run(argv, capsys)
+    assert code == 0, err
+    assert "shadow report (sjf_bco," in out
+    assert "(version heuristic:sjf_bco)" in out
+    assert "- skipped a later shadow span: version heuristic:fifo (fifo; 5 cycles in " in out
+    assert "no finished job was submitted in its span" in out
+    code, _, err = _run([*argv, "--since", "900000"], capsys)
+    assert code == 2 and "no shadow span with evidence to replay" in err
+    assert "has no jobs (pick busier windows)" not in err
+
+
+def test_shadow_report_defaults_to_the_operators_store_and_registry(
+    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Item 5: without --db and --tracking-uri it reads linkwise-out/linkwise.duckdb and logs to
+    the registry every other command uses (linkwise-out/mlflow/mlflow.db), as the README says."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    (tmp_path / DEFAULT_STORE).parent.mkdir(parents=True)
+    shutil.copy(store, tmp_path / DEFAULT_STORE)
+    _shadow_rows(tmp_path / DEFAULT_STORE, "heuristic:sjf_bco", "sjf_bco", [20000.0, 30000.0])
+    code, out, err = _run(["shadow-report", "--n-boot", "50", "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["mlflow_run_id"]
+    assert (tmp_path / "linkwise-out" / "mlflow" / "mlflow.db").is_file()
+    readme = (ROOT / "README.md").read_text()
+    assert "--tracking-uri sqlite:///mlflow.db" not in readme
+
+
+def test_promote_documents_every_exit_code(capsys: pytest.CaptureFixture[str]) -> None:
+    """Item 6: promote exits 3 when the gates refuse; --help and the README say so."""
+    for command in ("promote", "rollback"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        assert "exit codes: 0" in text and "3 refused" in text and "2 bad input" in text
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert "`promote` and `rollback`: 0 promoted (or rolled back), 3 refused" in readme
+
+
+@pytest.mark.parametrize(
+    ("mode", "policy", "refused"),
+    [
+        ("active", "model:challenger", True),
+        ("active", "model:shadow", True),
+        ("active", "model:models:/linkwise-policy@challenger", True),
+        ("active", "model:champion", False),
+        ("active", "model:models:/linkwise-policy/7", False),
+        ("active", "sjf_bco", False),
+        ("shadow", "model:challenger", False),
+    ],
+)
+def test_active_mode_serves_only_the_champion(mode: str, policy: str, refused: bool) -> None:
+    from linkwise.deployer.promote import serving_refusal
+
+    assert (serving_refusal(mode, policy) is not None) is refused
+
+
+def test_serve_refuses_an_unpromoted_model_in_active_mode(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Item 6: `--mode active --policy model:challenger` is refused before the loop starts."""
+    argv = ["serve", "--mode", "active", "--partition", "gpu", "--policy", "model:challenger",
+            "--slurm-env", str(tmp_path / "none.env"), "--lease-root", str(tmp_path)]  # fmt: skip
+    code, _, err = _run(argv, capsys)
+    assert code == 2
+    assert "active mode serves the registry's @champion only, not @challenger" in err

@@ -65,7 +65,7 @@ def test_the_shipped_example_is_a_valid_configuration(env_file: Path) -> None:
     assert (s.mode, s.partitions, s.policy, s.fallback) == (
         "shadow",
         ("gpu",),
-        "model:champion",
+        "model:shadow",
         "backfill",
     )
     assert (s.metrics_addr, s.metrics_port) == ("127.0.0.1", 9464)
@@ -85,7 +85,7 @@ def test_a_digest_pins_a_local_package(env_file: Path, tmp_path: Path) -> None:
     text = _example(
         env_file,
         **{
-            'source = "model:champion"': f'source = "model:{tmp_path}/pkg"',
+            'source = "model:shadow"': f'source = "model:{tmp_path}/pkg"',
             '# digest = "<64 hex>"': f'digest = "{digest.upper()}"',
         },
     )
@@ -111,8 +111,8 @@ def test_a_digest_pins_a_local_package(env_file: Path, tmp_path: Path) -> None:
         ('"127.0.0.1:9464"', '"9464"', "metrics.address: must be"),
         ('format = "json"', 'format = "xml"', "log.format: must be one of"),
         ('transport = "cli"', 'transport = "ssh"', "slurm.transport: must be one of"),
-        ('"model:champion"', '"model:"', "policy.source:"),
-        ('"model:champion"', '"no_such_heuristic"', "policy.source:"),
+        ('"model:shadow"', '"model:"', "policy.source:"),
+        ('"model:shadow"', '"no_such_heuristic"', "policy.source:"),
         ('fallback = "backfill"', 'fallback = "model:champion"', "policy.fallback: must be"),
         ('# digest = "<64 hex>"', 'digest = "abc"', "policy.digest: must be 64 hex digits"),
         ('# digest = "<64 hex>"', f'digest = "{"0" * 64}"', "policy.digest: pins a local"),
@@ -237,7 +237,7 @@ def test_serve_runs_from_the_example_file_and_logs_json_lines(tmp_path: Path) ->
     text = _example(
         env,
         **{
-            'source = "model:champion"': 'source = "backfill"',
+            'source = "model:shadow"': 'source = "backfill"',
             "/var/lib/linkwise/leases": str(tmp_path / "leases"),
             "/var/lib/linkwise/linkwise.duckdb": str(tmp_path / "store.duckdb"),
             "/var/lib/linkwise/serve": str(tmp_path / "state"),
