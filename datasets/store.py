@@ -206,6 +206,53 @@ _V_JOB_KEY = (
     "ALTER TABLE job_nodes_keyed RENAME TO job_nodes",
 )
 
+# Per-job telemetry (datasets/job_telemetry.py): link bytes and GPU activity attributed to one
+# run of a job by ``ATTRIBUTION_RULE``, with the samples used, shared, at an edge, bad and
+# missing; derived from link_load, telemetry_samples and the accounting, rebuilt at will.
+_V_JOB_TELEMETRY = (
+    """CREATE TABLE job_telemetry (
+        cluster VARCHAR NOT NULL,
+        job_id BIGINT NOT NULL,
+        submit_time DOUBLE NOT NULL,
+        run_index INTEGER NOT NULL,
+        name VARCHAR NOT NULL,
+        user_name VARCHAR NOT NULL,
+        gpus INTEGER NOT NULL,
+        nodes INTEGER NOT NULL,
+        start_time DOUBLE NOT NULL,
+        end_time DOUBLE NOT NULL,
+        interval_s DOUBLE NOT NULL,
+        nvlink_bytes DOUBLE NOT NULL,
+        nvlink_gpu_s DOUBLE NOT NULL,
+        pcie_bytes DOUBLE NOT NULL,
+        pcie_gpu_s DOUBLE NOT NULL,
+        ib_bytes DOUBLE NOT NULL,
+        ib_gpu_s DOUBLE NOT NULL,
+        ib_node_s DOUBLE NOT NULL,
+        eth_bytes DOUBLE NOT NULL,
+        eth_gpu_s DOUBLE NOT NULL,
+        eth_node_s DOUBLE NOT NULL,
+        nvlink_bytes_per_gpu_s DOUBLE,
+        pcie_bytes_per_gpu_s DOUBLE,
+        ib_bytes_per_gpu_s DOUBLE,
+        eth_bytes_per_gpu_s DOUBLE,
+        activity_alone DOUBLE,
+        activity_alone_gpu_s DOUBLE NOT NULL,
+        activity_beside DOUBLE,
+        activity_beside_gpu_s DOUBLE NOT NULL,
+        link_used INTEGER NOT NULL,
+        link_shared INTEGER NOT NULL,
+        link_edge INTEGER NOT NULL,
+        link_missing INTEGER NOT NULL,
+        activity_used INTEGER NOT NULL,
+        activity_shared INTEGER NOT NULL,
+        activity_bad INTEGER NOT NULL,
+        activity_missing INTEGER NOT NULL,
+        built_at DOUBLE NOT NULL,
+        PRIMARY KEY (cluster, job_id, submit_time, run_index)
+    )""",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "jobs, job_nodes, nodes, telemetry, link_load, rejected_rows, ingest_state", _V1),
     Migration(2, "telemetry_samples.labels as VARCHAR (JSON text, not validated)", _V2),
@@ -213,6 +260,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(4, "rejected_rows.job_id and rejected_rows.field", _V4),
     Migration(5, "decisions.deviated and decisions.explanation", _V_EXPLAIN),
     Migration(6, "jobs and job_nodes keyed by submit time too (job ids are reused)", _V_JOB_KEY),
+    Migration(7, "job_telemetry: per-job link bytes and GPU activity", _V_JOB_TELEMETRY),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

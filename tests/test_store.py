@@ -29,6 +29,7 @@ TABLES = {
     "ingest_state",
     "decisions",
     "audit",
+    "job_telemetry",
 }
 
 

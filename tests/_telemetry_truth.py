@@ -1,0 +1,156 @@
+"""A small cluster whose telemetry is known: jobs on GPUs of nodes (the truth, GPU indices
+included), and what its exporters would print at every scrape (dcgm-exporter text with or
+without the ``hpc_job`` label, node_exporter's InfiniBand byte counters), stored through the
+real collectors' ingest (``ingest_prometheus``, ``derive_ib_link_load``) beside the
+accounting (``ingest_job_runs``) in a DuckDB store."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import duckdb
+
+from linkwise.datasets.ingest import ingest_job_runs
+from linkwise.datasets.telemetry import derive_ib_link_load, ingest_prometheus
+from linkwise.tests._history import completed_run
+
+T0 = 1.7e9
+INTERVAL_S = 30.0
+GPUS_PER_NODE = 8
+CLUSTER = "c"
+
+
+@dataclass(frozen=True)
+class TruthJob:
+    """One run: its GPUs per node (indices), when, and what it does while it runs: SM
+    activity (a ratio), NVLink tx bytes/s per GPU (rx the same), NIC tx bytes/s per node (rx
+    the same)."""
+
+    job_id: int
+    start: float
+    end: float
+    alloc: Mapping[str, tuple[int, ...]]
+    activity: float
+    nvlink_tx: float = 0.0
+    nic_tx: float = 0.0
+    name: str = ""
+    user: str = "u"
+    bad: Mapping[tuple[str, float], float] = field(default_factory=dict)  # (node, ts) -> value
+
+    def on(self, node: str, ts: float) -> bool:
+        return node in self.alloc and self.start <= ts < self.end
+
+
+def _gpu_labels(node: str, gpu: int, job: TruthJob | None, labelled: bool) -> str:
+    job_label = f',hpc_job="{job.job_id}"' if labelled and job is not None else ""
+    return (
+        f'gpu="{gpu}",UUID="GPU-{node}-{gpu:04d}",device="nvidia{gpu}",'
+        f'modelName="NVIDIA H100 80GB HBM3",Hostname="{node}"{job_label}'
+    )
+
+
+def dcgm_text(node: str, ts: float, jobs: Sequence[TruthJob], *, labelled: bool) -> str:
+    """What dcgm-exporter prints on ``node`` at ``ts``: every GPU's SM activity, GPU
+    utilisation and NVLink bytes; a GPU outside every running job idle."""
+    owner: dict[int, TruthJob] = {}
+    for j in jobs:
+        if j.on(node, ts):
+            owner.update((g, j) for g in j.alloc[node])
+    lines = [
+        "# HELP DCGM_FI_PROF_SM_ACTIVE The ratio of cycles an SM has at least 1 warp assigned.",
+        "# TYPE DCGM_FI_PROF_SM_ACTIVE gauge",
+    ]
+    for g in range(GPUS_PER_NODE):
+        j = owner.get(g)
+        value = 0.0 if j is None else j.bad.get((node, ts), j.activity)
+        lines.append(f"DCGM_FI_PROF_SM_ACTIVE{{{_gpu_labels(node, g, j, labelled)}}} {value!r}")
+    lines += ["# TYPE DCGM_FI_DEV_GPU_UTIL gauge"]
+    for g in range(GPUS_PER_NODE):
+        j = owner.get(g)
+        util = 0 if j is None else min(100, round(100 * j.activity) + 20)
+        lines.append(f"DCGM_FI_DEV_GPU_UTIL{{{_gpu_labels(node, g, j, labelled)}}} {util}")
+    for metric in ("DCGM_FI_PROF_NVLINK_TX_BYTES", "DCGM_FI_PROF_NVLINK_RX_BYTES"):
+        lines.append(f"# TYPE {metric} gauge")
+        for g in range(GPUS_PER_NODE):
+            j = owner.get(g)
+            rate = 0.0 if j is None else j.nvlink_tx
+            lines.append(f"{metric}{{{_gpu_labels(node, g, j, labelled)}}} {rate!r}")
+    return "\n".join(lines) + "\n"
+
+
+def nic_bytes(node: str, t: float, jobs: Sequence[TruthJob]) -> float:
+    """Bytes the node's NIC has sent by ``t`` (and received: the same) since ``T0``."""
+    return sum(
+        j.nic_tx * max(0.0, min(t, j.end) - max(T0, j.start)) for j in jobs if node in j.alloc
+    )
+
+
+def node_exporter_text(node: str, ts: float, jobs: Sequence[TruthJob], base: float) -> str:
+    """node_exporter's InfiniBand byte counters of ``node``'s one HCA port at ``ts``
+    (starting at ``base`` bytes)."""
+    total = base + nic_bytes(node, ts, jobs)
+    lines = []
+    for what in ("transmitted", "received"):
+        metric = f"node_infiniband_legacy_data_{what}_bytes_total"
+        lines += [f"# TYPE {metric} counter", f'{metric}{{device="mlx5_0",port="1"}} {total!r}']
+    return "\n".join(lines) + "\n"
+
+
+def fill_store(
+    con: duckdb.DuckDBPyConnection,
+    jobs: Sequence[TruthJob],
+    *,
+    nodes: Sequence[str],
+    until: float,
+    labelled: bool = False,
+    skip: frozenset[tuple[str, float]] = frozenset(),
+    ib_base: float = 1.0e12,
+) -> None:
+    """Accounting of ``jobs`` and every scrape of ``nodes`` from ``T0`` to ``until`` (every
+    ``INTERVAL_S``; ``skip``: (node, ts) scrapes that never happened), through the real
+    ingest functions; then the InfiniBand rates derived."""
+    runs = [
+        completed_run(
+            j.job_id,
+            j.start - 60.0,
+            j.start,
+            j.end,
+            {n: len(g) for n, g in j.alloc.items()},
+            cluster=CLUSTER,
+            name=j.name or f"j{j.job_id}",
+        )
+        for j in jobs
+    ]
+    ingest_job_runs(con, runs, source=f"accounting:{CLUSTER}")
+    ts = T0
+    while ts <= until:
+        for node in nodes:
+            if (node, ts) in skip:
+                continue
+            ingest_prometheus(
+                con,
+                dcgm_text(node, ts, jobs, labelled=labelled),
+                source=f"prometheus:http://{node}:9400/metrics",
+                ts=ts,
+                host=node,
+                cluster=CLUSTER,
+                interval_s=INTERVAL_S,
+            )
+            ingest_prometheus(
+                con,
+                node_exporter_text(node, ts, jobs, ib_base),
+                source=f"prometheus:http://{node}:9100/metrics",
+                ts=ts,
+                host=node,
+                cluster=CLUSTER,
+                interval_s=INTERVAL_S,
+            )
+        ts += INTERVAL_S
+    derive_ib_link_load(
+        con,
+        since=T0 - INTERVAL_S,
+        until=until + INTERVAL_S,
+        expected_interval_s=INTERVAL_S,
+        cluster=CLUSTER,
+    )
