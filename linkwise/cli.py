@@ -19,8 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from linkwise.cluster.topology import DEFAULT_TOPOLOGY
+from linkwise.supervise import supervise
 
 EXIT_OK, EXIT_FAIL, EXIT_INPUT = 0, 1, 2
+# ``serve`` stops itself on SIGINT/SIGTERM (it hands its held jobs back), systemd watches its
+# own process (sd_notify) and its watchdog process must outlive it: not supervised
+UNSUPERVISED = frozenset({"serve"})
 DEFAULT_SYNTHETIC_JOBS = 2000
 
 
@@ -672,7 +676,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command line; run as a program (``argv`` None), a command runs in a child process
+    that SIGINT/SIGTERM end with its workers (``linkwise.supervise``)."""
     args = build_parser().parse_args(argv)
+    if argv is None and args.command not in UNSUPERVISED:
+        code = supervise(args.command)
+        if code is not None:
+            return code
     try:
         return int(args.func(args))
     except (ValueError, FileNotFoundError, IsADirectoryError) as exc:
