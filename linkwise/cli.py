@@ -672,6 +672,10 @@ def build_parser() -> argparse.ArgumentParser:
     from linkwise.pipelines.label import add_label_parser
 
     add_label_parser(sub)
+
+    from linkwise.pipelines.profiles import add_profiles_parser
+
+    add_profiles_parser(sub)
     return parser
 
 

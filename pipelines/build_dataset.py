@@ -50,6 +50,12 @@ from linkwise.cluster.mdp import SLOT_ORDERS, MdpConfig, ObsSpec, make_spec
 from linkwise.cluster.profiles import Calibration, load_calibration
 from linkwise.cluster.topology import DEFAULT_TOPOLOGY, load_topology
 from linkwise.datasets.backlog import Backlog, backlog_from_store
+from linkwise.datasets.comm_profiles import (
+    EMPTY_BOOK,
+    ProfileCounts,
+    apply_history_frame,
+    load_profile_book,
+)
 from linkwise.datasets.decisions import (
     build_log_transitions,
     store_cluster,
@@ -253,6 +259,7 @@ def build_dataset(
     if log_share is not None and not 0.0 <= log_share <= 1.0:
         raise ValueError(f"log_share must be in [0, 1], got {log_share}")
     want = rollouts is None or rollouts > 0 or bool(windows)
+    profile_counts: ProfileCounts | None = None
     rollout_note: dict[str, Any] | None = None
     if want:  # the rollout windows first: a history too short is refused before any work
         if trace is not None:
@@ -268,6 +275,14 @@ def build_dataset(
             with closing(open_store(db)) as con:
                 jobs = jobs_from_store(con, cluster=slurm_cluster, since=since, until=until)
             origin = {"db": db, "cluster": slurm_cluster, "since": since, "until": until}
+        # profiles learned from the store's job telemetry before ``until`` where a job has one
+        # (datasets.comm_profiles), the default mix elsewhere; no telemetry changes nothing
+        book = EMPTY_BOOK
+        if db is not None:
+            with closing(open_store(db)) as con:
+                book = load_profile_book(con, cluster=slurm_cluster, until=until)
+        jobs, roll_cal, counts = apply_history_frame(jobs, cal, book)
+        profile_counts = counts
         cut = cut_windows(jobs, window_s, max_gpus=topo.total_gpus)
         n = len(cut) if rollouts is None else rollouts
         chosen = choose_windows(cut, ids=windows, n=n, min_jobs=min_jobs)
@@ -331,7 +346,7 @@ def build_dataset(
             topo,
             epsilons=epsilons,
             config=spec.config,
-            calibration=cal,
+            calibration=roll_cal,
             block_s=block_s,
             max_steps=max_steps,
             backlogs=backlogs,
@@ -351,6 +366,8 @@ def build_dataset(
             "warm_start": warm_start,
             "resampling": "block bootstrap of the window's arrivals (datasets.rollouts)",
         }
+        if counts.history:
+            sources["rollouts"]["profiles"] = counts.to_dict()
         rollout_note = {"asked": rollouts, "episodes": len(tasks), "shortfall": shortfall}
     if log_share is not None and db is not None:
         others = sum(f.height for f in frames)
@@ -362,6 +379,7 @@ def build_dataset(
     return {
         **manifest,
         "log_report": log_report,
+        "profiles": profile_counts.to_dict() if profile_counts is not None else None,
         "rollout_report": rollout_note,
         "mlflow_run_id": run_id,
         "seconds": seconds,
@@ -413,6 +431,10 @@ def _rollouts_arg(text: str) -> int | None:
     return None if text.strip().lower() == "all" else int(text)
 
 
+def _counts(d: dict[str, Any]) -> dict[str, int]:
+    return {k: int(d[k]) for k in ("declared", "history_name", "history_shape", "default")}
+
+
 def format_report(m: dict[str, Any]) -> str:
     """The human-readable dataset report."""
     rep = m["report"]
@@ -455,6 +477,8 @@ def format_report(m: dict[str, Any]) -> str:
             f"  log starts: {log['exact_match_share']:.1%} exact of {log['starts']}, "
             f"{log['nearest']} nearest, {log['unslotted']} outside the slots (applied, no step)"
         )
+    if m.get("profiles"):
+        lines.append(f"  rollout jobs' {ProfileCounts(**_counts(m['profiles'])).line()}")
     top = ", ".join(f"{a}:{n}" for a, n in acts["top"])
     cand = ", ".join(f"{g} {n}" for g, n in acts["by_candidate"].items())
     lines += [

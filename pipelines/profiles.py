@@ -1,0 +1,155 @@
+"""Per-job telemetry and communication profiles on a store: the flow, the report, the CLI.
+
+``job_telemetry_flow`` (Prefect flow ``job-telemetry``) summarizes the runs the telemetry has
+passed since the last build (``datasets.job_telemetry.build_job_telemetry``; incremental and
+idempotent), so it follows ``collect-telemetry`` / ``collect-accounting`` on their schedule.
+``profiles_report`` builds (unless told not to) and learns the profiles
+(``datasets.comm_profiles``); ``linkwise profiles`` prints it: how many runs had telemetry,
+how many profiles were learned from how many runs and hours, with ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+
+from linkwise.datasets.comm_profiles import ProfileBook, load_profile_book
+from linkwise.datasets.job_telemetry import (
+    ATTRIBUTION_RULE,
+    JobTelemetryReport,
+    build_job_telemetry,
+)
+from linkwise.datasets.store import open_store, scalar
+
+__all__ = [
+    "add_profiles_parser",
+    "cmd_profiles",
+    "format_profiles",
+    "job_telemetry_flow",
+    "profiles_report",
+]
+
+
+def profiles_report(
+    db: str | Path,
+    *,
+    cluster: str | None = None,
+    interval_s: float = 30.0,
+    build: bool = True,
+    min_runs: int = 1,
+    until: float | None = None,
+) -> dict[str, Any]:
+    """Build the store's job telemetry (``build``), learn the profiles of runs ended before
+    ``until`` (from at least ``min_runs`` runs each) and report both as a dict."""
+    path = Path(db)
+    if not path.exists():
+        raise FileNotFoundError(f"no store at {path}")
+    with closing(open_store(path)) as con:
+        built: JobTelemetryReport | None = (
+            build_job_telemetry(con, cluster=cluster, interval_s=interval_s) if build else None
+        )
+        book: ProfileBook = load_profile_book(con, cluster=cluster, until=until, min_runs=min_runs)
+        finished = scalar(
+            con,
+            "SELECT count(*) FROM jobs WHERE end_time IS NOT NULL AND start_time IS NOT NULL "
+            "AND (CAST(? AS VARCHAR) IS NULL OR cluster = ?)",
+            [cluster, cluster],
+        )
+    return {
+        "db": str(path),
+        "cluster": cluster,
+        "finished_runs": int(str(finished)),
+        "build": built.to_dict() if built is not None else None,
+        "rule": ATTRIBUTION_RULE,
+        "profiles": book.to_dict(),
+    }
+
+
+def format_profiles(report: dict[str, Any]) -> str:
+    """The human-readable report."""
+    book = report["profiles"]
+    lines = [f"store {report['db']}: {report['finished_runs']} finished runs"]
+    built = report.get("build")
+    if built is not None:
+        if built["horizon"] is None:
+            lines.append("  job telemetry: the store holds no telemetry; nothing built")
+        else:
+            c = built["counts"]
+            lines += [
+                f"  job telemetry: {built['built']} runs summarized now "
+                f"({built['with_telemetry']} with telemetry), {built['waiting']} waiting for "
+                "telemetry past their end",
+                f"  link intervals: {c['link_used']} used, {c['link_shared']} shared, "
+                f"{c['link_edge']} at an edge, {c['link_missing']} missing; activity "
+                f"instants: {c['activity_used']} used, {c['activity_shared']} shared, "
+                f"{c['activity_bad']} bad, {c['activity_missing']} missing",
+            ]
+    lines.append(
+        f"  runs with telemetry: {book['runs_with_telemetry']} of {book['runs_summarized']} "
+        f"summarized, {book['job_hours']:.1f} job-hours over {book['span_hours']:.1f} h; "
+        f"{book['runs_used']} usable for profiles (multi-GPU, activity and traffic alone)"
+    )
+    lines.append(
+        f"  profiles learned (at least {book['min_runs']} runs): {len(book['by_name'])} by "
+        f"job name, {len(book['by_shape'])} by user and GPUs"
+    )
+    for section in ("by_name", "by_shape"):
+        for key, p in book[section].items():
+            lines.append(
+                f"    {section[3:]} {key}: {p['runs']} runs, compute_s {p['activity']:.3f}, "
+                f"grad_gb {p['profile']['grad_gb']:.4g}, {p['rho_gb']:.4g} GB per compute "
+                f"second (spread {p['rho_spread']:.1%}), sensitivity {p['sensitivity']:.2f}"
+            )
+    return "\n".join(lines)
+
+
+@flow(name="job-telemetry", log_prints=False)
+def job_telemetry_flow(
+    db: str, cluster: str | None = None, interval_s: float = 30.0
+) -> dict[str, Any]:
+    """Summarize the store's new job runs (``build_job_telemetry``); the report as a dict."""
+    with closing(open_store(db)) as con:
+        return build_job_telemetry(con, cluster=cluster, interval_s=interval_s).to_dict()
+
+
+def cmd_profiles(args: argparse.Namespace) -> int:
+    """``linkwise profiles``: build job telemetry, learn profiles, print the report."""
+    report = profiles_report(
+        args.db,
+        cluster=args.slurm_cluster,
+        interval_s=args.interval,
+        build=not args.no_build,
+        min_runs=args.min_runs,
+        until=args.until,
+    )
+    print(json.dumps(report, default=str) if args.json else format_profiles(report))
+    return 0
+
+
+def add_profiles_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``linkwise profiles``."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "profiles",
+        help="per-job telemetry and communication profiles learned from the store's history",
+        description=f"Attribution: {ATTRIBUTION_RULE}",
+    )
+    p.add_argument("--db", type=Path, required=True, help="the DuckDB store")
+    p.add_argument("--slurm-cluster", help="the Slurm cluster's name in the store (if several)")
+    p.add_argument(
+        "--interval", type=float, default=30.0, help="the telemetry scrape interval, s (30)"
+    )
+    p.add_argument(
+        "--no-build", action="store_true", help="read the job telemetry as built, build nothing"
+    )
+    p.add_argument(
+        "--min-runs", type=int, default=1, help="runs a profile needs at least (default 1)"
+    )
+    p.add_argument("--until", type=float, help="learn only from runs ended before this epoch time")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=cmd_profiles)
+    return p
