@@ -11,6 +11,11 @@ settled one; re-ingesting identical records changes nothing. A run is keyed by c
 id, submit time and run index: Slurm reuses ids (after its state is cleared, or across a
 slurmdbd purge), and two jobs with one id and different submit times are both kept.
 
+A rejected record is kept once per (source, job id, field, reason, raw): read again while
+open, it counts (``seen``, ``last_seen``); a later ingest that stores a run of its job
+resolves it (``resolved_at``; a job id Slurm reused resolves it too). ``open_rejects``
+gives when each open reject was first seen, ``count_open_rejects`` how many are open.
+
 Incremental collection: ``windows(since, until, step, overlap)`` cuts a time range into
 overlapping windows, and ``get_watermark``/``set_watermark`` keep where the last collection
 ended (``ingest_job_runs(..., watermark=...)`` sets it in the same transaction).
@@ -105,6 +110,8 @@ class IngestReport:
     rejected_reasons: tuple[tuple[str, int], ...]
     job_node_rows: int
     seconds: float
+    new_rejects: int = 0  # rejects not stored open before (the others counted as seen again)
+    resolved: int = 0  # open rejects of jobs this ingest stored a run of
 
     @property
     def jobs_per_s(self) -> float:
@@ -283,20 +290,117 @@ def _replace_job_nodes(con: duckdb.DuckDBPyConnection, changed: pl.DataFrame) ->
     return per_node.height
 
 
+# an open reject of the source with the same job id, field, reason and raw text as ``b``'s
+_SAME_REJECT = (
+    "r.source = ? AND r.resolved_at IS NULL AND r.job_id IS NOT DISTINCT FROM b.job_id "
+    "AND r.field IS NOT DISTINCT FROM b.field AND r.reason = b.reason AND r.raw = b.raw"
+)
+
+
+def reject_key(r: RejectedRecord) -> tuple[str | None, str, str, str]:
+    """What makes a reject the same one: job id, field, reason and the record's text."""
+    return (r.job_id, r.field, r.reason, r.raw)
+
+
+def _rejects_frame(rows: Sequence[RejectedRecord]) -> pl.DataFrame:
+    """One row per distinct reject with ``n``, how often the batch holds it."""
+    counts = Counter(reject_key(r) for r in rows)
+    return pl.DataFrame(
+        [(*k, n) for k, n in counts.items()],
+        schema={
+            "job_id": pl.String(),
+            "field": pl.String(),
+            "reason": pl.String(),
+            "raw": pl.String(),
+            "n": pl.Int32(),
+        },
+        orient="row",
+    )
+
+
+def open_rejects(
+    con: duckdb.DuckDBPyConnection, source: str, rows: Sequence[RejectedRecord]
+) -> dict[tuple[str | None, str, str, str], float]:
+    """When each of ``rows`` that is stored open was first rejected (by ``reject_key``)."""
+    if not rows:
+        return {}
+    con.register("reject_batch", _rejects_frame(rows))
+    try:
+        found = con.execute(
+            "SELECT b.job_id, b.field, b.reason, b.raw, min(r.rejected_at) "
+            f"FROM reject_batch AS b JOIN rejected_rows AS r ON {_SAME_REJECT} "
+            "GROUP BY ALL",
+            [source],
+        ).fetchall()
+    finally:
+        con.unregister("reject_batch")
+    return {(j, str(f), str(r), str(raw)): float(t) for j, f, r, raw, t in found}
+
+
+def count_open_rejects(con: duckdb.DuckDBPyConnection, source: str) -> int:
+    """How many rejects of ``source`` are open (no later read stored their job)."""
+    value = scalar(
+        con,
+        "SELECT count(*) FROM rejected_rows WHERE source = ? AND resolved_at IS NULL",
+        [source],
+    )
+    return int(str(value))
+
+
 def _reject(
     con: duckdb.DuckDBPyConnection,
     rows: Sequence[RejectedRecord],
     *,
     source: str,
     now: float,
-) -> None:
-    """Write rejected records (job id, field, reason, the record as JSON) to
-    ``rejected_rows``."""
-    con.executemany(
-        "INSERT INTO rejected_rows (source, raw, reason, rejected_at, job_id, field) "
-        "VALUES (?, ?, ?, ?, ?, ?)",
-        [(source, r.raw, r.reason, now, r.job_id, r.field) for r in rows],
-    )
+) -> int:
+    """Keep rejected records (job id, field, reason, the record as JSON) in
+    ``rejected_rows``, each once: one stored open already is counted as seen again. Returns
+    how many were new."""
+    con.register("reject_batch", _rejects_frame(rows))
+    try:
+        new = scalar(
+            con,
+            "SELECT count(*) FROM reject_batch AS b WHERE NOT EXISTS "
+            f"(SELECT 1 FROM rejected_rows AS r WHERE {_SAME_REJECT})",
+            [source],
+        )
+        run_sql(
+            con,
+            "UPDATE rejected_rows AS r SET seen = coalesce(r.seen, 1) + b.n, last_seen = ? "
+            f"FROM reject_batch AS b WHERE {_SAME_REJECT}",
+            [now, source],
+        )
+        run_sql(
+            con,
+            "INSERT INTO rejected_rows "
+            "(source, raw, reason, rejected_at, job_id, field, seen, last_seen) "
+            "SELECT ?, b.raw, b.reason, ?, b.job_id, b.field, b.n, ? FROM reject_batch AS b "
+            f"WHERE NOT EXISTS (SELECT 1 FROM rejected_rows AS r WHERE {_SAME_REJECT})",
+            [source, now, now, source],
+        )
+    finally:
+        con.unregister("reject_batch")
+    return int(str(new))
+
+
+def _resolve(con: duckdb.DuckDBPyConnection, good: pl.DataFrame, *, source: str, now: float) -> int:
+    """Resolve the source's open rejects of jobs ``good`` holds a run of, unless rejected
+    again by this very ingest (another run of the job); returns how many."""
+    ids = good.select(pl.col("job_id").cast(pl.String()).unique())
+    if ids.is_empty():
+        return 0
+    con.register("stored_ids", ids)
+    try:
+        rows = con.execute(
+            "UPDATE rejected_rows SET resolved_at = ? WHERE source = ? AND resolved_at IS NULL "
+            "AND coalesce(last_seen, rejected_at) < ? "
+            "AND job_id IN (SELECT job_id FROM stored_ids)",
+            [now, source, now],
+        ).fetchall()
+    finally:
+        con.unregister("stored_ids")
+    return int(rows[0][0]) if rows else 0
 
 
 def _rejected_runs(runs: Sequence[JobRun], bad: pl.DataFrame) -> list[RejectedRecord]:
@@ -321,9 +425,10 @@ def ingest_job_runs(
     """Upsert ``runs`` into ``jobs``/``job_nodes`` in one transaction; report what happened.
 
     Records unfit to store (see ``_checks``; ``limits`` adds the cluster's size) go to
-    ``rejected_rows`` with the records already ``rejected`` while parsing, the others are
-    stored. With ``watermark``, the source's watermark is set in the same transaction. The
-    connection must not be inside a transaction already.
+    ``rejected_rows`` with the records already ``rejected`` while parsing, each kept once
+    (``new_rejects``: not open before), the others are stored; open rejects of the jobs
+    stored are resolved (``resolved``). With ``watermark``, the source's watermark is set in
+    the same transaction. The connection must not be inside a transaction already.
     """
     t0 = time.perf_counter()
     now = time.time()
@@ -346,8 +451,8 @@ def ingest_job_runs(
         if changed.height:
             _write_jobs(con, changed, source=source, now=now)
             node_rows = _replace_job_nodes(con, changed)
-        if refused:
-            _reject(con, refused, source=source, now=now)
+        new_rejects = _reject(con, refused, source=source, now=now) if refused else 0
+        resolved = _resolve(con, good, source=source, now=now)
         if watermark is not None:
             set_watermark(con, source, watermark)
         con.commit()
@@ -369,6 +474,8 @@ def ingest_job_runs(
         rejected_reasons=tuple(reasons),
         job_node_rows=node_rows,
         seconds=time.perf_counter() - t0,
+        new_rejects=new_rejects,
+        resolved=resolved,
     )
 
 

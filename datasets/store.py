@@ -253,6 +253,16 @@ _V_JOB_TELEMETRY = (
     )""",
 )
 
+# A rejected accounting record is kept once per (source, job id, field, reason, raw): a read
+# that rejects it again counts it (``seen``, ``last_seen``), and a later read that stores
+# its job resolves it (``resolved_at``); datasets/ingest.py, pipelines/collect.py.
+_V_REJECT_ONCE = (
+    "ALTER TABLE rejected_rows ADD COLUMN seen INTEGER DEFAULT 1",
+    "ALTER TABLE rejected_rows ADD COLUMN last_seen DOUBLE",
+    "ALTER TABLE rejected_rows ADD COLUMN resolved_at DOUBLE",
+    "UPDATE rejected_rows SET last_seen = rejected_at",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "jobs, job_nodes, nodes, telemetry, link_load, rejected_rows, ingest_state", _V1),
     Migration(2, "telemetry_samples.labels as VARCHAR (JSON text, not validated)", _V2),
@@ -261,6 +271,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(5, "decisions.deviated and decisions.explanation", _V_EXPLAIN),
     Migration(6, "jobs and job_nodes keyed by submit time too (job ids are reused)", _V_JOB_KEY),
     Migration(7, "job_telemetry: per-job link bytes and GPU activity", _V_JOB_TELEMETRY),
+    Migration(8, "rejected_rows kept once: seen, last_seen, resolved_at", _V_REJECT_ONCE),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

@@ -459,6 +459,7 @@ def cmd_collect_accounting(args: argparse.Namespace) -> int:
             window_s=args.window,
             overlap_s=args.overlap,
             lock_wait_s=args.lock_wait,
+            reject_hold_s=args.reject_hold,
         )
     except CollectError as exc:
         done = exc.report.to_dict()
@@ -477,11 +478,14 @@ def cmd_collect_accounting(args: argparse.Namespace) -> int:
         f"{args.db}: cluster {cluster}, {out['nodes']} nodes, {len(out['windows'])} window(s); "
         f"{out['received']} records: {out['inserted']} new, {out['updated']} updated, "
         f"{out['unchanged']} unchanged, {out['kept_settled']} kept settled, "
-        f"{out['unsettled']} unsettled, {out['rejected']} rejected; "
+        f"{out['unsettled']} unsettled, {out['rejected']} rejected "
+        f"({out['new_rejects']} new, {out['resolved']} resolved, {out['open_rejects']} open); "
         f"watermark {out['watermark']}"
     )
     for reason, n in out["rejected_reasons"].items():
         print(f"  rejected {n}: {reason}")
+    if report.held_at is not None:
+        print(f"  watermark held at {report.held_at}: {report.held_reason}")
     return EXIT_OK
 
 
@@ -562,6 +566,14 @@ def _add_collect_parser(sub: Any) -> None:
     )
     a.add_argument("--window", type=float, default=6 * 3600.0, help="window length, seconds")
     a.add_argument("--overlap", type=float, default=600.0, help="window overlap, seconds")
+    a.add_argument(
+        "--reject-hold",
+        type=float,
+        default=86400.0,
+        metavar="S",
+        help="records the parser rejects hold the watermark for S seconds (default one day; "
+        "a run that accepts no record at all holds until one does)",
+    )
     a.add_argument("--timeout", type=float, default=30.0, help="per Slurm call, seconds")
     _add_lock_wait(a)
     a.add_argument("--json", action="store_true", help="print machine-readable JSON only")

@@ -12,7 +12,16 @@ reads only.
   failure while reading or writing a window leaves the store as it was before that window
   (earlier windows stay committed; the error names the window). The watermark only moves
   forward, and it is held back to the earliest unsettled record of a window, so such a
-  record is read again next time.
+  record is read again next time. No silent loss (``hold_of``): a window whose records the
+  parser rejected holds the watermark at its start, so the next run reads it again and
+  stores them once the parser accepts them, without ``--since``. A reject holds only while
+  it has been open for less than ``reject_hold_s`` (one corrupt record among good ones
+  blocks collection for a day at most; it stays open in ``rejected_rows`` and a warning
+  names the window to collect again with ``--since`` after a fix), except in a schema
+  fault: a run that stored no record but rejected some holds whatever its rejects' age,
+  until a run accepts records again. Each reject is kept once (``ingest.open_rejects``);
+  the value checks' rejects (e.g. more GPUs than the cluster has) are kept too but never
+  hold.
 - ``collect_telemetry(store_path, endpoints=[...], sysfs_roots=[...])``: scrape exporter
   endpoints (HTTP GET with a timeout) and read ``/sys/class/infiniband`` trees, store each
   source in its own transaction, then derive InfiniBand ``link_load`` rates from the raw
@@ -48,11 +57,15 @@ from linkwise.cluster.slurm.client import SlurmClient, read_env_file
 from linkwise.cluster.slurm.errors import SlurmError
 from linkwise.cluster.slurm.records import AccountingBatch, JobRun, NodeInfo
 from linkwise.datasets.ingest import (
+    count_open_rejects,
     get_watermark,
     ingest_job_runs,
     ingest_nodes,
     limits_of,
     next_window_start,
+    open_rejects,
+    reject_key,
+    set_watermark,
     windows,
 )
 from linkwise.datasets.store import open_store
@@ -72,18 +85,24 @@ __all__ = [
     "DEFAULT_LOCK_WAIT_S",
     "DEFAULT_LOOKBACK_S",
     "DEFAULT_OVERLAP_S",
+    "DEFAULT_REJECT_HOLD_S",
     "DEFAULT_WINDOW_S",
     "AccountingReport",
     "AccountingSource",
     "CollectError",
+    "Hold",
     "SourceReport",
     "TelemetryCollectReport",
+    "WindowRejects",
     "WindowReport",
     "accounting_source_name",
     "collect_accounting",
     "collect_accounting_flow",
     "collect_telemetry",
     "collect_telemetry_flow",
+    "hold_of",
+    "let_go",
+    "parsed_window",
 ]
 
 DEFAULT_WINDOW_S = 6 * 3600.0
@@ -91,6 +110,8 @@ DEFAULT_OVERLAP_S = 600.0
 DEFAULT_LOOKBACK_S = 86400.0
 """The first collection of a cluster (no watermark, no ``since``) reads this far back."""
 DEFAULT_LOCK_WAIT_S = 10.0
+DEFAULT_REJECT_HOLD_S = 86400.0
+"""How long a parse reject holds the watermark (a schema fault holds whatever its age)."""
 """How long a collection waits for a store another process holds before it gives up."""
 
 _module_log = logging.getLogger(__name__)
@@ -139,6 +160,71 @@ class WindowReport:
     job_node_rows: int
     watermark: float
     seconds: float
+    new_rejects: int = 0
+    resolved: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class WindowRejects:
+    """What the parser made of one window: records accepted and rejected, and how long the
+    youngest of its rejects has been open (inf when none)."""
+
+    start: float
+    end: float
+    accepted: int
+    rejected: int
+    youngest_open_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """Where rejected records hold the watermark, and why."""
+
+    at: float
+    reason: str
+
+
+def _holds(w: WindowRejects, reject_hold_s: float) -> bool:
+    """A window with a parse reject open for less than ``reject_hold_s`` holds."""
+    return w.rejected > 0 and w.youngest_open_s < reject_hold_s
+
+
+def _schema_fault(ws: Sequence[WindowRejects]) -> bool:
+    """No record accepted in the whole run, and some rejected."""
+    return sum(w.accepted for w in ws) == 0 and sum(w.rejected for w in ws) > 0
+
+
+def hold_of(
+    ws: Sequence[WindowRejects], previous: float | None, reject_hold_s: float
+) -> Hold | None:
+    """Where the run's parse rejects hold the watermark (never before ``previous``): at the
+    start of the first window with a reject open for less than ``reject_hold_s``, or, in a
+    schema fault, of the first window with a reject whatever its age. None: no hold."""
+    fault = _schema_fault(ws)
+    first = next((w for w in ws if (w.rejected > 0 if fault else _holds(w, reject_hold_s))), None)
+    if first is None:
+        return None
+    at = first.start if previous is None else max(previous, first.start)
+    span = f"window [{_iso(first.start)}, {_iso(first.end)})"
+    if fault:
+        reason = (
+            f"schema fault: all {first.rejected} record(s) of {span} rejected and none "
+            "accepted in this run; held until a run accepts records"
+        )
+    else:
+        reason = (
+            f"{first.rejected} record(s) of {span} rejected by the parser, open for less "
+            f"than {reject_hold_s:g} s"
+        )
+    return Hold(at, reason)
+
+
+def let_go(ws: Sequence[WindowRejects], reject_hold_s: float) -> tuple[WindowRejects, ...]:
+    """Windows whose parse rejects no longer hold: open for ``reject_hold_s`` or longer, and
+    no schema fault."""
+    if _schema_fault(ws):
+        return ()
+    return tuple(w for w in ws if w.rejected > 0 and not _holds(w, reject_hold_s))
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +239,15 @@ class AccountingReport:
     windows: tuple[WindowReport, ...]
     watermark: float | None
     seconds: float
+    previous_watermark: float | None = None
+    held_at: float | None = None  # where parse rejects hold the watermark (None: no hold)
+    held_reason: str = ""
+    open_rejects: int = 0  # rejects of this source no read has stored the job of
+
+    @property
+    def watermark_held(self) -> bool:
+        """Whether parse rejects held the watermark."""
+        return self.held_at is not None
 
     def total(self, name: str) -> int:
         """Sum of an integer ``WindowReport`` field over the windows."""
@@ -171,6 +266,7 @@ class AccountingReport:
         """A JSON-ready summary (totals, reasons and every window)."""
         keys: tuple[str, ...] = ("received", "inserted", "updated", "unchanged")
         keys += ("kept_settled", "duplicates", "unsettled", "rejected", "job_node_rows")
+        keys += ("new_rejects", "resolved")
         return {
             "cluster": self.cluster,
             "source": self.source,
@@ -179,7 +275,12 @@ class AccountingReport:
             "nodes": self.nodes,
             **{k: self.total(k) for k in keys},
             "rejected_reasons": dict(self.rejected_reasons),
+            "open_rejects": self.open_rejects,
             "watermark": self.watermark,
+            "previous_watermark": self.previous_watermark,
+            "watermark_held": self.watermark_held,
+            "held_at": self.held_at,
+            "held_reason": self.held_reason,
             "seconds": round(self.seconds, 3),
             "windows": [
                 {
@@ -262,16 +363,18 @@ def collect_accounting(
     source: str | None = None,
     lookback_s: float = DEFAULT_LOOKBACK_S,
     lock_wait_s: float = DEFAULT_LOCK_WAIT_S,
+    reject_hold_s: float = DEFAULT_REJECT_HOLD_S,
     logger: Log | None = None,
 ) -> AccountingReport:
     """Collect the cluster's nodes and accounting records in ``[since, until)`` into the store.
 
     ``since`` defaults to ``overlap_s`` before the stored watermark (or ``lookback_s`` ago on
     the first collection), ``until`` to now. Each window is read, then written with its
-    watermark in one transaction. Raises ``CollectError`` (its ``report`` lists the windows
-    already committed) when Slurm fails part-way; ``ValueError`` on bad arguments;
-    ``StoreLockedError`` when another process holds the store for longer than
-    ``lock_wait_s``.
+    watermark in one transaction; parse rejects hold the watermark (``hold_of``; for
+    ``reject_hold_s`` unless the whole run was rejected). Raises ``CollectError`` (its
+    ``report`` lists the windows already committed) when Slurm fails part-way;
+    ``ValueError`` on bad arguments; ``StoreLockedError`` when another process holds the
+    store for longer than ``lock_wait_s``.
     """
     log = logger or _module_log
     t0 = time.perf_counter()
@@ -291,7 +394,7 @@ def collect_accounting(
             raise ValueError(f"since ({start:.0f}) is not before until ({end:.0f})")
         plan = windows(start, end, window_s, overlap_s)
 
-        def report(watermark: float | None) -> AccountingReport:
+        def report(watermark: float | None, hold: Hold | None = None) -> AccountingReport:
             return AccountingReport(
                 cluster=cluster,
                 source=src,
@@ -301,6 +404,10 @@ def collect_accounting(
                 windows=tuple(done),
                 watermark=watermark,
                 seconds=time.perf_counter() - t0,
+                previous_watermark=previous,
+                held_at=None if hold is None else hold.at,
+                held_reason="" if hold is None else hold.reason,
+                open_rejects=count_open_rejects(con, src),
             )
 
         n_nodes = 0
@@ -312,7 +419,8 @@ def collect_accounting(
         limits = limits_of(nodes)
         log.info("stored %d nodes of cluster %s", n_nodes, cluster)
         watermark = previous
-        hold = float("inf")  # unsettled records seen so far keep the watermark behind them
+        hold = float("inf")  # unsettled records and held rejects keep the watermark behind
+        parsed: list[WindowRejects] = []
         for i, (w_start, w_end) in enumerate(plan, 1):
             tw = time.perf_counter()
             try:
@@ -324,7 +432,10 @@ def collect_accounting(
                     report(watermark),
                 ) from exc
             runs = _keep_known_exit_codes(con, list(batch.runs))
-            hold = min(hold, _unsettled_since(runs))
+            first_seen = open_rejects(con, src, batch.rejected)
+            seen = parsed_window(w_start, w_end, batch, first_seen, time.time())
+            rejects_at = w_start if _holds(seen, reject_hold_s) else float("inf")
+            hold = min(hold, _unsettled_since(runs), rejects_at)
             candidate = min(w_end, hold)
             watermark = candidate if watermark is None else max(watermark, candidate)
             ing = ingest_job_runs(
@@ -350,8 +461,11 @@ def collect_accounting(
                 job_node_rows=ing.job_node_rows,
                 watermark=watermark,
                 seconds=time.perf_counter() - tw,
+                new_rejects=ing.new_rejects,
+                resolved=ing.resolved,
             )
             done.append(window)
+            parsed.append(replace(seen, accepted=ing.received - ing.rejected))
             log.info(
                 "window %d/%d [%s, %s): %d records, %d new, %d updated, %d unchanged, %d rejected",
                 i,
@@ -366,9 +480,47 @@ def collect_accounting(
             )
             for reason, n in window.rejected_reasons:
                 log.warning("rejected %d record(s): %s", n, reason)
-        return report(watermark)
+        held = hold_of(parsed, previous, reject_hold_s)
+        if held is not None and watermark is not None and watermark > held.at:
+            set_watermark(con, src, held.at)  # a schema fault: found once the run is read
+            watermark = held.at
+        if held is not None:
+            log.warning("watermark held at %s: %s", _iso(held.at), held.reason)
+        for w in let_go(parsed, reject_hold_s):
+            log.warning(
+                "%d rejected record(s) of window [%s, %s) open for %g s or more no longer hold "
+                "the watermark (they stay open in rejected_rows); after fixing the parser, "
+                "collect again with --since %.0f (%s)",
+                w.rejected,
+                _iso(w.start),
+                _iso(w.end),
+                reject_hold_s,
+                w.start,
+                _iso(w.start),
+            )
+        return report(watermark, held)
     finally:
         con.close()
+
+
+def parsed_window(
+    start: float,
+    end: float,
+    batch: AccountingBatch,
+    first_seen: dict[tuple[str | None, str, str, str], float],
+    now: float,
+) -> WindowRejects:
+    """A window's parse rejects: how many, and how long the youngest has been open (a
+    reject not stored open yet: 0 s); ``accepted`` counts the parser's runs (the caller
+    replaces it with those ingest stored)."""
+    ages = [now - first_seen.get(reject_key(r), now) for r in batch.rejected]
+    return WindowRejects(
+        start=start,
+        end=end,
+        accepted=len(batch.runs),
+        rejected=len(batch.rejected),
+        youngest_open_s=min(ages, default=float("inf")),
+    )
 
 
 def _iso(epoch: float) -> str:
@@ -640,6 +792,7 @@ def collect_accounting_flow(
     until: float | None = None,
     window_s: float = DEFAULT_WINDOW_S,
     overlap_s: float = DEFAULT_OVERLAP_S,
+    reject_hold_s: float = DEFAULT_REJECT_HOLD_S,
 ) -> dict[str, Any]:
     """Collect a Slurm cluster's accounting into the DuckDB store at ``db``.
 
@@ -661,6 +814,7 @@ def collect_accounting_flow(
         until=until,
         window_s=window_s,
         overlap_s=overlap_s,
+        reject_hold_s=reject_hold_s,
         logger=get_run_logger(),
     )
     return report.to_dict()

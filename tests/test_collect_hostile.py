@@ -90,7 +90,9 @@ def test_hostile_records_are_rejected_one_by_one_and_the_window_commits(
     args += ["--since", str(until - 3600), "--until", str(until), "--json"]
     assert main(args) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["rejected"] == n_hostile and out["watermark"] == until
+    # the parser's rejects hold the watermark at the window's start (read again next time)
+    assert out["rejected"] == out["new_rejects"] == n_hostile and out["watermark"] == until - 3600
+    assert out["watermark_held"] and out["held_at"] == until - 3600
     assert out["received"] == 9 + n_hostile + 1
     with duckdb.connect(str(db), read_only=True) as con:
         rows = con.execute(
@@ -113,10 +115,13 @@ def test_hostile_records_are_rejected_one_by_one_and_the_window_commits(
     # 10 runs: the fixture's 9 records (job 16 requeued: two runs, kept apart by their submit
     # times since issue 21's key) and job 906
     assert jobs[0] == 10 and jobs[1] <= 16 and node_rows < 20 and raw <= 64 * 1024
-    # a second run reads the same window again: nothing new, the same rejects again
+    # a second run reads the same window again: nothing new, the same rejects kept once
     assert main(args) == 0
     again = json.loads(capsys.readouterr().out)
-    assert (again["inserted"], again["rejected"]) == (0, n_hostile)
+    assert (again["inserted"], again["rejected"], again["new_rejects"]) == (0, n_hostile, 0)
+    with duckdb.connect(str(db), read_only=True) as con:
+        seen = con.execute("SELECT count(*), min(seen), max(seen) FROM rejected_rows").fetchall()
+    assert seen == [(n_hostile, 2, 2)]
 
 
 def test_text_output_names_the_rejections(
