@@ -41,6 +41,15 @@ class Node:
 
 
 @dataclass(frozen=True, slots=True)
+class Block:
+    """A base block of Slurm's ``topology/block``: its name and its nodes (indices into
+    ``Topology.nodes``), in the order Slurm lists the blocks (which aggregated blocks follow)."""
+
+    name: str
+    nodes: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Link:
     """A shared network link: a NIC, a leaf uplink or an aggregation uplink."""
 
@@ -66,6 +75,16 @@ class Topology:
     leaf_uplink_gbps: tuple[float, ...]
     agg_names: tuple[str, ...] = ("spine",)
     agg_uplink_gbps: tuple[float, ...] = (float("inf"),)
+    # what Slurm's topology plugin enforces (``cluster.slurm.topology_rules``): "" when the
+    # topology is not read from a Slurm configuration; else "flat" (no plugin), "tree",
+    # "block", or the name of a plugin the rules do not model (e.g. "ring")
+    plugin: str = ""
+    plugin_params: frozenset[str] = frozenset()  # TopologyParam= values, lower case
+    blocks: tuple[Block, ...] = ()  # topology/block base blocks, in Slurm's order
+    block_sizes: tuple[int, ...] = ()  # BlockSizes= in nodes; () is Slurm's default
+    # per leaf: the switch tree it belongs to (leaves of different trees share no switch,
+    # so Slurm never spans them; -1: nodes no switch lists); () is one tree for all
+    leaf_fabric: tuple[int, ...] = ()
     # parallel leaf uplinks with ECMP path choice per flow: 0 (default) pools each leaf's
     # uplinks into one link of ``leaf_uplink_gbps``; S > 0 gives every leaf S uplinks (one per
     # spine plane) of ``leaf_uplink_gbps / S`` each way, and each ring hop between leaves
@@ -89,6 +108,15 @@ class Topology:
             raise ValueError("a leaf refers to an unknown aggregation switch")
         if len({n.name for n in self.nodes}) != len(self.nodes):
             raise ValueError("node names must be unique")
+        if self.leaf_fabric and len(self.leaf_fabric) != n_leaves:
+            raise ValueError("leaf_fabric needs one entry per leaf")
+        in_blocks = [i for b in self.blocks for i in b.nodes]
+        if any(not 0 <= i < len(self.nodes) for i in in_blocks):
+            raise ValueError("a block refers to an unknown node")
+        if len(set(in_blocks)) != len(in_blocks):
+            raise ValueError("a node is in two blocks")
+        if any(s <= 0 for s in self.block_sizes):
+            raise ValueError("block sizes must be positive")
         if self.ecmp_spines < 0:
             raise ValueError("ecmp_spines must be 0 (pooled uplinks) or positive")
 

@@ -2,8 +2,17 @@
 
 ``load_topology`` picks the builder from one string (what the CLI takes): a spec
 such as ``64x8,leaf=16,oversub=2``, a directory holding ``slurm.conf`` (and maybe
-``topology.conf``), a ``slurm.conf`` file, or a ``.csv`` file in the Alibaba Lingjun
-``ip,DSW,PSW,ASW`` format. A path may carry options: ``path,nic=25,oversub=2``.
+``topology.yaml`` or ``topology.conf``), a ``slurm.conf`` file, or a ``.csv`` file in the
+Alibaba Lingjun ``ip,DSW,PSW,ASW`` format. A path may carry options: ``path,nic=25,oversub=2``.
+
+From Slurm's configuration the topology also carries what Slurm's topology plugin enforces
+(``Topology.plugin``, ``blocks``, ``block_sizes``, ``leaf_fabric``; the rules themselves are
+``cluster.slurm.topology_rules``): the plugin from slurm.conf ``TopologyPlugin=`` (absent:
+``flat``), read as Slurm reads it (topology.conf(5), topology.yaml(5), topology.html):
+``topology.yaml`` first (25.05+; its cluster-default topology, the first with
+``cluster_default: true``, else the first), else ``topology.conf`` (``SwitchName`` lines for
+tree, ``BlockName``/``BlockSizes`` lines for block); ``scontrol show topology`` output is
+read too (``parse_scontrol_topology``), as a source or a cross-check (``topology_differences``).
 
 In every builder a leaf uplink carries ``nodes under the leaf * NIC / oversub`` and,
 when there are several aggregation switches, an aggregation uplink carries
@@ -14,6 +23,7 @@ infinite (no ring ever needs it).
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
 import re
 from collections import Counter
@@ -22,8 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from linkwise.cluster.domain import Node, Topology
-from linkwise.cluster.hostlist import expand, natural_key
+import yaml  # type: ignore[import-untyped]
+
+from linkwise.cluster.domain import Block, Node, Topology
+from linkwise.cluster.hostlist import compress, expand, natural_key
 
 DEFAULT_NIC_GBPS = 12.5  # 100 Gb/s (EDR InfiniBand / 100GbE)
 DEFAULT_INTRA_GBPS = 150.0  # NVLink (V100-class aggregate)
@@ -141,6 +153,7 @@ def from_slurm_conf(
     slurm_conf: str,
     topology_conf: str | None = None,
     *,
+    topology_yaml: str | None = None,
     nic_gbps: float = DEFAULT_NIC_GBPS,
     intra_gbps: float = DEFAULT_INTRA_GBPS,
     intra_kind: IntraKind = "nvlink",
@@ -156,10 +169,22 @@ def from_slurm_conf(
     switches their parents; switches above those are folded into one core. Nodes that
     no switch lists go to an implicit leaf; without topology.conf all nodes share one
     leaf. ``LinkSpeed`` is read and ignored (Slurm gives it no unit).
+
+    The plugin is slurm.conf's ``TopologyPlugin=`` (``flat`` without one). With
+    ``topology_yaml`` (its TEXT; Slurm ignores topology.conf when topology.yaml exists) the
+    plugin, switches and blocks are its cluster-default topology's. With ``topology/block``,
+    topology.conf's ``BlockName``/``BlockSizes`` lines give the blocks (and, without
+    ``SwitchName`` lines, the leaves: one per base block). A ``BlockName`` line under any
+    other plugin is an error, as before.
     """
     _check_rates(nic_gbps=nic_gbps, intra_gbps=intra_gbps, oversub=oversub, agg_oversub=agg_oversub)
     node_gpus = parse_slurm_nodes(slurm_conf)
-    leaf_members, leaf_parent = _parse_topology_conf(topology_conf or "", node_gpus)
+    plugin, params = slurm_topology_plugin(slurm_conf)
+    if topology_yaml is not None:
+        plugin, units = _parse_topology_yaml(topology_yaml, node_gpus)
+    else:
+        units = _parse_topology_units(topology_conf or "", blocks=plugin == "block")
+    leaf_members, leaf_parent, leaf_root = _tree(units, node_gpus)
     return _build(
         name=name,
         node_gpus=node_gpus,
@@ -170,7 +195,27 @@ def from_slurm_conf(
         intra_kind=intra_kind,
         oversub=oversub,
         agg_oversub=agg_oversub,
+        rules=_rules(plugin, params, units, leaf_root, node_gpus),
     )
+
+
+def slurm_topology_plugin(slurm_conf: str) -> tuple[str, frozenset[str]]:
+    """The topology plugin of a slurm.conf text (``TopologyPlugin=topology/tree`` -> "tree";
+    absent, ``none`` or ``default``: "flat", as Slurm's read_config does) and its
+    ``TopologyParam=`` values (lower case)."""
+    plugin, params = "", ""
+    for _lineno, pairs in _conf_lines(
+        slurm_conf, "slurm.conf", frozenset({"topologyplugin", "topologyparam"})
+    ):
+        for key, value in pairs:
+            if key == "topologyplugin":
+                plugin = value.strip().lower()
+            elif key == "topologyparam":
+                params = value
+    kind = plugin.removeprefix("topology/")
+    if kind in ("", "none", "default"):
+        kind = "flat"
+    return kind, frozenset(p.strip().lower() for p in params.split(",") if p.strip())
 
 
 def parse_slurm_nodes(slurm_conf: str) -> dict[str, int]:
@@ -223,19 +268,45 @@ class _Switch:
     lineno: int
 
 
-def _parse_topology_conf(
-    text: str, node_gpus: Mapping[str, int]
-) -> tuple[dict[str, list[str]], dict[str, str | None]]:
-    """Leaf switch -> its nodes (definition order, implicit leaf last) and leaf -> parent."""
+@dataclass(frozen=True, slots=True)
+class _Units:
+    """What a topology file defines: switches (tree), base blocks and BlockSizes (block)."""
+
+    switches: Mapping[str, _Switch]
+    blocks: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    block_sizes: tuple[int, ...] = ()
+
+
+def _parse_topology_units(text: str, *, blocks: bool = False) -> _Units:
+    """The switches of a topology.conf text and, with ``blocks`` (topology/block), its
+    ``BlockName=NAME Nodes=...`` and ``BlockSizes=N,...`` lines (topology.conf(5))."""
     switches: dict[str, _Switch] = {}
+    found: dict[str, tuple[str, ...]] = {}
+    sizes: tuple[int, ...] = ()
     for lineno, pairs in _conf_lines(text, "topology.conf"):
         key, value = pairs[0]
+        fields = dict(pairs[1:])
+        if blocks and key == "blocksizes":
+            sizes = _block_sizes(value.split(","), f"topology.conf line {lineno}")
+            continue
+        if blocks and key == "blockname":
+            if set(fields) - {"nodes"}:
+                raise ValueError(
+                    f"topology.conf line {lineno}: unknown keys {sorted(set(fields) - {'nodes'})}"
+                )
+            if value in found:
+                raise ValueError(f"topology.conf line {lineno}: block {value!r} is defined twice")
+            try:
+                found[value] = tuple(expand(fields.get("nodes", "")))
+            except ValueError as exc:
+                raise ValueError(f"topology.conf line {lineno}: {exc}") from None
+            continue
         if key != "switchname":
             raise ValueError(
                 f"topology.conf line {lineno}: expected SwitchName=..., got {key}= "
-                "(only the tree topology is supported)"
+                "(only the tree topology is supported; BlockName lines need "
+                "TopologyPlugin=topology/block)"
             )
-        fields = dict(pairs[1:])
         unknown = set(fields) - {"nodes", "switches", "linkspeed"}
         if unknown:
             raise ValueError(f"topology.conf line {lineno}: unknown keys {sorted(unknown)}")
@@ -250,13 +321,42 @@ def _parse_topology_conf(
             )
         except ValueError as exc:
             raise ValueError(f"topology.conf line {lineno}: {exc}") from None
+        switches[value] = sw
+    return _Units(switches, tuple(found.items()), sizes)
+
+
+def _block_sizes(values: Iterable[object], what: str) -> tuple[int, ...]:
+    """BlockSizes: positive node counts, each a power-of-two multiple of the first
+    (topology.conf(5): "Successive BlockSizes must be a power of two larger than the prior
+    values")."""
+    try:
+        sizes = tuple(int(str(v).strip()) for v in values)
+    except ValueError:
+        raise ValueError(f"{what}: BlockSizes must be whole numbers") from None
+    if not sizes or sizes[0] <= 0:
+        raise ValueError(f"{what}: BlockSizes must be positive")
+    for size in sizes:
+        ratio = size // sizes[0]
+        if size % sizes[0] or ratio & (ratio - 1) or ratio <= 0:
+            raise ValueError(f"{what}: BlockSize {size} is not {sizes[0]} times a power of two")
+    return sizes
+
+
+def _tree(
+    units: _Units, node_gpus: Mapping[str, int]
+) -> tuple[dict[str, list[str]], dict[str, str | None], dict[str, str | None]]:
+    """Leaf switch -> its nodes (definition order, implicit leaf last), leaf -> parent and
+    leaf -> the root switch of its tree (None for the implicit leaf: in no switch). Without
+    switches but with blocks, each base block is a leaf (one tree for all)."""
+    switches = units.switches
+    if not switches and units.blocks:
+        switches = {name: _Switch(name, hosts, (), 0) for name, hosts in units.blocks if hosts}
+    for sw in switches.values():
         if sw.nodes and sw.children:
             raise ValueError(
-                f"topology.conf line {lineno}: switch {value!r} has both Nodes and Switches; "
-                "nodes must hang off leaf switches"
+                f"topology.conf line {sw.lineno}: switch {sw.name!r} has both Nodes and "
+                "Switches; nodes must hang off leaf switches"
             )
-        switches[value] = sw
-
     parent: dict[str, str] = {}
     for sw in switches.values():
         for child in sw.children:
@@ -300,12 +400,224 @@ def _parse_topology_conf(
             leaf_of[host] = sw.name
         members[sw.name] = list(dict.fromkeys(sw.nodes))
     leaf_parent: dict[str, str | None] = {leaf: parent.get(leaf) for leaf in members}
+    one_tree = not units.switches
+    leaf_root: dict[str, str | None] = {
+        leaf: "" if one_tree else _root(leaf, parent) for leaf in members
+    }
     orphans = [host for host in node_gpus if host not in leaf_of]
     if orphans:
         implicit = _fresh(IMPLICIT_LEAF, switches)
         members[implicit] = orphans
         leaf_parent[implicit] = None
+        leaf_root[implicit] = "" if one_tree else None
+    return members, leaf_parent, leaf_root
+
+
+def _parse_topology_conf(
+    text: str, node_gpus: Mapping[str, int]
+) -> tuple[dict[str, list[str]], dict[str, str | None]]:
+    """Leaf switch -> its nodes (definition order, implicit leaf last) and leaf -> parent."""
+    members, leaf_parent, _ = _tree(_parse_topology_units(text), node_gpus)
     return members, leaf_parent
+
+
+def _root(switch: str, parent: Mapping[str, str]) -> str:
+    while switch in parent:
+        switch = parent[switch]
+    return switch
+
+
+@dataclass(frozen=True, slots=True)
+class _Rules:
+    """What ``_build`` adds to a Topology for Slurm's topology rules (names, not indices)."""
+
+    plugin: str
+    params: frozenset[str]
+    blocks: tuple[tuple[str, tuple[str, ...]], ...]
+    block_sizes: tuple[int, ...]
+    leaf_root: Mapping[str, str | None]
+
+
+def _rules(
+    plugin: str,
+    params: frozenset[str],
+    units: _Units,
+    leaf_root: Mapping[str, str | None],
+    node_gpus: Mapping[str, int],
+) -> _Rules:
+    """The plugin's rules; blocks only for topology/block, whose nodes slurm.conf defines."""
+    blocks = units.blocks if plugin == "block" else ()
+    for name, hosts in blocks:
+        unknown = [h for h in hosts if h not in node_gpus]
+        if unknown:
+            raise ValueError(
+                f"topology: block {name!r} lists node {unknown[0]!r}, which slurm.conf does "
+                "not define"
+            )
+    if plugin == "block" and not any(hosts for _, hosts in blocks):
+        raise ValueError("topology/block: no blocks with nodes (BlockName=... Nodes=...)")
+    return _Rules(plugin, params, blocks, units.block_sizes, leaf_root)
+
+
+# ---------------------------------------------------------------- topology.yaml and scontrol
+
+_YAML_KINDS = ("block", "flat", "ring", "torus3d", "tree")
+
+
+def _parse_topology_yaml(text: str, node_gpus: Mapping[str, int]) -> tuple[str, _Units]:
+    """The plugin kind and units of a topology.yaml text's cluster-default topology
+    (topology.yaml(5): a list of topologies, each ``topology: NAME``, ``cluster_default``
+    and exactly one of ``block`` (``block_sizes``, ``blocks: [{block, nodes}]``), ``flat``,
+    ``ring``, ``torus3d``, ``tree`` (``switches: [{switch, children, nodes}]``); Slurm uses
+    the first with ``cluster_default: true`` for partitions that name none, else the first).
+    """
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"topology.yaml: not YAML: {exc}") from None
+    if not isinstance(doc, list) or not doc or not all(isinstance(t, dict) for t in doc):
+        raise ValueError("topology.yaml: expected a list of topologies (- topology: NAME ...)")
+    chosen = next((t for t in doc if t.get("cluster_default") is True), doc[0])
+    name = chosen.get("topology")
+    kinds = [k for k in _YAML_KINDS if k in chosen]
+    if not isinstance(name, str) or len(kinds) != 1:
+        raise ValueError(
+            f"topology.yaml: topology {name!r} needs a name and exactly one of {_YAML_KINDS}"
+        )
+    kind, body = kinds[0], chosen[kinds[0]]
+    what = f"topology.yaml: topology {name!r}"
+    if kind == "tree":
+        return kind, _Units(_yaml_switches(body, what))
+    if kind == "block":
+        if not isinstance(body, dict) or not isinstance(body.get("blocks"), list):
+            raise ValueError(f"{what}: block needs a list of blocks")
+        blocks: dict[str, tuple[str, ...]] = {}
+        for item in body["blocks"]:
+            block, nodes = _yaml_item(item, "block", what)
+            if block in blocks:
+                raise ValueError(f"{what}: block {block!r} is defined twice")
+            blocks[block] = tuple(expand(nodes))
+        raw = body.get("block_sizes")
+        sizes = () if raw is None else _block_sizes(_yaml_list(raw, what), what)
+        return kind, _Units({}, tuple(blocks.items()), sizes)
+    return kind, _Units({})
+
+
+def _yaml_switches(body: object, what: str) -> dict[str, _Switch]:
+    if not isinstance(body, dict) or not isinstance(body.get("switches"), list):
+        raise ValueError(f"{what}: tree needs a list of switches")
+    switches: dict[str, _Switch] = {}
+    for k, item in enumerate(body["switches"], start=1):
+        switch, nodes = _yaml_item(item, "switch", what)
+        children = str(item.get("children") or "")
+        if switch in switches:
+            raise ValueError(f"{what}: switch {switch!r} is defined twice")
+        try:
+            switches[switch] = _Switch(switch, tuple(expand(nodes)), tuple(expand(children)), k)
+        except ValueError as exc:
+            raise ValueError(f"{what}: switch {switch!r}: {exc}") from None
+    return switches
+
+
+def _yaml_item(item: object, key: str, what: str) -> tuple[str, str]:
+    """``{KEY: NAME, nodes: HOSTLIST}`` -> (NAME, HOSTLIST); a list of nodes is joined."""
+    if not isinstance(item, dict) or not isinstance(item.get(key), str):
+        raise ValueError(f"{what}: each entry needs {key}: NAME, got {item!r}")
+    nodes = item.get("nodes") or ""
+    if isinstance(nodes, list):
+        nodes = ",".join(str(n) for n in nodes)
+    return item[key], str(nodes)
+
+
+def _yaml_list(raw: object, what: str) -> Sequence[object]:
+    if isinstance(raw, list):
+        return raw
+    if isinstance(raw, (int, str)):
+        return str(raw).split(",")
+    raise ValueError(f"{what}: block_sizes must be a list of node counts")
+
+
+def parse_scontrol_topology(text: str) -> tuple[str, str]:
+    """``scontrol show topology`` output -> (plugin kind, the topology.conf text it stands
+    for): tree lines ``SwitchName=s1 Level=0 LinkSpeed=1 Nodes=... Switches=...``, block lines
+    ``BlockName=b1 BlockIndex=0 Nodes=... BlockSize=2`` and ``AggregatedBlock=b1,b2
+    BlockIndex=2 Nodes=... BlockSize=4`` (Slurm's topology_tree.c/topology_block.c
+    ``_print_topo_record``); the BlockSizes are the base block's size and the aggregated
+    ones' (levels beyond the cluster are not printed, and change nothing: a request that
+    large spans the whole topology either way)."""
+    kind = ""
+    lines: list[str] = []
+    sizes: list[int] = []
+    for lineno, pairs in _conf_lines(text, "scontrol show topology"):
+        key, value = pairs[0]
+        fields = dict(pairs[1:])
+        nodes = fields.get("nodes", "")
+        if key == "switchname":
+            kind = kind or "tree"
+            line = f"SwitchName={value}"
+            line += f" Nodes={nodes}" if nodes else ""
+            line += f" Switches={fields['switches']}" if fields.get("switches") else ""
+            lines.append(line)
+        elif key in ("blockname", "aggregatedblock"):
+            kind = kind or "block"
+            size = fields.get("blocksize", "")
+            if not size.isdigit():
+                raise ValueError(f"scontrol show topology line {lineno}: no BlockSize")
+            sizes.append(int(size))
+            if key == "blockname":
+                lines.append(f"BlockName={value} Nodes={nodes}" if nodes else f"BlockName={value}")
+        else:
+            raise ValueError(f"scontrol show topology line {lineno}: unknown record {key}=")
+    if kind != ("block" if sizes else kind):
+        raise ValueError("scontrol show topology: both switches and blocks")
+    if sizes:
+        lines.append("BlockSizes=" + ",".join(str(s) for s in sorted(set(sizes))))
+    return kind or "flat", "\n".join(lines) + ("\n" if lines else "")
+
+
+def topology_differences(topo: Topology, scontrol_text: str) -> list[str]:
+    """How ``topo`` (from the configuration files) differs from what ``scontrol show
+    topology`` says Slurm uses: plugin kind, leaf switches' nodes, base blocks' nodes,
+    BlockSizes; [] when they agree."""
+    kind, conf = parse_scontrol_topology(scontrol_text)
+    diffs: list[str] = []
+    if topo.plugin not in (kind, ""):
+        diffs.append(f"plugin: configured {topo.plugin!r}, scontrol shows {kind!r}")
+        return diffs
+    units = _parse_topology_units(conf, blocks=kind == "block")
+    names = [n.name for n in topo.nodes]
+    if kind == "tree":
+        ours = {
+            leaf: compress([names[i] for i in members])
+            for leaf, members in zip(topo.leaf_names, topo.leaf_nodes, strict=True)
+            if leaf != IMPLICIT_LEAF
+        }
+        theirs = {sw.name: compress(list(sw.nodes)) for sw in units.switches.values() if sw.nodes}
+        if ours != theirs:
+            diffs.append(f"leaf switches: configured {ours}, scontrol shows {theirs}")
+    if kind == "block":
+        ours_b = [(b.name, compress([names[i] for i in b.nodes])) for b in topo.blocks]
+        theirs_b = [(name, compress(list(hosts))) for name, hosts in units.blocks]
+        if ours_b != theirs_b:
+            diffs.append(f"blocks: configured {ours_b}, scontrol shows {theirs_b}")
+        mine = _effective_sizes(topo.block_sizes, topo.blocks, len(topo.blocks))
+        shown = _effective_sizes(units.block_sizes, topo.blocks, len(topo.blocks))
+        if mine != shown:
+            diffs.append(f"block sizes: configured {mine}, scontrol shows {shown}")
+    return diffs
+
+
+def _effective_sizes(sizes: Sequence[int], blocks: Sequence[Block], n_blocks: int) -> list[int]:
+    """The block sizes that matter on ``n_blocks`` base blocks (up to the first that holds
+    them all), with Slurm's default (base block, 2, 4, 8 base blocks) when none are given."""
+    base = sizes[0] if sizes else (len(blocks[0].nodes) if blocks else 1)
+    all_sizes = list(sizes) or [base * (1 << k) for k in range(4)]
+    out: list[int] = []
+    for size in all_sizes:
+        out.append(size)
+        if size // base >= n_blocks:
+            break
+    return out
 
 
 # ---------------------------------------------------------------- Alibaba Lingjun CSV
@@ -451,9 +763,11 @@ def load_topology(arg: str) -> Topology:
     if opt.gpus_per_node is not None:
         raise ValueError(f"cluster {arg!r}: gpus= only applies to a .csv (slurm.conf has Gres)")
     topo_file = conf.parent / "topology.conf"
+    yaml_file = conf.parent / "topology.yaml"
     return from_slurm_conf(
         conf.read_text(),
         topo_file.read_text() if topo_file.is_file() else None,
+        topology_yaml=yaml_file.read_text() if yaml_file.is_file() else None,
         nic_gbps=opt.nic_gbps,
         intra_gbps=opt.intra,
         intra_kind=opt.intra_kind,
@@ -499,8 +813,10 @@ def _build(
     intra_kind: IntraKind,
     oversub: float,
     agg_oversub: float,
+    rules: _Rules | None = None,
 ) -> Topology:
-    """Assemble a Topology: nodes in ``node_gpus`` order, leaves in ``leaf_members`` order."""
+    """Assemble a Topology: nodes in ``node_gpus`` order, leaves in ``leaf_members`` order
+    (with ``rules``, what Slurm's topology plugin enforces: ``Topology.plugin`` ...)."""
     leaf_names = list(leaf_members)
     leaf_index = {host: i for i, leaf in enumerate(leaf_names) for host in leaf_members[leaf]}
     nodes = tuple(
@@ -529,7 +845,7 @@ def _build(
             / agg_oversub
             for i in range(len(agg_names))
         )
-    return Topology(
+    topo = Topology(
         name=name,
         nodes=nodes,
         leaf_names=tuple(leaf_names),
@@ -537,6 +853,22 @@ def _build(
         leaf_uplink_gbps=tuple(size * nic_gbps / oversub for size in leaf_sizes),
         agg_names=tuple(agg_names),
         agg_uplink_gbps=agg_up,
+    )
+    if rules is None:
+        return topo
+    index = topo.node_index
+    roots = {r: k for k, r in enumerate(dict.fromkeys(r for r in rules.leaf_root.values() if r))}
+    fabric = tuple(
+        -1 if rules.leaf_root.get(leaf) is None else roots.get(rules.leaf_root[leaf] or "", 0)
+        for leaf in leaf_names
+    )
+    return dataclasses.replace(
+        topo,
+        plugin=rules.plugin,
+        plugin_params=rules.params,
+        blocks=tuple(Block(block, tuple(index[h] for h in hosts)) for block, hosts in rules.blocks),
+        block_sizes=rules.block_sizes,
+        leaf_fabric=fabric,
     )
 
 

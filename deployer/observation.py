@@ -40,6 +40,7 @@ from linkwise.cluster.domain import (
     TransitJob,
 )
 from linkwise.cluster.hostlist import compress
+from linkwise.cluster.slurm import topology_rules
 from linkwise.cluster.slurm.records import NodeInfo, QueuedJob
 from linkwise.cluster.topology import load_topology
 from linkwise.datasets.prediction import ensure_predicted
@@ -102,6 +103,7 @@ class NodeRoom:
     memory_free_mb: int
     idle: bool
     features: frozenset[str] = frozenset()
+    topo_exclusive: bool = False  # holds a running --exclusive=topo job (topology/block)
 
 
 @dataclass(frozen=True)
@@ -189,7 +191,41 @@ def never_fits(
                 f"needs {shape.nodes} node(s) x {shape.gpus_per_node} GPU(s) its constraints "
                 f"accept; the partition has {len(ok)}"
             )
+    if job is not None:  # Slurm's topology rules (cluster.slurm.topology_rules), nodes free
+        fit = [
+            i for i in big if not rooms or _static_misfit(job, topo.nodes[i].name, rooms[i]) is None
+        ]
+        if topology_rules.place(topo, job.topology, shape.nodes, fit) is None:
+            return (
+                f"topology: no {shape.nodes} node(s) of the partition keep the rules of "
+                f"topology/{topo.plugin} for it"
+            )
     return None
+
+
+def topology_left_to_slurm(q: QueuedJob, topo: Topology) -> tuple[str, str] | None:
+    """("topology", reason) when Slurm's topology rules for the job are not modelled
+    (``topology_rules.left_to_slurm``): handed back unchanged; None otherwise."""
+    why = topology_rules.left_to_slurm(topo, q.topology, max(1, q.num_nodes))
+    return None if why is None else ("topology", why)
+
+
+def _topology_verdict(
+    topo: Topology, q: QueuedJob, nodes: Sequence[int], rooms: Sequence[NodeRoom]
+) -> topology_rules.Verdict:
+    """Whether Slurm's topology rules accept ``nodes`` for the job, other jobs as ``rooms``
+    show them (not idle; running --exclusive=topo)."""
+    return topology_rules.check_nodes(
+        topo, q.topology, nodes, busy=_busy(rooms), topo_held=_topo_held(rooms)
+    )
+
+
+def _busy(rooms: Sequence[NodeRoom]) -> list[int]:
+    return [i for i, r in enumerate(rooms) if not r.idle]
+
+
+def _topo_held(rooms: Sequence[NodeRoom]) -> list[int]:
+    return [i for i, r in enumerate(rooms) if r.topo_exclusive]
 
 
 def left_to_slurm(q: QueuedJob) -> tuple[str, str] | None:
@@ -380,6 +416,8 @@ def build_observation(
         if (mode == "active" and not ours) or (mode == "shadow" and q.held):
             continue  # active: only jobs held for the loop; shadow: held ones wait anyway
         unmodelled = left_to_slurm(q) if ours else None
+        if unmodelled is None and ours:
+            unmodelled = topology_left_to_slurm(q, topo)
         if unmodelled is not None:
             refuse(q, *unmodelled)
             continue
@@ -397,6 +435,10 @@ def build_observation(
         job = view(q)
         pending.append(PendingJob(job, remaining_s=job.duration))
     by_id = {q.job_id: q for q in queue}
+    for q in queue:  # topology/block rule X1: nodes of running --exclusive=topo jobs
+        if q.state == "RUNNING" and q.topology.exclusive_topo:
+            for i in (index[n] for n in q.nodes if n in index):
+                rooms[i] = dataclasses.replace(rooms[i], topo_exclusive=True)
     for j, (nodes_idx, per) in (inflight or {}).items():
         for i in nodes_idx:
             free[i] = max(0, free[i] - per)
@@ -459,7 +501,10 @@ def _room(info: NodeInfo | None, in_partition: bool) -> NodeRoom:
 
 
 def take_room(room: NodeRoom, q: QueuedJob) -> NodeRoom:
-    """What is left of a node once the job starts on it (an exclusive job takes it all)."""
+    """What is left of a node once the job starts on it (an exclusive job takes it all;
+    an --exclusive=topo job marks it ``topo_exclusive``)."""
+    if q.topology.exclusive_topo:
+        room = dataclasses.replace(room, topo_exclusive=True)
     if q.exclusive:
         return dataclasses.replace(room, cpus_free=0, memory_free_mb=0, idle=False)
     return dataclasses.replace(
@@ -497,6 +542,9 @@ def check_start(
             return "constraint: " + "; ".join(bad)
         if job.contiguous and not _contiguous(placement.nodes):
             return "constraint: --contiguous needs consecutive nodes"
+        verdict = _topology_verdict(topo, job, placement.nodes, rooms)
+        if not verdict.ok:  # Slurm would give it no allocation there (or wait first)
+            return f"constraint: topology {verdict.reason}"
     short = [topo.nodes[n].name for n in placement.nodes if free[n] < shape.gpus_per_node]
     if short:
         return f"busy: {','.join(short)} lack {shape.gpus_per_node} free GPU(s)"
@@ -524,6 +572,12 @@ def place_within(
         for i in range(len(topo.nodes))
         if free[i] >= shape.gpus_per_node and node_misfit(job, topo.nodes[i].name, rooms[i]) is None
     ]
+    if topo.plugin in ("tree", "block") and not job.contiguous:  # Slurm's topology rules
+        ranked = list(dict.fromkeys([i for i in prefer if i in fits] + fits))
+        found = topology_rules.place(
+            topo, job.topology, shape.nodes, ranked, busy=_busy(rooms), topo_held=_topo_held(rooms)
+        )
+        return None if found is None else Placement.of([(i, shape.gpus_per_node) for i in found])
     if job.contiguous and shape.nodes > 1:
         ok = set(fits)
         windows = [

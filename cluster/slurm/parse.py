@@ -56,6 +56,7 @@ from linkwise.cluster.slurm.schema import (
     number,
     text_list,
 )
+from linkwise.cluster.slurm.topology_rules import topology_request
 
 ExitStatus = tuple[int | None, int | None]  # (exit code, signal)
 RunKey = tuple[int, int]  # (job id, submit time in epoch seconds): one run of a job
@@ -625,6 +626,7 @@ def _request_fields(job: Mapping[str, Any]) -> dict[str, Any]:
         array_task_id=None if task is None else int(task),
         array_tasks=str(job.get("array_task_string") or ""),
         unmodelled=tuple(unmodelled),
+        topology=topology_request(job),
     )
 
 

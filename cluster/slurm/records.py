@@ -69,6 +69,22 @@ class PartitionInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class TopologyRequest:
+    """What a job asks of Slurm's topology plugin (``cluster.slurm.topology_rules``):
+    ``--switches=N@T`` (``required_switches``, ``maximum_switch_wait_time``; None: the record
+    does not say, as Slurm 22.05's JSON does not), ``--segment=S`` (``segment_size``, 24.05+),
+    ``--exclusive=topo`` (``shared``/``exclusive`` holding "topo") and the segment flags
+    ``--spread-segments``/``--consolidate-segments`` (job ``flags``)."""
+
+    switches: int | None = 0  # at most this many leaf switches (0: no limit)
+    switch_wait_s: float = 0.0  # how long Slurm waits for them before it gives up the limit
+    segment: int = 0  # nodes per segment (0: none)
+    exclusive_topo: bool = False
+    spread_segments: bool = False
+    consolidate_segments: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class QueuedJob:
     """A job as squeue shows it now (pending or running)."""
 
@@ -102,6 +118,7 @@ class QueuedJob:
     unmodelled: tuple[str, ...] = ()  # requests the loop cannot judge (licenses, ...)
     comment: str = ""  # the user's --comment (opt-in and profile tags, deployer/)
     requeue: bool = False  # --requeue (Slurm's default with JobRequeue=1)
+    topology: TopologyRequest = TopologyRequest()  # --switches, --segment, --exclusive=topo
 
 
 @dataclass(frozen=True, slots=True)
