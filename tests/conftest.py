@@ -31,6 +31,7 @@ SERVICES_MODULES = frozenset(
         "test_serve_live.py",
         "test_service_config.py",
         "test_slurm_live.py",
+        "test_topology_live.py",
     }
 )
 SERVICES_SCOPE = "services"
