@@ -59,7 +59,7 @@ from linkwise.deployer.observation import (
     slurm_topology,
     take_room,
 )
-from linkwise.deployer.policies import GuardedPolicy, LoadedPolicy, PolicyHolder, model_probe
+from linkwise.deployer.policies import GuardedPolicy, LoadedPolicy, PolicyHolder
 from linkwise.deployer.profiles import (
     ProfileHistory,
     default_profile,
@@ -118,6 +118,9 @@ class ServeConfig:
     # the profile of a job that declares none and has no earlier run (deployer/profiles.py);
     # "": a draw from the calibration's mix by a hash of the job id
     default_profile: str = ""
+    # the model registry (MLflow tracking URI), resolved where serve starts; "": the
+    # environment's (``models.registry.default_tracking_uri``)
+    tracking_uri: str = ""
 
     def __post_init__(self) -> None:
         if self.mode not in ("shadow", "active"):
@@ -750,7 +753,8 @@ def serve(
         logger=logger,
         reload_s=config.reload_s,
         loader=(lambda _spec: policy) if policy is not None else None,
-        probe=(lambda _spec: "fixed") if policy is not None else model_probe,
+        probe=(lambda _spec: "fixed") if policy is not None else None,
+        tracking_uri=config.tracking_uri or None,
     )
     guarded = GuardedPolicy(holder, metrics, logger)
     recorder = Recorder(

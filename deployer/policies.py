@@ -9,6 +9,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from linkwise.cluster.contention import AnalyticModel, ContentionModel
@@ -39,8 +40,8 @@ def _heuristic(spec: str) -> LoadedPolicy:
     return LoadedPolicy(policy, spec, f"heuristic:{spec}", "")
 
 
-def _learned(spec: str) -> LoadedPolicy:
-    policy: Any = PolicySpec.parse(spec).build()
+def _learned(spec: str, tracking_uri: str | None = None) -> LoadedPolicy:
+    policy: Any = PolicySpec.parse(spec).build(tracking_uri=tracking_uri)
     package = str(getattr(policy, "package_dir", "") or "")
     # a registry model is recorded by its version number, which is what promotion's shadow
     # evidence looks up; a package folder by its path
@@ -49,16 +50,18 @@ def _learned(spec: str) -> LoadedPolicy:
     return LoadedPolicy(policy, spec, version, str(obs))
 
 
-def model_probe(spec: str) -> str | None:
+def model_probe(spec: str, tracking_uri: str | None = None) -> str | None:
     """A token that changes when the model behind ``spec`` changes (alias moved, package
-    rewritten); None for heuristics. Raises when it cannot be read."""
-    return PolicySpec.parse(spec).token()
+    rewritten), read in the registry at ``tracking_uri`` (None: the environment's); None for
+    heuristics. Raises when it cannot be read."""
+    return PolicySpec.parse(spec).token(tracking_uri)
 
 
 class PolicyHolder:
     """The policy in use: loads ``spec``, reloads it when its probe changes (the ``champion``
     alias moved), keeps the previous model when a new one fails to load or verify, and uses
-    the named heuristic ``fallback`` when no model could ever be loaded."""
+    the named heuristic ``fallback`` when no model could ever be loaded. A registry model is
+    looked up at ``tracking_uri`` (None: the environment's registry)."""
 
     def __init__(
         self,
@@ -69,12 +72,15 @@ class PolicyHolder:
         logger: logging.Logger = LOG,
         reload_s: float = 30.0,
         loader: Callable[[str], LoadedPolicy] | None = None,
-        probe: Callable[[str], str | None] = model_probe,
+        probe: Callable[[str], str | None] | None = None,
+        tracking_uri: str | None = None,
     ) -> None:
         self.spec = spec
         self.is_model = PolicySpec.parse(spec).is_model
-        self.loader = loader or (_learned if self.is_model else _heuristic)
-        self.probe = probe
+        self.loader = loader or (
+            partial(_learned, tracking_uri=tracking_uri) if self.is_model else _heuristic
+        )
+        self.probe = probe or partial(model_probe, tracking_uri=tracking_uri)
         self.reload_s = reload_s
         self.metrics = metrics
         self.log = logger

@@ -1,34 +1,56 @@
 """``linkwise serve``: the live scheduling loop's command line (see ``deployer.loop``).
 
     linkwise serve --config FILE            (every setting from a TOML file; see service_config)
+    linkwise serve --config FILE --check-config   (check it, the registry and the model; one line)
     linkwise serve --mode shadow|active --partition NAME [--policy model:champion|HEURISTIC]
-                   [--fallback HEURISTIC] [--slurm-env FILE] [--db PATH] [--interval S]
+                   [--tracking-uri URI] [--fallback HEURISTIC] [--slurm-env FILE] [--db PATH]
+                   [--interval S]
                    [--lease S] [--lease-root DIR] [--metrics-port N] [--max-cycles N]
                    [--migrate-budget N] [--migrate-min-run S] [--migrate-grace S]
 
 Also runnable as ``python -m linkwise.deployer.serve ...``. Logs are JSON lines on stderr.
 Exit status 2 on bad options and when another loop manages any of the named partitions.
+
+A model the loop is told to serve must be there when it starts (``serving_problem``): a
+registry model in the registry it is configured to find (``--tracking-uri``, else
+``$MLFLOW_TRACKING_URI``, else ``./linkwise-out/mlflow/mlflow.db``; with ``--config`` the file's
+``[policy] tracking_uri``, relative to the file), a package folder where it is named. Else
+serve exits 2 with one line naming where it looked, instead of deciding with the fallback
+and creating an empty registry (issue 32 item 4). Later, while it runs, a model that cannot
+be reloaded still falls back to the heuristic, as before.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from linkwise.deployer.loop import DEFAULT_LEASE_ROOT, ServeConfig, serve
 from linkwise.deployer.migration import MigrationConfig
 from linkwise.deployer.promote import serving_refusal
 from linkwise.deployer.safety import LeaseTaken
-from linkwise.models.registry import ModelSource
+from linkwise.deployer.service_config import (
+    DEFAULT_REGISTRY,
+    configure_logging,
+    resolve_tracking_uri,
+    service_from_args,
+)
+from linkwise.models.registry import ModelSource, resolve_version
+
+SQLITE = "sqlite:///"
 
 
 def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
     """Add the ``serve`` subcommand to an ``add_subparsers()`` object."""
     p: argparse.ArgumentParser = sub.add_parser(
-        "serve", help="run the live scheduling loop on Slurm (shadow or active)"
+        "serve",
+        help="run the live scheduling loop on Slurm (shadow or active)",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     configure_parser(p)
     p.set_defaults(func=cmd_serve)
@@ -55,6 +77,18 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="every setting from this TOML file (deployer/service_config.py; "
         "ops/linkwise-serve.example.toml); no other option may be given with it",
+    )
+    p.add_argument(
+        "--check-config",
+        action="store_true",
+        help="check the settings, the registry and the model, print one line and exit "
+        "(0 good, 2 not) without starting the loop",
+    )
+    p.add_argument(
+        "--tracking-uri",
+        metavar="URI",
+        help="the model registry: an MLflow tracking URI or the path of its SQLite file "
+        f"(default: $MLFLOW_TRACKING_URI, else ./{DEFAULT_REGISTRY})",
     )
     p.add_argument(
         "--log-format",
@@ -176,13 +210,37 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
             grace_s=args.migrate_grace, budget=args.migrate_budget, min_run_s=args.migrate_min_run
         ),
         default_profile=args.default_profile.strip(),
+        tracking_uri=resolve_tracking_uri(
+            args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_REGISTRY,
+            Path.cwd(),
+        ),
     )
+
+
+def serving_problem(spec: str, tracking_uri: str) -> str | None:
+    """Why the model ``spec`` names cannot be served now (where it was looked for), or None:
+    heuristics always can. A SQLite registry that does not exist is reported before any
+    MLflow client opens it (which would create an empty one)."""
+    if not spec.strip().startswith("model:"):
+        return None
+    source = ModelSource.parse(spec)
+    if source.registry_uri is None:
+        if not Path(source.target).is_dir():
+            return f"{spec}: no package folder at {source.target}"
+        return None
+    if tracking_uri.startswith(SQLITE):
+        db = Path(tracking_uri.removeprefix(SQLITE))
+        if not db.is_file():
+            return f"{spec}: no model registry at {tracking_uri} (no such file)"
+    try:
+        resolve_version(source.registry_uri, tracking_uri)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Run ``linkwise serve``; prints a JSON summary on stdout."""
-    from linkwise.deployer.service_config import configure_logging, service_from_args
-
     try:
         config, log_format = service_from_args(args, config_from_args)
     except ValueError as exc:
@@ -192,6 +250,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if refusal is not None:
         print(f"linkwise serve: refusing to start: {refusal}", file=sys.stderr)
         return 2
+    problem = serving_problem(config.policy, config.tracking_uri)
+    if problem is not None:
+        print(f"linkwise serve: refusing to start: {problem}", file=sys.stderr)
+        return 2
+    if args.check_config:
+        where = f" (registry {config.tracking_uri})" if config.policy.startswith("model:") else ""
+        print(
+            f"linkwise serve: {args.config or 'the options'}: good: {config.mode} on "
+            f"{','.join(config.partitions)}, policy {config.policy}{where}"
+        )
+        return 0
     configure_logging(log_format)
     try:
         summary = serve(config, install_signals=True)

@@ -8,7 +8,7 @@ is refused (exit 2). ``ops/linkwise-serve.example.toml`` documents every key::
 
     mode = "shadow"                 # or "active"
     partitions = ["gpu"]
-    [policy]   source, digest, fallback, reload_s, default_profile
+    [policy]   source, digest, fallback, reload_s, default_profile, tracking_uri
     [slurm]    env_file, transport
     [loop]     interval_s, lease_s, max_hold_s, lease_root, watchdog, load_window_s, max_cycles
     [store]    db, state_dir
@@ -20,6 +20,13 @@ Errors (``ConfigError``, a ``ValueError``) name the file and the key: an unknown
 the known ones), a wrong type, a bad value (a partition name, a negative time, a lease
 shorter than two cycles in active mode, a malformed policy source or digest, a port out of
 range, a Slurm env file that does not exist).
+
+Relative paths in the file (``slurm.env_file``, ``store.db``, ``store.state_dir``,
+``loop.lease_root``, a local package ``model:./PATH`` and ``policy.tracking_uri``, the model
+registry) are resolved against the file's own directory, never the current one (issue 32
+item 4: run from elsewhere, ``model:champion`` was looked up, and an empty registry created,
+under that directory). ``policy.tracking_uri`` is an MLflow tracking URI or a path of its
+SQLite file (default: ``linkwise-out/mlflow/mlflow.db`` beside the file).
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from linkwise.models.policy_spec import PolicySpec
 from linkwise.models.registry import ModelSource
 
 __all__ = [
+    "DEFAULT_REGISTRY",
     "LOG_FORMATS",
     "ConfigError",
     "JsonLineFormatter",
@@ -49,11 +57,14 @@ __all__ = [
     "configure_logging",
     "load_service_config",
     "parse_service_config",
+    "resolve_tracking_uri",
     "service_from_args",
 ]
 
 LOG_FORMATS = ("text", "json")
 _DIGEST = re.compile(r"[0-9a-f]{64}")
+DEFAULT_REGISTRY = "linkwise-out/mlflow/mlflow.db"  # relative: to the file's (or the CLI's) dir
+_SQLITE = "sqlite:///"
 
 
 class ConfigError(ValueError):
@@ -123,6 +134,7 @@ SCHEMA: dict[str, _Key | dict[str, _Key]] = {
         "fallback": _Key("str", _not_empty),
         "reload_s": _Key("number", _positive),
         "default_profile": _Key("str"),
+        "tracking_uri": _Key("str", _not_empty),
     },
     "slurm": {
         "env_file": _Key("str", _not_empty),
@@ -213,9 +225,26 @@ def _validate(data: Mapping[str, Any], src: str) -> dict[str, Any]:
     return flat
 
 
-def _policy(flat: Mapping[str, Any], src: str) -> tuple[str, str]:
-    """The policy spec (a pinned local package as ``model:PATH#sha256=DIGEST``) and the
-    fallback heuristic."""
+def _under(base: Path, path: str) -> str:
+    """``path`` (``~`` expanded) made absolute against ``base`` when it is relative."""
+    p = Path(path).expanduser()
+    return str(p if p.is_absolute() else (base / p).resolve())
+
+
+def resolve_tracking_uri(value: str, base: Path) -> str:
+    """An MLflow tracking URI with a relative SQLite path resolved against ``base``: a bare
+    path is the SQLite file (``sqlite:///ABSOLUTE``); other URIs are kept as they are."""
+    text = value.strip()
+    if text.startswith(_SQLITE):
+        return _SQLITE + _under(base, text.removeprefix(_SQLITE))
+    if "://" in text:
+        return text
+    return _SQLITE + _under(base, text)
+
+
+def _policy(flat: Mapping[str, Any], src: str, base: Path) -> tuple[str, str]:
+    """The policy spec (a pinned local package as ``model:PATH#sha256=DIGEST``, its folder
+    resolved against ``base``) and the fallback heuristic."""
     source = str(flat.get("policy.source", "backfill")).strip()
     digest = flat.get("policy.digest")
     try:
@@ -224,9 +253,12 @@ def _policy(flat: Mapping[str, Any], src: str) -> tuple[str, str]:
         raise ConfigError(f"{src}: policy.source: {exc}") from exc
     if spec.is_model:
         try:
-            where = ModelSource.parse(source)
+            where = ModelSource.parse(source, cwd=base)
         except ValueError as exc:
             raise ConfigError(f"{src}: policy.source: {exc}") from exc
+        if where.kind == "path":
+            pin = f"#sha256={where.digest}" if where.digest else ""
+            source = f"model:{_under(base, where.target)}{pin}"
         if digest is not None:
             if where.kind != "path":
                 raise ConfigError(
@@ -250,15 +282,20 @@ def _policy(flat: Mapping[str, Any], src: str) -> tuple[str, str]:
     return source, fallback
 
 
-def parse_service_config(text: str, src: str = "<config>") -> ServiceConfig:
-    """A ``ServiceConfig`` from TOML text; ``ConfigError`` naming the key on any problem."""
+def parse_service_config(
+    text: str, src: str = "<config>", base: Path | None = None
+) -> ServiceConfig:
+    """A ``ServiceConfig`` from TOML text, relative paths resolved against ``base`` (the
+    file's directory; default the current one); ``ConfigError`` naming the key on any
+    problem."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{src}: not valid TOML: {exc}") from exc
     flat = _validate(data, src)
-    policy, fallback = _policy(flat, src)
-    env_file = str(flat.get("slurm.env_file", ServeConfig.slurm_env))
+    here = base if base is not None else Path.cwd()
+    policy, fallback = _policy(flat, src, here)
+    env_file = _under(here, str(flat.get("slurm.env_file", ServeConfig.slurm_env)))
     if not Path(env_file).is_file():
         raise ConfigError(f"{src}: slurm.env_file: no such file {env_file!r}")
     address = str(flat.get("metrics.address", ""))
@@ -286,8 +323,8 @@ def parse_service_config(text: str, src: str = "<config>") -> ServiceConfig:
             fallback=fallback,
             slurm_env=env_file,
             transport=flat.get("slurm.transport", ServeConfig.transport),
-            db=str(db) if db else None,
-            state_dir=str(flat.get("store.state_dir", ServeConfig.state_dir)),
+            db=_under(here, str(db)) if db else None,
+            state_dir=_under(here, str(flat.get("store.state_dir", ServeConfig.state_dir))),
             interval_s=interval,
             lease_s=lease,
             max_hold_s=float(flat.get("loop.max_hold_s", ServeConfig.max_hold_s)),
@@ -297,9 +334,12 @@ def parse_service_config(text: str, src: str = "<config>") -> ServiceConfig:
             max_cycles=flat.get("loop.max_cycles"),
             watchdog=bool(flat.get("loop.watchdog", True)),
             load_window_s=float(flat.get("loop.load_window_s", ServeConfig.load_window_s)),
-            lease_root=str(flat.get("loop.lease_root", DEFAULT_LEASE_ROOT)),
+            lease_root=_under(here, str(flat.get("loop.lease_root", DEFAULT_LEASE_ROOT))),
             migration=migration,
             default_profile=str(flat.get("policy.default_profile", "")).strip(),
+            tracking_uri=resolve_tracking_uri(
+                str(flat.get("policy.tracking_uri", DEFAULT_REGISTRY)), here
+            ),
         )
     except ValueError as exc:  # what the loop's own checks refuse
         raise ConfigError(f"{src}: {exc}") from exc
@@ -312,7 +352,7 @@ def load_service_config(path: str | Path) -> ServiceConfig:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read: {exc}") from exc
-    return parse_service_config(text, str(path))
+    return parse_service_config(text, str(path), Path(path).resolve().parent)
 
 
 def service_from_args(
@@ -331,7 +371,8 @@ def service_from_args(
     given = [
         opt
         for dest, opt in options.items()
-        if dest not in ("config", "help") and getattr(args, dest, None) != parser.get_default(dest)
+        if dest not in ("config", "help", "check_config")
+        and getattr(args, dest, None) != parser.get_default(dest)
     ]
     if given:
         raise ConfigError(
