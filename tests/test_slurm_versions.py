@@ -264,3 +264,17 @@ def test_the_rest_api_is_the_newest_served_and_read() -> None:
 def test_release_of_scontrol_version() -> None:
     assert parse_release("slurm 24.11.5\n") == (24, 11)
     assert parse_release("slurm-wlm 22.05.8") == (22, 5)
+
+
+def test_exclusive_reads_both_generations_and_topo_is_not_whole_nodes() -> None:
+    doc = copy.deepcopy(_doc("24.11", "running/squeue.json"))
+    doc["jobs"] = doc["jobs"][:4]
+    doc["jobs"][0]["shared"] = ["none"]
+    doc["jobs"][1]["exclusive"] = ["topo"]
+    doc["jobs"][2]["exclusive"] = ["true"]
+    flags = [j.exclusive for j in parse_queue(doc)]
+    assert flags == [True, False, True, False]
+    legacy = json.loads((FIXTURES / "slurm" / "squeue.json").read_text())
+    legacy["jobs"] = [j for j in legacy["jobs"] if j["job_state"] in ("PENDING", "RUNNING")][:1]
+    legacy["jobs"][0]["shared"] = "user"
+    assert [j.exclusive for j in parse_queue(legacy)] == [True]

@@ -45,6 +45,7 @@ from linkwise.cluster.slurm.records import (
     QueuedJob,
     RejectedRecord,
 )
+from linkwise.cluster.slurm.request import read_request
 from linkwise.cluster.slurm.schema import (
     LEGACY,
     SlurmSchemaError,
@@ -595,7 +596,8 @@ def _request_fields(job: Mapping[str, Any]) -> dict[str, Any]:
     """What else a queue record holds of the job's request (``QueuedJob``'s constraint
     fields): excluded nodes, features, exclusive, contiguous, CPUs and memory per node,
     heterogeneous and array membership, and the requests the loop cannot judge."""
-    nodes = max(1, _int(job.get("node_count")))
+    request = read_request(job)
+    nodes = request.nodes or request.min_nodes
     cpus_total = _int(job.get("cpus"))
     cpus = max(_int(job.get("minimum_cpus_per_node")), -(-cpus_total // nodes))
     mem = _int(job.get("memory_per_node"))
@@ -616,7 +618,7 @@ def _request_fields(job: Mapping[str, Any]) -> dict[str, Any]:
     return dict(
         excluded_nodes=tuple(expand(excluded)) if excluded else (),
         features=str(job.get("features") or ""),
-        exclusive=shared in ("none", "user", "mcs") or bool(job.get("exclusive")),
+        exclusive=_exclusive(shared, job.get("exclusive")),
         contiguous=bool(job.get("contiguous")),
         cpus_per_node=cpus,
         mem_per_node_mb=mem,
@@ -627,7 +629,19 @@ def _request_fields(job: Mapping[str, Any]) -> dict[str, Any]:
         array_tasks=str(job.get("array_task_string") or ""),
         unmodelled=tuple(unmodelled),
         topology=topology_request(job),
+        request=request,
     )
+
+
+def _exclusive(shared: str, exclusive: Any) -> bool:
+    """``--exclusive`` (whole nodes): ``shared`` is ``none``/``user``/``mcs`` (22.05 text,
+    later a list), or a later ``exclusive`` list names ``true``/``user``/``mcs`` or is
+    ``true``; ``exclusive: ["topo"]`` (``--exclusive=topo``) is a topology request, not this."""
+    words = set(shared.split(","))
+    if isinstance(exclusive, bool):
+        return exclusive or bool(words & {"none", "user", "mcs"})
+    words |= set(text_list(exclusive).lower().split(","))
+    return bool(words & {"none", "user", "mcs", "true"})
 
 
 def _modelled_tres(item: str) -> bool:
