@@ -568,17 +568,26 @@ s, is exceeded on a loaded 2-core machine, and a benchmark then fails after its 
 @contextmanager
 def patient_prefect_server() -> Iterator[None]:
     """Run flows inside this to give Prefect's ephemeral API server ``EPHEMERAL_STARTUP_S``
-    to start, unless the operator set ``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS``.
-    A context, not an environment variable: Prefect reads its settings once, at import."""
+    to start, unless the operator set ``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS``,
+    and to keep that temporary server's analytics off unless the operator set
+    ``PREFECT_SERVER_ANALYTICS_ENABLED`` (from an offline host it logged ``ERROR ... Failed
+    to send telemetry`` at every build-dataset and evaluate; the server takes its settings
+    from these). A context, not an environment variable: Prefect reads its settings once,
+    at import."""
+    from prefect.settings import (
+        PREFECT_SERVER_ANALYTICS_ENABLED as ANALYTICS,
+    )
     from prefect.settings import (
         PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS as STARTUP,
     )
     from prefect.settings import temporary_settings
 
-    if os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS") is not None:
-        yield
-        return
-    with temporary_settings({STARTUP: max(int(STARTUP.value()), EPHEMERAL_STARTUP_S)}):
+    updates: dict[Any, Any] = {}
+    if os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS") is None:
+        updates[STARTUP] = max(int(STARTUP.value()), EPHEMERAL_STARTUP_S)
+    if os.environ.get("PREFECT_SERVER_ANALYTICS_ENABLED") is None:
+        updates[ANALYTICS] = False
+    with temporary_settings(updates):
         yield
 
 
