@@ -55,10 +55,13 @@ class LeaseKeeper:
     locks: PartitionLocks | None = None
     watchdog_proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
-    def take(self, slurm_conf: str | None, db: str | None, spool: str) -> None:
+    def take(
+        self, slurm_conf: str | None, db: str | None, spool: str, slurm_bin: str | None = None
+    ) -> None:
         """Lock the partitions, write the lease and start the watchdog; ``LeaseTaken`` when
         another loop manages any of the partitions (after waiting for a killed loop's
-        watchdog to finish handing back)."""
+        watchdog to finish handing back). ``slurm_bin``: the folder of Slurm's commands the
+        watchdog runs (the env file's ``LINKWISE_SLURM_BIN``; None: the PATH's)."""
         pid = os.getpid()
         holder = f"pid {pid} on {os.uname().nodename}, run {self.run_id}, lease {self.path}"
         try:
@@ -79,6 +82,7 @@ class LeaseKeeper:
             db=db,
             run_id=self.run_id,
             spool=spool,
+            slurm_bin=slurm_bin,
         )
         self.renew(None)
         log_event(

@@ -17,6 +17,16 @@ administrator's hold, a user's own hold and untagged jobs are left alone. Jobs w
 GPUs, held requests that can never fit (reported) and jobs held longer than ``max_hold_s``
 are released unchanged to Slurm. A tagged job found no longer held that the loop did not
 release was bypassed (released by someone else): counted, logged and untagged.
+
+A Slurm read that fails (``READ_FAULTS``: a ``SlurmError``, or a ``KeyError``/``TypeError``/
+``ValueError`` out of parsing what Slurm printed) is counted by kind
+(``linkwise_slurm_read_errors_total{kind}``, ``read_fault_kind``) and logged as one
+``slurm_read_failed`` line; in active mode the jobs the last good read showed held for the
+loop in its own partitions are handed back once (``handed_back{slurm_fault}``; not while
+Slurm cannot be reached), the lease is not renewed until a read succeeds again, and the
+read is retried after a backoff from ``min(1, interval)`` doubling up to ``backoff_max_s``;
+a stop requested meanwhile ends it within 0.2 s (``LoopStopped``; ``serve`` then shuts
+down as usual, handing back what it holds).
 """
 
 from __future__ import annotations
@@ -28,7 +38,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -43,8 +53,9 @@ from linkwise.cluster.hostlist import compress, expand
 from linkwise.cluster.loop import drive
 from linkwise.cluster.profiles import Calibration, load_calibration
 from linkwise.cluster.slurm.client import SlurmClient, read_env_file
-from linkwise.cluster.slurm.errors import SlurmError
+from linkwise.cluster.slurm.errors import SlurmError, SlurmTimeout, SlurmUnavailable
 from linkwise.cluster.slurm.records import QueuedJob
+from linkwise.cluster.slurm.schema import SlurmSchemaError
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.deployer.decision_log import DecisionLog
 from linkwise.deployer.lease_keeper import LeaseKeeper
@@ -81,10 +92,60 @@ from linkwise.deployer.safety import (
 )
 from linkwise.deployer.systemd import SystemdNotify
 
-__all__ = ["DEFAULT_LEASE_ROOT", "ServeConfig", "ShadowBackend", "SlurmBackend", "serve"]
+__all__ = [
+    "DEFAULT_LEASE_ROOT",
+    "READ_FAULTS",
+    "LoopStopped",
+    "ServeConfig",
+    "ShadowBackend",
+    "SlurmBackend",
+    "fault_hand_back",
+    "next_backoff",
+    "read_fault_kind",
+    "serve",
+]
 
 Mode = Literal["shadow", "active"]
 LOG = logging.getLogger("linkwise.serve")
+# what a failed Slurm read raises: the client's errors, and what parsing Slurm's output may
+READ_FAULTS: tuple[type[Exception], ...] = (SlurmError, KeyError, TypeError, ValueError)
+_UNREACHABLE = frozenset({"unavailable", "timeout"})  # no hand-back: it could not be done
+
+
+class LoopStopped(RuntimeError):
+    """A stop (SIGINT/SIGTERM) came while the loop waited to read Slurm again."""
+
+
+def read_fault_kind(exc: BaseException) -> str:
+    """The kind of a failed Slurm read: unavailable, timeout, schema (JSON this client does not
+    read), command (any other Slurm error) or parse (a value parsing could not take)."""
+    if isinstance(exc, SlurmUnavailable):
+        return "unavailable"
+    if isinstance(exc, SlurmTimeout):
+        return "timeout"
+    if isinstance(exc, SlurmSchemaError):
+        return "schema"
+    return "command" if isinstance(exc, SlurmError) else "parse"
+
+
+def next_backoff(delay: float, max_s: float) -> float:
+    """The wait after ``delay`` when the next read fails too: doubled, at most ``max_s``."""
+    return min(delay * 2, max_s)
+
+
+def fault_hand_back(
+    queue: Sequence[QueuedJob], partitions: Sequence[str], released: Collection[int]
+) -> list[QueuedJob]:
+    """The jobs a Slurm read fault hands back: held for the loop in the last good read,
+    every partition of theirs one of the loop's, and not released by the loop already."""
+    mine = set(partitions)
+    return [
+        q
+        for q in queue
+        if held_for_loop(q) and set(q.partition.split(",")) <= mine and q.job_id not in released
+    ]
+
+
 DEFAULT_DURATION_S = 3600.0
 DEFAULT_LEASE_ROOT = "/var/lib/linkwise/leases"
 
@@ -118,6 +179,7 @@ class ServeConfig:
     # the profile of a job that declares none and has no earlier run (deployer/profiles.py);
     # "": a draw from the calibration's mix by a hash of the job id
     default_profile: str = ""
+    backoff_max_s: float = 60.0  # the longest wait between failed Slurm reads
     # the model registry (MLflow tracking URI), resolved where serve starts; "": the
     # environment's (``models.registry.default_tracking_uri``)
     tracking_uri: str = ""
@@ -130,8 +192,8 @@ class ServeConfig:
         bad = [p for p in self.partitions if not valid_name(p)]
         if bad:
             raise ValueError(f"invalid partition name(s): {', '.join(map(repr, bad))}")
-        if self.interval_s <= 0 or self.lease_s <= 0:
-            raise ValueError("interval and lease must be positive")
+        if self.interval_s <= 0 or self.lease_s <= 0 or self.backoff_max_s <= 0:
+            raise ValueError("interval, lease and backoff_max_s must be positive")
         if self.mode == "active" and self.lease_s < 2 * self.interval_s:
             raise ValueError("the lease must last at least two cycles")
         if self.default_profile:
@@ -227,11 +289,13 @@ class SlurmBackend:
         self.moved_ids: set[int] = set()  # counted already
         self.calibration = load_calibration(None)  # profiles for a policy without its own
         self.profile_history = ProfileHistory(recorder)
+        self.read_failing = False  # the last Slurm read failed: the lease is not renewed
 
     # -- the Backend protocol
 
     def observe(self) -> ClusterState:
-        """Read Slurm (retrying while it does not answer) and build the state."""
+        """Read Slurm and build the state; a failed read is handled (see the module) and
+        retried after a backoff; ``LoopStopped`` when a stop comes meanwhile."""
         delay = min(1.0, self.cfg.interval_s)
         while True:
             self.cycle_id += 1
@@ -240,23 +304,16 @@ class SlurmBackend:
             try:
                 queue = self.client.queue()
                 nodes = self.client.nodes()
-            except SlurmError as exc:
-                self.cycles_failed += 1
-                self.metrics.cycles.labels("slurm_error").inc()
-                log_event(
-                    self.log,
-                    "slurm_unavailable",
-                    logging.WARNING,
-                    cycle=self.cycle_id,
-                    error=str(exc)[:300],
-                    retry_in_s=delay,
-                )
+            except READ_FAULTS as exc:
+                self._read_failed(exc, delay)
+                if not self.stop.is_set():
+                    self._sleep(delay)
                 if self.stop.is_set():
-                    raise
-                self._sleep(delay)
-                delay = min(delay * 2, max(self.cfg.interval_s, 5.0))
+                    raise LoopStopped(f"stopped while Slurm reads failed: {exc}") from None
+                delay = next_backoff(delay, self.cfg.backoff_max_s)
                 continue
             break
+        self.read_failing = False  # the renewal below is the first since the reads failed
         now = time.time()
         load = (
             read_link_load(
@@ -379,8 +436,9 @@ class SlurmBackend:
         the partitions)."""
         self.decisions.load_awaiting()
         if self.mode == "active":
+            runner = self.client.runner
             self.keeper.take(
-                self.client.runner.slurm_conf, self.recorder.db, str(self.recorder.spool)
+                runner.slurm_conf, self.recorder.db, str(self.recorder.spool), runner.bin_dir
             )
 
     def shutdown(self) -> list[int]:
@@ -390,6 +448,51 @@ class SlurmBackend:
         return self.keeper.hand_back(self.client, self.recorder)
 
     # -- internals
+
+    def _read_failed(self, exc: BaseException, delay: float) -> None:
+        """Count and log a failed Slurm read; stop renewing the lease; in active mode hand
+        back the jobs the last good read showed held for the loop (Slurm reachable)."""
+        kind = read_fault_kind(exc)
+        self.read_failing = True
+        self.cycles_failed += 1
+        self.metrics.cycles.labels("slurm_error").inc()
+        self.metrics.slurm_read_errors.labels(kind).inc()
+        released: list[int] = []
+        if self.mode == "active" and kind not in _UNREACHABLE:
+            jobs = fault_hand_back(self.queue, self.cfg.partitions, self.released_ids)
+            released = self._release_on_fault(jobs, kind) if jobs else []
+        log_event(
+            self.log,
+            "slurm_read_failed",
+            logging.WARNING,
+            cycle=self.cycle_id,
+            kind=kind,
+            error_type=type(exc).__name__,
+            error=str(exc)[:300],
+            released=released,
+            retry_in_s=delay,
+        )
+
+    def _release_on_fault(self, jobs: Sequence[QueuedJob], kind: str) -> list[int]:
+        """Release ``jobs`` unchanged; each one released is counted once."""
+        for q in jobs:
+            log_event(
+                self.log, "handing_to_slurm", job_id=q.job_id, reason=f"slurm {kind} fault",
+                kind="slurm_fault",
+            )  # fmt: skip
+        released = release_held(
+            self.client,
+            jobs,
+            recorder=self.recorder,
+            run_id=self.run_id,
+            cycle_id=self.cycle_id,
+            actor="loop:slurm_fault",
+            model_version="",
+            logger=self.log,
+        )
+        self.metrics.handed_back.labels("slurm_fault").inc(len(released))
+        self.released_ids.update(released)
+        return released
 
     def _sleep(self, seconds: float) -> None:
         end = time.monotonic() + seconds
@@ -404,6 +507,8 @@ class SlurmBackend:
     def _renew(self) -> None:
         if self.heartbeat is not None:
             self.heartbeat()
+        if self.read_failing:  # the lease lapses while Slurm cannot be read
+            return
         obs = self.obs
         try:
             self.keeper.renew(tuple(sorted(obs.managed)) if obs else None)
@@ -795,6 +900,8 @@ def serve(
     released: list[int] = []
     try:
         drive(backend, guarded)
+    except LoopStopped as exc:
+        log_event(logger, "stopped_during_backoff", reason=str(exc)[:300])
     finally:
         notify.stopping()
         released = backend.shutdown()

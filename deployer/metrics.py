@@ -78,8 +78,14 @@ class ServeMetrics:
             "linkwise_serve_handed_back",
             "Held jobs released unchanged to Slurm, by why (no_gpu, never_fits, max_hold, "
             "shape, heterogeneous, array, constraint, unmodelled, several_partitions, "
-            "partition_changed)",
+            "slurm_fault, partition_changed)",
             ["reason"],
+            registry=r,
+        )
+        self.slurm_read_errors = Counter(
+            "linkwise_slurm_read_errors",
+            "Slurm reads that failed, by kind (unavailable, timeout, schema, command, parse)",
+            ["kind"],
             registry=r,
         )
         self.unstranded = Counter(
@@ -162,6 +168,9 @@ class ServeMetrics:
             self.model_reloads.labels(outcome)
         for reason in ("no_gpu", "never_fits", "shape", "max_hold", "partition_changed"):
             self.handed_back.labels(reason)
+        self.handed_back.labels("slurm_fault")
+        for kind in ("unavailable", "timeout", "schema", "command", "parse"):
+            self.slurm_read_errors.labels(kind)
         for command in ("update", "release"):
             for outcome in ("ok", "error"):
                 self.actions.labels(command, outcome)

@@ -167,6 +167,7 @@ class Lease:
     renewed_at: float = field(default_factory=time.time)
     host: str = field(default_factory=lambda: os.uname().nodename)
     spool: str | None = None  # where the watchdog's records go when the store is unavailable
+    slurm_bin: str | None = None  # a folder of Slurm's commands (LINKWISE_SLURM_BIN)
 
     @property
     def released(self) -> bool:
@@ -242,6 +243,7 @@ def read_lease(path: str | os.PathLike[str]) -> Lease | None:
             renewed_at=float(data.get("renewed_at", 0.0)),
             host=str(data.get("host", "")),
             spool=data.get("spool"),
+            slurm_bin=data.get("slurm_bin"),
         )
     except (KeyError, TypeError, ValueError):
         return None

@@ -40,7 +40,7 @@ LOG = logging.getLogger("linkwise.watchdog")
 
 
 def _tools(lease: Lease, lease_path: Path) -> tuple[SlurmClient, Recorder]:
-    runner = CommandRunner(lease.slurm_conf, timeout=20)
+    runner = CommandRunner(lease.slurm_conf, timeout=20, bin_dir=lease.slurm_bin)
     spool = lease.spool or str(lease_path.with_name(lease_path.name + ".spool.jsonl"))
     return SlurmClient(CliTransport(runner), runner), Recorder(lease.db, spool, logger=LOG)
 

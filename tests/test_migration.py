@@ -137,6 +137,7 @@ class Runner:
         self.fail = fail  # commands containing this fail
         self.calls: list[list[str]] = []
         self.slurm_conf = None
+        self.bin_dir = None
 
     def run(self, args: Sequence[str], **_kw: Any) -> str:
         argv = [str(a) for a in args]

@@ -233,6 +233,7 @@ def test_draining_and_restarting_jobs_are_in_transit_with_their_targets_reserved
 class FakeRunner:
     def __init__(self, shows: dict[int, str]) -> None:
         self.slurm_conf = None
+        self.bin_dir = None
         self.shows = shows
         self.commands: list[list[str]] = []
 

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -18,12 +19,14 @@ import pytest
 
 from linkwise.cluster.domain import Decision, Job, Placement, Shape, Start
 from linkwise.cluster.heuristics import make_policy
-from linkwise.cluster.slurm.errors import SlurmError
+from linkwise.cluster.loop import drive
+from linkwise.cluster.slurm.errors import SlurmError, SlurmTimeout, SlurmUnavailable
 from linkwise.cluster.slurm.records import NodeInfo, QueuedJob
+from linkwise.cluster.slurm.schema import SlurmSchemaError
 from linkwise.cluster.topology import from_spec
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.store import open_store
-from linkwise.deployer.loop import ServeConfig, SlurmBackend
+from linkwise.deployer.loop import ServeConfig, SlurmBackend, read_fault_kind, serve
 from linkwise.deployer.metrics import ServeMetrics
 from linkwise.deployer.observation import build_observation, check_start
 from linkwise.deployer.policies import GuardedPolicy, LoadedPolicy, PolicyHolder
@@ -41,6 +44,7 @@ from linkwise.deployer.safety import (
     untag_command,
     write_lease,
 )
+from linkwise.deployer.watchdog import _tools
 
 LOG = logging.getLogger("test.serve")
 TOPO = from_spec("4x4")
@@ -65,6 +69,7 @@ def ninfo(name: str, used: int = 0, state: str = "IDLE") -> NodeInfo:
 class FakeRunner:
     def __init__(self, on_run: Any = None) -> None:
         self.slurm_conf = None
+        self.bin_dir: str | None = None
         self.commands: list[list[str]] = []
         self.on_run = on_run
 
@@ -79,8 +84,11 @@ class FakeClient:
     def __init__(self, queue: list[QueuedJob], nodes: list[NodeInfo], runner: FakeRunner) -> None:
         self._queue, self._nodes, self.runner = queue, nodes, runner
         self.fail_reads = 0
+        self.faults: list[Exception] = []  # raised by the next reads, one each
 
     def queue(self) -> list[QueuedJob]:
+        if self.faults:
+            raise self.faults.pop(0)
         if self.fail_reads:
             self.fail_reads -= 1
             raise SlurmError("squeue: Unable to contact slurm controller")
@@ -520,3 +528,154 @@ def test_a_watchdog_leaves_a_later_runs_lease_to_that_runs_watchdog(
     assert [e["event"] for e in events] == ["watchdog_exit"], events
     assert events[0]["reason"] == "a later run of the loop holds the lease"
     assert read_lease(path) == later  # untouched
+
+
+def _events(caplog: pytest.LogCaptureFixture, event: str) -> list[dict[str, Any]]:
+    found = [json.loads(r.getMessage()) for r in caplog.records if r.name == LOG.name]
+    return [e for e in found if e["event"] == event]
+
+
+def test_slurm_read_faults_hand_back_held_jobs_once_and_back_off(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A parse fault (TypeError) and Slurm errors: the jobs the last good read showed held
+    for the loop in its partitions are released once, one log line per fault without a
+    traceback, the wait doubles to backoff_max_s, every fault counted by kind, and the lease
+    is renewed again only by the first good read."""
+    runner = FakeRunner()
+    queue = [
+        qjob(1, 4),
+        qjob(2, 4, partition="other"),  # held for another loop's partition: not ours
+        qjob(3, 4, held=False),
+        qjob(4, 1, reason="JobHeldAdmin"),  # an administrator's hold
+    ]
+    client = FakeClient(queue, [ninfo(n) for n in NAMES], runner)
+    backend = make_backend(tmp_path, client, backoff_max_s=0.04)
+    backend.start()
+    backend.observe()  # the last good read
+    renewals: list[int] = []
+    renew = backend.keeper.renew
+    backend.keeper.renew = lambda held: (renewals.append(len(client.faults)), renew(held))[1]  # type: ignore[method-assign]
+    client.faults = [
+        TypeError("'NoneType' object is not subscriptable"),
+        SlurmError("squeue: error: Invalid user"),
+        SlurmSchemaError("squeue printed v0.0.99"),
+        SlurmError("squeue: error: again"),
+    ]
+    with caplog.at_level(logging.INFO, logger=LOG.name):
+        state = backend.observe()
+    assert [p.job.job_id for p in state.pending] == [1]  # the loop resumed
+    assert runner.commands == [["scontrol", "release", "1"]]  # once, ours only
+    failed = _events(caplog, "slurm_read_failed")
+    assert [e["kind"] for e in failed] == ["parse", "command", "schema", "command"]
+    assert [e["retry_in_s"] for e in failed] == [0.01, 0.02, 0.04, 0.04]
+    assert [e["released"] for e in failed] == [[1], [], [], []]
+    assert failed[0]["error_type"] == "TypeError" and "subscriptable" in failed[0]["error"]
+    assert not any(r.exc_info for r in caplog.records) and "Traceback" not in caplog.text
+    text = backend.metrics.text()
+    assert 'linkwise_serve_handed_back_total{reason="slurm_fault"} 1.0' in text
+    for kind, n in (("parse", 1), ("command", 2), ("schema", 1), ("unavailable", 0)):
+        assert f'linkwise_slurm_read_errors_total{{kind="{kind}"}} {n:.1f}' in text
+    assert backend.cycles_failed == 4
+    # the cycle's renewal before the first read, none while reads fail, then the good read's
+    assert renewals == [4, 0]
+    lease = read_lease(backend.keeper.path)
+    assert lease is not None and lease.state == "active" and lease.expires_at > time.time()
+    # the next good read sees job 1 released by the loop: not a bypass of its hold
+    client._queue = [replace(queue[0], held=False, reason="Priority"), *queue[1:]]
+    backend.observe()
+    backend.apply(Decision())
+    assert "linkwise_serve_hold_bypasses_total 0.0" in backend.metrics.text()
+
+
+def test_the_fault_kinds_and_no_hand_back_while_slurm_is_unreachable(tmp_path: Path) -> None:
+    faults: list[tuple[Exception, str]] = [
+        (SlurmUnavailable("squeue: Unable to contact slurm controller"), "unavailable"),
+        (SlurmTimeout("squeue did not answer in 30 s"), "timeout"),
+        (SlurmSchemaError("v0.0.99"), "schema"),
+        (SlurmError("squeue: exit 1"), "command"),
+        (KeyError("jobs"), "parse"),
+        (TypeError("bad"), "parse"),
+        (ValueError("bad"), "parse"),
+    ]
+    assert [read_fault_kind(e) for e, _ in faults] == [k for _, k in faults]
+    runner = FakeRunner()
+    client = FakeClient([qjob(1, 4)], [ninfo(n) for n in NAMES], runner)
+    backend = make_backend(tmp_path, client)
+    backend.start()
+    backend.observe()
+    client.faults = [faults[0][0], faults[1][0]]
+    backend.observe()
+    assert runner.commands == [] and backend.cycles_failed == 2
+
+
+def test_drive_keeps_cycling_through_read_faults(tmp_path: Path) -> None:
+    client = FakeClient([qjob(1, 4)], [ninfo(n, 4) for n in NAMES], FakeRunner())
+    client.faults = [KeyError("job_id"), SlurmError("sinfo: exit 1")]
+    backend = make_backend(tmp_path, client, max_cycles=3)
+    assert drive(backend, backend.policy) == 3
+    assert (backend.cycles_ok, backend.cycles_failed) == (3, 2)
+
+
+def test_sigterm_during_the_backoff_ends_serve_promptly(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Slurm fails and the loop waits a second between reads: SIGTERM ends the wait within
+    about 0.2 s and serve shuts down as usual, handing back what is held for it."""
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(
+        "ClusterName=t\nSlurmctldHost=h\nNodeName=n[1-4] CPUs=8 Gres=gpu:4\n"
+        "PartitionName=gpu Nodes=n[1-4]\n"
+    )
+    env = tmp_path / "env"
+    env.write_text(f"SLURM_CONF={conf}\nLINKWISE_SLURM_CLUSTER=t\n")
+    stop_at: list[float] = []
+
+    class Down(FakeClient):
+        def queue(self) -> list[QueuedJob]:
+            if not stop_at:  # down until the signal; the shutdown's sweeps then read
+                raise SlurmError("squeue: error: Invalid user for SlurmUser slurm")
+            return list(self._queue)
+
+    runner = FakeRunner()
+    client = Down([qjob(1, 4)], [ninfo(f"n{i}") for i in range(1, 5)], runner)
+    runner.on_run = lambda args: client._queue.clear()
+    config = ServeConfig(
+        mode="active", partitions=("gpu",), slurm_env=str(env), db=str(tmp_path / "s.duckdb"),
+        state_dir=str(tmp_path / "state"), interval_s=1.0, lease_s=2.0, watchdog=False,
+        lease_root=str(tmp_path / "leases"),
+    )  # fmt: skip
+
+    def term() -> None:
+        time.sleep(0.6)
+        stop_at.append(time.time())
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    handlers = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    killer = threading.Thread(target=term)
+    try:
+        with caplog.at_level(logging.INFO, logger=LOG.name):
+            killer.start()
+            summary = serve(config, client=client, logger=LOG, install_signals=True)  # type: ignore[arg-type]
+    finally:
+        killer.join()
+        signal.signal(signal.SIGTERM, handlers[0])
+        signal.signal(signal.SIGINT, handlers[1])
+    (stopped,) = _events(caplog, "stopped_during_backoff")
+    assert stopped["ts"] - stop_at[0] < 0.5  # not the rest of a 1 s (or 2 s) wait
+    assert summary["released"] == [1] and summary["cycles"] == 0
+    assert runner.commands == [["scontrol", "release", "1"]]
+    assert _events(caplog, "serve_stop")
+
+
+def test_the_watchdog_runs_slurm_commands_from_the_leases_bin_dir(tmp_path: Path) -> None:
+    """LINKWISE_SLURM_BIN reaches the watchdog through the lease (a chroot Slurm's wrappers)."""
+    runner = FakeRunner()
+    runner.bin_dir = str(tmp_path / "slurm-bin")
+    backend = make_backend(tmp_path, FakeClient([], [ninfo(n) for n in NAMES], runner))
+    backend.start()
+    lease = read_lease(backend.keeper.path)
+    assert lease is not None and lease.slurm_bin == runner.bin_dir
+    client, _ = _tools(lease, backend.keeper.path)
+    assert client.runner.bin_dir == runner.bin_dir
+    backend.shutdown()

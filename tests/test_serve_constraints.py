@@ -56,6 +56,7 @@ def ninfo(name: str, used: int = 0, state: str = "IDLE", **kw: Any) -> NodeInfo:
 class FakeRunner:
     def __init__(self) -> None:
         self.slurm_conf = None
+        self.bin_dir = None
         self.commands: list[list[str]] = []
 
     def run(self, args: list[str], **_: Any) -> str:

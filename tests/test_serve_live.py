@@ -309,7 +309,7 @@ def test_slurmctld_restart_mid_cycle_loop_survives(client: SlurmClient, tmp_path
         wait_for(lambda: errf.read_bytes().count(b'"cycle"') >= 2, 120, "two cycles")
         pid = int((Path(LIVE_DIR) / "run" / "slurmctld.pid").read_text().strip())
         os.kill(pid, signal.SIGTERM)
-        wait_for(lambda: b"slurm_unavailable" in errf.read_bytes(), 120, "the outage")
+        wait_for(lambda: b"slurm_read_failed" in errf.read_bytes(), 120, "the outage")
         env = {**os.environ, **LIVE_ENV}
         subprocess.run(
             [str(SCRIPT), "start"], env=env, check=True, capture_output=True, timeout=300
@@ -326,7 +326,7 @@ def test_slurmctld_restart_mid_cycle_loop_survives(client: SlurmClient, tmp_path
         assert proc.returncode == 0
         log = [json.loads(x) for x in errf.read_bytes().splitlines() if x.startswith(b"{")]
         events = [e["event"] for e in log]
-        last_outage = max(i for i, e in enumerate(events) if e == "slurm_unavailable")
+        last_outage = max(i for i, e in enumerate(events) if e == "slurm_read_failed")
         assert "cycle" in events[last_outage:] and events[-1] == "serve_stop"
         starts = {e["job_id"] for e in log if e["event"] == "start" and e["outcome"] == "applied"}
         assert starts >= set(ids)
