@@ -55,6 +55,7 @@ from linkwise.cluster.profiles import Calibration, load_calibration
 from linkwise.cluster.slurm.client import SlurmClient, read_env_file
 from linkwise.cluster.slurm.errors import SlurmError, SlurmTimeout, SlurmUnavailable
 from linkwise.cluster.slurm.records import QueuedJob
+from linkwise.cluster.slurm.request import widens
 from linkwise.cluster.slurm.schema import SlurmSchemaError
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.deployer.decision_log import DecisionLog
@@ -65,6 +66,7 @@ from linkwise.deployer.observation import (
     Observation,
     build_observation,
     check_start,
+    job_request,
     place_within,
     read_link_load,
     slurm_topology,
@@ -566,6 +568,7 @@ class SlurmBackend:
         plan: list[tuple[int, list[list[str]], tuple[int, ...], int]] = []
         seen: set[int] = set()
         reshaped: list[tuple[QueuedJob, str]] = []
+        widened: list[tuple[QueuedJob, str]] = []  # refused by the last guard (``widens``)
         # over max-hold: handed back whatever the policy says now (a start that is never
         # applied, e.g. for want of an audit, must not keep a job held)
         over = {j for j in obs.managed if now - self.first_seen[j] > self.cfg.max_hold_s}
@@ -597,6 +600,14 @@ class SlurmBackend:
             assert job is not None
             seen.add(start.job_id)
             per = obs.shapes[start.job_id].gpus_per_node
+            # the last guard before NumNodes/ReqNodeList: exactly what the job asked, no more
+            widen = widens(job_request(job), placement.num_nodes, per)
+            if widen is not None:
+                results[start.job_id] = f"rejected: widen: {widen}; handed back to Slurm"
+                self.metrics.rejected.labels("widen").inc()
+                log_event(self.log, "start_widens", logging.ERROR, job_id=job.job_id, reason=widen)
+                widened.append((job, widen))
+                continue
             for n in placement.nodes:
                 free[n] = 0 if job.exclusive else free[n] - per
                 rooms[n] = take_room(rooms[n], job)
@@ -615,7 +626,7 @@ class SlurmBackend:
                 ["scontrol", "release", str(start.job_id)],
             ]
             plan.append((start.job_id, cmds, placement.nodes, per))
-        self._hand_back(obs, over, reshaped, version)
+        self._hand_back(obs, over, reshaped, version, widened)
         self._unstrand(obs, version)
         self._untag(obs, version)
         if not self.keeper.ok():
@@ -674,6 +685,7 @@ class SlurmBackend:
         over: set[int],
         reshaped: Sequence[tuple[QueuedJob, str]],
         version: str,
+        widened: Sequence[tuple[QueuedJob, str]] = (),
     ) -> None:
         """Release unchanged (no node list) the held jobs the loop will not place, each with
         its reason logged and counted (``linkwise_serve_handed_back{reason}``)."""
@@ -687,6 +699,8 @@ class SlurmBackend:
                 out[q.job_id] = (q, "no_gpu", "no GPUs requested")
         for q, why in reshaped:
             out[q.job_id] = (q, "shape", f"the policy did not give its shape ({why})")
+        for q, why in widened:
+            out[q.job_id] = (q, "widen", f"the start would change its request ({why})")
         for j in sorted(over):
             out.setdefault(j, (obs.managed[j], "max_hold", f"held over {self.cfg.max_hold_s:g} s"))
         for q in self.moved:

@@ -42,6 +42,7 @@ from linkwise.cluster.domain import (
 from linkwise.cluster.hostlist import compress
 from linkwise.cluster.slurm import topology_rules
 from linkwise.cluster.slurm.records import NodeInfo, QueuedJob
+from linkwise.cluster.slurm.request import Request, count_request
 from linkwise.cluster.topology import load_topology
 from linkwise.datasets.prediction import ensure_predicted
 from linkwise.datasets.predictor import RuntimePredictor
@@ -59,6 +60,7 @@ __all__ = [
     "Observation",
     "build_observation",
     "check_start",
+    "job_request",
     "job_shape",
     "left_to_slurm",
     "never_fits",
@@ -141,10 +143,17 @@ def node_usable(info: NodeInfo) -> bool:
     return base in _USABLE_STATES and not (_UNUSABLE_FLAGS & set(flags))
 
 
-def job_shape(job: QueuedJob) -> Shape:
-    """Nodes and GPUs per node of a job (GPUs split evenly, as ``--gres=gpu:g`` asks)."""
-    n = max(1, job.num_nodes)
-    return Shape(n, -(-job.gpus // n) if job.gpus else 0)
+def job_request(q: QueuedJob) -> Request:
+    """What the job asked Slurm for: its record's own request (``read_request``; not squeue's
+    node-count estimate), else, for a record built by hand, its GPUs split over its nodes."""
+    return q.request if q.request is not None else count_request(q.num_nodes, q.gpus)
+
+
+def job_shape(job: QueuedJob) -> Shape | None:
+    """Nodes and GPUs per node a node list must keep for the job (``job_request``); None when
+    its shape is Slurm's to choose (``Request.flexible``)."""
+    r = job_request(job)
+    return None if r.flexible else Shape(r.nodes, r.gpus_per_node)
 
 
 def _job(q: QueuedJob, profile: str = "") -> Job:
@@ -153,7 +162,9 @@ def _job(q: QueuedJob, profile: str = "") -> Job:
     placeholder no policy reads: the limit, or an hour without one; the true run time is
     unknown here)."""
     limit = q.time_limit_s if q.time_limit_s and q.time_limit_s > 0 else 0.0
-    nodes = q.num_nodes if q.num_nodes > 0 and q.gpus % q.num_nodes == 0 else 0
+    shape = job_shape(q)
+    # the node count Slurm enforces: a shape every placement keeps (``Job.flexible`` False)
+    nodes = shape.nodes if shape is not None and shape.num_gpus == q.gpus else 0
     return Job(
         q.job_id,
         q.submit_time,
@@ -165,6 +176,7 @@ def _job(q: QueuedJob, profile: str = "") -> Job:
         time_limit=limit,
         profile=profile,
         preemptible=opted_in(q.comment, q.requeue),
+        flexible=False if nodes else None,
     )
 
 
@@ -206,7 +218,7 @@ def never_fits(
 def topology_left_to_slurm(q: QueuedJob, topo: Topology) -> tuple[str, str] | None:
     """("topology", reason) when Slurm's topology rules for the job are not modelled
     (``topology_rules.left_to_slurm``): handed back unchanged; None otherwise."""
-    why = topology_rules.left_to_slurm(topo, q.topology, max(1, q.num_nodes))
+    why = topology_rules.left_to_slurm(topo, q.topology, max(1, job_request(q).nodes))
     return None if why is None else ("topology", why)
 
 
@@ -240,8 +252,11 @@ def left_to_slurm(q: QueuedJob) -> tuple[str, str] | None:
         return "constraint", f"constraint expression {q.features[:80]!r}"
     if q.unmodelled:
         return "unmodelled", "asks what the loop does not model: " + ", ".join(q.unmodelled)
-    if q.num_nodes > 1 and q.gpus % q.num_nodes:
-        return "shape", f"{q.gpus} GPU(s) over {q.num_nodes} nodes: an uneven split"
+    flexible = job_request(q).flexible
+    if flexible and q.request is None:  # built by hand: an uneven split
+        return "shape", flexible
+    if flexible:
+        return "unmodelled", f"Slurm chooses its shape: {flexible}"
     return None
 
 
@@ -426,6 +441,8 @@ def build_observation(
                 no_gpu.append(q)
             continue
         shape = job_shape(q)
+        if shape is None:  # Slurm chooses its shape: not planned (shadow as active)
+            continue
         why = never_fits(shape, topo, part_nodes, q, rooms)
         if why is not None:
             refuse(q, "never_fits", why)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from linkwise.cluster.slurm.errors import SlurmError
+from linkwise.cluster.slurm.request import Request
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +120,8 @@ class QueuedJob:
     comment: str = ""  # the user's --comment (opt-in and profile tags, deployer/)
     requeue: bool = False  # --requeue (Slurm's default with JobRequeue=1)
     topology: TopologyRequest = TopologyRequest()  # --switches, --segment, --exclusive=topo
+    # what it asked, as Slurm holds it (``read_request``); None for a record built by hand
+    request: Request | None = None
 
 
 @dataclass(frozen=True, slots=True)
