@@ -233,7 +233,8 @@ def test_slurm_gone_mid_collection_leaves_the_failed_window_unwritten(
     dead_dir.mkdir()
     (dead_dir / "slurm.conf").write_text("\n".join([*lines, "AccountingStoragePort=1"]) + "\n")
     (dead_dir / "gres.conf").write_text((conf.parent / "gres.conf").read_text())
-    dead = CliTransport(CommandRunner(str(dead_dir / "slurm.conf"), timeout=20))
+    bin_dir = env.get("LINKWISE_SLURM_BIN")  # the instance's own commands (a chroot's Slurm)
+    dead = CliTransport(CommandRunner(str(dead_dir / "slurm.conf"), timeout=20, bin_dir=bin_dir))
     mid = t0 + 4.0
     window_s, overlap_s = mid - t0, 1.0
     db = tmp_path / "failed.duckdb"
@@ -262,7 +263,10 @@ def test_slurm_gone_mid_collection_leaves_the_failed_window_unwritten(
     assert wm[0] == pytest.approx(mid)
     # the CLI: exit status 1, the reason on stderr, nodes stored but no job and no watermark
     dead_env = tmp_path / "dead.env"
-    dead_env.write_text(f"SLURM_CONF={dead_dir / 'slurm.conf'}\nLINKWISE_SLURM_CLUSTER=linkwise\n")
+    dead_env.write_text(
+        f"SLURM_CONF={dead_dir / 'slurm.conf'}\nLINKWISE_SLURM_CLUSTER=linkwise\n"
+        + (f"LINKWISE_SLURM_BIN={bin_dir}\n" if bin_dir else "")
+    )
     cli_db = tmp_path / "cli_failed.duckdb"
     proc = subprocess.run(
         [str(Path(sys.executable).parent / "linkwise"), "collect", "accounting", "--db",
