@@ -21,6 +21,12 @@ a JSON-able record (``EXPLAIN_VERSION``):
   note (a fallback and its reason); ``preempt`` / ``migrate``: what the policy asked to
   preempt or move (the loop does not apply them yet); ``jobs``: every job the record names,
   for ``job_decisions``.
+- ``queue`` (the cycle's first row only): every pending job the loop saw, in queue order, with
+  what a person asks of a waiting job (issue 32 item 7): its GPUs, how long it has waited
+  and its predicted run time (hours), and the rule that held it this cycle (``held``: too
+  few free GPUs, the policy waiting where its base would start it, the policy's order putting
+  the jobs it started first, or the policy keeping GPUs idle); the queue's jobs are in
+  ``jobs``, so ``linkwise explain`` answers "why is my job still waiting?" for any of them.
 
 Nothing here talks to Slurm: the explanation is built from the state the loop already read.
 """
@@ -45,11 +51,14 @@ __all__ = [
     "add_explain_parser",
     "decide_explained",
     "describe",
+    "duration_words",
     "explain_cycle",
+    "explain_lines",
     "job_decisions",
+    "queue_record",
 ]
 
-EXPLAIN_VERSION = 1
+EXPLAIN_VERSION = 2  # 2: the cycle's queue with each waiting job's hold (issue 32 item 7)
 ROW_COLUMNS = (
     "decision_id",
     "run_id",
@@ -152,6 +161,50 @@ def _action(step: Any, action: int, score: float | None) -> dict[str, Any] | Non
     }
 
 
+def _hours(seconds: float) -> float:
+    return round(seconds / 3600.0, 4)
+
+
+def _held(
+    gpus: int, free: int, base_starts_it: bool, started_any: bool, policy: str, base: str
+) -> str:
+    """The rule that kept a pending job waiting this cycle, in words."""
+    if gpus > free:
+        return f"too few free GPUs: it needs {gpus}, {free} free after this cycle's starts"
+    if base_starts_it:
+        return f"the policy {policy} chose to wait where its base {base} would start it"
+    if started_any:
+        return f"the policy {policy} started other jobs first (its order ranks them ahead)"
+    return f"the policy {policy} kept the free GPUs idle (waiting for a better placement)"
+
+
+def queue_record(
+    state: ClusterState, decision: Decision, base_decision: Decision | None, policy: str, base: str
+) -> list[dict[str, Any]]:
+    """Every pending job of the cycle in queue order: GPUs, hours waited, predicted hours
+    (None without a prediction), whether it started, and the rule that held it."""
+    started = {s.job_id for s in decision.starts}
+    base_ids = {s.job_id for s in (base_decision or decision).starts}
+    free = state.total_free_gpus - sum(s.placement.num_gpus for s in decision.starts)
+    out: list[dict[str, Any]] = []
+    for i, p in enumerate(state.pending):
+        job = p.job
+        out.append(
+            {
+                "job_id": job.job_id,
+                "position": i + 1,
+                "gpus": job.num_gpus,
+                "waited_h": _hours(max(0.0, state.time - job.submit_time)),
+                "pred_h": _hours(job.pred_s) if job.pred_s > 0 else None,
+                "started": job.job_id in started,
+                "held": ""
+                if job.job_id in started
+                else _held(job.num_gpus, free, job.job_id in base_ids, bool(started), policy, base),
+            }
+        )
+    return out
+
+
 def explain_cycle(
     state: ClusterState,
     decision: Decision,
@@ -166,6 +219,7 @@ def explain_cycle(
 ) -> dict[int | None, dict[str, Any]]:
     """One explanation per row of the cycle (see the module docstring), by job id (None: the
     cycle's wait row). ``base_decision`` None: the policy is its own base."""
+    queue = queue_record(state, decision, base_decision, policy, base)
     own = base_decision is None
     based = decision if base_decision is None else base_decision
     base_starts = {s.job_id: s for s in based.starts}
@@ -223,7 +277,8 @@ def explain_cycle(
             "deviated": deviated,
             "predicted_slowdown": slow[i],
             "guard": step.guard if step else "",
-            "jobs": sorted(jobs),
+            "jobs": sorted(jobs | ({q["job_id"] for q in queue} if i == 0 else set())),
+            **({"queue": queue} if i == 0 else {}),
         }
     if not decision.starts:
         step = steps[-1] if steps else None
@@ -246,7 +301,8 @@ def explain_cycle(
             "deviated": cycle_deviated,
             "predicted_slowdown": None,
             "guard": step.guard if step else "",
-            "jobs": sorted(jobs),
+            "jobs": sorted(jobs | {q["job_id"] for q in queue}),
+            "queue": queue,
         }
     return out
 
@@ -282,6 +338,29 @@ def _pct(x: float | None) -> str:
     return "unknown" if x is None else f"+{100 * x:.0f}%"
 
 
+def duration_words(hours: float | None) -> str:
+    """A duration a person reads: minutes below an hour, hours to one decimal above."""
+    if hours is None:
+        return "unknown"
+    return f"{hours * 60:.0f} min" if hours < 1 else f"{hours:.1f} h"
+
+
+def _in_queue(row: Mapping[str, Any], job_id: int) -> Mapping[str, Any] | None:
+    """The job's entry in the row's recorded queue, None when the row has no queue or the
+    job is not in it."""
+    e = row.get("explanation") or {}
+    return next((q for q in e.get("queue") or () if int(q["job_id"]) == job_id), None)
+
+
+def waiting_words(q: Mapping[str, Any], n: int) -> str:
+    """A waiting job's queue entry in plain words."""
+    return (
+        f"waiting: position {q['position']} of {n}, {q['gpus']} GPUs, waited "
+        f"{duration_words(q.get('waited_h'))}, predicted run time "
+        f"{duration_words(q.get('pred_h'))}; held by: {q['held']}"
+    )
+
+
 def _act_words(a: Mapping[str, Any] | None) -> str:
     if not a:
         return "none"
@@ -309,6 +388,9 @@ def describe(row: Mapping[str, Any], job_id: int) -> list[str]:
         lines.append(f"  decided: not to start job {job_id}: {row['note']}")
     else:
         lines.append(f"  decided: start nothing ({row['n_pending']} pending)")
+    q = _in_queue(row, job_id)
+    if q is not None and not q.get("started"):
+        lines.append("  " + waiting_words(q, len(e.get("queue") or ())))
     if not e:
         lines.append("  (no explanation recorded: a row written before explanations existed)")
         return lines
@@ -376,10 +458,33 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if not rows:
         print(f"no decision of the loop names job {args.job_id} in {db}")
         return 0
-    print(f"job {args.job_id}: {len(rows)} decision(s), oldest first")
-    for r in rows:
-        print("\n".join(describe(r, args.job_id)))
+    print("\n".join(explain_lines(rows, args.job_id)))
     return 0
+
+
+def explain_lines(rows: Sequence[Mapping[str, Any]], job_id: int) -> list[str]:
+    """``linkwise explain``'s text: the latest hold first when the job was last seen waiting,
+    then its decisions oldest first, cycles that held it for the same rule folded into one."""
+    out = [f"job {job_id}: {len(rows)} decision(s), oldest first"]
+    last = _in_queue(rows[-1], job_id)
+    if last is not None and not last.get("started"):
+        n = len((rows[-1].get("explanation") or {}).get("queue") or ())
+        seen = _when(float(rows[-1]["ts"]))
+        out.insert(0, f"job {job_id}, last seen at {seen} UTC: {waiting_words(last, n)}")
+    held, same, until = "", 0, 0.0
+    for r in rows:
+        q = _in_queue(r, job_id)
+        only_queued = q is not None and not q.get("started") and r.get("job_id") != job_id
+        if only_queued and q is not None and q["held"] == held:
+            same, until = same + 1, float(r["ts"])
+            continue
+        if same:
+            out.append(f"  (held the same way in {same} more cycle(s), until {_when(until)} UTC)")
+        held, same = (q["held"] if only_queued and q is not None else ""), 0
+        out += describe(r, job_id)
+    if same:
+        out.append(f"  (held the same way in {same} more cycle(s), until {_when(until)} UTC)")
+    return out
 
 
 def add_explain_parser(sub: Any) -> None:
