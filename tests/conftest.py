@@ -24,6 +24,7 @@ SERVICES_MODULES = frozenset(
         "test_job_submit_lua.py",
         "test_migration_live.py",
         "test_observation_live.py",
+        "test_operator_live.py",
         "test_prefect_deploy.py",
         "test_prometheus_live.py",
         "test_registry.py",
