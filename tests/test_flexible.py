@@ -16,7 +16,17 @@ import pytest
 
 from linkwise.cluster.compose.placements import PLACEMENTS
 from linkwise.cluster.contention import AnalyticModel
-from linkwise.cluster.domain import Decision, Job, Placement, Shape, Start, within_request
+from linkwise.cluster.domain import (
+    ClusterState,
+    Decision,
+    Job,
+    PendingJob,
+    Placement,
+    RunningJob,
+    Shape,
+    Start,
+    within_request,
+)
 from linkwise.cluster.flexible import flexible_draw, with_flexible
 from linkwise.cluster.heuristics import make_policy, policy_names
 from linkwise.cluster.placement import fixed_first_fit, slurm_select_flexible
@@ -172,3 +182,25 @@ def test_simulate_takes_a_flexible_share() -> None:
     )  # fmt: skip
     row = json.loads(out.stdout)
     assert 0 < row["flexible_jobs"] < 60
+
+
+def test_backfill_starts_a_flexible_request_around_a_reservation() -> None:
+    """The head (16 GPUs) reserves node 1 (free when its job ends) and node 4; a 4-GPU job
+    of a long run fits now only on node 4, which the reservation holds: fixed, it waits;
+    flexible, it starts now on the 2 + 2 GPUs nobody reserved."""
+    topo = from_spec("4x8,leaf=4")
+    prof = next(iter(CAL.profiles))
+
+    def running(jid: int, node: int, gpus: int, limit: float) -> RunningJob:
+        job = Job(jid, 0.0, gpus, limit, prof, time_limit=limit)
+        return RunningJob(job, Placement(((node, gpus),)), 0.0, limit, 1.0)
+
+    head = Job(10, 1.0, 16, 3000.0, prof, time_limit=5000.0)
+    small = Job(11, 2.0, 4, 50000.0, prof, time_limit=100000.0, flexible=False)
+    runs = (running(1, 0, 8, 1000.0), running(2, 1, 6, 1e5), running(3, 2, 6, 1e5))
+    policy = make_policy("backfill")
+    for job, started in ((small, None), (replace(small, flexible=True), ((1, 2), (2, 2)))):
+        pending = (PendingJob(head, head.duration), PendingJob(job, job.duration))
+        state = ClusterState(10.0, topo, (0, 2, 2, 8), runs, pending)
+        starts = policy.decide(state).starts
+        assert [s.placement.alloc for s in starts] == ([] if started is None else [started])
