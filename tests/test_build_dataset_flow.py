@@ -307,6 +307,8 @@ def test_flows_give_a_slow_ephemeral_server_two_minutes(monkeypatch: pytest.Monk
     with patient_prefect_server():
         assert STARTUP.value() == max(before, 120)
     assert STARTUP.value() == before
-    monkeypatch.setenv(name, "30")  # the operator's own setting is left alone
+    monkeypatch.setenv(name, "30")  # the operator's own setting is left alone: never raised
     with patient_prefect_server():
-        assert STARTUP.value() == before
+        # Prefect's own reading of it (a context that changes another setting reads the
+        # environment again)
+        assert STARTUP.value() in (before, 30)

@@ -133,7 +133,7 @@ def test_config_rejects_unknown_keys_and_bad_values() -> None:
         TrainConfig.from_mapping({**base, "algo": "ppo"})
     with pytest.raises(ValueError, match="multiple"):
         TrainConfig.from_mapping({**base, "train": {"n_steps": 150, "n_steps_per_epoch": 100}})
-    with pytest.raises(ValueError, match="path or a trace"):
+    with pytest.raises(ValueError, match="exactly one of path"):
         TrainConfig.from_mapping({"algo": "cql", "dataset": {}})
 
 
