@@ -313,16 +313,28 @@ def test_kill9_between_requeuehold_and_release_the_job_runs(
     jobs.append(submit_counter(client, work, "lw-mig-kill", "gpu01"))
     mover = jobs[0]
     started_counting(client, mover, "gpu01", work)
-    real = shutil.which("scontrol")
-    assert real is not None
     marker = tmp_path / "stopped-before-placing"
     shim_dir = tmp_path / "bin"
     shim_dir.mkdir()
+    # the loop runs the instance's own commands (LINKWISE_SLURM_BIN, a chroot's Slurm) when
+    # its env file names them: the shim stands in that folder, beside links to the others
+    cluster_env = read_env_file(ENV_FILE)
+    own_bin = cluster_env.get("LINKWISE_SLURM_BIN")
+    real = os.path.join(own_bin, "scontrol") if own_bin else shutil.which("scontrol")
+    assert real is not None
+    for other in Path(own_bin).iterdir() if own_bin else ():
+        if other.name != "scontrol":
+            (shim_dir / other.name).symlink_to(other)
     (shim_dir / "scontrol").write_text(SHIM.format(marker=marker, real=real))
     (shim_dir / "scontrol").chmod(0o755)
+    env_file = tmp_path / "env"
+    env_file.write_text(
+        "".join(f"{k}={shim_dir if k == 'LINKWISE_SLURM_BIN' else v}\n"
+                for k, v in cluster_env.items())
+    )  # fmt: skip
     db = tmp_path / "store.duckdb"
     (tmp_path / "child.py").write_text(
-        CHILD.format(job=mover, env=ENV_FILE, db=str(db), state=str(tmp_path / "state"),
+        CHILD.format(job=mover, env=str(env_file), db=str(db), state=str(tmp_path / "state"),
                      leases=str(tmp_path / "leases"))
     )  # fmt: skip
     env = {**os.environ, "PATH": f"{shim_dir}:{os.environ['PATH']}"}
