@@ -154,7 +154,9 @@ def test_evaluate_and_its_report_show_the_default_columns_and_wide_all(tmp_path:
         if wide:
             assert shown == _headers("evaluation", "fifo")
         else:
-            table = text.splitlines()[1 : 2 + len(report.summary)]  # header and rows
+            lines = text.splitlines()  # the header lines, then the table's header and rows
+            top = next(i for i, line in enumerate(lines) if line.split()[:1] == ["policy"])
+            table = lines[top : top + 1 + len(report.summary)]
             assert table[0].split()[0] == "policy" and "srtf_oracle (oracle)" in table[-1]
             assert _widest("\n".join(table)) <= MAX_WIDTH, text
             assert "latency p99 ms" not in table[0]
