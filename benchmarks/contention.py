@@ -41,6 +41,7 @@ from linkwise.cluster.simulator import JobRecord, SimConfig, simulate
 from linkwise.cluster.topology import from_spec
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.traces import load_trace
+from linkwise.models.policy_spec import split_specs
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_TRACE = REPO.parent / "shared" / "data" / "traces" / "philly_2017-09-04_2017-10-15.csv"
@@ -134,7 +135,7 @@ def cases(args: argparse.Namespace) -> list[Case]:
     policy) without it (the fabric does not matter without contention: one pooled 1:1 run)."""
     out: list[Case] = []
     base = f"{args.nodes}x8,leaf={args.leaf}"
-    policies = args.policies.split(",")
+    policies = split_specs(args.policies)
     shares = [float(s) for s in args.shares.split(",")]
     for share in shares:
         for policy in policies:
