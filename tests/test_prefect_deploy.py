@@ -265,7 +265,7 @@ def test_every_deployment_is_registered_with_its_schedule(stack: Stack) -> None:
         assert "{{" not in json.dumps(d["parameters"]), name
     writers = {n for n, d in deps.items() if d["work_queue_name"] == "store"}
     assert writers == set(deps) - {"train/daily"}
-    assert deps["train/daily"]["parameters"]["config"] == "models/experiments/cql.toml"
+    assert deps["train/daily"]["parameters"]["config"] == "models/experiments/operator_cql.toml"
     assert (REPO / deps["train/daily"]["parameters"]["config"]).is_file()
 
 

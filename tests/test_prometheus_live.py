@@ -119,10 +119,13 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     env_file = SLURM_DIR / "env"
     require_slurm(env_file)
     tmp = tmp_path_factory.mktemp("prom-live")
+    (tmp / "broken-package").mkdir()
     ports = {"good": _free_port(), "fallback": _free_port(), "down": _free_port()}
     loops = [
         _serve(str(env_file), tmp, "good", ports["good"], "backfill"),
-        _serve(str(env_file), tmp, "fallback", ports["fallback"], f"model:{tmp}/no-such-package"),
+        # a package folder that is there but holds no package: serve starts (a missing one
+        # is refused at start), its load fails, and it falls back to the heuristic
+        _serve(str(env_file), tmp, "fallback", ports["fallback"], f"model:{tmp}/broken-package"),
     ]
     # the shipped configuration, pointed at these loops and scraping every second
     config = yaml.safe_load(CONFIG.read_text())
