@@ -60,6 +60,7 @@ from linkwise.models.training import (
 )
 from linkwise.pipelines._run import add_run_options, summary_footer, training_run
 from linkwise.pipelines.build_dataset import build_dataset
+from linkwise.pipelines.console import quiet_libraries
 
 __all__ = [
     "TrainResult",
@@ -430,7 +431,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         "register": False if args.no_register else None,
         "progress": not args.json,
     }
-    result = train_flow(args.config, **kwargs) if args.prefect else train(args.config, **kwargs)
+    with quiet_libraries():  # no gym banner (d3rlpy imports gym), no MLflow INFO lines
+        result = train_flow(args.config, **kwargs) if args.prefect else train(args.config, **kwargs)
     if args.json:
         print(json.dumps(result.to_json(), default=str))
     else:

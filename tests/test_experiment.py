@@ -4,6 +4,8 @@ does with them and with third-party chatter; fast, no pipeline run."""
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -70,3 +72,33 @@ def test_quiet_libraries_mutes_mlflow_messages_but_not_its_warnings(
     messages = [r.getMessage() for r in caplog.records if r.name.startswith("mlflow")]
     assert set(messages) == {"a real problem"}  # (twice where prefect's logging is set up)
     assert (mlflow_log.level, mlflow_log.propagate) == before
+
+
+TRAIN_PROBE = """
+import argparse
+import linkwise.pipelines.train as t
+
+def fake_train(config, **kwargs):  # what train does first that prints: d3rlpy imports gym
+    import d3rlpy  # noqa: F401
+    raise SystemExit(0)
+
+t.train = fake_train
+parser = argparse.ArgumentParser()
+t.add_train_parser(parser.add_subparsers(dest="command"))
+args = parser.parse_args(["train", "--config", "x.toml"])
+t.cmd_train(args)
+"""
+
+
+def test_train_prints_no_gym_banner() -> None:
+    """Issue 32 item 8: ``linkwise train`` printed gym's deprecation banner (d3rlpy imports
+    gym, whose first import writes it to stderr); a fresh process, as the CLI runs."""
+    plain = subprocess.run(
+        [sys.executable, "-c", "import d3rlpy"], capture_output=True, text=True, timeout=300
+    )
+    assert "Gym has been unmaintained" in plain.stderr  # the banner this guards against
+    out = subprocess.run(
+        [sys.executable, "-c", TRAIN_PROBE], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    assert "Gym has been unmaintained" not in out.stderr
