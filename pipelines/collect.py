@@ -544,6 +544,9 @@ class SourceReport:
     negative_rates_dropped: int = 0
     rejected_reasons: tuple[tuple[str, int], ...] = ()
     error: str | None = None
+    # hosts its samples were stored under that are no node of the cluster's ``nodes`` table
+    # (with their sample counts; empty when the store knows no nodes yet)
+    unknown_hosts: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -579,6 +582,7 @@ class TelemetryCollectReport:
                     "unsupported": s.unsupported,
                     "negative_rates_dropped": s.negative_rates_dropped,
                     "rejected_reasons": dict(s.rejected_reasons),
+                    "unknown_hosts": dict(s.unknown_hosts),
                     "error": s.error,
                 }
                 for s in self.sources
@@ -662,6 +666,7 @@ def collect_telemetry(
                 interval_s=interval_s,
             )
             reasons = _rejected_since(con, source, before)
+            unknown = unknown_hosts(con, source, got.fetched_at, cluster)
             reports.append(
                 SourceReport(
                     source,
@@ -672,8 +677,19 @@ def collect_telemetry(
                     sentinels=rep.sentinels,
                     negative_rates_dropped=rep.negative_rates_dropped,
                     rejected_reasons=reasons,
+                    unknown_hosts=unknown,
                 )
             )
+            for name, n in unknown:
+                log.warning(
+                    "%s: %d sample(s) stored under host %r, which is no node of cluster %r "
+                    "(the nodes table): they will match no job; set the exporter's hostname "
+                    "label or collect with --host",
+                    url,
+                    n,
+                    name,
+                    cluster,
+                )
             log.info(
                 "%s: %d samples, %d link_load rows, %d malformed lines, %d DCGM blanks",
                 url,
@@ -731,6 +747,24 @@ def collect_telemetry(
 
 def _read_sysfs_now(root: str | Path, host: str) -> SysfsReading:
     return read_sysfs(root, host=host)
+
+
+def unknown_hosts(con: Any, source: str, since: float, cluster: str) -> tuple[tuple[str, int], ...]:
+    """Hosts of ``source``'s samples stored since ``since`` that the ``nodes`` table does not
+    name for ``cluster`` (any cluster when it is ""), with their counts; () while the store
+    holds no nodes (nothing to check against)."""
+    scope = "" if not cluster else " WHERE cluster = ?"
+    params: list[Any] = [] if not cluster else [cluster]
+    ((known,),) = con.execute(f"SELECT count(*) FROM nodes{scope}", params).fetchall()
+    if not known:
+        return ()
+    rows = con.execute(
+        "SELECT coalesce(host, ''), count(*) FROM telemetry_samples WHERE source = ? AND "
+        f"ts >= ? AND coalesce(host, '') NOT IN (SELECT node FROM nodes{scope}) "
+        "GROUP BY 1 ORDER BY 1",
+        [source, since, *params],
+    ).fetchall()
+    return tuple((str(h), int(n)) for h, n in rows)
 
 
 def _rejected_since(con: Any, source: str, since: float) -> tuple[tuple[str, int], ...]:

@@ -4,12 +4,14 @@ and an exporter that trickles its body, each against a real local HTTP server.""
 from __future__ import annotations
 
 import http.server
+import logging
 import math
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -224,3 +226,29 @@ def test_the_store_is_not_held_while_an_exporter_is_scraped(
         worker.join(300.0)
     report = result["report"]
     assert not report.errors and report.samples == 3  # type: ignore[attr-defined]
+
+
+def test_samples_of_a_host_that_is_no_cluster_node_are_counted_and_warned(
+    exporter: tuple[str, Served], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 32 item 8: DCGM rows were stored under a host name that is no cluster node with no
+    warning (they then match no job). Against the store's nodes table: counted and warned;
+    with no nodes yet, nothing to check."""
+    url, served = exporter
+    served.bodies = [SCRAPES[0]]
+    db = tmp_path / "t.duckdb"
+    first = collect_telemetry(db, endpoints=[url], host="n1", cluster="c", interval_s=60.0)
+    assert first.sources[0].unknown_hosts == ()  # the store knows no node yet
+    with closing(open_store(db)) as con:
+        con.execute(
+            "INSERT INTO nodes VALUES ('c', 'gpu01', 'IDLE', ['gpu'], 8, 4, 0, 0.0), "
+            "('c', 'n1', 'IDLE', ['gpu'], 8, 4, 0, 0.0)"
+        )
+    known = collect_telemetry(db, endpoints=[url], host="n1", cluster="c", interval_s=60.0)
+    assert known.sources[0].unknown_hosts == ()
+    with caplog.at_level(logging.WARNING):
+        other = collect_telemetry(db, endpoints=[url], host="elsewhere", cluster="c")
+    # the DCGM line names its own Hostname (n1); the IB lines take the collector's host
+    assert other.sources[0].unknown_hosts == (("elsewhere", 2),)
+    assert other.to_dict()["sources"][0]["unknown_hosts"] == {"elsewhere": 2}
+    assert "'elsewhere', which is no node of cluster 'c'" in caplog.text
