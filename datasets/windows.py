@@ -42,10 +42,10 @@ class WindowSupply:
     def message(self, what: str, hint: str = "") -> str:
         """One sentence: what was asked, what the workload has, what is missing and (``hint``)
         what else to do."""
-        hours = self.window_s / 3600.0
+        window = span_text(self.window_s)
         have = (
-            f"the history has {self.jobs} jobs over {self.span_s / 86400.0:.2f} days "
-            f"({self.cut} windows of {hours:g} h with jobs, {self.busy} with at least "
+            f"the history has {self.jobs} jobs over {span_text(self.span_s)} "
+            f"({self.cut} windows of {window} with jobs, {self.busy} with at least "
             f"{self.min_jobs} jobs"
             + (
                 f", {self.busy - self.free} of them overlapping the training data"
@@ -57,19 +57,31 @@ class WindowSupply:
         if not self.missing:
             return f"{what}: {self.asked} windows asked, {have}"
         rate = self.jobs / self.span_s if self.span_s > 0 else 0.0
-        days = self.missing * self.window_s / 86400.0
+        more_s = self.missing * self.window_s
         need_jobs = self.missing * self.min_jobs
         pace = (
             f" (at its pace of {rate * 86400.0:.0f} jobs a day, about "
-            f"{max(days, need_jobs / rate / 86400.0):.2f} more days)"
+            f"{span_text(max(more_s, need_jobs / rate))} more)"
             if rate > 0 and math.isfinite(rate)
             else ""
         )
         return (
-            f"{what}: {self.asked} windows of {hours:g} h with at least {self.min_jobs} jobs "
-            f"asked, {have}; {self.missing} more windows missing: at least {days:.2f} more "
-            f"days and {need_jobs} more jobs of history{pace}" + (f"; {hint}" if hint else "")
+            f"{what}: {self.asked} windows of {window} with at least {self.min_jobs} jobs "
+            f"asked, {have}; {self.missing} more windows missing: at least "
+            f"{span_text(more_s)} and {need_jobs} more jobs of history{pace}"
+            + (f"; {hint}" if hint else "")
         )
+
+
+def span_text(seconds: float) -> str:
+    """A span a person reads: ``45 s``, ``10 min``, ``6 h``, ``2.5 h``, ``1.06 days``."""
+    if seconds < 120.0:
+        return f"{seconds:.0f} s"
+    if seconds < 3600.0:
+        return f"{seconds / 60.0:.0f} min"
+    if seconds < 86400.0:
+        return f"{round(seconds / 3600.0, 1):g} h"
+    return f"{seconds / 86400.0:.2f} days"
 
 
 def window_supply(

@@ -18,6 +18,7 @@ from linkwise.cli import main
 from linkwise.cluster.topology import from_spec
 from linkwise.datasets import synthetic
 from linkwise.datasets.operator import DEFAULT_STORE
+from linkwise.datasets.windows import span_text
 from linkwise.pipelines.history import replay_history
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,7 +84,7 @@ def test_evaluate_says_how_much_history_is_missing(
     assert code == 2
     assert "4 windows of 1 h with at least 60 jobs asked" in err
     assert "299 jobs over 1.06 days (26 windows of 1 h with jobs, 0 with at least 60 jobs)" in err
-    assert "0 usable; 4 more windows missing: at least 0.17 more days and 240 more jobs" in err
+    assert "0 usable; 4 more windows missing: at least 4 h and 240 more jobs" in err
     assert "no evaluation windows left (all overlap" not in err
 
 
@@ -259,3 +260,14 @@ def test_serve_refuses_an_unpromoted_model_in_active_mode(
     code, _, err = _run(argv, capsys)
     assert code == 2
     assert "active mode serves the registry's @champion only, not @challenger" in err
+
+
+def test_spans_read_in_units_a_person_reads() -> None:
+    """Issue 32: 10-second windows read ``2 windows of 0.00277778 h`` and ``0.00 days``."""
+    assert [span_text(s) for s in (10.0, 600.0, 3600.0, 9000.0, 91584.0)] == [
+        "10 s",
+        "10 min",
+        "1 h",
+        "2.5 h",
+        "1.06 days",
+    ]
