@@ -419,30 +419,15 @@ def _cut(text: str, width: int) -> str:
     return text[:head] + "…" + text[len(text) - (width - 1 - head) :]
 
 
-def _parse_time(text: str | None, flag: str) -> float | None:
-    """An ISO date/time (local time unless it has an offset) or epoch seconds."""
-    if text is None:
-        return None
-    from datetime import datetime
-
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    try:
-        return datetime.fromisoformat(text).timestamp()
-    except ValueError:
-        raise ValueError(f"{flag}: {text!r} is neither ISO 8601 nor epoch seconds") from None
-
-
 def cmd_collect_accounting(args: argparse.Namespace) -> int:
     from linkwise.cluster.slurm.client import SlurmClient, read_env_file
     from linkwise.cluster.slurm.errors import SlurmError
+    from linkwise.datasets.operator import parse_time
     from linkwise.datasets.store import StoreLockedError
     from linkwise.pipelines.collect import CollectError, collect_accounting
 
-    since = _parse_time(args.since, "--since")
-    until = _parse_time(args.until, "--until")
+    since = parse_time(args.since, "--since")
+    until = parse_time(args.until, "--until")
     env_file = args.slurm_env or os.environ.get("LINKWISE_SLURM_ENV")
     env = read_env_file(env_file) if env_file else dict(os.environ)
     cluster = args.slurm_cluster or env.get("LINKWISE_SLURM_CLUSTER")

@@ -535,15 +535,23 @@ def parse_queue(doc: Mapping[str, Any]) -> list[QueuedJob]:
     for job in _list(doc, "jobs"):
         try:
             queued = _queued_job(job)
-        except (KeyError, TypeError, ValueError, OverflowError) as exc:
-            job_id = job.get("job_id") if isinstance(job, Mapping) else None
-            raise SlurmSchemaError(
-                f"queue: job {str(job_id)[:40]}: unreadable record ({type(exc).__name__}: "
-                f"{str(exc)[:200]})"
-            ) from exc
+        except _UNREADABLE as exc:
+            raise _unreadable("queue: job", job, "job_id", exc) from exc
         if queued is not None:
             out.append(queued)
     return out
+
+
+# what reading one record of Slurm's JSON may raise when its shape is not the one expected
+_UNREADABLE = (KeyError, TypeError, ValueError, OverflowError)
+
+
+def _unreadable(what: str, record: Any, key: str, exc: Exception) -> SlurmSchemaError:
+    """``SlurmSchemaError`` naming the record (by ``key``) and what could not be read."""
+    name = record.get(key) if isinstance(record, Mapping) else None
+    return SlurmSchemaError(
+        f"{what} {str(name)[:40]}: unreadable record ({type(exc).__name__}: {str(exc)[:200]})"
+    )
 
 
 def _queued_job(job: Mapping[str, Any]) -> QueuedJob | None:
@@ -666,12 +674,8 @@ def parse_nodes(doc: Mapping[str, Any]) -> list[NodeInfo]:
     for node in _list(doc, "nodes"):
         try:
             out.append(_node_info(node))
-        except (KeyError, TypeError, ValueError, OverflowError) as exc:
-            name = node.get("name") if isinstance(node, Mapping) else None
-            raise SlurmSchemaError(
-                f"nodes: node {str(name)[:40]}: unreadable record ({type(exc).__name__}: "
-                f"{str(exc)[:200]})"
-            ) from exc
+        except _UNREADABLE as exc:
+            raise _unreadable("nodes: node", node, "name", exc) from exc
     return out
 
 
@@ -706,12 +710,8 @@ def parse_partitions(doc: Mapping[str, Any]) -> list[PartitionInfo]:
     for p in _list(doc, "partitions"):
         try:
             out.append(_partition_info(p))
-        except (KeyError, TypeError, ValueError) as exc:
-            name = p.get("name") if isinstance(p, Mapping) else None
-            raise SlurmSchemaError(
-                f"partitions: partition {str(name)[:40]}: unreadable record "
-                f"({type(exc).__name__}: {str(exc)[:200]})"
-            ) from exc
+        except _UNREADABLE as exc:
+            raise _unreadable("partitions: partition", p, "name", exc) from exc
     return out
 
 
