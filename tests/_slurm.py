@@ -10,6 +10,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from pathlib import Path
+
+# raw output of Slurm 24.11 and 26.05 for one job mix (its README says what was submitted):
+# read where it is, never copied into the project
+SHARED_SLURM_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "slurm"
 
 
 def slurm_cmd(env: Mapping[str, str], name: str) -> str:

@@ -4,7 +4,7 @@
 
 The fixtures are real ``squeue --json`` captures of held jobs in every form, from a local Slurm
 22.05.8 (``tests/fixtures/slurm/squeue_request_forms.json``) and 24.11.5
-(``tests/fixtures/slurm-24.11/squeue_request_forms.json``), each job named by its form. The
+(``tests/fixtures/slurm/squeue_request_forms_24.11.json``), each job named by its form. The
 same forms on a running Slurm: tests/test_request_shape_live.py."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ LOG = logging.getLogger("test.request_shape")
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 CAPTURES = {
     "22.05": FIXTURES / "slurm" / "squeue_request_forms.json",
-    "24.11": FIXTURES / "slurm-24.11" / "squeue_request_forms.json",
+    "24.11": FIXTURES / "slurm" / "squeue_request_forms_24.11.json",
 }
 TOPO = from_spec("4x4")
 NAMES = [n.name for n in TOPO.nodes]

@@ -1,6 +1,7 @@
 """Slurm 24.11 (data_parser v0.0.42) and 26.05 (v0.0.45) output -> the same typed records
-as 22.05's (tests/test_slurm_parse.py), from real captures of the job mix in
-tests/fixtures/SLURM_MODERN.md; and a generation this client does not read is refused."""
+as 22.05's (tests/test_slurm_parse.py), from the real captures of the job mix in
+../shared/data/slurm (its README: what was submitted, on which packages); and a generation
+this client does not read is refused."""
 
 from __future__ import annotations
 
@@ -32,19 +33,20 @@ from linkwise.cluster.slurm.schema import (
     node_state_text,
     number,
 )
+from linkwise.tests._slurm import SHARED_SLURM_DATA
 
 FIXTURES = Path(__file__).parent / "fixtures"
 VERSIONS = {"24.11": "v0.0.42", "26.05": "v0.0.45"}
 
 
 def _doc(version: str, name: str) -> dict[str, Any]:
-    doc = json.loads((FIXTURES / f"slurm-{version}" / name).read_text())
+    doc = json.loads((SHARED_SLURM_DATA / version / name).read_text())
     assert isinstance(doc, dict)
     return doc
 
 
 def _final_runs(version: str, phase: str = "final") -> Any:
-    text = (FIXTURES / f"slurm-{version}" / phase / "sacct.json").read_text()
+    text = (SHARED_SLURM_DATA / version / phase / "sacct.json").read_text()
     lines = parse_acct_lines(_epoch_lines(version, phase))
     codes = {(x.job_id, x.submit_time): (x.exit_code, x.signal) for x in lines}
     indexes = run_indexes((x.job_id, x.submit_time, x.state) for x in lines)
@@ -60,7 +62,7 @@ def _epoch_lines(version: str, phase: str) -> str:
         by_job.setdefault(rec["job_id"], []).append(rec["time"]["submission"])
     out = []
     seen: dict[int, int] = {}
-    text = (FIXTURES / f"slurm-{version}" / phase / "sacct-lines.txt").read_text()
+    text = (SHARED_SLURM_DATA / version / phase / "sacct-lines.txt").read_text()
     for line in text.splitlines():
         if not line.strip():
             continue

@@ -35,6 +35,7 @@ from linkwise.deployer.observation import (
     place_within,
 )
 from linkwise.deployer.safety import HOLD_TAG
+from linkwise.tests._slurm import SHARED_SLURM_DATA
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -168,7 +169,7 @@ def test_scontrol_show_topology_as_source_and_cross_check() -> None:
 
 
 def _doc(version: str) -> dict[str, Any]:
-    path = FIXTURES / f"slurm-{version}" / "running" / "squeue.json"
+    path = SHARED_SLURM_DATA / version / "running" / "squeue.json"
     return dict(json.loads(path.read_text()))
 
 
