@@ -30,6 +30,7 @@ from typing import Any
 
 import duckdb
 import pytest
+from mlflow.tracking import MlflowClient
 
 pytestmark = pytest.mark.services
 
@@ -303,6 +304,10 @@ def test_each_deployment_runs_to_completion_on_a_worker(stack: Stack, telemetry_
             "config": str(config), "tracking_uri": uri, "out_dir": str(root / "train"),
         },
     }  # fmt: skip
+    # the registry is there before two flows write to it at once: MLflow's first use creates
+    # its SQLite schema, and two processes creating it together race ("table ... already
+    # exists", seen under load); an operator's registry exists before its deployments run
+    MlflowClient(tracking_uri=uri).search_experiments()
     runs = {name: _start(stack, deps[name], params) for name, params in first.items()}
     states = _wait(stack, runs, timeout=600)
     assert states == dict.fromkeys(runs, "COMPLETED"), _tail(stack.worker_log, 8000)
@@ -333,8 +338,6 @@ def test_each_deployment_runs_to_completion_on_a_worker(stack: Stack, telemetry_
 
     aliases = current_aliases(uri)
     assert "challenger" in aliases
-    from mlflow.tracking import MlflowClient
-
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name("linkwise-promotion")
     assert exp is not None
