@@ -415,8 +415,8 @@ def configure_logging(fmt: str) -> None:
     ``json`` (every record one JSON line, ``JsonLineFormatter``)."""
     if fmt not in LOG_FORMATS:
         raise ConfigError(f"log format must be one of {', '.join(LOG_FORMATS)}, got {fmt!r}")
-    if fmt == "text":
-        logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    if fmt == "text":  # force: a handler set up before (Prefect's, at WARNING) goes
+        logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr, force=True)
         return
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonLineFormatter())

@@ -10,21 +10,33 @@ The dataset build and the evaluation run one experiment of ``pipelines.experimen
 ``daily`` unless the ``experiment`` parameter says otherwise): its windows, MDP, rollouts,
 held-out windows, seeds and topology. A parameter given explicitly (in ``prefect.yaml`` or
 per run) overrides the experiment's value.
+
+``job_telemetry_flow`` (``job-telemetry``) summarizes the store's new job runs for ``linkwise
+profiles`` (``pipelines.profiles``, whose module imports no Prefect: the command line builds
+its parser for every command, ``serve`` included).
 """
 
 from __future__ import annotations
 
+from contextlib import closing
 from typing import Any, TypeVar
 
 from prefect import flow
 
+from linkwise.datasets.job_telemetry import build_job_telemetry
 from linkwise.datasets.operator import parse_time
+from linkwise.datasets.store import open_store
 from linkwise.pipelines.build_dataset import build_dataset
 from linkwise.pipelines.evaluate import evaluate_and_promote
 from linkwise.pipelines.experiment import get_experiment
 from linkwise.pipelines.train import train
 
-__all__ = ["build_dataset_deployment", "evaluate_deployment", "train_deployment"]
+__all__ = [
+    "build_dataset_deployment",
+    "evaluate_deployment",
+    "job_telemetry_flow",
+    "train_deployment",
+]
 
 T = TypeVar("T")
 
@@ -165,3 +177,12 @@ def evaluate_deployment(
         n_boot=_or(n_boot, exp.evaluation.n_boot),
         warm_start=_or(warm_start, exp.windows.warm_start),
     )
+
+
+@flow(name="job-telemetry", log_prints=False)
+def job_telemetry_flow(
+    db: str, cluster: str | None = None, interval_s: float = 30.0
+) -> dict[str, Any]:
+    """Summarize the store's new job runs (``build_job_telemetry``); the report as a dict."""
+    with closing(open_store(db)) as con:
+        return build_job_telemetry(con, cluster=cluster, interval_s=interval_s).to_dict()

@@ -1,6 +1,7 @@
 """Per-job telemetry and communication profiles on a store: the flow, the report, the CLI.
 
-``job_telemetry_flow`` (Prefect flow ``job-telemetry``) summarizes the runs the telemetry has
+The Prefect flow ``job-telemetry`` (``pipelines.deployments.job_telemetry_flow``: not here,
+so that building the command line imports no Prefect) summarizes the runs the telemetry has
 passed since the last build (``datasets.job_telemetry.build_job_telemetry``; incremental and
 idempotent), so it follows ``collect-telemetry`` / ``collect-accounting`` on their schedule.
 ``profiles_report`` builds (unless told not to) and learns the profiles
@@ -16,8 +17,6 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
-from prefect import flow
-
 from linkwise.datasets.comm_profiles import ProfileBook, load_profile_book
 from linkwise.datasets.job_telemetry import (
     ATTRIBUTION_RULE,
@@ -30,7 +29,6 @@ __all__ = [
     "add_profiles_parser",
     "cmd_profiles",
     "format_profiles",
-    "job_telemetry_flow",
     "profiles_report",
 ]
 
@@ -106,15 +104,6 @@ def format_profiles(report: dict[str, Any]) -> str:
                 f"second (spread {p['rho_spread']:.1%}), sensitivity {p['sensitivity']:.2f}"
             )
     return "\n".join(lines)
-
-
-@flow(name="job-telemetry", log_prints=False)
-def job_telemetry_flow(
-    db: str, cluster: str | None = None, interval_s: float = 30.0
-) -> dict[str, Any]:
-    """Summarize the store's new job runs (``build_job_telemetry``); the report as a dict."""
-    with closing(open_store(db)) as con:
-        return build_job_telemetry(con, cluster=cluster, interval_s=interval_s).to_dict()
 
 
 def cmd_profiles(args: argparse.Namespace) -> int:

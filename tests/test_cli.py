@@ -156,3 +156,13 @@ def test_the_installed_entry_point_answers_help() -> None:
         )
         assert res.returncode == 0, res.stderr
         assert "usage: linkwise" in res.stdout
+
+
+def test_parsing_a_command_imports_no_prefect() -> None:
+    """Building the parser (every ``linkwise`` command, ``serve`` included) imports no Prefect:
+    it cost ``linkwise serve`` 1.3 s (about 3 s on a busy host) before its first cycle, and its
+    logging setup took over the root logger, so ``serve``'s INFO lines were dropped."""
+    code = "import sys; from linkwise.cli import build_parser; build_parser(); "
+    code += "print(sorted(m for m in sys.modules if m.split('.')[0] == 'prefect')[:3])"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert res.stdout.strip() == "[]", res.stdout

@@ -275,3 +275,19 @@ def test_serve_runs_from_the_example_file_and_logs_json_lines(tmp_path: Path) ->
     assert events.count("cycle") == 2 and "serve_start" in events and "serve_stop" in events
     start = next(x for x in lines if x.get("event") == "serve_start")
     assert start["mode"] == "shadow" and start["partitions"] == ["gpu"]
+
+
+def test_text_logging_shows_info_events_whatever_handler_came_first() -> None:
+    """A library that configured the root logger first (Prefect does on import: a console
+    handler at WARNING) does not swallow serve's INFO events in the text format."""
+    code = (
+        "import logging, sys\n"
+        "logging.basicConfig(level=logging.WARNING, format='OTHER %(message)s')\n"
+        "from linkwise.deployer.service_config import configure_logging\n"
+        "from linkwise.deployer.safety import log_event\n"
+        "configure_logging('text')\n"
+        "log_event(logging.getLogger('linkwise.serve'), 'serve_start', mode='shadow')\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1 and json.loads(lines[0])["event"] == "serve_start", res.stderr
