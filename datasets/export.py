@@ -312,7 +312,9 @@ def log_to_mlflow(
 ) -> str | None:
     """Record the dataset as an input of an MLflow run (``run_id``, else a new run named after
     the hash in ``experiment``), with its hash and counts as ``linkwise.dataset.*`` tags; the
-    run id, or None when no tracking URI is given or set in ``MLFLOW_TRACKING_URI``."""
+    run id, or None when no tracking URI is given or set in ``MLFLOW_TRACKING_URI``. The
+    caller opens the store first (``models.registry.open_registry``: a fresh SQLite one's
+    schema is created under a lock)."""
     uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if not uri:
         return None

@@ -41,8 +41,8 @@ from linkwise.models.registry import (
     MODEL_NAME,
     ModelSource,
     ensure_experiment,
-    mlflow_env,
     parse_models_uri,
+    registry_client,
 )
 
 __all__ = [
@@ -123,19 +123,11 @@ class PromotionDecision:
         return "\n".join(lines)
 
 
-def _client(tracking_uri: str) -> Any:
-
-    mlflow_env()
-    from mlflow.tracking import MlflowClient
-
-    return MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
-
-
 def current_aliases(tracking_uri: str, name: str | None = None) -> dict[str, str]:
     """The registered model's aliases (alias -> version); empty when it does not exist."""
     from mlflow.exceptions import MlflowException
 
-    client = _client(tracking_uri)
+    client = registry_client(tracking_uri)
     try:
         rm = client.get_registered_model(name or MODEL_NAME)
     except MlflowException:
@@ -148,7 +140,7 @@ def log_decision(
 ) -> str:
     """Record a decision as an MLflow run (see the module docstring); the run id."""
 
-    client = _client(tracking_uri)
+    client = registry_client(tracking_uri)
     exp = ensure_experiment(client, experiment, tracking_uri=tracking_uri)
     run = client.create_run(
         exp,
@@ -241,7 +233,7 @@ def _promote(
         return _finish(
             _refused(action, model, version, reasons, before, report, evidence), tracking_uri, log
         )
-    reasons += move(_client(tracking_uri), model, str(version), before)
+    reasons += move(registry_client(tracking_uri), model, str(version), before)
     d = PromotionDecision(
         action=action,
         model=model,
@@ -338,7 +330,7 @@ def rollback(*, tracking_uri: str, name: str | None = None, log: bool = True) ->
             None,
         )
         return _finish(d, tracking_uri, log)
-    client = _client(tracking_uri)
+    client = registry_client(tracking_uri)
     client.set_registered_model_alias(model, CHAMPION, prev)
     client.delete_registered_model_alias(model, PREVIOUS)
     if cur is not None:

@@ -37,7 +37,7 @@ from linkwise.cluster.heuristics import is_oracle
 from linkwise.evaluation.benchmark import UNFAIR_SLOWDOWN, Benchmark, save_benchmark
 from linkwise.evaluation.columns import columns_for, left_out, markdown_table
 from linkwise.evaluation.stats import STATS, RatioCI, paired_ratio
-from linkwise.models.registry import ensure_experiment, mlflow_env
+from linkwise.models.registry import ensure_experiment, mlflow_env, registry_client
 
 __all__ = [
     "EXPERIMENT",
@@ -489,9 +489,7 @@ def log_report(
     artifacts); the run id."""
 
     mlflow_env()
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=tracking_uri)
+    client = registry_client(tracking_uri)
     exp = ensure_experiment(client, experiment, tracking_uri=tracking_uri)
     run = client.create_run(exp, run_name=run_name or "evaluation")
     rid = run.info.run_id

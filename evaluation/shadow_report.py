@@ -604,12 +604,9 @@ def log_shadow_report(
 ) -> str:
     """Log the report as an MLflow run (the window and policy as params, every ratio and its
     interval as metrics, the folder as artifacts); the run id."""
-    from linkwise.models.registry import ensure_experiment, mlflow_env
+    from linkwise.models.registry import ensure_experiment, registry_client
 
-    mlflow_env()
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=tracking_uri)
+    client = registry_client(tracking_uri)
     exp = ensure_experiment(client, experiment, tracking_uri=tracking_uri)
     run = client.create_run(exp, run_name="shadow-report")
     rid = run.info.run_id

@@ -30,6 +30,7 @@ strings (heuristics and model sources).
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import tempfile
@@ -42,6 +43,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from mlflow.entities.model_registry import ModelVersion
+    from mlflow.tracking import MlflowClient
 
 from linkwise.cluster.contention import ContentionModel
 from linkwise.datasets.export import file_sha256
@@ -65,8 +67,11 @@ __all__ = [
     "load_source",
     "log_policy",
     "mlflow_env",
+    "open_registry",
     "parse_models_uri",
+    "registry_client",
     "resolve_version",
+    "sqlite_file",
 ]
 
 MODEL_NAME = "linkwise-policy"
@@ -96,6 +101,58 @@ def default_tracking_uri() -> str:
     db = Path("linkwise-out/mlflow/mlflow.db").resolve()
     db.parent.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{db}"
+
+
+def sqlite_file(tracking_uri: str) -> Path | None:
+    """The database file of a ``sqlite:///PATH`` tracking URI (``sqlite:////abs`` absolute,
+    else relative to the working directory, as SQLAlchemy reads it); None for any other URI,
+    an in-memory SQLite one included."""
+    if not tracking_uri.startswith("sqlite:///"):
+        return None
+    path = tracking_uri.removeprefix("sqlite:///").partition("?")[0]
+    return Path(path) if path and path != ":memory:" else None
+
+
+def open_registry(tracking_uri: str) -> None:
+    """Make the tracking store (and model registry) at ``tracking_uri`` ready for use: for a
+    SQLite one, its schema is created (or migrated) here, once, holding an exclusive
+    ``fcntl.flock`` on ``DB.lock`` beside the database file. MLflow creates the schema on a
+    client's first call without any lock, and two processes doing so at once race ("table
+    experiments already exists"); every path that opens the registry (training, evaluation,
+    promotion, serving) calls this first, through ``registry_client`` or itself. A store that
+    already has its schema is only checked (MLflow finds every table and creates nothing);
+    one whose folder this process may not write is read without the lock. Other stores (a
+    tracking server) are left to MLflow."""
+    mlflow_env()
+    db = sqlite_file(tracking_uri)
+    if db is None:
+        return
+    from mlflow.tracking import MlflowClient  # optional heavy dependency, imported on use
+
+    db.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        lock = open(db.with_name(db.name + ".lock"), "a")  # noqa: SIM115 (closed below)
+    except PermissionError:
+        if db.is_file():  # a registry this process may only read: no schema to create
+            return
+        raise
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            # the first call of a client creates the schema: the tracking store's tables
+            # and the registry's, one metadata and one chain of migrations
+            MlflowClient(tracking_uri=tracking_uri).search_experiments(max_results=1)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def registry_client(tracking_uri: str) -> MlflowClient:
+    """An ``MlflowClient`` of the tracking store and model registry at ``tracking_uri``, the
+    store opened first (``open_registry``)."""
+    open_registry(tracking_uri)
+    from mlflow.tracking import MlflowClient  # optional heavy dependency, imported on use
+
+    return MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
 
 
 def _default_artifacts(tracking_uri: str) -> str:
@@ -187,16 +244,15 @@ def log_policy(
     ``name`` (None: don't) and point ``alias`` at the new version."""
     mlflow_env()
     import mlflow
-    from mlflow.tracking import MlflowClient
 
     pkg = Path(pkg_dir)
     load_package(pkg)  # refuse to register a broken package
     spec_version = _json(pkg / "policy.json").get("obs_spec_version", "")
     dataset_hash = _json(pkg / "policy.json").get("dataset_hash", "")
     checks = file_sha256(pkg / CHECKSUMS)
+    client = registry_client(tracking_uri)
     mlflow.set_tracking_uri(tracking_uri)
     mlflow.set_registry_uri(tracking_uri)
-    client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
     active = mlflow.active_run()
     ctx = (
         mlflow.start_run(run_id=run_id) if active is None or active.info.run_id != run_id else None
@@ -352,9 +408,8 @@ def resolve_version(text: str, tracking_uri: str) -> tuple[ModelVersion, str]:
     """``models:/NAME@ALIAS`` or ``models:/NAME/VERSION`` -> (the model version, the URI of
     its artifacts), looked up in the registry at ``tracking_uri`` (not the environment's)."""
     from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+    client = registry_client(tracking_uri)
     name, alias, version = parse_models_uri(text)
     try:
         mv = (

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from linkwise.datasets.export import log_to_mlflow
-from linkwise.models.registry import ensure_experiment, log_policy
+from linkwise.models.registry import ensure_experiment, log_policy, registry_client
 from linkwise.models.training import flatten_params
 
 if TYPE_CHECKING:
@@ -112,10 +112,9 @@ def training_run(
     ends (failed on an exception) when the block does. ``dataset``: an exported dataset's
     manifest with its ``path``, logged as the run's input."""
     import mlflow
-    from mlflow.tracking import MlflowClient
 
+    client = registry_client(tracking_uri)
     mlflow.set_tracking_uri(tracking_uri)
-    client = MlflowClient(tracking_uri=tracking_uri)
     exp_id = ensure_experiment(client, cfg.experiment, tracking_uri=tracking_uri)
     with mlflow.start_run(experiment_id=exp_id, run_name=cfg.name) as run:
         run_id = run.info.run_id

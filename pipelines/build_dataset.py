@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import textwrap
 import time
 import zlib
@@ -79,6 +80,7 @@ from linkwise.datasets.transitions import empty_frame
 from linkwise.datasets.windows import choose_windows, window_supply
 from linkwise.models.learned import LearnedPolicy, load_package
 from linkwise.models.policy_spec import split_specs
+from linkwise.models.registry import open_registry
 
 __all__ = [
     "DEFAULT_EPSILONS",
@@ -374,6 +376,7 @@ def build_dataset(
         logs, sources["log_share"] = cap_log_share(logs, others, log_share)
     df = pl.concat([*frames, logs], how="vertical")
     manifest = export_dataset(df, spec, sources, out_dir)
+    open_registry(tracking_uri or os.environ.get("MLFLOW_TRACKING_URI", ""))
     run_id = log_to_mlflow(manifest["path"], manifest, tracking_uri=tracking_uri)
     seconds = time.perf_counter() - t0
     return {

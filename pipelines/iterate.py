@@ -31,7 +31,7 @@ from linkwise.datasets.export import export_dataset, read_dataset
 from linkwise.datasets.prediction import predictor_from_manifest
 from linkwise.datasets.rollouts import Window, make_tasks, run_rollouts
 from linkwise.models.policy_spec import PolicySpec
-from linkwise.models.registry import default_tracking_uri
+from linkwise.models.registry import default_tracking_uri, registry_client
 from linkwise.models.training import TrainConfig
 from linkwise.pipelines.build_dataset import resolve_learned
 from linkwise.pipelines.train import TrainResult, train
@@ -147,9 +147,7 @@ def _round_record(
 
 
 def _tag_round(result: TrainResult, r: int, parent: str) -> None:
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=result.tracking_uri)
+    client = registry_client(result.tracking_uri)
     client.set_tag(result.run_id, ROUND_TAG, str(r))
     client.set_tag(result.run_id, PARENT_TAG, parent)
 

@@ -47,7 +47,12 @@ from linkwise.datasets.transitions import list_column_array
 from linkwise.evaluation.benchmark import EvalCase, PolicyRef, make_cases, run_benchmark
 from linkwise.evaluation.gates import same_information_heuristics
 from linkwise.models.learned import save_package
-from linkwise.models.registry import default_tracking_uri, ensure_experiment, mlflow_env
+from linkwise.models.registry import (
+    default_tracking_uri,
+    ensure_experiment,
+    mlflow_env,
+    registry_client,
+)
 from linkwise.models.residual import (
     Deferral,
     format_margin,
@@ -207,7 +212,6 @@ def train_on_labels(
     ``out_dir/RUN_ID``."""
     import d3rlpy
     import mlflow
-    from mlflow.tracking import MlflowClient
 
     from linkwise.models.training import action_values
 
@@ -220,8 +224,8 @@ def train_on_labels(
     best = best_actions(df)
     mlflow_env()
     uri = tracking_uri or default_tracking_uri()
+    client = registry_client(uri)
     mlflow.set_tracking_uri(uri)
-    client = MlflowClient(uri)
     exp_id = ensure_experiment(client, experiment, tracking_uri=uri)
     data_hash = str(manifest["hash"])
     with mlflow.start_run(experiment_id=exp_id, run_name=f"labels-{algo}") as run:

@@ -26,6 +26,7 @@ from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.rollouts import Window
 from linkwise.datasets.store import open_store
 from linkwise.evaluation.benchmark import PolicyRef, make_cases, run_benchmark
+from linkwise.models.registry import registry_client
 
 __all__ = [
     "Candidate",
@@ -213,13 +214,11 @@ def log_selection(selection: Selection, *, uri: str, out: Path) -> dict[str, str
     """Write ``out.json`` (the selection) and ``out.png`` (the plot); log every candidate's
     ``validation_avg_jct_s`` at its step into its run, and both files and the chosen
     label into the chosen run. The files written, by kind."""
-    from mlflow.tracking import MlflowClient
-
     out.parent.mkdir(parents=True, exist_ok=True)
     table = out.with_suffix(".json")
     table.write_text(json.dumps(selection.to_json(), indent=2, default=str) + "\n")
     plot = plot_selection(selection, out.with_suffix(".png"))
-    client = MlflowClient(tracking_uri=uri)
+    client = registry_client(uri)
     for c, s in zip(selection.candidates, selection.scores, strict=True):
         if s is not None:
             client.log_metric(c.run_id, "validation_avg_jct_s", s, step=c.step)

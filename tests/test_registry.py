@@ -423,3 +423,49 @@ def test_real_mlflow_server_round_trip(trained: dict[str, Any], mlflow_server: s
     client.set_registered_model_alias(MODEL_NAME, "champion", str(mv.version))
     policy = load_policy(f"models:/{MODEL_NAME}@champion", tracking_uri=mlflow_server)
     _check_identical(policy, trained)
+
+
+# two processes opening one fresh registry at the same instant, ROUNDS times: each writes
+# ready.N, waits for the other's, then opens the registry and uses both of its stores
+_OPEN_AT_ONCE = """
+import sys, time
+from pathlib import Path
+from linkwise.models.registry import registry_client
+me, root, rounds = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
+failed = 0
+for i in range(rounds):
+    here = root / f"r{i}"
+    (here / f"ready.{me}").touch()
+    while len(list(here.glob("ready.*"))) < 2:
+        time.sleep(0.0005)
+    try:
+        client = registry_client(f"sqlite:///{here / 'mlflow.db'}")
+        client.search_experiments()
+        client.search_registered_models()
+    except Exception as exc:
+        failed += 1
+        print(f"round {i}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+sys.exit(1 if failed else 0)
+"""
+
+
+def test_two_processes_opening_a_fresh_registry_at_once_both_succeed(tmp_path: Path) -> None:
+    """MLflow creates a SQLite store's schema on first use, unlocked: two processes doing it
+    at once failed with "table experiments already exists" (in 21 of 20 rounds measured,
+    each side failing in about half). ``registry_client`` creates it under a file lock."""
+    rounds = 4
+    for i in range(rounds):
+        (tmp_path / f"r{i}").mkdir()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _OPEN_AT_ONCE, me, str(tmp_path), str(rounds)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for me in ("a", "b")
+    ]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(outs)[-3000:]
+    for i in range(rounds):  # every round's registry is whole: the lock left beside it
+        assert (tmp_path / f"r{i}" / "mlflow.db.lock").is_file()
