@@ -27,6 +27,13 @@ Slurm cannot be reached), the lease is not renewed until a read succeeds again, 
 read is retried after a backoff from ``min(1, interval)`` doubling up to ``backoff_max_s``;
 a stop requested meanwhile ends it within 0.2 s (``LoopStopped``; ``serve`` then shuts
 down as usual, handing back what it holds).
+
+A cycle is logged (``cycle``) when it did or met something: a start, a move, a hand-back, a
+rejected start, a read fault before it, or a change in what it saw (the policy, the pending
+jobs, where its records went); the first cycle always is. An idle cycle is silent, and an idle
+loop says it is alive at most once a minute (``idle``, with the cycles since the last line;
+``CycleLines``). What counts cycles is ``linkwise_serve_cycles_total`` on ``/metrics`` and
+``serve_stop``'s ``cycles``, never the log lines.
 """
 
 from __future__ import annotations
@@ -96,7 +103,9 @@ from linkwise.deployer.systemd import SystemdNotify
 
 __all__ = [
     "DEFAULT_LEASE_ROOT",
+    "IDLE_LOG_S",
     "READ_FAULTS",
+    "CycleLines",
     "LoopStopped",
     "ServeConfig",
     "ShadowBackend",
@@ -150,6 +159,32 @@ def fault_hand_back(
 
 DEFAULT_DURATION_S = 3600.0
 DEFAULT_LEASE_ROOT = "/var/lib/linkwise/leases"
+IDLE_LOG_S = 60.0  # an idle loop logs that it is alive at most this often
+
+
+@dataclass
+class CycleLines:
+    """Which cycles get a log line: every cycle that did something or saw a change (``busy``,
+    or ``seen`` unlike the last cycle's), and for idle ones one ``idle`` line at most every
+    ``every_s`` seconds since the last line (``now`` on a monotonic clock)."""
+
+    every_s: float = IDLE_LOG_S
+    last_seen: tuple[object, ...] | None = None
+    last_line: float = 0.0  # when the last line was written
+    quiet: int = 0  # idle cycles since then
+
+    def note(self, seen: tuple[object, ...], busy: bool, now: float) -> tuple[str, int]:
+        """(``"cycle"``, 0) to log this cycle, (``"idle"``, idle cycles since the last line)
+        for a heartbeat, (``""``, idle cycles so far) to stay silent."""
+        changed, self.last_seen = seen != self.last_seen, seen
+        if busy or changed:
+            self.last_line, self.quiet = now, 0
+            return "cycle", 0
+        self.quiet += 1
+        if now - self.last_line < self.every_s:
+            return "", self.quiet
+        idle, self.last_line, self.quiet = self.quiet, now, 0
+        return "idle", idle
 
 
 # ------------------------------------------------------------------------ configuration
@@ -292,6 +327,8 @@ class SlurmBackend:
         self.calibration = load_calibration(None)  # profiles for a policy without its own
         self.profile_history = ProfileHistory(recorder)
         self.read_failing = False  # the last Slurm read failed: the lease is not renewed
+        self.lines = CycleLines()  # which cycles are logged
+        self.acted = 0  # hand-backs, untags, bypasses, read faults, moves met by this cycle
 
     # -- the Backend protocol
 
@@ -299,6 +336,7 @@ class SlurmBackend:
         """Read Slurm and build the state; a failed read is handled (see the module) and
         retried after a backoff; ``LoopStopped`` when a stop comes meanwhile."""
         delay = min(1.0, self.cfg.interval_s)
+        self.acted = 0
         while True:
             self.cycle_id += 1
             self.cycle_started = time.perf_counter()
@@ -381,25 +419,35 @@ class SlurmBackend:
             raise RuntimeError("apply before observe")
         info = self.policy.last
         results = self._act(decision, obs, info) if self.mode == "active" else {}
-        self._moves(decision, obs, str(info.get("model_version", "")))
+        moved = self._moves(decision, obs, str(info.get("model_version", "")))
         where = self.decisions.record(self.cycle_id, obs, decision, info, self.topo, results)
         elapsed = time.perf_counter() - self.cycle_started
         self.metrics.cycle_seconds.observe(elapsed)
         self.metrics.cycles.labels("ok").inc()
         self.cycles_ok += 1
-        log_event(
-            self.log,
-            "cycle",
-            cycle=self.cycle_id,
-            mode=self.mode,
-            policy=info.get("policy"),
-            pending=len(obs.state.pending),
-            starts=len(decision.starts),
-            latency_ms=round(float(info.get("latency_ms", 0.0)), 3),
-            explain_ms=round(float(info.get("explain_ms", 0.0)), 3),
-            cycle_ms=round(elapsed * 1e3, 3),
-            records=where,
-        )
+        pending = tuple(p.job.job_id for p in obs.state.pending)
+        seen = (info.get("policy"), info.get("model_version"), pending, where)
+        busy = not decision.is_wait or bool(results or moved or self.acted)
+        line, idle = self.lines.note(seen, busy, time.monotonic())
+        if line == "idle":
+            log_event(
+                self.log, "idle", cycles=idle, cycle=self.cycle_id, mode=self.mode,
+                policy=info.get("policy"), pending=len(pending), records=where,
+            )  # fmt: skip
+        elif line == "cycle":
+            log_event(
+                self.log,
+                "cycle",
+                cycle=self.cycle_id,
+                mode=self.mode,
+                policy=info.get("policy"),
+                pending=len(pending),
+                starts=len(decision.starts),
+                latency_ms=round(float(info.get("latency_ms", 0.0)), 3),
+                explain_ms=round(float(info.get("explain_ms", 0.0)), 3),
+                cycle_ms=round(elapsed * 1e3, 3),
+                records=where,
+            )
 
     def advance(self) -> bool:
         """Wait for the next cycle; False once stopped or out of cycles."""
@@ -456,6 +504,7 @@ class SlurmBackend:
         back the jobs the last good read showed held for the loop (Slurm reachable)."""
         kind = read_fault_kind(exc)
         self.read_failing = True
+        self.acted += 1
         self.cycles_failed += 1
         self.metrics.cycles.labels("slurm_error").inc()
         self.metrics.slurm_read_errors.labels(kind).inc()
@@ -526,6 +575,7 @@ class SlurmBackend:
             was = self.partition_of.get(q.job_id)
             if was is not None and q.partition != was and q.admin_comment == HOLD_TAG:
                 found.setdefault(q.job_id, q)
+        self.acted += len(found)
         for q in found.values():
             self.partition_of.pop(q.job_id, None)
             if q.job_id in self.moved_ids:
@@ -708,6 +758,7 @@ class SlurmBackend:
                 out[q.job_id] = (q, "partition_changed", f"partition changed to {q.partition}")
         if not out:
             return
+        self.acted += len(out)
         for q, kind, reason in out.values():
             self.metrics.handed_back.labels(kind).inc()
             log_event(self.log, "handing_to_slurm", job_id=q.job_id, reason=reason, kind=kind)
@@ -728,6 +779,7 @@ class SlurmBackend:
         there (BadConstraints, ReqNodeNotAvail, ...): Slurm then places them itself."""
         if not obs.stranded:
             return
+        self.acted += len(obs.stranded)
         for q in obs.stranded:
             self.metrics.unstranded.inc()
             log_event(
@@ -758,6 +810,7 @@ class SlurmBackend:
         gone = [*obs.bypassed, *(q for q in self.moved if not q.held and q.job_id not in known)]
         if not gone:
             return
+        self.acted += len(gone)
         others = [
             q
             for q in obs.bypassed

@@ -26,7 +26,13 @@ from linkwise.cluster.slurm.schema import SlurmSchemaError
 from linkwise.cluster.topology import from_spec
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.store import open_store
-from linkwise.deployer.loop import ServeConfig, SlurmBackend, read_fault_kind, serve
+from linkwise.deployer.loop import (
+    CycleLines,
+    ServeConfig,
+    SlurmBackend,
+    read_fault_kind,
+    serve,
+)
 from linkwise.deployer.metrics import ServeMetrics
 from linkwise.deployer.observation import build_observation, check_start
 from linkwise.deployer.policies import GuardedPolicy, LoadedPolicy, PolicyHolder
@@ -678,4 +684,51 @@ def test_the_watchdog_runs_slurm_commands_from_the_leases_bin_dir(tmp_path: Path
     assert lease is not None and lease.slurm_bin == runner.bin_dir
     client, _ = _tools(lease, backend.keeper.path)
     assert client.runner.bin_dir == runner.bin_dir
+    backend.shutdown()
+
+
+def test_cycle_lines_log_changes_and_an_idle_heartbeat_once_a_minute() -> None:
+    lines = CycleLines()
+    seen = ("fifo", "", (), "store")
+    # the first cycle, then 2 s cycles over the same state: silent, one idle line a minute
+    got = [lines.note(seen, False, 2.0 * i) for i in range(61)]
+    assert got[0] == ("cycle", 0)
+    assert [(i, g) for i, g in enumerate(got) if g[0]] == [(0, ("cycle", 0)), (30, ("idle", 30)),
+                                                           (60, ("idle", 30))]  # fmt: skip
+    assert got[1] == ("", 1) and got[59] == ("", 29)
+    assert lines.note(seen, True, 122.0) == ("cycle", 0)  # a cycle that did something
+    assert lines.note(("fifo", "", (7,), "store"), False, 124.0) == ("cycle", 0)  # a new job
+    assert lines.note(("fifo", "", (7,), "spool"), False, 126.0) == ("cycle", 0)  # an outage
+    assert lines.note(("fifo", "", (7,), "spool"), False, 128.0) == ("", 1)
+
+
+def test_an_idle_loop_logs_its_first_cycle_and_then_only_what_changes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Idle cycles (nothing held for the loop, nothing decided) write no line; a job the loop
+    cannot place yet is a change (one line), and so are hand-backs; the count of cycles is
+    the metrics' and the summary's, not the log's."""
+    full = [ninfo(n, 4) for n in NAMES]  # every GPU busy: a held job waits
+    runner = FakeRunner()
+    client = FakeClient([qjob(9, 1, held=False)], full, runner)
+
+    def leaves_when_released(args: list[str]) -> None:  # Slurm runs it: it leaves the queue
+        if args[:2] == ["scontrol", "release"]:
+            client._queue[:] = [q for q in client._queue if str(q.job_id) != args[2]]
+
+    runner.on_run = leaves_when_released
+    backend = make_backend(tmp_path, client, max_cycles=5)
+    backend.start()
+    with caplog.at_level(logging.INFO, logger=LOG.name):
+        assert drive(backend, backend.policy) == 5
+        assert [e["cycle"] for e in _events(caplog, "cycle")] == [1]
+        assert not _events(caplog, "idle")
+        client._queue.append(qjob(1, 4))  # held for the loop, no room: pending from now on
+        client._queue.append(qjob(2, 0))  # no GPUs: handed back to Slurm, once
+        backend.cfg = replace(backend.cfg, max_cycles=9)
+        drive(backend, backend.policy)
+    assert [e["cycle"] for e in _events(caplog, "cycle")] == [1, 6]
+    assert [e["job_id"] for e in _events(caplog, "handing_to_slurm")] == [2]
+    assert backend.cycles_ok == 9
+    assert 'linkwise_serve_cycles_total{outcome="ok"} 9.0' in backend.metrics.text()
     backend.shutdown()

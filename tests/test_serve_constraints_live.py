@@ -25,6 +25,7 @@ from linkwise.cluster.hostlist import expand
 from linkwise.cluster.slurm.client import SlurmClient, read_env_file
 from linkwise.deployer.loop import ServeConfig, serve
 from linkwise.deployer.safety import HOLD_TAG, RELEASED_TAG, lease_dir_for
+from linkwise.tests._serve import cycles_run, free_port
 from linkwise.tests._slurm import slurm_argv
 from linkwise.tests._store import read_store
 
@@ -150,11 +151,12 @@ class Loop:
 
     def __init__(self, tmp: Path, *args: str) -> None:
         self.log = tmp / "serve.log"
+        self.port = free_port()
         cmd = [
             sys.executable, "-m", "linkwise.deployer.serve", "--mode", "active",
             "--partition", "gpu", "--slurm-env", ENV_FILE, "--db", str(tmp / "store.duckdb"),
             "--state-dir", str(tmp / "state"), "--lease-root", str(LEASE_ROOT),
-            "--interval", "1", "--lease", "30", *args,
+            "--interval", "1", "--lease", "30", "--metrics-port", str(self.port), *args,
         ]  # fmt: skip
         with open(self.log, "wb") as fh:
             self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=fh, cwd=tmp)
@@ -166,7 +168,8 @@ class Loop:
         return [json.loads(x) for x in lines if x.startswith(b"{")]
 
     def cycles(self) -> int:
-        return self.log.read_bytes().count(b'"event": "cycle"')
+        """Cycles run, counted on /metrics (an idle cycle writes no log line)."""
+        return cycles_run(self.port)
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -23,6 +23,7 @@ from linkwise.cluster.slurm.client import SlurmClient, read_env_file
 from linkwise.datasets.store import open_store
 from linkwise.deployer.loop import ServeConfig, serve
 from linkwise.deployer.policies import LoadedPolicy
+from linkwise.tests._serve import cycles_run, free_port
 from linkwise.tests._slurm import slurm_argv
 from linkwise.tests._store import read_store
 
@@ -173,19 +174,20 @@ def test_shadow_burst_with_corrupt_model_and_store_outage(
     (corrupt / "checksums.sha256").write_text("".join(lines))
     db = tmp_path / "store.duckdb"
     duckdb.connect(str(db)).close()
+    port = free_port()
     cmd = serve_cmd(
         str(Path(LIVE_DIR) / "env"), tmp_path, "--mode", "shadow", "--policy",
-        f"model:{corrupt}", "--fallback", "fifo", "--interval", "1",
+        f"model:{corrupt}", "--fallback", "fifo", "--interval", "1", "--metrics-port", str(port),
     )  # fmt: skip
     errf = tmp_path / "serve.log"
 
-    def cycles_logged() -> int:
-        return errf.read_bytes().count(b'"event": "cycle"')
+    def cycles() -> int:  # counted on /metrics: an idle cycle writes no log line
+        return cycles_run(port)
 
     with open(errf, "wb") as fh:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=fh, cwd=tmp_path)
     try:
-        wait_for(lambda: cycles_logged() >= 1, 120, "the first cycle")
+        wait_for(lambda: cycles() >= 1, 120, "the first cycle")
         # another writer holds the store (the loop opens it per write: retried until between
         # two writes): unavailable until the loop has spooled a cycle of the burst's decisions
         lock = open_store(db, lock_wait_s=120)
@@ -198,16 +200,16 @@ def test_shadow_burst_with_corrupt_model_and_store_outage(
                 )
                 for i in range(2)
             ]
-            seen = cycles_logged()
-            wait_for(lambda: cycles_logged() >= seen + 2, 120, "cycles during the outage")
+            seen = cycles()
+            wait_for(lambda: cycles() >= seen + 2, 120, "cycles during the outage")
         finally:
             lock.close()
         wait_for(lambda: b"spool_replayed" in errf.read_bytes(), 120, "the spool's replay")
         wait_for(lambda: all_done(client, burst + later), 240, "the burst to complete")
         # jobs that left the queue unseen are joined from sacct once settled (ended over 5 s
         # ago, every third cycle): cycles last at least the 1 s interval
-        done = cycles_logged()
-        wait_for(lambda: cycles_logged() >= done + 10, 240, "the joins of finished jobs")
+        done = cycles()
+        wait_for(lambda: cycles() >= done + 10, 240, "the joins of finished jobs")
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=120)
     finally:
@@ -221,8 +223,9 @@ def test_shadow_burst_with_corrupt_model_and_store_outage(
     fallback = [e for e in log if e["event"] == "fallback"]
     assert fallback and "SHA-256" in fallback[0]["reason"] and fallback[0]["fallback"] == "fifo"
     assert "store_unavailable" in events and "spool_replayed" in events
-    n_cycles = events.count("cycle")
+    n_cycles = json.loads(out)["cycles"]
     assert n_cycles >= 13 and events[-1] == "serve_stop"
+    assert log[-1]["cycles"] == n_cycles and "cycle" in events  # the first cycle's line at least
     con = read_store(db)
     cycles = [
         r[0] for r in con.execute("SELECT DISTINCT cycle_id FROM decisions ORDER BY 1").fetchall()
@@ -258,9 +261,10 @@ def test_kill9_with_held_jobs_releases_within_the_lease(
     # the watchdog acts once it sees its owner gone, not at the lease's end: a long lease
     # makes "within the lease" a check with a wide margin on a loaded machine
     lease = 60.0
+    port = free_port()
     cmd = serve_cmd(
         str(Path(LIVE_DIR) / "env"), tmp_path, "--mode", "active", "--policy", "fifo",
-        "--interval", "1", "--lease", str(lease),
+        "--interval", "1", "--lease", str(lease), "--metrics-port", str(port),
     )  # fmt: skip
     errf = tmp_path / "serve.log"
     with open(errf, "wb") as fh:
@@ -270,9 +274,9 @@ def test_kill9_with_held_jobs_releases_within_the_lease(
             lambda: any(q.job_id == blocker and q.state == "RUNNING" for q in client.queue()),
             120, "the loop to start the blocker",
         )  # fmt: skip
-        seen = errf.read_bytes().count(b'"event": "cycle"')
+        seen = cycles_run(port)
         wait_for(  # a whole cycle that saw the blocker run holds the waiting jobs (no room)
-            lambda: errf.read_bytes().count(b'"event": "cycle"') >= seen + 2, 120, "two cycles"
+            lambda: cycles_run(port) >= seen + 2, 120, "two cycles"
         )
         assert all(q.held for q in client.queue() if q.job_id in waiting)
         proc.send_signal(signal.SIGKILL)
@@ -298,15 +302,16 @@ def test_kill9_with_held_jobs_releases_within_the_lease(
 
 
 def test_slurmctld_restart_mid_cycle_loop_survives(client: SlurmClient, tmp_path: Path) -> None:
+    port = free_port()
     cmd = serve_cmd(
         str(Path(LIVE_DIR) / "env"), tmp_path, "--mode", "active", "--policy", "best_fit",
-        "--interval", "1", "--lease", "10",
+        "--interval", "1", "--lease", "10", "--metrics-port", str(port),
     )  # fmt: skip
     errf = tmp_path / "serve.log"
     with open(errf, "wb") as fh:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=fh, cwd=tmp_path)
     try:
-        wait_for(lambda: errf.read_bytes().count(b'"cycle"') >= 2, 120, "two cycles")
+        wait_for(lambda: cycles_run(port) >= 2, 120, "two cycles")
         pid = int((Path(LIVE_DIR) / "run" / "slurmctld.pid").read_text().strip())
         os.kill(pid, signal.SIGTERM)
         wait_for(lambda: b"slurm_read_failed" in errf.read_bytes(), 120, "the outage")

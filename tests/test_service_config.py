@@ -272,7 +272,10 @@ def test_serve_runs_from_the_example_file_and_logs_json_lines(tmp_path: Path) ->
     lines = [json.loads(line) for line in run.stderr.splitlines() if line.strip()]
     assert lines and all(isinstance(x, dict) and "level" in x for x in lines)
     events = [x.get("event") for x in lines]
-    assert events.count("cycle") == 2 and "serve_start" in events and "serve_stop" in events
+    # two cycles (the summary counts them): the first one logged, the second only if it saw
+    # a change (other work on the shared cluster), an idle one is silent
+    logged = [x["cycle"] for x in lines if x.get("event") == "cycle"]
+    assert logged in ([1], [1, 2]) and "serve_start" in events and "serve_stop" in events
     start = next(x for x in lines if x.get("event") == "serve_start")
     assert start["mode"] == "shadow" and start["partitions"] == ["gpu"]
 
