@@ -19,6 +19,7 @@ its parser for every command, ``serve`` included).
 from __future__ import annotations
 
 from contextlib import closing
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from prefect import flow
@@ -150,16 +151,32 @@ def evaluate_deployment(
     gates: str | None = None,
     promote: bool = True,
     warm_start: bool | None = None,
+    fqe: bool = True,
+    ope: str | None = None,
+    ope_steps: int | None = None,
+    ope_seeds: list[int] | None = None,
 ) -> dict[str, Any]:
     """``pipelines.evaluate.evaluate_and_promote`` with the experiment's numbers: benchmark
     on its held-out windows, gate ``@challenger`` and promote it to ``@shadow`` when it passes
     (a refusal is logged, the run completes); ``warm_start`` with ``db``: windows start from
     the accounting's backlog. ``cluster``: a topology spec or slurm.conf folder (default: with
-    ``db``, the cluster the store's ``nodes`` table describes; else the experiment's)."""
+    ``db``, the cluster the store's ``nodes`` table describes; else the experiment's).
+
+    The gate requires FQE evidence: ``ope`` names a table (``linkwise ope --out``); else with
+    ``fqe`` the challenger's FQE is computed on the held-out episodes of the dataset it was
+    trained on, ``ope_steps`` steps per seed of ``ope_seeds`` (the experiment's by default).
+    Without either the gate refuses every challenger for missing evidence."""
     exp = get_experiment(experiment)
+    plan = replace(
+        exp.evaluation,
+        ope_steps=_or(ope_steps, exp.evaluation.ope_steps),
+        ope_seeds=tuple(_or(ope_seeds, list(exp.evaluation.ope_seeds))),
+    )
     return evaluate_and_promote(
         policies,
         gates=gates,
+        ope=ope,
+        fqe=plan if fqe else None,
         promote=promote,
         trace=trace,
         db=db,

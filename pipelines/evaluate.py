@@ -98,6 +98,8 @@ from linkwise.models.registry import (
     resolve_version,
 )
 from linkwise.models.training import split_episodes
+from linkwise.pipelines.evidence import challenger_fqe
+from linkwise.pipelines.experiment import EvaluationPlan
 
 __all__ = [
     "EvaluationTopology",
@@ -578,15 +580,21 @@ def evaluate_and_promote(
     *,
     gates: str | Path | None = None,
     ope: Mapping[str, Any] | str | Path | None = None,
+    fqe: EvaluationPlan | None = None,
     promote: bool = True,
     **kwargs: Any,
 ) -> dict[str, Any]:
     """Evaluate (``evaluate``'s keyword arguments), then gate the challenger and promote it
-    to shadow when it passes (``promote``); a JSON-able summary."""
+    to shadow when it passes (``promote``); a JSON-able summary. The gate's FQE evidence:
+    ``ope`` (a table, or its JSON file) when given, else with ``fqe`` the challenger's FQE on
+    its training dataset's held-out episodes (``pipelines.evidence.challenger_fqe``, the
+    plan's ``ope_steps`` and ``ope_seeds``; its note in ``fqe``), else none (a refusal)."""
     report, run_id = evaluate(policies, **kwargs)
     out: dict[str, Any] = {"evaluation": report.to_json(), "evaluation_run_id": run_id}
     if promote:
         uri = kwargs.get("tracking_uri") or default_tracking_uri()
+        if ope is None and fqe is not None:
+            ope, out["fqe"] = challenger_fqe(uri, fqe)
         decision = promote_from_evaluation(
             report.out_dir, tracking_uri=uri, gates=load_gates(gates), ope=ope
         )

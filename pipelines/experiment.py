@@ -356,7 +356,11 @@ DAILY = Experiment(
         epsilons=(0.0, 0.1),
         seeds=(0,),
     ),
-    evaluation=EvaluationPlan(heldout_windows=4, seeds=(0, 1, 2), n_boot=2000),
+    # FQE of @challenger on its dataset's held-out episodes: the challenger gate's evidence
+    # (without it every gate refuses for missing evidence and nothing is ever promoted)
+    evaluation=EvaluationPlan(
+        heldout_windows=4, seeds=(0, 1, 2), n_boot=2000, ope_steps=1000, ope_seeds=(0, 1)
+    ),
 )
 
 # The honest benchmark's two settings (``benchmarks/headline.md``, sized in

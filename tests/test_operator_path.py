@@ -13,6 +13,7 @@ from typing import Any
 
 import duckdb
 import pytest
+import yaml  # type: ignore[import-untyped]
 
 from linkwise.cli import main
 from linkwise.cluster.topology import from_spec
@@ -271,3 +272,44 @@ def test_spans_read_in_units_a_person_reads() -> None:
         "2.5 h",
         "1.06 days",
     ]
+
+
+def _deployment(flow: str, name: str = "daily") -> dict[str, Any]:
+    """A deployment's parameters in ``prefect.yaml``, by its entrypoint's flow function."""
+    deployments = yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]
+    (found,) = [
+        d for d in deployments if d["entrypoint"].endswith(f":{flow}") and d["name"] == name
+    ]
+    params: dict[str, Any] = found["parameters"]
+    return params
+
+
+def test_the_evaluate_deployment_gates_with_fqe_evidence(
+    store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """prefect.yaml's evaluate deployment gated @challenger without FQE, the evidence the
+    challenger gate requires: every verdict was a refusal for missing evidence, so nothing
+    could ever be promoted. Run with the deployment's own parameters (the store, registry,
+    folders and budgets test-sized), its gate reads an FQE estimate of the challenger."""
+    from linkwise.pipelines.deployments import evaluate_deployment
+
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    config = str(ROOT / _deployment("train_deployment")["config"])  # train/daily's TOML
+    argv = ["train", "--config", config, "--steps", "20", "--db", str(store), "--until",
+            "64800", "--tracking-uri", uri, "--json"]  # fmt: skip
+    code, _, err = _run(argv, capsys)
+    assert code == 0, err
+    params = _deployment("evaluate_deployment") | {
+        "db": str(store), "out_dir": str(tmp_path / "e"), "tracking_uri": uri,
+        "executor": "serial", "n_windows": 1, "seeds": [0], "min_jobs": 5, "n_boot": 50,
+        "ope_steps": 50,
+    }  # fmt: skip
+    out: dict[str, Any] = evaluate_deployment.fn(**params)
+    decision = out["decision"]
+    (fqe,) = [r for r in decision["reasons"] if "fqe_not_below_behaviour" in r]
+    assert "missing evidence" not in fqe, out.get("fqe")
+    assert "FQE estimate" in fqe
+    assert decision["evidence"]["ope"]["estimate"] == pytest.approx(
+        decision["metrics"]["fqe_not_below_behaviour.estimate"]
+    )

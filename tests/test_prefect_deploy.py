@@ -315,6 +315,7 @@ def test_each_deployment_runs_to_completion_on_a_worker(stack: Stack, telemetry_
         "window_s": 3600.0, "block_s": 600.0, "min_jobs": 25, "n_boot": 200,
         "executor": "serial", "out_dir": str(root / "evaluation"), "tracking_uri": uri,
         "warm_start": False,  # a trace has no backlog
+        "ope_steps": 50,  # the gate's FQE evidence, test-sized
     }  # fmt: skip
     run = {
         "evaluate-and-promote/daily": _start(stack, deps["evaluate-and-promote/daily"], evaluate)
