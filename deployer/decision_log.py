@@ -3,7 +3,11 @@
 Slurm did (the job's actual start and nodes), each with its explanation when the policy gave
 one (``info["explanation"]``, built by ``deployer.explain``: why, recorded at decision time;
 ``deviated`` whether the policy departed from its base), written through the ``Recorder``
-(DuckDB, or its spool while the store is unavailable), counted in the loop's metrics.
+(DuckDB, or its spool while the store is unavailable), counted in the loop's metrics. The
+cycle's queue (``explanation["queue"]``) is stored only when it differs from the last one
+stored (``explain.queue_key``); an unchanged one is stored as ``null`` and ``explain``
+reads the run's latest snapshot instead: a loop idling over a long queue does not store the
+queue every cycle.
 
 It takes a clock: the live loop stamps rows with wall time, the shadow demo over the
 simulator (``pipelines.sim_shadow``) with simulated time; both run this code. Where a job
@@ -22,6 +26,7 @@ from typing import Any, Literal
 
 from linkwise.cluster.domain import Decision, Topology
 from linkwise.cluster.hostlist import compress
+from linkwise.deployer.explain import queue_key
 from linkwise.deployer.metrics import ServeMetrics
 from linkwise.deployer.observation import Observation
 from linkwise.deployer.safety import Recorder, log_event, new_id
@@ -64,6 +69,7 @@ class DecisionLog:
     finished: Callable[[Sequence[int]], list[Join]] = _no_lookup
     awaiting: dict[int, float] = field(default_factory=dict)  # start decisions not yet joined
     reported: set[int] = field(default_factory=set)  # never-fit requests already reported
+    stored_queue: tuple[Any, ...] | None = None  # the key of the last queue snapshot stored
 
     def load_awaiting(self) -> None:
         """Start decisions of earlier runs (the last day) that Slurm has not been seen acting
@@ -95,7 +101,7 @@ class DecisionLog:
         ) -> dict[str, Any]:
             return self._row(cycle_id, now, job_id, action, nodes, gpus, note, info, n_pending)
 
-        explained: Mapping[int | None, Mapping[str, Any]] = info.get("explanation") or {}
+        explained, queue = self._snapshot(info.get("explanation") or {})
         rows: list[dict[str, Any]] = []
         for j, why in obs.refused.items():
             if j not in self.reported:
@@ -116,10 +122,25 @@ class DecisionLog:
                 self.metrics.deviations.inc()
         joins = self._joins(cycle_id, obs, now)
         where = self.recorder.write(decisions=rows, joins=joins)
+        if where != "lost":  # in the store, or the spool the store replays
+            self.stored_queue = queue if queue is not None else self.stored_queue
         if where == "store":  # joins go through the store only: kept for a later cycle
             for job, _, _ in joins:
                 self.awaiting.pop(job, None)
         return where
+
+    def _snapshot(
+        self, explained: Mapping[int | None, Mapping[str, Any]]
+    ) -> tuple[Mapping[int | None, Mapping[str, Any]], tuple[Any, ...] | None]:
+        """The cycle's explanations, the queue left out (``null``) where it is the last one
+        stored; and the key of the cycle's queue (None: the cycle has none)."""
+        for k, why in explained.items():
+            if why.get("queue") is not None:  # the cycle's first row holds it
+                key = queue_key(why["queue"])
+                if key == self.stored_queue:
+                    return {**explained, k: {**why, "queue": None}}, key
+                return explained, key
+        return explained, None
 
     def _row(
         self,

@@ -27,6 +27,12 @@ a JSON-able record (``EXPLAIN_VERSION``):
   few free GPUs, the policy waiting where its base would start it, the policy's order putting
   the jobs it started first, or the policy keeping GPUs idle); the queue's jobs are in
   ``jobs``, so ``linkwise explain`` answers "why is my job still waiting?" for any of them.
+  The decision log stores the queue only when it differs from the last one it stored
+  (``queue_key``: the same jobs in the same order with the same GPUs, predictions and holds;
+  what they have waited grows every cycle and is not compared); a cycle whose queue is
+  unchanged stores ``"queue": null`` and keeps the queue's jobs in ``jobs``. ``job_decisions``
+  gives such a row the run's latest snapshot at or before its cycle, each job's wait advanced
+  to the row's time: ``linkwise explain`` reads every row as if the queue were stored in it.
 
 Nothing here talks to Slurm: the explanation is built from the state the loop already read.
 """
@@ -49,16 +55,20 @@ from linkwise.cluster.hostlist import compress
 __all__ = [
     "EXPLAIN_VERSION",
     "add_explain_parser",
+    "as_of",
     "decide_explained",
     "describe",
     "duration_words",
     "explain_cycle",
     "explain_lines",
     "job_decisions",
+    "queue_key",
     "queue_record",
 ]
 
-EXPLAIN_VERSION = 2  # 2: the cycle's queue with each waiting job's hold (issue 32 item 7)
+# 2: the cycle's queue with each waiting job's hold (issue 32 item 7); 3: "queue": null where
+# it is the run's last stored snapshot (stored when it changes)
+EXPLAIN_VERSION = 3
 ROW_COLUMNS = (
     "decision_id",
     "run_id",
@@ -205,6 +215,12 @@ def queue_record(
     return out
 
 
+def queue_key(queue: Sequence[Mapping[str, Any]]) -> tuple[tuple[tuple[str, Any], ...], ...]:
+    """What makes two cycles' queues the same snapshot: every entry but how long the job has
+    waited (it grows every cycle; read back from the snapshot's time, ``job_decisions``)."""
+    return tuple(tuple(sorted((k, v) for k, v in q.items() if k != "waited_h")) for q in queue)
+
+
 def explain_cycle(
     state: ClusterState,
     decision: Decision,
@@ -312,22 +328,57 @@ def explain_cycle(
 
 def job_decisions(con: Any, job_id: int) -> list[dict[str, Any]]:
     """Every decision row about ``job_id`` (its starts, and the rows whose explanation names
-    it: as the runner-up, as a start the base would have made, as a preemption), oldest
-    first."""
-    sql = (
+    it: as the runner-up, as a start the base would have made, as a preemption, as a job of
+    the queue), oldest first; a row stored without its unchanged queue (``"queue": null``)
+    is given its run's latest snapshot at or before its cycle (``as_of``)."""
+    picked = (
         f"SELECT {', '.join(ROW_COLUMNS)} FROM decisions WHERE job_id = ? OR "
         "(explanation IS NOT NULL AND "
-        "list_contains(CAST(json_extract(explanation, '$.jobs') AS BIGINT[]), ?)) "
-        "ORDER BY ts, cycle_id, decision_id"
+        "list_contains(CAST(json_extract(explanation, '$.jobs') AS BIGINT[]), ?))"
+    )
+    snapshots = (
+        "SELECT run_id AS s_run, cycle_id AS s_cycle FROM decisions WHERE run_id IN "
+        "(SELECT run_id FROM r) AND json_type(explanation, '$.queue') = 'ARRAY'"
+    )
+    sql = (
+        f"WITH r AS ({picked}), s AS ({snapshots}) SELECT r.*, s.s_cycle FROM r "
+        "ASOF LEFT JOIN s ON r.run_id = s.s_run AND r.cycle_id >= s.s_cycle "
+        "ORDER BY r.ts, r.cycle_id, r.decision_id"
     )
     rows = con.execute(sql, [int(job_id), int(job_id)]).fetchall()
+    stored: dict[tuple[str, int], tuple[float, list[dict[str, Any]]] | None] = {}
     out: list[dict[str, Any]] = []
     for r in rows:
-        d = dict(zip(ROW_COLUMNS, r, strict=True))
+        d = dict(zip(ROW_COLUMNS, r[:-1], strict=True))
         raw = d.get("explanation")
-        d["explanation"] = json.loads(raw) if raw else None
+        e = d["explanation"] = json.loads(raw) if raw else None
+        if e is not None and "queue" in e and e["queue"] is None and r[-1] is not None:
+            key = (str(d["run_id"]), int(r[-1]))
+            if key not in stored:
+                stored[key] = _snapshot(con, *key)
+            snap = stored[key]
+            if snap is not None:
+                e["queue"] = as_of(snap[1], float(d["ts"]) - snap[0])
         out.append(d)
     return out
+
+
+def _snapshot(con: Any, run_id: str, cycle_id: int) -> tuple[float, list[dict[str, Any]]] | None:
+    """(its row's time, the queue) of the snapshot the run stored in that cycle."""
+    found = con.execute(
+        "SELECT ts, json_extract(explanation, '$.queue') FROM decisions WHERE run_id = ? AND "
+        "cycle_id = ? AND json_type(explanation, '$.queue') = 'ARRAY' LIMIT 1",
+        [run_id, cycle_id],
+    ).fetchone()
+    return None if found is None else (float(found[0]), json.loads(found[1]))
+
+
+def as_of(queue: Sequence[Mapping[str, Any]], later_s: float) -> list[dict[str, Any]]:
+    """A stored queue snapshot read ``later_s`` seconds after it was stored: every job has
+    waited that much longer."""
+    return [
+        {**q, "waited_h": _hours(float(q["waited_h"]) * 3600.0 + max(0.0, later_s))} for q in queue
+    ]
 
 
 def _when(ts: float) -> str:

@@ -6,6 +6,10 @@ long it has waited and its predicted run time, in minutes below an hour."""
 from __future__ import annotations
 
 import json
+import logging
+from contextlib import closing
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from linkwise.cluster.contention import AnalyticModel
@@ -20,9 +24,16 @@ from linkwise.cluster.domain import (
 )
 from linkwise.cluster.profiles import load_calibration
 from linkwise.cluster.topology import from_spec
-from linkwise.deployer.explain import duration_words, explain_cycle, explain_lines
+from linkwise.datasets.store import open_store
+from linkwise.deployer.decision_log import DecisionLog
+from linkwise.deployer.explain import duration_words, explain_cycle, explain_lines, job_decisions
+from linkwise.deployer.metrics import ServeMetrics
+from linkwise.deployer.observation import Observation
+from linkwise.deployer.policies import GuardedPolicy, PolicyHolder
+from linkwise.deployer.safety import Recorder
 
 TOPO = from_spec("1x4")
+LOG = logging.getLogger("test.explain_waiting")
 T = 100_000.0
 
 
@@ -101,3 +112,54 @@ def test_durations_read_in_minutes_below_an_hour() -> None:
     assert duration_words(0.5) == "30 min"
     assert duration_words(2.25) == "2.2 h"
     assert duration_words(None) == "unknown"
+
+
+def _observation(state: ClusterState) -> Observation:
+    return Observation(state=state, managed={}, shapes={}, no_gpu=(), refused={},
+                       running_ids=frozenset(), started={}, held_total=0)  # fmt: skip
+
+
+def _cycles(tmp_path: Path, name: str, states: list[ClusterState], every: bool) -> Path:
+    """The decision log of ``states``, one a cycle, in a store; ``every``: the queue stored in
+    every cycle (as before snapshots were kept only when they change)."""
+    db = tmp_path / f"{name}.duckdb"
+    now = [T]
+    metrics = ServeMetrics()
+    log = DecisionLog(
+        Recorder(str(db), tmp_path / f"{name}.spool", logger=LOG), metrics, "run", "shadow",
+        "c", ("gpu",), LOG, clock=lambda: now[0],
+    )  # fmt: skip
+    guarded = GuardedPolicy(PolicyHolder("fifo", "fifo", metrics=metrics), metrics)
+    for cycle, state in enumerate(states, start=1):
+        now[0] = state.time
+        if every:
+            log.stored_queue = None
+        decision = guarded.decide(state)
+        assert not decision.starts  # fifo: the 4-GPU head of the queue waits, and so do all
+        log.record(cycle, _observation(state), decision, guarded.last, TOPO, {})
+    return db
+
+
+def test_an_unchanged_queue_is_stored_once_and_explain_answers_as_before(tmp_path: Path) -> None:
+    """Five cycles over the same queue store one snapshot; a sixth without job 11 stores the
+    next. ``explain`` answers for the waiting jobs exactly as when every cycle stored it."""
+    base = _state()
+    states = [replace(base, time=T + 2.0 * c) for c in range(5)]
+    states.append(replace(states[-1], time=T + 10.0, pending=base.pending[:1]))
+    lean = _cycles(tmp_path, "lean", states, every=False)
+    full = _cycles(tmp_path, "full", states, every=True)
+    snaps = "SELECT cycle_id FROM decisions WHERE json_type(explanation, '$.queue') = 'ARRAY'"
+    with closing(open_store(lean)) as con, closing(open_store(full)) as old:
+        assert con.execute("SELECT count(*) FROM decisions").fetchone() == (6,)
+        assert [c for (c,) in con.execute(snaps + " ORDER BY 1").fetchall()] == [1, 6]
+        for job in (10, 11):
+            rows, before = job_decisions(con, job), job_decisions(old, job)
+            assert len(rows) == len(before) == (6 if job == 10 else 5)
+            assert explain_lines(rows, job) == explain_lines(before, job)
+            for r, b in zip(rows, before, strict=True):
+                got, want = r["explanation"]["queue"], b["explanation"]["queue"]
+                assert [{**q, "waited_h": 0} for q in got] == [{**q, "waited_h": 0} for q in want]
+                for q, w in zip(got, want, strict=True):  # waited: the snapshot's, moved on
+                    assert abs(q["waited_h"] - w["waited_h"]) <= 2e-4
+        last = job_decisions(con, 10)[-2]["explanation"]["queue"][0]
+        assert last["job_id"] == 10 and last["waited_h"] == round((5400.0 + 8.0) / 3600, 4)
