@@ -28,9 +28,10 @@ read is retried after a backoff from ``min(1, interval)`` doubling up to ``backo
 a stop requested meanwhile ends it within 0.2 s (``LoopStopped``; ``serve`` then shuts
 down as usual, handing back what it holds).
 
-A cycle is logged (``cycle``) when it did or met something: a start, a move, a hand-back, a
-rejected start, a read fault before it, or a change in what it saw (the policy, the pending
-jobs, where its records went); the first cycle always is. An idle cycle is silent, and an idle
+A cycle is logged (``cycle``) when it did or met something: a start applied or refused, a
+move, a hand-back, a read fault before it, or a change in what it saw or decided (the policy,
+the pending jobs, the decision: a shadow loop deciding the same starts again is not news,
+where its records went); the first cycle always is. An idle cycle is silent, and an idle
 loop says it is alive at most once a minute (``idle``, with the cycles since the last line;
 ``CycleLines``). What counts cycles is ``linkwise_serve_cycles_total`` on ``/metrics`` and
 ``serve_stop``'s ``cycles``, never the log lines.
@@ -426,8 +427,13 @@ class SlurmBackend:
         self.metrics.cycles.labels("ok").inc()
         self.cycles_ok += 1
         pending = tuple(p.job.job_id for p in obs.state.pending)
-        seen = (info.get("policy"), info.get("model_version"), pending, where)
-        busy = not decision.is_wait or bool(results or moved or self.acted)
+        decided = (
+            tuple((s.job_id, s.placement.nodes) for s in decision.starts),
+            tuple(decision.preempt),
+            tuple((s.job_id, s.placement.nodes) for s in decision.migrate),
+        )
+        seen = (info.get("policy"), info.get("model_version"), pending, decided, where)
+        busy = bool(results or moved or self.acted)  # active mode: every start has a result
         line, idle = self.lines.note(seen, busy, time.monotonic())
         if line == "idle":
             log_event(

@@ -29,6 +29,7 @@ from linkwise.datasets.store import open_store
 from linkwise.deployer.loop import (
     CycleLines,
     ServeConfig,
+    ShadowBackend,
     SlurmBackend,
     read_fault_kind,
     serve,
@@ -732,3 +733,29 @@ def test_an_idle_loop_logs_its_first_cycle_and_then_only_what_changes(
     assert backend.cycles_ok == 9
     assert 'linkwise_serve_cycles_total{outcome="ok"} 9.0' in backend.metrics.text()
     backend.shutdown()
+
+
+def test_a_shadow_loop_deciding_the_same_starts_again_logs_them_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Shadow mode applies nothing: a job Slurm leaves pending (a later --begin, its
+    priority) is started by the policy every cycle; the same decision again is no news."""
+    client = FakeClient([qjob(1, 2, held=False)], [ninfo(n) for n in NAMES], FakeRunner())
+    config = ServeConfig(
+        mode="shadow", partitions=("gpu",), db=str(tmp_path / "s.duckdb"),
+        state_dir=str(tmp_path / "state"), interval_s=0.01, max_cycles=4, watchdog=False,
+    )  # fmt: skip
+    metrics = ServeMetrics()
+    guarded = GuardedPolicy(PolicyHolder("fifo", "fifo", metrics=metrics, logger=LOG), metrics, LOG)
+    backend = ShadowBackend(
+        client, TOPO, config, guarded, Recorder(config.db, config.spool_path, logger=LOG),  # type: ignore[arg-type]
+        metrics, logger=LOG, sleep=lambda s: None, lease_dir=tmp_path / "leases",
+    )  # fmt: skip
+    backend.start()
+    with caplog.at_level(logging.INFO, logger=LOG.name):
+        assert drive(backend, guarded) == 4
+        assert [(e["cycle"], e["starts"]) for e in _events(caplog, "cycle")] == [(1, 1)]
+        client._queue.append(qjob(2, 1, held=False))  # a new job: a new decision
+        backend.cfg = replace(backend.cfg, max_cycles=6)
+        drive(backend, guarded)
+    assert [(e["cycle"], e["starts"]) for e in _events(caplog, "cycle")] == [(1, 1), (5, 2)]
