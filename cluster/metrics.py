@@ -1,7 +1,9 @@
-"""Metrics of a simulated (or replayed) run, from its per-job records."""
+"""Metrics of a simulated (or replayed) run, from its per-job records, and ``duration_text``,
+how every text report prints a duration (JCTs, waits, spans; JSON keeps seconds)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -11,6 +13,22 @@ import numpy as np
 from linkwise.cluster.simulator import JobRecord
 
 BOUNDED_SLOWDOWN_FLOOR_S = 10.0  # the usual bound (Feitelson): short jobs count as 10 s
+
+# (below this many seconds, the unit and its seconds); days beyond the last
+_UNITS = ((120.0, "s", 1.0), (3600.0, "min", 60.0), (86400.0, "h", 3600.0))
+
+
+def duration_text(seconds: float) -> str:
+    """A duration a person reads, in the largest unit that keeps it readable and three
+    significant digits: ``72 s``, ``14.3 min``, ``2.41 h``, ``3.2 d`` (``10 min``, ``1 h``:
+    no trailing zeros); negative ones signed, ``-`` for a missing (non-finite) one."""
+    if not math.isfinite(seconds):
+        return "-"
+    if seconds < 0:
+        return "-" + duration_text(-seconds)
+    _, unit, scale = next((u for u in _UNITS if seconds < u[0]), (math.inf, "d", 86400.0))
+    value = seconds / scale
+    return f"{value:.3g} {unit}" if value < 1000 else f"{value:.0f} {unit}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from linkwise.cluster.metrics import duration_text
 from linkwise.datasets.rollouts import Window
 
 __all__ = ["WindowSupply", "choose_windows", "spread_windows", "window_supply"]
@@ -42,9 +43,9 @@ class WindowSupply:
     def message(self, what: str, hint: str = "") -> str:
         """One sentence: what was asked, what the workload has, what is missing and (``hint``)
         what else to do."""
-        window = span_text(self.window_s)
+        window = duration_text(self.window_s)
         have = (
-            f"the history has {self.jobs} jobs over {span_text(self.span_s)} "
+            f"the history has {self.jobs} jobs over {duration_text(self.span_s)} "
             f"({self.cut} windows of {window} with jobs, {self.busy} with at least "
             f"{self.min_jobs} jobs"
             + (
@@ -61,27 +62,16 @@ class WindowSupply:
         need_jobs = self.missing * self.min_jobs
         pace = (
             f" (at its pace of {rate * 86400.0:.0f} jobs a day, about "
-            f"{span_text(max(more_s, need_jobs / rate))} more)"
+            f"{duration_text(max(more_s, need_jobs / rate))} more)"
             if rate > 0 and math.isfinite(rate)
             else ""
         )
         return (
             f"{what}: {self.asked} windows of {window} with at least {self.min_jobs} jobs "
             f"asked, {have}; {self.missing} more windows missing: at least "
-            f"{span_text(more_s)} and {need_jobs} more jobs of history{pace}"
+            f"{duration_text(more_s)} and {need_jobs} more jobs of history{pace}"
             + (f"; {hint}" if hint else "")
         )
-
-
-def span_text(seconds: float) -> str:
-    """A span a person reads: ``45 s``, ``10 min``, ``6 h``, ``2.5 h``, ``1.06 days``."""
-    if seconds < 120.0:
-        return f"{seconds:.0f} s"
-    if seconds < 3600.0:
-        return f"{seconds / 60.0:.0f} min"
-    if seconds < 86400.0:
-        return f"{round(seconds / 3600.0, 1):g} h"
-    return f"{seconds / 86400.0:.2f} days"
 
 
 def window_supply(

@@ -9,7 +9,9 @@ per table, the columns shown by default, chosen so the table fits 120 terminal c
 until its name is added to ``DEFAULT[table]`` (opt-in for the narrow view).
 
 A cell is rendered from a row (a mapping of metric names to values; a missing or non-finite
-value shows ``-``) and the table's baseline name (the ratio columns).
+value shows ``-``) and the table's baseline name (the ratio columns). Durations (JCTs, queueing,
+makespan, restart time) read in the unit that suits each value (``cluster.metrics.
+duration_text``: ``72 s``, ``14.3 min``, ``2.41 h``); the rows keep seconds.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from linkwise.cluster.metrics import duration_text
 
 __all__ = [
     "COLUMNS",
@@ -55,12 +59,22 @@ def _missing(v: Any) -> bool:
     return v is None or (isinstance(v, float) and not math.isfinite(v))
 
 
-def _fmt(key: str, fmt: str, scale: float = 1.0, none: str = "-") -> Callable[[Row, str], str]:
+def _fmt(key: str, fmt: str, none: str = "-") -> Callable[[Row, str], str]:
     def cell(row: Row, _baseline: str) -> str:
         v = row.get(key)
         if v is None:
             return none
-        return "-" if _missing(v) else fmt.format(v / scale if scale != 1.0 else v)
+        return "-" if _missing(v) else fmt.format(v)
+
+    return cell
+
+
+def _duration(key: str) -> Callable[[Row, str], str]:
+    """A duration cell (``cluster.metrics.duration_text``: ``72 s``, ``14.3 min``, ``2.41 h``)."""
+
+    def cell(row: Row, _baseline: str) -> str:
+        v = row.get(key)
+        return "-" if v is None or _missing(v) else duration_text(float(v))
 
     return cell
 
@@ -92,15 +106,14 @@ def _ref_ratio(key: str) -> Callable[[Row, str], str]:
     return cell
 
 
-_H = 3600.0
 COLUMNS: dict[str, Column] = {
     c.name: c
     for c in (
         Column("policy", "policy", _policy, left=True),
-        Column("avg_jct", "avg JCT h", _fmt("avg_jct_s", "{:.2f}", _H)),
-        Column("p50_jct", "p50 JCT h", _fmt("p50_jct_s", "{:.2f}", _H)),
-        Column("p99_jct", "p99 JCT h", _fmt("p99_jct_s", "{:.2f}", _H)),
-        Column("avg_queue", "avg queue h", _fmt("avg_queue_s", "{:.2f}", _H)),
+        Column("avg_jct", "avg JCT", _duration("avg_jct_s")),
+        Column("p50_jct", "p50 JCT", _duration("p50_jct_s")),
+        Column("p99_jct", "p99 JCT", _duration("p99_jct_s")),
+        Column("avg_queue", "avg queue", _duration("avg_queue_s")),
         Column("runtime_inflation", "run-time infl.", _fmt("avg_runtime_inflation", "{:+.1%}")),
         Column("contention", "contention x", _fmt("avg_contention_slowdown", "{:.3f}")),
         Column("multinode", "multi-node x", _fmt("avg_multinode_slowdown", "{:.3f}")),
@@ -114,10 +127,10 @@ COLUMNS: dict[str, Column] = {
         Column("p99_over_lb", "p99 / LB", _fmt("p99_jct_over_lb", "{:.2f}")),
         Column("avg_slowdown", "avg slowdown", _fmt("avg_slowdown", "{:.2f}")),
         Column("gpu_util", "GPU util", _fmt("gpu_utilization", "{:.1%}")),
-        Column("makespan", "makespan d", _fmt("makespan_s", "{:.2f}", 86400.0)),
+        Column("makespan", "makespan", _duration("makespan_s")),
         Column("preemptions", "preempt", _fmt("preemptions", "{}")),
         Column("preempt_per_job", "preempt/job", _fmt("preemptions_per_job", "{:.2f}")),
-        Column("restart_s", "restart s/job", _fmt("restart_s_per_job", "{:.0f}")),
+        Column("restart_s", "restart/job", _duration("restart_s_per_job")),
         Column("latency_p99", "latency p99 ms", _fmt("latency_ms_p99", "{:.1f}")),
         Column("masked", "masked", _fmt("masked_actions", "{}", none="n/a")),
         Column("wall_s", "wall s", _fmt("wall_s", "{:.1f}")),

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from linkwise.cluster.heuristics import POLICIES, is_oracle, policy_info
+from linkwise.cluster.metrics import duration_text
 from linkwise.evaluation.stats import RatioCI
 
 __all__ = [
@@ -445,7 +446,8 @@ def check_shadow(ev: ShadowEvidence, cfg: ShadowGates) -> GateReport:
     ):  # fmt: skip
         ok = math.isfinite(ratio) and ratio <= limit
         reason = (
-            f"replayed {stat} JCT {sim:.0f} s vs Slurm's {act:.0f} s: ratio {ratio:.3f} "
+            f"replayed {stat} JCT {duration_text(sim)} vs Slurm's {duration_text(act)}: "
+            f"ratio {ratio:.3f} "
             f"{'<=' if ok else '>'} {limit:.3f}"
         )
         values = {"ratio": ratio, "limit": limit, "simulated_s": sim, "actual_s": act}
@@ -492,7 +494,8 @@ def check_robustness(
             Check(
                 f"robust_{name}",
                 ok,
-                f"avg JCT {avg:.0f} s vs its base's {base:.0f} s: ratio {ratio:.3f} "
+                f"avg JCT {duration_text(avg)} vs its base's {duration_text(base)}: "
+                f"ratio {ratio:.3f} "
                 f"{'<=' if ok else '>'} {max_ratio:.3f}",
                 {"ratio": ratio, "limit": max_ratio, "avg_jct_s": avg, "base_avg_jct_s": base},
             )

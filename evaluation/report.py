@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from linkwise.cluster.heuristics import is_oracle
+from linkwise.cluster.metrics import duration_text
 from linkwise.evaluation.benchmark import UNFAIR_SLOWDOWN, Benchmark, save_benchmark
 from linkwise.evaluation.columns import columns_for, left_out, markdown_table
 from linkwise.evaluation.stats import STATS, RatioCI, paired_ratio
@@ -123,10 +124,6 @@ def compute_ratios(
         if p != baseline
         for stat in STATS
     ]
-
-
-def _h(seconds: float) -> str:
-    return f"{seconds / 3600:.2f}"
 
 
 def _backlog_text(backlog: Mapping[str, Any] | None) -> str:
@@ -221,8 +218,9 @@ def render_markdown(
         lb = summary[0]
         lines += [
             "",
-            f"Lower bound: avg {_h(lb['lower_bound_s'])} h, p99 {_h(lb['lower_bound_p99_s'])} h; "
-            f"queueing-aware avg {_h(lb.get('lower_bound_queue_s', math.nan))} h.",
+            f"Lower bound: avg {duration_text(lb['lower_bound_s'])}, "
+            f"p99 {duration_text(lb['lower_bound_p99_s'])}; "
+            f"queueing-aware avg {duration_text(lb.get('lower_bound_queue_s', math.nan))}.",
         ]
     if ratios:
         level = ratios[0].level

@@ -46,6 +46,8 @@ from typing import Any
 
 import numpy as np
 
+from linkwise.cluster.metrics import duration_text
+
 __all__ = [
     "EXPERIMENT",
     "METRICS",
@@ -498,6 +500,11 @@ def _deviations(
 # ------------------------------------------------------------------------ output
 
 
+def _signed(seconds: float) -> str:
+    """A difference of durations with its sign: ``+72 s``, ``-14.3 min``."""
+    return duration_text(seconds) if seconds < 0 else "+" + duration_text(seconds)
+
+
 def _markdown(report: ShadowReport) -> str:
     w = report.window
     d = report.deviations
@@ -506,7 +513,7 @@ def _markdown(report: ShadowReport) -> str:
         "",
         report.headline(),
         "",
-        f"- window: [{w.since:.0f}, {w.until:.0f}] ({(w.until - w.since) / 3600:.2f} h), "
+        f"- window: [{w.since:.0f}, {w.until:.0f}] ({duration_text(w.until - w.since)}), "
         f"{w.cycles} shadow cycles, {w.decisions} decision rows of {w.policy} "
         f"(version {w.model_version})",
         f"- replayed: {report.policy_spec} and backfill, warm-started from the accounting at "
@@ -515,12 +522,13 @@ def _markdown(report: ShadowReport) -> str:
         f"- intervals: paired bootstrap over the jobs, {report.n_boot} draws, seed {report.seed}",
         *(f"- skipped a later shadow span: {s}" for s in report.skipped),
         "",
-        "| schedule | avg JCT s | p99 JCT s | avg queue s | avg run-time inflation |",
+        "| schedule | avg JCT | p99 JCT | avg queue | avg run-time inflation |",
         "|---|---|---|---|---|",
     ]
     for s, v in report.values.items():
         lines.append(
-            f"| {s} | {v['avg_jct']:.0f} | {v['p99_jct']:.0f} | {v['avg_queue']:.0f} | "
+            f"| {s} | {duration_text(v['avg_jct'])} | {duration_text(v['p99_jct'])} | "
+            f"{duration_text(v['avg_queue'])} | "
             f"{v['avg_inflation']:.3f} |"
         )
     lines += ["", "| ratio | " + " | ".join(METRICS) + " |", "|---|" + "---|" * len(METRICS)]
@@ -534,8 +542,8 @@ def _markdown(report: ShadowReport) -> str:
         f"({d['deviated_starts']} starts, {d['deviated_waits']} waits; {d['explained']} rows "
         f"explained); they concern {d['jobs_concerned']} jobs, {d['jobs_replayed']} of them "
         f"replayed: their JCTs under the policy minus backfill replayed "
-        f"{d['jct_vs_backfill_s']:+.0f} s in all, minus what Slurm gave them "
-        f"{d['jct_vs_accounting_s']:+.0f} s (negative: saved).",
+        f"{_signed(d['jct_vs_backfill_s'])} in all, minus what Slurm gave them "
+        f"{_signed(d['jct_vs_accounting_s'])} (negative: saved).",
         "",
         "Read with it: the accounting's run times are the replay's isolated times (real "
         "contention included, the replay adds its own on top: backfill / accounting shows the "

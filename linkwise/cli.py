@@ -220,6 +220,7 @@ def _scenario(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
 def _metrics_table(rows: Sequence[dict[str, Any]], title: str, wide: bool = False) -> Any:
     from rich.table import Table
 
+    from linkwise.cluster.metrics import duration_text
     from linkwise.evaluation.columns import columns_for
 
     table = Table(title=title)
@@ -230,9 +231,9 @@ def _metrics_table(rows: Sequence[dict[str, Any]], title: str, wide: bool = Fals
         table.add_row(*(c.cell(row, "") for c in cols))
     if rows:
         table.caption = (
-            f"LB: mean isolated run time {rows[0]['lower_bound_isolated_s'] / 3600:.2f} h "
+            f"LB: mean isolated run time {duration_text(rows[0]['lower_bound_isolated_s'])} "
             "(no queueing, no contention); queue LB: pooled-GPU SRPT "
-            f"{rows[0]['lower_bound_queue_s'] / 3600:.2f} h; run-time inflation: mean run "
+            f"{duration_text(rows[0]['lower_bound_queue_s'])}; run-time inflation: mean run "
             "time / mean isolated run time - 1; oracle: reads the true run time (a ceiling)"
         )
     return table

@@ -53,6 +53,7 @@ from rich.console import Console
 
 from linkwise.cluster.domain import Job, Topology
 from linkwise.cluster.heuristics import policy_names
+from linkwise.cluster.metrics import duration_text
 from linkwise.cluster.topology import load_topology
 from linkwise.datasets.decisions import store_predictor
 from linkwise.datasets.prediction import predictor_digest, write_predictor
@@ -452,7 +453,7 @@ def _accuracy_text(info: Mapping[str, Any]) -> str:
                     if k.startswith("coverage_"))  # fmt: skip
     rho = acc["spearman"]
     rank = "n/a (constant predictions)" if math.isnan(rho) else f"{rho:.2f}"
-    return f"Spearman {rank}, MAE {acc['mae_h']:.1f} h, {cov}"
+    return f"Spearman {rank}, MAE {duration_text(acc['mae_h'] * 3600.0)}, {cov}"
 
 
 def _dataset(
@@ -603,7 +604,8 @@ def residual_summary(residual: Mapping[str, Any], gate: Mapping[str, Any] | None
     margin and deviations per 1,000 decisions, and the gate's verdict with its reasons."""
     base = residual["base"]
     lines = [
-        f"residual base: {base['base']} ({residual['base_rule']}: {base['avg_jct_s'] / 3600:.2f} h)"
+        f"residual base: {base['base']} "
+        f"({residual['base_rule']}: {duration_text(base['avg_jct_s'])})"
     ]
     for algo, r in residual["learners"].items():
         held = residual.get("heldout", {}).get(algo)
@@ -753,7 +755,7 @@ def run_demo(
         )
     ws.console.print(
         f"{history.jobs} jobs stored as accounting of cluster {name!r}; queueing under backfill: "
-        f"avg {history.avg_queue_s / 60:.1f} min, p99 {history.p99_queue_s / 3600:.2f} h, "
+        f"avg {duration_text(history.avg_queue_s)}, p99 {duration_text(history.p99_queue_s)}, "
         f"{history.queued_share:.0%} waited > 1 min"
     )
     whole = trace if exp.min_gpus <= 1 else None  # a filtered trace is written out for PPO

@@ -29,6 +29,7 @@ from rich.console import Console
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import Topology
 from linkwise.cluster.mdp import MdpConfig, make_spec
+from linkwise.cluster.metrics import duration_text
 from linkwise.cluster.profiles import load_calibration
 from linkwise.datasets.backlog import backlog_from_store
 from linkwise.datasets.labels import LabelTask, run_labels, write_labels
@@ -132,7 +133,7 @@ def build_residuals(
     console.print(
         f"base {base.spec}: the lowest avg JCT of {len(base.figures)} same-information "
         f"heuristics on {len(val)} validation windows ("
-        + ", ".join(f"{k} {'-' if v is None else f'{v / 3600:.2f} h'}" for k, v in ranked[:4])
+        + ", ".join(f"{k} {'-' if v is None else duration_text(v)}" for k, v in ranked[:4])
         + ", ...)"
     )
     cfg: MdpConfig = exp.mdp
@@ -204,7 +205,7 @@ def build_residuals(
             f"{m.to_json()['margin']} chosen on validation ("
             + ", ".join(
                 f"{k.removeprefix('margin-')}: "
-                + ("-" if f["avg_jct_s"] is None else f"{f['avg_jct_s'] / 3600:.3f} h")
+                + ("-" if f["avg_jct_s"] is None else duration_text(f["avg_jct_s"]))
                 + f" {_dev(f['deviations_per_1000'])}/1k"
                 for k, f in m.figures.items()
             )

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from linkwise.cluster.mdp import make_spec
+from linkwise.cluster.metrics import duration_text
 from linkwise.models.learned import load_package
 from linkwise.models.ppo import (
     PpoConfig,
@@ -197,7 +198,7 @@ def format_ppo_result(r: PpoResult) -> str:
     if r.evaluation:
         lines.append("  evaluation on fresh workloads (mean return, mean JCT):")
         for pol, s in r.evaluation.items():
-            lines.append(f"    {pol:<10} {s['return']:10.2f} {s['mean_jct_s'] / 3600:8.2f} h")
+            lines.append(f"    {pol:<10} {s['return']:10.2f} {duration_text(s['mean_jct_s']):>10}")
     lines.extend(summary_footer(r))
     return "\n".join(lines)
 

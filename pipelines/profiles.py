@@ -17,6 +17,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+from linkwise.cluster.metrics import duration_text
 from linkwise.datasets.comm_profiles import ProfileBook, load_profile_book
 from linkwise.datasets.job_telemetry import (
     ATTRIBUTION_RULE,
@@ -89,7 +90,8 @@ def format_profiles(report: dict[str, Any]) -> str:
             ]
     lines.append(
         f"  runs with telemetry: {book['runs_with_telemetry']} of {book['runs_summarized']} "
-        f"summarized, {book['job_hours']:.1f} job-hours over {book['span_hours']:.1f} h; "
+        f"summarized, {book['job_hours']:.1f} job-hours over "
+        f"{duration_text(book['span_hours'] * 3600.0)}; "
         f"{book['runs_used']} usable for profiles (multi-GPU, activity and traffic alone)"
     )
     lines.append(

@@ -39,6 +39,7 @@ import numpy as np
 import polars as pl
 
 from linkwise.cluster.mdp import ObsSpec, make_spec
+from linkwise.cluster.metrics import duration_text
 from linkwise.cluster.topology import from_spec
 from linkwise.datasets.labels import LabelTask, run_labels
 from linkwise.datasets.predictor import RuntimePredictor
@@ -565,13 +566,13 @@ def cmd_robust(args: Any) -> int:
         print(json.dumps({"base": base, "cases": [r.to_json() for r in rows],
                           "gate": report.to_json()}, indent=2))  # fmt: skip
     else:
-        print(f"{'case':<18} {'topology':<28} {'avg JCT h':>9} {'base h':>8} {'ratio':>6} "
+        print(f"{'case':<18} {'topology':<28} {'avg JCT':>9} {'base':>9} {'ratio':>6} "
               f"{'dev/1k':>7}")  # fmt: skip
         for r in rows:
             dev = "-" if r.deviations_per_1000 is None else f"{r.deviations_per_1000:.1f}"
             mark = " (trained)" if r.trained_on else ""
-            print(f"{r.name + mark:<18} {r.topology:<28} {r.avg_jct_s / 3600:>9.2f} "
-                  f"{r.base_avg_jct_s / 3600:>8.2f} {r.ratio:>6.3f} {dev:>7}")  # fmt: skip
+            print(f"{r.name + mark:<18} {r.topology:<28} {duration_text(r.avg_jct_s):>9} "
+                  f"{duration_text(r.base_avg_jct_s):>9} {r.ratio:>6.3f} {dev:>7}")  # fmt: skip
         print(report.format())
     return 0 if report.passed else 3
 

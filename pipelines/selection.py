@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from linkwise.cluster.domain import Topology
+from linkwise.cluster.metrics import duration_text
 from linkwise.cluster.profiles import load_calibration
 from linkwise.datasets.backlog import backlog_from_store
 from linkwise.datasets.predictor import RuntimePredictor
@@ -104,7 +105,8 @@ class Selection:
         score = self.scores[self.candidates.index(c)] or math.nan
         return (
             f"{c.algo}: chose {c.label} among {len(self.candidates)} checkpoints "
-            f"(validation avg JCT {score / 3600:.2f} h; validation took {self.validate_s:.0f} s)"
+            f"(validation avg JCT {duration_text(score)}; validation took "
+            f"{self.validate_s:.0f} s)"
         )
 
 

@@ -16,10 +16,10 @@ import pytest
 import yaml  # type: ignore[import-untyped]
 
 from linkwise.cli import main
+from linkwise.cluster.metrics import duration_text
 from linkwise.cluster.topology import from_spec
 from linkwise.datasets import synthetic
 from linkwise.datasets.operator import DEFAULT_STORE
-from linkwise.datasets.windows import span_text
 from linkwise.pipelines.history import replay_history
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -84,7 +84,7 @@ def test_evaluate_says_how_much_history_is_missing(
     code, _, err = _run([*argv, "--n-windows", "4", "--window", "3600", "--min-jobs", "60"], capsys)
     assert code == 2
     assert "4 windows of 1 h with at least 60 jobs asked" in err
-    assert "299 jobs over 1.06 days (26 windows of 1 h with jobs, 0 with at least 60 jobs)" in err
+    assert "299 jobs over 1.06 d (26 windows of 1 h with jobs, 0 with at least 60 jobs)" in err
     assert "0 usable; 4 more windows missing: at least 4 h and 240 more jobs" in err
     assert "no evaluation windows left (all overlap" not in err
 
@@ -263,15 +263,36 @@ def test_serve_refuses_an_unpromoted_model_in_active_mode(
     assert "active mode serves the registry's @champion only, not @challenger" in err
 
 
-def test_spans_read_in_units_a_person_reads() -> None:
-    """Issue 32: 10-second windows read ``2 windows of 0.00277778 h`` and ``0.00 days``."""
-    assert [span_text(s) for s in (10.0, 600.0, 3600.0, 9000.0, 91584.0)] == [
-        "10 s",
-        "10 min",
-        "1 h",
-        "2.5 h",
-        "1.06 days",
-    ]
+def test_durations_read_in_units_a_person_reads() -> None:
+    """Issue 32: 10-second windows read ``2 windows of 0.00277778 h`` and ``0.00 days``, and a
+    72-second JCT ``0.02 h``; one formatter for every text report, three digits at most."""
+    seconds = (10.0, 72.0, 600.0, 858.0, 3600.0, 8676.0, 9000.0, 91584.0, 276480.0)
+    assert [duration_text(s) for s in seconds] == [
+        "10 s", "72 s", "10 min", "14.3 min", "1 h", "2.41 h", "2.5 h", "1.06 d", "3.2 d",
+    ]  # fmt: skip
+    assert [duration_text(s) for s in (-30.0, float("nan"))] == ["-30 s", "-"]
+
+
+def test_a_short_jct_reads_in_seconds_and_minutes_not_hours(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 32: the result tables printed a 72-second JCT as ``0.02`` in a column of hours.
+    Ten 4-GPU jobs of 72 s submitted together on one 4-GPU node: alone, each takes 72 s;
+    queued, the average is 6.6 min. The JSON keeps seconds."""
+    trace = tmp_path / "short.csv"
+    rows = [f"{i},0,4,72" for i in range(10)]
+    trace.write_text("job_id,submit_time,num_gpus,duration\n" + "\n".join(rows) + "\n")
+    argv = ["simulate", "--policy", "backfill", "--trace", str(trace)]
+    code, out, err = _run([*argv, "--cluster", "10x4"], capsys)
+    assert code == 0, err
+    assert "│ backfill │    72 s │    72 s │       0 s │" in out
+    assert "mean isolated run time 72 s" in out and "0.02" not in out
+    code, out, err = _run([*argv, "--cluster", "1x4"], capsys)
+    assert code == 0, err
+    assert "│ backfill │ 6.6 min │ 11.9 min │   5.4 min │" in out
+    code, out, err = _run([*argv, "--cluster", "1x4", "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["avg_jct_s"] == pytest.approx(396.0)
 
 
 def _deployment(flow: str, name: str = "daily") -> dict[str, Any]:

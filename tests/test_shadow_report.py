@@ -141,7 +141,7 @@ def test_shadow_report_command_writes_markdown_plots_json_and_mlflow(
     assert run.data.metrics["policy_over_accounting.avg_jct"] == pytest.approx(1.0, abs=0.02)
     assert run.data.params["policy_spec"] == "backfill"
     assert main(args[:-1]) == 0
-    assert "| schedule | avg JCT s |" in capsys.readouterr().out
+    assert "| schedule | avg JCT | p99 JCT | avg queue |" in capsys.readouterr().out
 
 
 def test_shadow_report_refuses_bad_input(
