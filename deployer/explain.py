@@ -51,6 +51,7 @@ from typing import Any
 from linkwise.cluster.contention import ContentionModel
 from linkwise.cluster.domain import ClusterState, Decision, Placement, Policy, Start
 from linkwise.cluster.hostlist import compress
+from linkwise.cluster.metrics import duration_text
 
 __all__ = [
     "EXPLAIN_VERSION",
@@ -390,10 +391,8 @@ def _pct(x: float | None) -> str:
 
 
 def duration_words(hours: float | None) -> str:
-    """A duration a person reads: minutes below an hour, hours to one decimal above."""
-    if hours is None:
-        return "unknown"
-    return f"{hours * 60:.0f} min" if hours < 1 else f"{hours:.1f} h"
+    """A duration a person reads (``cluster.metrics.duration_text``), ``unknown`` if missing."""
+    return "unknown" if hours is None else duration_text(hours * 3600.0)
 
 
 def _in_queue(row: Mapping[str, Any], job_id: int) -> Mapping[str, Any] | None:

@@ -107,10 +107,10 @@ def test_a_job_the_policy_never_started_is_named_with_the_rule_that_held_it() ->
     assert "  (held the same way in 2 more cycle(s), until 1970-01-02 03:46:44 UTC)" in text
 
 
-def test_durations_read_in_minutes_below_an_hour() -> None:
-    assert duration_words(0.02) == "1 min"
+def test_durations_read_as_every_report_prints_them() -> None:
+    assert duration_words(0.02) == "72 s"
     assert duration_words(0.5) == "30 min"
-    assert duration_words(2.25) == "2.2 h"
+    assert duration_words(2.25) == "2.25 h"
     assert duration_words(None) == "unknown"
 
 
