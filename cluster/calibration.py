@@ -19,17 +19,16 @@ diagnostics (residuals, errors, held-out errors) and ``fit["parameters"]``: per 
 fitted parameter with its bounds, whether it sits at one, and whether the measurements
 determine it, leave it weakly determined, or a tie, prior or bound constrains it
 (``parameter_report``; MoE's compute_s is tied to FSDP's, ``COMPUTE_TIES``).
-``write_calibration`` writes the JSON the package ships (``linkwise calibrate --data
-../shared/data --out cluster/data/calibration.json``, or ``python -m
-linkwise.cluster.calibration``).
+``write_calibration`` writes the JSON the package ships, ``SHIPPED_CALIBRATION``
+(``linkwise calibrate --data ../shared/data --out cluster/data/calibration.json``, or
+``python -m linkwise.cli.calibrate``).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +51,7 @@ from linkwise.cluster.topology import from_spec
 JobType = tuple[str, int, int]  # (model, total GPUs, nodes), e.g. ("MoE", 8, 4)
 FloatArray = npt.NDArray[np.float64]
 
+SHIPPED_CALIBRATION = Path(__file__).resolve().parent / "data" / "calibration.json"
 DEEPSHARE_MODELS = ("MobileNetV3", "GraphSage", "FSDP", "Transformer-XL", "DLRM", "MoE")
 POLLUX_MODELS = ("bert", "cifar10", "deepspeech2", "imagenet", "ncf", "yolov3")
 
@@ -766,23 +766,6 @@ def write_calibration(cal: Calibration, path: str | Path) -> None:
     out.write_text(json.dumps(cal.to_json(), indent=2) + "\n")
 
 
-def main(argv: Sequence[str] | None = None, *, printer: Callable[[str], None] = print) -> int:
-    """Refit and write the calibration (default: the one shipped in cluster/data)."""
-    parser = argparse.ArgumentParser(prog="python -m linkwise.cluster.calibration")
-    parser.add_argument("--data", type=Path, default=Path("../shared/data"), help="shared/data")
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=Path(__file__).resolve().parent / "data" / "calibration.json",
-        help="JSON to write (default: the shipped calibration)",
-    )
-    args = parser.parse_args(argv)
-    cal = fit_calibration(args.data)
-    write_calibration(cal, args.out)
-    printer(f"wrote {args.out}: alpha={cal.alpha:.4g} overhead_s={cal.overhead_s:.3g}")
-    return 0
-
-
 # ----------------------------------------------------------------------------- checks
 
 
@@ -894,10 +877,6 @@ def compute_share_scan(
             )
         out[m] = errs
     return out
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
 
 
 # Across the shares of ``compute_share_scan``, a model's own rms log error must move by more

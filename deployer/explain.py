@@ -39,13 +39,10 @@ Nothing here talks to Slurm: the explanation is built from the state the loop al
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import time
 from collections.abc import Mapping, Sequence
-from contextlib import closing
-from pathlib import Path
 from typing import Any
 
 from linkwise.cluster.contention import ContentionModel
@@ -55,7 +52,6 @@ from linkwise.cluster.metrics import duration_text
 
 __all__ = [
     "EXPLAIN_VERSION",
-    "add_explain_parser",
     "as_of",
     "decide_explained",
     "describe",
@@ -490,28 +486,6 @@ def describe(row: Mapping[str, Any], job_id: int) -> list[str]:
     return lines
 
 
-# ------------------------------------------------------------------------ command line
-
-
-def cmd_explain(args: argparse.Namespace) -> int:
-    """``linkwise explain JOB_ID --db STORE [--json]``."""
-    from linkwise.datasets.store import open_store
-
-    db = Path(args.db)
-    if not db.is_file():
-        raise FileNotFoundError(f"{db}: no such store")
-    with closing(open_store(db, lock_wait_s=args.lock_wait)) as con:
-        rows = job_decisions(con, args.job_id)
-    if args.json:
-        print(json.dumps(rows, default=str))
-        return 0
-    if not rows:
-        print(f"no decision of the loop names job {args.job_id} in {db}")
-        return 0
-    print("\n".join(explain_lines(rows, args.job_id)))
-    return 0
-
-
 def explain_lines(rows: Sequence[Mapping[str, Any]], job_id: int) -> list[str]:
     """``linkwise explain``'s text: the latest hold first when the job was last seen waiting,
     then its decisions oldest first, cycles that held it for the same rule folded into one."""
@@ -535,15 +509,3 @@ def explain_lines(rows: Sequence[Mapping[str, Any]], job_id: int) -> list[str]:
     if same:
         out.append(f"  (held the same way in {same} more cycle(s), until {_when(until)} UTC)")
     return out
-
-
-def add_explain_parser(sub: Any) -> None:
-    """``linkwise explain``."""
-    p = sub.add_parser("explain", help="why the live loop decided what it did about a job")
-    p.add_argument("job_id", type=int, metavar="JOB_ID", help="the Slurm job id")
-    p.add_argument("--db", type=Path, required=True, help="the live loop's DuckDB store")
-    p.add_argument(
-        "--lock-wait", type=float, default=10.0, metavar="S", help="wait for a held store"
-    )
-    p.add_argument("--json", action="store_true", help="the decision rows as JSON")
-    p.set_defaults(func=cmd_explain)

@@ -162,7 +162,7 @@ class LeaseKeeper:
         log_path = self.state_dir / "watchdog.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         poll = max(0.2, min(1.0, self.lease_s / 5))
-        args = [sys.executable, "-m", "linkwise.deployer.watchdog"]
+        args = [sys.executable, "-m", "linkwise.cli.watchdog"]
         args += ["--lease", str(self.path), "--poll", str(poll), "--run-id", self.run_id]
         with open(log_path, "ab") as log_fh:
             self.watchdog_proc = subprocess.Popen(

@@ -31,7 +31,6 @@ SQLite file (default: ``linkwise-out/mlflow/mlflow.db`` beside the file).
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import re
@@ -58,7 +57,6 @@ __all__ = [
     "load_service_config",
     "parse_service_config",
     "resolve_tracking_uri",
-    "service_from_args",
 ]
 
 LOG_FORMATS = ("text", "json")
@@ -353,34 +351,6 @@ def load_service_config(path: str | Path) -> ServiceConfig:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read: {exc}") from exc
     return parse_service_config(text, str(path), Path(path).resolve().parent)
-
-
-def service_from_args(
-    args: argparse.Namespace, from_args: Callable[[argparse.Namespace], ServeConfig]
-) -> tuple[ServeConfig, str]:
-    """The loop's configuration and log format: from ``--config FILE`` (no other ``serve``
-    option may be given then), else from the options (``from_args``)."""
-    path = getattr(args, "config", None)
-    if path is None:
-        return from_args(args), str(getattr(args, "log_format", "text"))
-    from linkwise.deployer.serve import configure_parser  # the options and their defaults
-
-    parser = argparse.ArgumentParser()
-    configure_parser(parser)
-    options = {a.dest: a.option_strings[0] for a in parser._actions if a.option_strings}
-    given = [
-        opt
-        for dest, opt in options.items()
-        if dest not in ("config", "help", "check_config")
-        and getattr(args, dest, None) != parser.get_default(dest)
-    ]
-    if given:
-        raise ConfigError(
-            f"--config {path}: set {', '.join(given)} in the file, not on the command line "
-            "(--config and the other options are mutually exclusive)"
-        )
-    service = load_service_config(path)
-    return service.serve, service.log_format
 
 
 # ------------------------------------------------------------------------ logging

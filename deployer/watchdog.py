@@ -1,7 +1,8 @@
 """The watchdog: a separate process that hands held jobs back to Slurm when the loop's lease
 lapses (the loop crashed, was killed with ``kill -9``, hung, or could not decide in time).
 
-``python -m linkwise.deployer.watchdog --lease PATH [--poll S]``. It polls the lease file.
+``python -m linkwise.cli.watchdog --lease PATH [--poll S]`` runs ``watch``, which polls the
+lease file.
 While the owner runs but the lease ran out (a hung loop; job_submit.lua holds nothing new
 then), it releases the jobs held for the loop, and again while it stays expired. Once the
 owner process is gone it takes the partitions' locks (so no new loop starts meanwhile), marks
@@ -13,11 +14,8 @@ file is gone, or when a new loop already took the partitions (it manages those j
 
 from __future__ import annotations
 
-import argparse
 import logging
-import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
 from linkwise.cluster.slurm.cli_transport import CliTransport, CommandRunner
@@ -130,18 +128,3 @@ def watch(
                 log_event(LOG, "sweep_failed", logging.WARNING, error=str(exc)[:300])
         time.sleep(poll_s)
     return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Command-line entry point."""
-    parser = argparse.ArgumentParser(prog="linkwise-watchdog", description=__doc__)
-    parser.add_argument("--lease", required=True, help="the loop's lease file")
-    parser.add_argument("--poll", type=float, default=1.0, help="seconds between checks")
-    parser.add_argument("--run-id", help="the loop's run to watch (default: the lease's now)")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    return watch(Path(args.lease), poll_s=args.poll, run_id=args.run_id)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -35,7 +35,6 @@ CDFs, the ratios with their intervals); ``log_shadow_report`` logs them to MLflo
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -54,7 +53,6 @@ __all__ = [
     "Interval",
     "ShadowReport",
     "ShadowWindow",
-    "add_shadow_report_parser",
     "log_shadow_report",
     "pick_shadow_window",
     "shadow_headline",
@@ -665,112 +663,3 @@ def shadow_headline(
     except ValueError as exc:
         return f"shadow report: none ({exc})"
     return report.headline()
-
-
-# ------------------------------------------------------------------------ command line
-
-
-def _time(text: str | None) -> float | None:
-    if text is None:
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        from datetime import UTC, datetime
-
-        try:
-            t = datetime.fromisoformat(text)
-        except ValueError:
-            raise ValueError(f"not a time: {text!r} (epoch seconds or ISO 8601)") from None
-        return (t if t.tzinfo else t.replace(tzinfo=UTC)).timestamp()
-
-
-def cmd_shadow_report(args: argparse.Namespace) -> int:
-    """``linkwise shadow-report``."""
-    from linkwise.cluster.profiles import load_calibration
-    from linkwise.cluster.topology import load_topology
-    from linkwise.datasets.decisions import topology_from_store
-    from linkwise.datasets.operator import operator_store
-    from linkwise.datasets.store import open_store
-    from linkwise.models.policy_spec import PolicySpec
-    from linkwise.models.registry import default_tracking_uri
-
-    db = operator_store(args.db)
-    assert db is not None
-    if not db.is_file():
-        raise FileNotFoundError(f"{db}: no such store")
-    uri = args.tracking_uri or default_tracking_uri()
-    if args.policy:
-        PolicySpec.parse(args.policy)  # refused before any work
-    since, until = _time(args.since), _time(args.until)
-    if since is not None and until is not None and until < since:
-        raise ValueError("--until is before --since")
-    with closing(open_store(db, lock_wait_s=args.lock_wait)) as con:
-        topo = (
-            load_topology(args.cluster)
-            if args.cluster
-            else topology_from_store(con, args.slurm_cluster)
-        )
-        report = shadow_report(
-            con,
-            topology=topo,
-            calibration=load_calibration(args.calibration),
-            policy=args.policy,
-            since=since,
-            until=until,
-            cluster=args.slurm_cluster,
-            tracking_uri=uri,
-            seed=args.seed,
-            n_boot=args.n_boot,
-        )
-    paths = write_shadow_report(report, args.out)
-    run_id = None
-    if not args.no_log:
-        run_id = log_shadow_report(report, args.out, tracking_uri=uri)
-    if args.json:
-        doc = {**report.to_json(), "files": {k: str(v) for k, v in paths.items()}}
-        print(json.dumps({**doc, "mlflow_run_id": run_id}, default=str))
-    else:
-        print(paths["markdown"].read_text(), end="")
-        print(f"written to {args.out}" + (f"; MLflow run {run_id}" if run_id else ""))
-    return 0
-
-
-def add_shadow_report_parser(sub: Any) -> None:
-    """``linkwise shadow-report``."""
-    from linkwise.datasets.operator import DEFAULT_STORE
-
-    p = sub.add_parser(
-        "shadow-report",
-        help="replay the shadow window under the shadow policy, backfill and the accounting",
-    )
-    p.add_argument(
-        "--db", type=Path, help=f"the live loop's DuckDB store (default: {DEFAULT_STORE})"
-    )
-    p.add_argument(
-        "--since",
-        help="window start, epoch seconds or ISO (default: the first decision of the latest "
-        "shadow version whose span has finished jobs; later spans without any are skipped "
-        "and named)",
-    )
-    p.add_argument("--until", help="window end, epoch seconds or ISO (default: its last decision)")
-    p.add_argument(
-        "--policy",
-        help="the policy to replay (default: the decisions' own, pinned to the logged version)",
-    )
-    p.add_argument("--cluster", help="topology spec or folder (default: the store's nodes)")
-    p.add_argument("--slurm-cluster", help="the Slurm cluster's name in the store")
-    p.add_argument("--calibration", type=Path, help="calibration JSON (default: the shipped fit)")
-    p.add_argument(
-        "--tracking-uri",
-        help="MLflow: where models:/ specs load from and the report is logged (default: "
-        "$MLFLOW_TRACKING_URI, else sqlite:///linkwise-out/mlflow/mlflow.db under the working "
-        "folder, as for train, evaluate and promote)",
-    )
-    p.add_argument("--no-log", action="store_true", help="do not log the report to MLflow")
-    p.add_argument("--out", type=Path, default=Path("linkwise-out/shadow-report"))
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--n-boot", type=int, default=2000, help="bootstrap draws")
-    p.add_argument("--lock-wait", type=float, default=10.0, metavar="S")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.set_defaults(func=cmd_shadow_report)

@@ -6,12 +6,11 @@ pipeline's own parameters, the algorithm and data hash as tags, the dataset as a
 (when given) and the TOML file as an artifact. The ``TrainingRun`` it yields logs the final
 metrics, gives the package's ``meta`` and logs and registers the package.
 
-``summary_footer`` and ``add_run_options`` are the parts the pipelines' CLIs share.
+``summary_footer`` is the end both summaries share.
 """
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -31,7 +30,6 @@ __all__ = [
     "RunConfig",
     "RunSummary",
     "TrainingRun",
-    "add_run_options",
     "summary_footer",
     "training_run",
 ]
@@ -165,15 +163,3 @@ def summary_footer(r: RunSummary) -> list[str]:
     lines.append(f"  tracking: {r.tracking_uri} (experiment {r.experiment_id})")
     lines.append(f"MLflow run id: {r.run_id}")
     return lines
-
-
-def add_run_options(p: argparse.ArgumentParser, *, config_help: str, out_help: str) -> None:
-    """Add ``--config``, ``--tracking-uri``, ``--out`` and ``--no-register`` to a command."""
-    p.add_argument("--config", type=Path, required=True, help=config_help)
-    p.add_argument(
-        "--tracking-uri",
-        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, "
-        "else sqlite in linkwise-out/mlflow)",
-    )
-    p.add_argument("--out", type=Path, default=Path("linkwise-out/train"), help=out_help)
-    p.add_argument("--no-register", action="store_true", help="log the model, do not register")

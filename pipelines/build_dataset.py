@@ -26,13 +26,11 @@ JSON, SHA-256 and fit span), so the learned packages trained on the dataset carr
 3. Export: the frames concatenated and written as content-hashed Parquet with a manifest
    (``datasets.export``), logged to MLflow when a tracking URI is configured.
 
-``cmd_build_dataset`` / ``add_build_dataset_parser`` are the ``linkwise build-dataset`` CLI.
+``linkwise build-dataset`` (``linkwise/cli/data.py``) calls ``build_dataset``.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import os
 import textwrap
@@ -47,7 +45,7 @@ import polars as pl
 
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import Topology
-from linkwise.cluster.mdp import SLOT_ORDERS, MdpConfig, ObsSpec, make_spec
+from linkwise.cluster.mdp import MdpConfig, ObsSpec, make_spec
 from linkwise.cluster.profiles import Calibration, load_calibration
 from linkwise.cluster.topology import DEFAULT_TOPOLOGY, load_topology
 from linkwise.datasets.backlog import Backlog, backlog_from_store
@@ -64,7 +62,6 @@ from linkwise.datasets.decisions import (
     topology_from_store,
 )
 from linkwise.datasets.export import export_dataset, file_sha256, log_to_mlflow
-from linkwise.datasets.operator import DEFAULT_STORE, operator_store, parse_time
 from linkwise.datasets.prediction import predictor_from_history, predictor_record
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.rollouts import (
@@ -79,17 +76,14 @@ from linkwise.datasets.store import open_store
 from linkwise.datasets.transitions import empty_frame
 from linkwise.datasets.windows import choose_windows, window_supply
 from linkwise.models.learned import LearnedPolicy, load_package
-from linkwise.models.policy_spec import split_specs
 from linkwise.models.registry import open_registry
 
 __all__ = [
     "DEFAULT_EPSILONS",
     "DEFAULT_POLICIES",
-    "add_build_dataset_parser",
     "build_dataset",
     "build_dataset_flow",
     "cap_log_share",
-    "cmd_build_dataset",
 ]
 
 DEFAULT_POLICIES: tuple[str, ...] = ("backfill", "best_fit", "sjf_bco", "tiresias_las")
@@ -405,13 +399,7 @@ def build_dataset_flow(**kwargs: Any) -> dict[str, Any]:
     return result
 
 
-# ------------------------------------------------------------------------ CLI
-
-
-def _csv(text: str | None, cast: Any = str) -> list[Any] | None:
-    if text is None:
-        return None
-    return [cast(x.strip()) for x in text.split(",") if x.strip()]
+# ------------------------------------------------------------------------ edges and report
 
 
 def resolve_learned(
@@ -427,11 +415,6 @@ def resolve_learned(
             model = AnalyticModel(calibration if calibration is not None else load_calibration())
             out[text] = load_package(package, model=model, expected_obs_spec=spec.version)
     return out
-
-
-def _rollouts_arg(text: str) -> int | None:
-    """``--rollouts``: a count, or ``all`` (None: every eligible window)."""
-    return None if text.strip().lower() == "all" else int(text)
 
 
 def _counts(d: dict[str, Any]) -> dict[str, int]:
@@ -493,131 +476,3 @@ def format_report(m: dict[str, Any]) -> str:
     if m.get("mlflow_run_id"):
         lines.append(f"  MLflow run: {m['mlflow_run_id']}")
     return "\n".join(lines)
-
-
-def mdp_from_args(args: argparse.Namespace) -> MdpConfig:
-    """The MDP configuration the options ask for (defaults for the rest); it is written into
-    the dataset's manifest, which training then follows."""
-    given = {"k_slots": args.k_slots, "slot_order": args.slot_order}
-    return MdpConfig.from_json({k: v for k, v in given.items() if v is not None})
-
-
-def cmd_build_dataset(args: argparse.Namespace) -> int:
-    """``linkwise build-dataset``: build, export, print the report (or JSON)."""
-    manifest = build_dataset(
-        operator_store(args.from_db, args.trace),
-        args.trace,
-        out_dir=args.out,
-        rollouts=args.rollouts,
-        policies=split_specs(args.policies or "") or list(DEFAULT_POLICIES),
-        epsilons=_csv(args.epsilons, float) or list(DEFAULT_EPSILONS),
-        windows=_csv(args.windows, int),
-        seeds=_csv(args.seeds, int) or [0],
-        window_s=args.window,
-        block_s=args.block,
-        min_jobs=args.min_jobs,
-        topology=args.cluster,
-        slurm_cluster=args.slurm_cluster,
-        since=parse_time(args.since, "--since"),
-        until=parse_time(args.until, "--until"),
-        calibration=str(args.calibration) if args.calibration else None,
-        config=mdp_from_args(args),
-        executor=args.executor,
-        batch=args.batch,
-        max_steps=args.max_steps,
-        tracking_uri=args.tracking_uri,
-        warm_start=args.warm_start,
-        history=args.history,
-        log_share=args.log_share,
-    )
-    if args.json:
-        print(json.dumps(manifest, default=str))
-    else:
-        print(format_report(manifest))
-    return 0
-
-
-def add_build_dataset_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``build-dataset`` to a CLI's subparsers (sets ``func=cmd_build_dataset``)."""
-    p: argparse.ArgumentParser = subparsers.add_parser(
-        "build-dataset", help="transitions from logs and simulator rollouts, exported"
-    )
-    p.add_argument(
-        "--from-db",
-        type=Path,
-        help="the DuckDB store (transitions from the logs; default without --trace: the "
-        f"operator's store {DEFAULT_STORE})",
-    )
-    p.add_argument(
-        "--since",
-        help="the dataset's span starts here: jobs submitted from then on (ISO 8601, local "
-        "time unless it has an offset, or epoch seconds; default: the history's start)",
-    )
-    p.add_argument(
-        "--until",
-        help="the dataset's span ends here (exclusive; default: the history's end); later "
-        "windows stay free for `linkwise evaluate`",
-    )
-    p.add_argument("--trace", type=Path, help="trace file for rollouts (default: the store's jobs)")
-    p.add_argument(
-        "--rollouts",
-        type=_rollouts_arg,
-        default=0,
-        help="trace windows to roll out (0: none; all: every window with --min-jobs jobs)",
-    )
-    p.add_argument(
-        "--min-jobs", type=int, default=10, help="windows with fewer jobs are not rolled out"
-    )
-    p.add_argument(
-        "--policies",
-        help=f"comma-separated behaviour specs, e.g. sjf_bco:lam=2 or model:PATH "
-        f"(default {','.join(DEFAULT_POLICIES)})",
-    )
-    p.add_argument("--epsilons", help="comma-separated exploration rates (default 0,0.1)")
-    p.add_argument("--seeds", help="comma-separated resampling seeds (default 0)")
-    p.add_argument("--windows", help="comma-separated window ids (instead of --rollouts)")
-    p.add_argument("--window", type=float, default=6 * 3600.0, help="window length, seconds")
-    p.add_argument("--block", type=float, default=1800.0, help="bootstrap block, seconds (0: off)")
-    p.add_argument(
-        "--cluster",
-        help=f"topology for rollouts, as in simulate (default: the store's nodes, else "
-        f"{DEFAULT_TOPOLOGY})",
-    )
-    p.add_argument("--slurm-cluster", help="the Slurm cluster's name in the store (if several)")
-    p.add_argument("--calibration", type=Path, help="calibration JSON (default: shipped)")
-    p.add_argument(
-        "--k-slots", type=int, help=f"queue slots of the decision (default {MdpConfig.k_slots})"
-    )
-    p.add_argument(
-        "--slot-order",
-        choices=SLOT_ORDERS,
-        help=f"which queued jobs fill the slots (default {MdpConfig.slot_order})",
-    )
-    p.add_argument(
-        "--executor",
-        default="local",
-        help="serial, local[:N] (process pool), dask, or dask://HOST:PORT",
-    )
-    p.add_argument("--batch", type=int, default=4, help="rollouts per Prefect task run")
-    p.add_argument("--max-steps", type=int, help="cut rollout episodes after so many steps")
-    p.add_argument(
-        "--warm-start",
-        action="store_true",
-        help="rollouts from the store start from its running and queued jobs at each window",
-    )
-    p.add_argument(
-        "--history",
-        type=Path,
-        help="a trace or store to fit the run-time predictor on (default: the store, else the "
-        "trace); recorded in the manifest",
-    )
-    p.add_argument(
-        "--log-share",
-        type=float,
-        help="at most this share of the dataset from the logs (whole episodes; default: all)",
-    )
-    p.add_argument("--out", type=Path, default=Path("linkwise-out/datasets"), help="output folder")
-    p.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI)")
-    p.add_argument("--json", action="store_true", help="print the manifest as JSON only")
-    p.set_defaults(func=cmd_build_dataset)
-    return p

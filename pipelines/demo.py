@@ -32,12 +32,11 @@ Its numbers are one experiment of ``pipelines.experiment`` (``ci`` or ``full``):
 
 ``run_pipeline`` is steps 2-7 on any store holding a cluster's accounting: the demo on a
 real local Slurm (``pipelines.demo_slurm``) and the headline run (``pipelines.headline``)
-use it too. ``cmd_demo`` / ``add_demo_parser`` are the ``linkwise demo`` CLI.
+use it too. ``linkwise demo`` (``linkwise/cli/demo.py``) calls ``run_demo``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -67,12 +66,11 @@ from linkwise.evaluation.gates import load_gates
 from linkwise.evaluation.shadow_report import shadow_headline
 from linkwise.models.registry import mlflow_env
 from linkwise.pipelines.build_dataset import build_dataset
-from linkwise.pipelines.console import Stages, history_progress, print_table, quiet_libraries
+from linkwise.pipelines.console import Stages, history_progress, print_table
 from linkwise.pipelines.demo_residual import build_residuals, gate_residual
 from linkwise.pipelines.evaluate import evaluate, promote_from_evaluation, promote_from_shadow
 from linkwise.pipelines.evidence import fqe_evidence, guard_overrides
 from linkwise.pipelines.experiment import (
-    DEMO_EXPERIMENTS,
     Experiment,
     SyntheticWorkload,
     TrainingPlan,
@@ -93,8 +91,6 @@ __all__ = [
     "HEURISTICS",
     "DemoResult",
     "Workspace",
-    "add_demo_parser",
-    "cmd_demo",
     "run_demo",
     "run_pipeline",
     "split_time",
@@ -780,61 +776,3 @@ def ppo_trace(trace: str | Path | None, jobs: Sequence[Job], out: Path) -> str:
     path = out / "workload.csv"
     write_native(jobs, path)
     return str(path)
-
-
-# ------------------------------------------------------------------------ CLI
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    """``linkwise demo``: run the pipeline (the stage log and the table on stderr; ``--json``:
-    the result as JSON on stdout, nothing else)."""
-    with quiet_libraries():
-        result = run_demo(
-            args.out,
-            trace=args.trace,
-            trace_format=args.trace_format,
-            jobs=args.jobs,
-            cluster=args.cluster,
-            experiment=args.experiment,
-            seed=args.seed,
-            tracking_uri=args.tracking_uri,
-            progress=not args.json,
-            wide=args.wide,
-        )
-    if args.json:
-        print(json.dumps(result.to_json(), indent=2, default=str))
-    return 0
-
-
-def add_demo_parser(sub: Any) -> argparse.ArgumentParser:
-    """Add ``linkwise demo`` to the CLI's subparsers."""
-    p: argparse.ArgumentParser = sub.add_parser(
-        "demo",
-        help="the whole pipeline end to end on the embedded default workload (or --trace)",
-        description=__doc__.split("\n\n")[1] if __doc__ else None,
-    )
-    p.add_argument("--trace", type=Path, help="a real trace file (default: synthetic workload)")
-    p.add_argument(
-        "--trace-format",
-        default="auto",
-        choices=["auto", "native", "philly", "helios", "alibaba", "swf"],
-    )
-    p.add_argument("--jobs", type=int, help="synthetic jobs (default: the experiment's)")
-    p.add_argument("--cluster", help="NODESxGPUS[,leaf=..] (default: the experiment's)")
-    p.add_argument(
-        "--experiment",
-        "--budget",
-        dest="experiment",
-        choices=DEMO_EXPERIMENTS,
-        default="full",
-        help="the experiment's numbers (pipelines/experiment.py; default: full)",
-    )
-    p.add_argument("--out", type=Path, default=Path("linkwise-out/demo"))
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--tracking-uri", help="MLflow (default: sqlite in OUT/mlflow)")
-    p.add_argument("--json", action="store_true", help="print machine-readable JSON only")
-    p.add_argument(
-        "--wide", action="store_true", help="every column (default: those that fit 120 columns)"
-    )
-    p.set_defaults(func=cmd_demo)
-    return p

@@ -1,4 +1,4 @@
-"""Evaluate, gate, promote: the plain functions, the Prefect flow and the CLI.
+"""Evaluate, gate, promote: the plain functions and the Prefect flow.
 
 ``evaluate`` benchmarks policies on held-out windows of a workload (a trace file or the
 store's accounting) and writes the report (``evaluation.report``), logged to MLflow:
@@ -18,14 +18,12 @@ registry's aliases and FQE numbers (``evaluation.ope``'s mapping ``policy -> {es
 behaviour_return, spread}``, or a JSON file of it) and checks it (``evaluation.gates``).
 ``promote_from_evaluation`` / ``promote_from_shadow`` apply ``deployer.promote``.
 ``evaluate_and_promote`` chains evaluate, gate and promote; ``evaluate_flow`` is its Prefect
-flow. ``add_evaluate_parsers`` adds ``linkwise evaluate``, ``promote`` and ``rollback``.
+flow. ``ope_estimates`` is FQE on a dataset's held-out episodes (``linkwise ope``).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import tempfile
 import textwrap
 from collections.abc import Mapping, Sequence
@@ -36,7 +34,7 @@ from typing import Any
 
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import Topology
-from linkwise.cluster.heuristics import is_oracle, policy_names
+from linkwise.cluster.heuristics import is_oracle
 from linkwise.cluster.mdp import ObsSpec
 from linkwise.cluster.profiles import load_calibration
 from linkwise.cluster.restart import parse_restart
@@ -44,7 +42,6 @@ from linkwise.cluster.topology import DEFAULT_TOPOLOGY, load_topology
 from linkwise.datasets.backlog import Backlog, backlog_from_store
 from linkwise.datasets.decisions import store_cluster, topology_from_store
 from linkwise.datasets.export import file_sha256, read_dataset
-from linkwise.datasets.operator import DEFAULT_STORE, operator_store
 from linkwise.datasets.prediction import fit_history, load_history
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.rollouts import cut_windows, jobs_from_store
@@ -58,7 +55,6 @@ from linkwise.deployer.promote import (
     current_aliases,
     promote_challenger,
     promote_shadow,
-    rollback,
     shadow_evidence,
 )
 from linkwise.evaluation.benchmark import (
@@ -89,7 +85,7 @@ from linkwise.evaluation.holdout import (
 from linkwise.evaluation.ope import ope_table, run_ope
 from linkwise.evaluation.report import EvaluationReport, log_report, write_report
 from linkwise.evaluation.stats import paired_ratio
-from linkwise.models.policy_spec import PolicySpec, split_specs
+from linkwise.models.policy_spec import PolicySpec
 from linkwise.models.registry import (
     MODEL_NAME,
     default_tracking_uri,
@@ -103,7 +99,6 @@ from linkwise.pipelines.experiment import EvaluationPlan
 
 __all__ = [
     "EvaluationTopology",
-    "add_evaluate_parsers",
     "evaluate",
     "evaluate_and_promote",
     "evaluate_flow",
@@ -111,6 +106,7 @@ __all__ = [
     "gate_challenger",
     "gate_evidence",
     "model_manifest",
+    "ope_estimates",
     "pin_policies",
     "promote_from_evaluation",
     "promote_from_shadow",
@@ -614,13 +610,7 @@ def evaluate_flow(policies: Sequence[str], **kwargs: Any) -> dict[str, Any]:
     return result
 
 
-# ------------------------------------------------------------------------ CLI
-
-
-def _csv(text: str | None, cast: Any = str) -> list[Any] | None:
-    if text is None:
-        return None
-    return [cast(x.strip()) for x in text.split(",") if x.strip()]
+# ------------------------------------------------------------------------ summaries
 
 
 def format_evaluation(report: EvaluationReport, run_id: str | None, wide: bool = False) -> str:
@@ -662,261 +652,23 @@ def format_evaluation(report: EvaluationReport, run_id: str | None, wide: bool =
     return "\n".join(lines)
 
 
-def cmd_evaluate(args: argparse.Namespace) -> int:
-    """``linkwise evaluate``."""
-
-    report, run_id = evaluate(
-        split_specs(args.policies or "") or policy_names(predictions=args.history is not None),
-        trace=args.trace,
-        db=operator_store(args.db, args.trace),
-        slurm_cluster=args.slurm_cluster,
-        windows=_csv(args.windows, int),
-        n_windows=args.n_windows,
-        holdout_from=args.holdout_from or [],
-        seeds=_csv(args.seeds, int) or [0, 1, 2],
-        cluster=args.cluster,
-        window_s=args.window,
-        block_s=args.block,
-        min_jobs=args.min_jobs,
-        calibration=str(args.calibration) if args.calibration else None,
-        baseline=args.baseline,
-        executor=args.executor,
-        out_dir=args.out,
-        tracking_uri=args.tracking_uri,
-        log=not args.no_log,
-        n_boot=args.n_boot,
-        warm_start=args.warm_start,
-        history=args.history,
-        history_format=args.history_format,
-        learned_need_predictions=True,
-        wide=args.wide,
-        restart_cost=args.restart_cost,
-        restart_grace=args.restart_grace,
-    )
-    if args.json:
-        print(json.dumps({**report.to_json(), "mlflow_run_id": run_id}, default=str))
-    else:
-        print(format_evaluation(report, run_id, args.wide))
-    return 0
-
-
-def cmd_promote(args: argparse.Namespace) -> int:
-    """``linkwise promote``: exit 0 when promoted, 3 when the gates refused."""
-
-    uri = args.tracking_uri or default_tracking_uri()
-    gates = load_gates(args.gates)
-    if args.stage == "shadow":
-        if args.evaluation is None:
-            raise ValueError("--stage shadow needs --evaluation DIR (from linkwise evaluate)")
-        decision = promote_from_evaluation(
-            args.evaluation, tracking_uri=uri, gates=gates, ope=args.ope
-        )
-    else:
-        db = operator_store(args.db)
-        assert db is not None
-        decision = promote_from_shadow(
-            db,
-            tracking_uri=uri,
-            gates=gates,
-            cluster=args.cluster,
-            slurm_cluster=args.slurm_cluster,
-            calibration=str(args.calibration) if args.calibration else None,
-        )
-    print(json.dumps(decision.to_json(), default=str) if args.json else decision.format())
-    return 0 if decision.passed else 3
-
-
-def cmd_rollback(args: argparse.Namespace) -> int:
-    """``linkwise rollback``: champion back to previous (exit 3 when there is none)."""
-
-    decision = rollback(tracking_uri=args.tracking_uri or default_tracking_uri())
-    print(json.dumps(decision.to_json(), default=str) if args.json else decision.format())
-    return 0 if decision.passed else 3
-
-
-def add_evaluate_parsers(sub: Any) -> None:
-    """Add ``evaluate``, ``promote`` and ``rollback`` to a CLI's subparsers."""
-    uri_help = "MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite in linkwise-out)"
-    p = sub.add_parser("evaluate", help="benchmark policies on held-out windows; report + MLflow")
-    p.add_argument(
-        "--policies",
-        help="comma-separated specs: heuristics, model:ALIAS|PATH (default: every heuristic)",
-    )
-    p.add_argument("--trace", type=Path, help="trace file of the evaluation workload")
-    p.add_argument(
-        "--db",
-        type=Path,
-        help=f"DuckDB store: its accounting as the workload (default without --trace: the "
-        f"operator's store {DEFAULT_STORE})",
-    )
-    p.add_argument("--slurm-cluster", help="cluster name in the store")
-    p.add_argument("--windows", help="comma-separated window ids (checked against --holdout-from)")
-    p.add_argument(
-        "--holdout-from",
-        type=Path,
-        action="append",
-        metavar="MANIFEST",
-        help="dataset manifest whose windows must not be evaluated (repeatable)",
-    )
-    p.add_argument(
-        "--n-windows",
-        type=int,
-        default=4,
-        help="without --windows: the last N held-out windows (default 4)",
-    )
-    p.add_argument("--seeds", help="comma-separated seeds (default 0,1,2)")
-    p.add_argument(
-        "--cluster",
-        help="topology: a spec or the folder of slurm.conf and topology.conf (default: the "
-        f"cluster the store's nodes table describes; with --trace {DEFAULT_TOPOLOGY})",
-    )
-    p.add_argument("--window", type=float, default=6 * 3600.0, help="window length, seconds")
-    p.add_argument("--block", type=float, default=1800.0, help="bootstrap block, s (0: replay)")
-    p.add_argument("--min-jobs", type=int, default=10, help="fewest jobs in a picked window")
-    p.add_argument(
-        "--warm-start",
-        action="store_true",
-        help="with --db: start each window from the accounting's running and pending jobs",
-    )
-    p.add_argument(
-        "--history",
-        type=Path,
-        metavar="PATH",
-        help="past jobs (a trace or a DuckDB store; the workload itself will do) to fit the "
-        "run-time predictor on, only jobs submitted before the first evaluation window; "
-        "needed by qssf and by learned packages without a predictor of their own",
-    )
-    p.add_argument(
-        "--history-format",
-        default="auto",
-        choices=["auto", "native", "philly", "helios", "alibaba", "swf"],
-        help="format of a --history trace (default: detect)",
-    )
-    p.add_argument("--calibration", type=Path, help="calibration JSON (default: shipped)")
-    p.add_argument(
-        "--baseline",
-        help="policy the ratios are taken to (default: the first heuristic that is no oracle)",
-    )
-    p.add_argument(
-        "--executor",
-        default="local",
-        help="serial, local[:N] (process pool), dask, or dask://HOST:PORT",
-    )
-    p.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples")
-    p.add_argument(
-        "--restart-cost",
-        default="sia",
-        metavar="sia|0|SECONDS",
-        help="what a preemption or migration costs: sia (default: Sia's measured checkpoint "
-        "plus restore seconds per profile), 0 (free preemption) or seconds for every job",
-    )
-    p.add_argument(
-        "--restart-grace",
-        type=float,
-        metavar="SECONDS",
-        help="seconds a preempted job keeps its GPUs to checkpoint (default 30)",
-    )
-    p.add_argument("--out", type=Path, default=Path("linkwise-out/evaluation"), help="report dir")
-    p.add_argument("--tracking-uri", help=uri_help)
-    p.add_argument("--no-log", action="store_true", help="do not log the report to MLflow")
-    p.add_argument("--json", action="store_true", help="print the result as JSON only")
-    p.add_argument(
-        "--wide",
-        action="store_true",
-        help="every column, printed and in report.md (default: those that fit 120 columns)",
-    )
-    p.set_defaults(func=cmd_evaluate)
-
-    codes = (
-        "exit codes: 0 {done}, 3 refused ({why}; the decision is printed and logged in "
-        "MLflow), 2 bad input (a message on stderr), 1 failure"
-    )
-    p = sub.add_parser(
-        "promote",
-        help="gate and promote: challenger -> shadow -> champion",
-        description="Gate and promote through the registry's aliases: --stage shadow gates "
-        "@challenger on an evaluation and moves @shadow (what a shadow loop serves, "
-        "model:shadow); --stage champion gates @shadow on its shadow-mode evidence in the "
-        "store and moves @champion (what an active loop serves, model:champion).",
-        epilog=codes.format(done="promoted", why="a gate failed"),
-    )
-    p.add_argument("--gates", type=Path, help="gates TOML (default: evaluation/gates.toml)")
-    p.add_argument(
-        "--stage",
-        choices=["shadow", "champion"],
-        default="shadow",
-        help="shadow: gate @challenger on --evaluation; champion: gate @shadow on "
-        "its shadow-mode evidence in --db",
-    )
-    p.add_argument("--evaluation", type=Path, help="folder written by linkwise evaluate")
-    p.add_argument(
-        "--ope", type=Path, help="FQE JSON: policy -> {estimate, behaviour_return, spread}"
-    )
-    p.add_argument(
-        "--db",
-        type=Path,
-        help=f"the live loop's DuckDB store (decisions, jobs; default: {DEFAULT_STORE})",
-    )
-    p.add_argument("--cluster", help="topology for the replay (default: the store's nodes)")
-    p.add_argument("--slurm-cluster", help="cluster name in the store")
-    p.add_argument("--calibration", type=Path, help="calibration JSON (default: shipped)")
-    p.add_argument("--tracking-uri", help=uri_help)
-    p.add_argument("--json", action="store_true", help="print the decision as JSON only")
-    p.set_defaults(func=cmd_promote)
-
-    p = sub.add_parser(
-        "rollback",
-        help="move @champion back to @previous",
-        epilog=codes.format(done="rolled back", why="no previous champion"),
-    )
-    p.add_argument("--tracking-uri", help=uri_help)
-    p.add_argument("--json", action="store_true", help="print the decision as JSON only")
-    p.set_defaults(func=cmd_rollback)
-
-    p = sub.add_parser("ope", help="off-policy evaluation (FQE) of learned policies on a dataset")
-    p.add_argument("--dataset", type=Path, required=True, help="an exported transitions .parquet")
-    p.add_argument("--policies", required=True, help="comma-separated model:ALIAS|PATH specs")
-    p.add_argument("--seeds", default="0,1,2", help="comma-separated FQE seeds (default 0,1,2)")
-    p.add_argument(
-        "--holdout",
-        type=float,
-        default=0.2,
-        help="share of episodes held out as training split them (default 0.2; 0: all)",
-    )
-    p.add_argument("--split-seed", type=int, default=0, help="the training split's seed")
-    p.add_argument("--out", type=Path, help="write the table (the --ope input of promote) here")
-    p.add_argument("--tracking-uri", help=uri_help)
-    p.add_argument("--json", action="store_true", help="print the table as JSON only")
-    p.set_defaults(func=cmd_ope)
-
-
-def cmd_ope(args: argparse.Namespace) -> int:
-    """``linkwise ope``: FQE estimates vs the behaviour policy's return, per policy."""
-
-    if args.tracking_uri:
-        os.environ["MLFLOW_TRACKING_URI"] = args.tracking_uri
-    specs = split_specs(args.policies)
-    seeds = tuple(int(x) for x in args.seeds.split(",") if x.strip())
-    data: Any = args.dataset
+def ope_estimates(
+    dataset: Path,
+    specs: Sequence[str],
+    *,
+    seeds: Sequence[int],
+    holdout: float,
+    split_seed: int,
+) -> dict[str, dict[str, Any]]:
+    """FQE estimates of the learned policies ``specs`` against the behaviour policy's return
+    (``evaluation.ope.ope_table``: the ``--ope`` input of promote), on the ``holdout`` share
+    of ``dataset``'s episodes held out as training split them (``split_seed``; 0: all)."""
+    data: Any = dataset
     spec = None
-    if args.holdout > 0:  # the held-out episodes, as training split them
-        df, manifest = read_dataset(args.dataset)
+    if holdout > 0:  # the held-out episodes, as training split them
+        df, manifest = read_dataset(dataset)
         spec = ObsSpec.from_json(manifest["obs_spec"])
-        _, data = split_episodes(df, args.holdout, args.split_seed)
+        _, data = split_episodes(df, holdout, split_seed)
         if data.height == 0:
-            raise ValueError(f"{args.dataset}: no held-out episodes at --holdout {args.holdout}")
-    table = ope_table(run_ope(data, {s: s for s in specs}, spec=spec, seeds=seeds))
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(table, indent=2, default=float))
-    if args.json:
-        print(json.dumps(table, default=float))
-        return 0
-    for name, row in table.items():
-        print(
-            f"{name}: estimate {row['estimate']:.4g} (spread {row['spread']:.3g}) "
-            f"vs behaviour return {row['behaviour_return']:.4g}"
-        )
-    if args.out is not None:
-        print(f"table: {args.out}")
-    return 0
+            raise ValueError(f"{dataset}: no held-out episodes at --holdout {holdout}")
+    return ope_table(run_ope(data, {s: s for s in specs}, spec=spec, seeds=seeds))

@@ -1,8 +1,8 @@
 """Train the DeepShare-style online baseline (MaskablePPO in the simulator), track it in
 MLflow and register it.
 
-``train_ppo`` is the plain function; ``cmd_train_ppo`` / ``add_ppo_parser`` the
-``linkwise train-ppo --config FILE`` CLI. Steps:
+``train_ppo`` is the plain function, ``linkwise train-ppo --config FILE``
+(``linkwise/cli/train.py``) its command. Steps:
 
 1. Read the TOML configuration (``models.ppo.PpoConfig``); pick the trace windows.
 2. One MLflow run: the configuration, the workload hash and the training windows as
@@ -18,8 +18,6 @@ MLflow and register it.
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -40,10 +38,10 @@ from linkwise.models.ppo import (
     workloads,
 )
 from linkwise.models.registry import default_tracking_uri, mlflow_env
-from linkwise.pipelines._run import add_run_options, summary_footer, training_run
+from linkwise.pipelines._run import summary_footer, training_run
 from linkwise.pipelines.train import progress_bar
 
-__all__ = ["PpoResult", "add_ppo_parser", "cmd_train_ppo", "format_ppo_result", "train_ppo"]
+__all__ = ["PpoResult", "format_ppo_result", "train_ppo"]
 
 EVAL_SEED_BASE = 1_000_000  # evaluation episodes use seeds the training never drew first
 
@@ -201,31 +199,3 @@ def format_ppo_result(r: PpoResult) -> str:
             lines.append(f"    {pol:<10} {s['return']:10.2f} {duration_text(s['mean_jct_s']):>10}")
     lines.extend(summary_footer(r))
     return "\n".join(lines)
-
-
-def cmd_train_ppo(args: argparse.Namespace) -> int:
-    """``linkwise train-ppo --config FILE``: train, register, print the summary."""
-    result = train_ppo(
-        args.config,
-        tracking_uri=args.tracking_uri,
-        out_dir=args.out,
-        register=False if args.no_register else None,
-        progress=not args.json,
-    )
-    if args.json:
-        print(json.dumps(result.to_json(), default=str))
-    else:
-        print(format_ppo_result(result))
-    return 0
-
-
-def add_ppo_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``train-ppo`` to a CLI's subparsers (sets ``func=cmd_train_ppo``)."""
-    p: argparse.ArgumentParser = subparsers.add_parser(
-        "train-ppo",
-        help="train the online baseline (MaskablePPO in the simulator) from a TOML file",
-    )
-    add_run_options(p, config_help="PPO experiment TOML file", out_help="folder for packages")
-    p.add_argument("--json", action="store_true", help="print the result as JSON only")
-    p.set_defaults(func=cmd_train_ppo)
-    return p

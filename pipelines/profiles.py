@@ -1,18 +1,16 @@
-"""Per-job telemetry and communication profiles on a store: the flow, the report, the CLI.
+"""Per-job telemetry and communication profiles on a store: the flow and the report.
 
 The Prefect flow ``job-telemetry`` (``pipelines.deployments.job_telemetry_flow``: not here,
 so that building the command line imports no Prefect) summarizes the runs the telemetry has
 passed since the last build (``datasets.job_telemetry.build_job_telemetry``; incremental and
 idempotent), so it follows ``collect-telemetry`` / ``collect-accounting`` on their schedule.
 ``profiles_report`` builds (unless told not to) and learns the profiles
-(``datasets.comm_profiles``); ``linkwise profiles`` prints it: how many runs had telemetry,
-how many profiles were learned from how many runs and hours, with ``--json``.
+(``datasets.comm_profiles``); ``format_profiles`` is what ``linkwise profiles`` prints: how
+many runs had telemetry, how many profiles were learned from how many runs and hours.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -27,8 +25,6 @@ from linkwise.datasets.job_telemetry import (
 from linkwise.datasets.store import open_store, scalar
 
 __all__ = [
-    "add_profiles_parser",
-    "cmd_profiles",
     "format_profiles",
     "profiles_report",
 ]
@@ -106,41 +102,3 @@ def format_profiles(report: dict[str, Any]) -> str:
                 f"second (spread {p['rho_spread']:.1%}), sensitivity {p['sensitivity']:.2f}"
             )
     return "\n".join(lines)
-
-
-def cmd_profiles(args: argparse.Namespace) -> int:
-    """``linkwise profiles``: build job telemetry, learn profiles, print the report."""
-    report = profiles_report(
-        args.db,
-        cluster=args.slurm_cluster,
-        interval_s=args.interval,
-        build=not args.no_build,
-        min_runs=args.min_runs,
-        until=args.until,
-    )
-    print(json.dumps(report, default=str) if args.json else format_profiles(report))
-    return 0
-
-
-def add_profiles_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register ``linkwise profiles``."""
-    p: argparse.ArgumentParser = subparsers.add_parser(
-        "profiles",
-        help="per-job telemetry and communication profiles learned from the store's history",
-        description=f"Attribution: {ATTRIBUTION_RULE}",
-    )
-    p.add_argument("--db", type=Path, required=True, help="the DuckDB store")
-    p.add_argument("--slurm-cluster", help="the Slurm cluster's name in the store (if several)")
-    p.add_argument(
-        "--interval", type=float, default=30.0, help="the telemetry scrape interval, s (30)"
-    )
-    p.add_argument(
-        "--no-build", action="store_true", help="read the job telemetry as built, build nothing"
-    )
-    p.add_argument(
-        "--min-runs", type=int, default=1, help="runs a profile needs at least (default 1)"
-    )
-    p.add_argument("--until", type=float, help="learn only from runs ended before this epoch time")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.set_defaults(func=cmd_profiles)
-    return p

@@ -39,14 +39,13 @@ import numpy as np
 import polars as pl
 
 from linkwise.cluster.mdp import ObsSpec, make_spec
-from linkwise.cluster.metrics import duration_text
 from linkwise.cluster.topology import from_spec
 from linkwise.datasets.labels import LabelTask, run_labels
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.rollouts import Window
 from linkwise.datasets.transitions import list_column_array
 from linkwise.evaluation.benchmark import EvalCase, PolicyRef, make_cases, run_benchmark
-from linkwise.evaluation.gates import same_information_heuristics
+from linkwise.evaluation.gates import GateReport, same_information_heuristics
 from linkwise.models.learned import save_package
 from linkwise.models.registry import (
     default_tracking_uri,
@@ -75,14 +74,13 @@ __all__ = [
     "LabelTraining",
     "MarginChoice",
     "RobustCase",
-    "add_robust_parser",
     "best_actions",
     "choose_base",
     "choose_margin",
-    "cmd_robust",
     "dagger_round",
     "label_datasets",
     "robustness",
+    "robustness_check",
     "robustness_topologies",
     "train_on_labels",
 ]
@@ -523,10 +521,24 @@ def package_base(package: str | Path) -> str | None:
     return str(data["base"]) if meta.get("kind") == "residual" and data else None
 
 
-def cmd_robust(args: Any) -> int:
-    """``linkwise robust PACKAGE``: the package and its base on 0.5x/1x/2x the cluster's
-    nodes, default and oversubscribed fabrics, on the embedded synthetic workload; the
-    robustness gate's verdict (exit 0 passed, 3 refused)."""
+def robustness_check(
+    package: str | Path,
+    *,
+    base: str | None,
+    cluster: str,
+    oversub: float,
+    jobs: int,
+    load_scale: float,
+    window_h: float,
+    windows: int,
+    seeds: Sequence[int],
+    seed: int,
+    max_ratio: float,
+) -> tuple[str, list[RobustCase], GateReport]:
+    """A package and its base (``base``, else the residual's own) on 0.5x/1x/2x ``cluster``'s
+    nodes, default and ``oversub`` times oversubscribed fabrics, on the last ``windows``
+    windows of the embedded synthetic workload: the base, every case and the robustness
+    gate's verdict (``linkwise robust``)."""
     import json
 
     from linkwise.datasets import synthetic
@@ -536,66 +548,30 @@ def cmd_robust(args: Any) -> int:
     from linkwise.evaluation.gates import check_robustness
     from linkwise.models.learned import PREDICTOR, verify_checksums
 
-    pkg = Path(args.package)
+    pkg = Path(package)
     if not pkg.is_dir():
         raise ValueError(f"{pkg}: not a package folder")
     verify_checksums(pkg)
-    base = args.base or package_base(pkg)
+    base = base or package_base(pkg)
     if base is None:
         raise ValueError(f"{pkg} is not a residual package: name its reference with --base")
-    if args.jobs < 10 or args.windows < 1 or args.window_h <= 0:
+    if jobs < 10 or windows < 1 or window_h <= 0:
         raise ValueError("--jobs must be at least 10, --windows and --window-h positive")
-    topos = robustness_topologies(args.cluster, args.oversub)
+    topos = robustness_topologies(cluster, oversub)
     largest = max(from_spec(t).total_gpus for t in topos.values())
-    jobs = synthetic.generate(args.jobs, seed=args.seed, max_gpus=largest,
-                              load_scale=args.load_scale)  # fmt: skip
-    cut = cut_windows(jobs_frame(jobs), args.window_h * 3600.0, min_jobs=5)
-    windows = cut[-args.windows :]
-    if not windows:
+    workload = synthetic.generate(jobs, seed=seed, max_gpus=largest, load_scale=load_scale)
+    cut = cut_windows(jobs_frame(workload), window_h * 3600.0, min_jobs=5)
+    chosen = cut[-windows:]
+    if not chosen:
         raise ValueError("the workload has no window of 5 or more jobs")
     predictor = read_predictor(pkg / PREDICTOR) if (pkg / PREDICTOR).is_file() else None
     if predictor is None:
-        predictor = RuntimePredictor.fit(jobs, until=windows[0].start)
+        predictor = RuntimePredictor.fit(workload, until=chosen[0].start)
     meta = json.loads((pkg / "policy.json").read_text())
     trained = meta.get("residual", {}).get("deferral", {}).get("topologies", [])
-    seeds = [int(s) for s in str(args.seeds).split(",") if s.strip()]
-    rows = robustness(str(pkg), base, topos, windows, seeds, predictor=predictor, trained=trained)
-    off = {r.name: (r.avg_jct_s, r.base_avg_jct_s) for r in rows if not r.trained_on}
-    report = check_robustness(str(pkg), off, args.max_ratio, min_cases=min(5, len(off)) or 1)
-    if args.json:
-        print(json.dumps({"base": base, "cases": [r.to_json() for r in rows],
-                          "gate": report.to_json()}, indent=2))  # fmt: skip
-    else:
-        print(f"{'case':<18} {'topology':<28} {'avg JCT':>9} {'base':>9} {'ratio':>6} "
-              f"{'dev/1k':>7}")  # fmt: skip
-        for r in rows:
-            dev = "-" if r.deviations_per_1000 is None else f"{r.deviations_per_1000:.1f}"
-            mark = " (trained)" if r.trained_on else ""
-            print(f"{r.name + mark:<18} {r.topology:<28} {duration_text(r.avg_jct_s):>9} "
-                  f"{duration_text(r.base_avg_jct_s):>9} {r.ratio:>6.3f} {dev:>7}")  # fmt: skip
-        print(report.format())
-    return 0 if report.passed else 3
-
-
-def add_robust_parser(sub: Any) -> Any:
-    """``linkwise robust``: the robustness check of a package (``cmd_robust``)."""
-    from linkwise.cluster.topology import DEFAULT_TOPOLOGY
-
-    p = sub.add_parser(
-        "robust",
-        help="a package against its base on 0.5x/1x/2x the nodes and an oversubscribed fabric",
+    rows = robustness(
+        str(pkg), base, topos, chosen, list(seeds), predictor=predictor, trained=trained
     )
-    p.add_argument("package", help="a policy package folder (a residual names its base)")
-    p.add_argument("--base", help="the reference policy spec (default: the residual's base)")
-    p.add_argument("--cluster", default=DEFAULT_TOPOLOGY, help="the compact topology spec scaled")
-    p.add_argument("--oversub", type=float, default=4.0, help="leaf uplink oversubscription")
-    p.add_argument("--jobs", type=int, default=2000, help="synthetic jobs drawn")
-    p.add_argument("--load-scale", type=float, default=0.22, help="synthetic arrival scale")
-    p.add_argument("--window-h", type=float, default=24.0, help="window length, hours")
-    p.add_argument("--windows", type=int, default=2, help="the last N windows are evaluated")
-    p.add_argument("--seeds", default="0", help="comma-separated resampling seeds")
-    p.add_argument("--seed", type=int, default=0, help="the workload's seed")
-    p.add_argument("--max-ratio", type=float, default=1.02, help="the gate's limit per case")
-    p.add_argument("--json", action="store_true", help="JSON: cases and the gate")
-    p.set_defaults(func=cmd_robust)
-    return p
+    off = {r.name: (r.avg_jct_s, r.base_avg_jct_s) for r in rows if not r.trained_on}
+    report = check_robustness(str(pkg), off, max_ratio, min_cases=min(5, len(off)) or 1)
+    return base, rows, report

@@ -20,13 +20,11 @@ flow around it. Steps:
 6. Package (TorchScript, ObsSpec, manifest, checksums) into ``OUT/packages/RUN_ID``; log it
    as a pyfunc model and register it as ``linkwise-policy`` with alias ``challenger``.
 
-``cmd_train`` / ``add_train_parser`` are the ``linkwise train --config FILE`` CLI.
+``linkwise train --config FILE`` (``linkwise/cli/train.py``) calls them.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import time
 from collections.abc import Mapping
@@ -41,7 +39,6 @@ import polars as pl
 from linkwise.cluster.mdp import ObsSpec
 from linkwise.cluster.topology import DEFAULT_TOPOLOGY
 from linkwise.datasets.export import read_dataset, to_mdp_dataset
-from linkwise.datasets.operator import DEFAULT_STORE, parse_time
 from linkwise.datasets.rollouts import jobs_from_store
 from linkwise.datasets.store import open_store
 from linkwise.models.learned import masked_argmax, save_package
@@ -58,14 +55,11 @@ from linkwise.models.training import (
     quiet_d3rlpy,
     split_episodes,
 )
-from linkwise.pipelines._run import add_run_options, summary_footer, training_run
+from linkwise.pipelines._run import summary_footer, training_run
 from linkwise.pipelines.build_dataset import build_dataset
-from linkwise.pipelines.console import quiet_libraries
 
 __all__ = [
     "TrainResult",
-    "add_train_parser",
-    "cmd_train",
     "heldout_report",
     "load_training_data",
     "train",
@@ -413,68 +407,3 @@ def format_result(r: TrainResult) -> str:
             lines.append(f"  {key} {m[key]:.4g}")
     lines.extend(summary_footer(r))
     return "\n".join(lines)
-
-
-def cmd_train(args: argparse.Namespace) -> int:
-    """``linkwise train --config FILE``: train, register, print the summary and the run id."""
-    source = {
-        "path": str(args.dataset) if args.dataset else None,
-        "db": str(args.db) if args.db else None,
-        "since": parse_time(args.since, "--since"),
-        "until": parse_time(args.until, "--until"),
-    }
-    kwargs: dict[str, Any] = {
-        "source": {k: v for k, v in source.items() if v is not None},
-        "steps": args.steps,
-        "tracking_uri": args.tracking_uri,
-        "out_dir": args.out,
-        "register": False if args.no_register else None,
-        "progress": not args.json,
-    }
-    with quiet_libraries():  # no gym banner (d3rlpy imports gym), no MLflow INFO lines
-        result = train_flow(args.config, **kwargs) if args.prefect else train(args.config, **kwargs)
-    if args.json:
-        print(json.dumps(result.to_json(), default=str))
-    else:
-        print(format_result(result))
-    return 0
-
-
-def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``train`` to a CLI's subparsers (sets ``func=cmd_train``)."""
-    p: argparse.ArgumentParser = subparsers.add_parser(
-        "train", help="train a learned policy (BC or CQL) from a TOML experiment file"
-    )
-    add_run_options(
-        p,
-        config_help="experiment TOML file",
-        out_help="folder for built datasets and policy packages",
-    )
-    p.add_argument(
-        "--dataset",
-        type=Path,
-        help="train on this exported dataset (build-dataset's .parquet) instead of the "
-        "configuration's [dataset]",
-    )
-    p.add_argument(
-        "--db",
-        type=Path,
-        help="build the dataset from this store (the cluster's own accounting, its topology "
-        "from the nodes table) instead of the configuration's [dataset]; the operator TOMLs "
-        f"(models/experiments/operator_*.toml) read {DEFAULT_STORE} by default",
-    )
-    p.add_argument(
-        "--since", help="with a store: jobs submitted from then on (ISO 8601 or epoch seconds)"
-    )
-    p.add_argument(
-        "--until",
-        help="with a store: jobs submitted before then (exclusive); later windows stay "
-        "held out for `linkwise evaluate`",
-    )
-    p.add_argument(
-        "--steps", type=int, help="training steps instead of the configuration's [train] n_steps"
-    )
-    p.add_argument("--prefect", action="store_true", help="run as a Prefect flow")
-    p.add_argument("--json", action="store_true", help="print the result as JSON only")
-    p.set_defaults(func=cmd_train)
-    return p

@@ -10,6 +10,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from linkwise.cli.data import add_build_dataset_parser
 from linkwise.cluster.domain import Job
 from linkwise.cluster.mdp import MdpConfig
 from linkwise.cluster.topology import from_spec
@@ -28,7 +29,6 @@ from linkwise.datasets.rollouts import (
 )
 from linkwise.datasets.store import open_store
 from linkwise.pipelines.build_dataset import (
-    add_build_dataset_parser,
     build_dataset,
     build_dataset_flow,
     cap_log_share,

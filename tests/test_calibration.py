@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from linkwise.cli.calibrate import main
 from linkwise.cluster.calibration import (
     DEEPSHARE_MODELS,
     POLLUX_MODELS,
@@ -18,7 +19,6 @@ from linkwise.cluster.calibration import (
     isolated_throughput,
     load_deepshare,
     load_pollux,
-    main,
     pair_placement,
     pair_terms,
     predict_pair_ratios,

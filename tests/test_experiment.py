@@ -76,7 +76,7 @@ def test_quiet_libraries_mutes_mlflow_messages_but_not_its_warnings(
 
 TRAIN_PROBE = """
 import argparse
-import linkwise.pipelines.train as t
+import linkwise.cli.train as t
 
 def fake_train(config, **kwargs):  # what train does first that prints: d3rlpy imports gym
     import d3rlpy  # noqa: F401

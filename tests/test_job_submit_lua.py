@@ -179,7 +179,7 @@ def test_a_burst_across_kill9_of_the_loop_leaves_no_job_held(
     cluster: dict[str, str], client: SlurmClient, tmp_path: Path
 ) -> None:
     cmd = [
-        sys.executable, "-m", "linkwise.deployer.serve", "--mode", "active", "--partition",
+        sys.executable, "-m", "linkwise.cli", "serve", "--mode", "active", "--partition",
         "gpu", "--slurm-env", str(LUA_CLUSTER / "env"), "--db", str(tmp_path / "store.duckdb"),
         "--state-dir", str(tmp_path / "state"), "--lease-root", str(LEASE_ROOT),
         "--policy", "fifo", "--interval", "1", "--lease", "4",

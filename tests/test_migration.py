@@ -324,7 +324,7 @@ def test_config_is_validated() -> None:
 def test_serve_options_set_the_rules() -> None:
     import argparse
 
-    from linkwise.deployer.serve import config_from_args, configure_parser
+    from linkwise.cli.serve import config_from_args, configure_parser
 
     parser = argparse.ArgumentParser()
     configure_parser(parser)

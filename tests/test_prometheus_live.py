@@ -105,7 +105,7 @@ class Prom:
 
 def _serve(env_file: str, tmp: Path, name: str, port: int, policy: str) -> subprocess.Popen[bytes]:
     args = [
-        sys.executable, "-m", "linkwise.deployer.serve", "--mode", "shadow",
+        sys.executable, "-m", "linkwise.cli", "serve", "--mode", "shadow",
         "--partition", "gpu", "--slurm-env", env_file, "--policy", policy,
         "--db", str(tmp / f"{name}.duckdb"), "--state-dir", str(tmp / f"{name}-state"),
         "--lease-root", str(tmp / "leases"), "--interval", "1", "--metrics-port", str(port),

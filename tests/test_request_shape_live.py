@@ -133,7 +133,7 @@ class Loop:
         self.log = tmp / "serve.log"
         self.db = tmp / "store.duckdb"
         cmd = [
-            sys.executable, "-m", "linkwise.deployer.serve", "--mode", "active",
+            sys.executable, "-m", "linkwise.cli", "serve", "--mode", "active",
             "--partition", "gpu", "--slurm-env", ENV_FILE, "--db", str(self.db),
             "--state-dir", str(tmp / "state"), "--lease-root", str(LEASE_ROOT),
             "--interval", "1", "--lease", "30", "--policy", "fifo",

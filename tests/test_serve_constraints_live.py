@@ -153,7 +153,7 @@ class Loop:
         self.log = tmp / "serve.log"
         self.port = free_port()
         cmd = [
-            sys.executable, "-m", "linkwise.deployer.serve", "--mode", "active",
+            sys.executable, "-m", "linkwise.cli", "serve", "--mode", "active",
             "--partition", "gpu", "--slurm-env", ENV_FILE, "--db", str(tmp / "store.duckdb"),
             "--state-dir", str(tmp / "state"), "--lease-root", str(LEASE_ROOT),
             "--interval", "1", "--lease", "30", "--metrics-port", str(self.port), *args,

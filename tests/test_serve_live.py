@@ -84,7 +84,7 @@ def all_done(client: SlurmClient, ids: list[int]) -> bool:
 
 def serve_cmd(env_file: str, tmp: Path, *args: str) -> list[str]:
     return [
-        sys.executable, "-m", "linkwise.deployer.serve", "--partition", "gpu",
+        sys.executable, "-m", "linkwise.cli", "serve", "--partition", "gpu",
         "--slurm-env", env_file, "--db", str(tmp / "store.duckdb"),
         "--state-dir", str(tmp / "state"), "--lease-root", LEASE_ROOT, *args,
     ]  # fmt: skip

@@ -252,7 +252,7 @@ def test_serve_runs_from_the_example_file_and_logs_json_lines(tmp_path: Path) ->
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(str(tmp_path / "notify.sock"))
     run = subprocess.run(
-        [sys.executable, "-m", "linkwise.deployer.serve", "--config", str(path)],
+        [sys.executable, "-m", "linkwise.cli", "serve", "--config", str(path)],
         capture_output=True,
         text=True,
         timeout=300,

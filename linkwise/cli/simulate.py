@@ -1,38 +1,33 @@
-"""The ``linkwise`` command line.
+"""``linkwise simulate``, ``compare``, ``topology`` and ``policies``: the simulator's commands.
 
-Exit codes: 0 success, 1 unexpected failure, 2 bad usage or bad input (a clear message
-on stderr, nothing half-written).
-
-Each command imports its implementation when it runs (the imports inside the ``cmd_*``
-functions): importing them all up front pulls in polars, DuckDB, MLflow, Prefect, scipy and
-torch, and would make ``linkwise --help`` take seconds instead of a fraction of one.
+The implementations are imported when a command runs (inside the ``cmd_*`` functions):
+importing them up front would pull scipy, matplotlib and MLflow into every ``linkwise
+--help``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from linkwise.cli.common import (
+    EXIT_OK,
+    TRACE_FORMATS,
+    add_calibration,
+    add_command,
+    add_history_format,
+    add_json,
+    add_restart_cost,
+    add_wide,
+    default_data_dir,
+)
 from linkwise.cluster.topology import DEFAULT_TOPOLOGY
-from linkwise.supervise import supervise
 
-EXIT_OK, EXIT_FAIL, EXIT_INPUT = 0, 1, 2
-# ``serve`` stops itself on SIGINT/SIGTERM (it hands its held jobs back), systemd watches its
-# own process (sd_notify) and its watchdog process must outlive it: not supervised
-UNSUPERVISED = frozenset({"serve"})
 DEFAULT_SYNTHETIC_JOBS = 2000
-
-
-def default_data_dir() -> Path | None:
-    """``$LINKWISE_DATA``, else ``../shared/data`` from the working directory, if it exists."""
-    env = os.environ.get("LINKWISE_DATA")
-    candidates = [Path(env)] if env else [Path.cwd().parent / "shared" / "data"]
-    return next((c for c in candidates if c.is_dir()), None)
 
 
 def _add_workload_args(p: argparse.ArgumentParser) -> None:
@@ -43,7 +38,7 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--trace-format",
         default="auto",
-        choices=["auto", "native", "philly", "helios", "alibaba", "swf"],
+        choices=list(TRACE_FORMATS),
         help="format of --trace (default: detect)",
     )
     g.add_argument(
@@ -79,18 +74,12 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
         choices=["analytic", "empirical", "none"],
         help="the calibrated model, DeepShare's measured table, or none (pure queueing)",
     )
-    c.add_argument("--calibration", type=Path, help="calibration JSON (default: the shipped fit)")
+    add_calibration(c, "calibration JSON (default: the shipped fit)")
     c.add_argument(
         "--data", type=Path, help="../shared/data (for the empirical model); or $LINKWISE_DATA"
     )
     c.add_argument("--tick", type=float, help="periodic decision points every S seconds")
-    c.add_argument(
-        "--restart-cost",
-        default="sia",
-        metavar="sia|0|SECONDS",
-        help="what a preemption or migration costs: sia (default: Sia's measured checkpoint "
-        "plus restore seconds per profile), 0 (free preemption) or seconds for every job",
-    )
+    add_restart_cost(c)
     c.add_argument(
         "--restart-grace",
         type=float,
@@ -107,20 +96,13 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
         "run-time predictor on: only jobs submitted before the workload's first job; needed "
         "by qssf and by learned packages that carry no predictor of their own",
     )
-    h.add_argument(
-        "--history-format",
-        default="auto",
-        choices=["auto", "native", "philly", "helios", "alibaba", "swf"],
-        help="format of a --history trace (default: detect)",
-    )
+    add_history_format(h)
     h.add_argument(
         "--slurm-cluster",
         help="with a --history store: the Slurm cluster's name in it (default: all)",
     )
-    p.add_argument("--json", action="store_true", help="print machine-readable JSON only")
-    p.add_argument(
-        "--wide", action="store_true", help="every column (default: those that fit 120 columns)"
-    )
+    add_json(p)
+    add_wide(p)
     p.add_argument(
         "--rejected-out",
         type=Path,
@@ -347,24 +329,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_calibrate(args: argparse.Namespace) -> int:
-    from linkwise.cluster.calibration import fit_calibration, write_calibration
-
-    data_dir = args.data or default_data_dir()
-    if data_dir is None:
-        raise ValueError("no data folder: pass --data PATH/TO/shared/data")
-    cal = fit_calibration(data_dir)
-    write_calibration(cal, args.out)
-    summary = {
-        "out": str(args.out),
-        "profiles": sorted(cal.profiles),
-        "alpha": cal.alpha,
-        "fit": cal.fit,
-    }
-    print(json.dumps(summary, indent=None if args.json else 2, default=str))
-    return EXIT_OK
-
-
 def cmd_topology(args: argparse.Namespace) -> int:
     from linkwise.cluster.topology import describe, load_topology
 
@@ -420,180 +384,11 @@ def _cut(text: str, width: int) -> str:
     return text[:head] + "…" + text[len(text) - (width - 1 - head) :]
 
 
-def cmd_collect_accounting(args: argparse.Namespace) -> int:
-    from linkwise.cluster.slurm.client import SlurmClient, read_env_file
-    from linkwise.cluster.slurm.errors import SlurmError
-    from linkwise.datasets.operator import parse_time
-    from linkwise.datasets.store import StoreLockedError
-    from linkwise.pipelines.collect import CollectError, collect_accounting
-
-    since = parse_time(args.since, "--since")
-    until = parse_time(args.until, "--until")
-    env_file = args.slurm_env or os.environ.get("LINKWISE_SLURM_ENV")
-    env = read_env_file(env_file) if env_file else dict(os.environ)
-    cluster = args.slurm_cluster or env.get("LINKWISE_SLURM_CLUSTER")
-    if not cluster:
-        raise ValueError("no cluster name: pass --slurm-cluster (or LINKWISE_SLURM_CLUSTER)")
-    try:
-        client = SlurmClient.from_env(env, args.transport, timeout=args.timeout)
-        report = collect_accounting(
-            client,
-            args.db,
-            cluster=cluster,
-            since=since,
-            until=until,
-            window_s=args.window,
-            overlap_s=args.overlap,
-            lock_wait_s=args.lock_wait,
-            reject_hold_s=args.reject_hold,
-        )
-    except CollectError as exc:
-        done = exc.report.to_dict()
-        if args.json:
-            print(json.dumps({"error": str(exc), **done}, default=str))
-        print(f"linkwise collect accounting: error: {exc}", file=sys.stderr)
-        return EXIT_FAIL
-    except (SlurmError, StoreLockedError) as exc:
-        print(f"linkwise collect accounting: error: {exc}", file=sys.stderr)
-        return EXIT_FAIL
-    out = report.to_dict()
-    if args.json:
-        print(json.dumps(out, default=str))
-        return EXIT_OK
-    print(
-        f"{args.db}: cluster {cluster}, {out['nodes']} nodes, {len(out['windows'])} window(s); "
-        f"{out['received']} records: {out['inserted']} new, {out['updated']} updated, "
-        f"{out['unchanged']} unchanged, {out['kept_settled']} kept settled, "
-        f"{out['unsettled']} unsettled, {out['rejected']} rejected "
-        f"({out['new_rejects']} new, {out['resolved']} resolved, {out['open_rejects']} open); "
-        f"watermark {out['watermark']}"
-    )
-    for reason, n in out["rejected_reasons"].items():
-        print(f"  rejected {n}: {reason}")
-    if report.held_at is not None:
-        print(f"  watermark held at {report.held_at}: {report.held_reason}")
-    return EXIT_OK
+# ------------------------------------------------------------------------ parsers
 
 
-def cmd_collect_telemetry(args: argparse.Namespace) -> int:
-    from linkwise.datasets.store import StoreLockedError
-    from linkwise.pipelines.collect import collect_telemetry
-
-    try:
-        report = collect_telemetry(
-            args.db,
-            endpoints=args.endpoint or [],
-            sysfs_roots=args.sysfs or [],
-            host=args.host,
-            cluster=args.slurm_cluster,
-            timeout=args.timeout,
-            interval_s=args.interval,
-            lock_wait_s=args.lock_wait,
-        )
-    except StoreLockedError as exc:
-        print(f"linkwise collect telemetry: error: {exc}", file=sys.stderr)
-        return EXIT_FAIL
-    out = report.to_dict()
-    if args.json:
-        print(json.dumps(out, default=str))
-    else:
-        for s in out["sources"]:
-            if s["error"]:
-                print(f"{s['source']}: FAILED: {s['error']}")
-                continue
-            print(
-                f"{s['source']}: {s['samples']} samples, {s['link_load_rows']} link_load rows, "
-                f"{s['malformed']} malformed lines, DCGM blanks {s['sentinels'] or 0}, "
-                f"{s['unsupported']} unsupported counters"
-            )
-            for reason, n in s["rejected_reasons"].items():
-                print(f"  rejected {n}: {reason}")
-        print(f"InfiniBand link_load rows derived: {out['ib_link_load_rows']}")
-        rates = out["rates"] or {}
-        if rates:
-            print(
-                f"{rates['port_directions']} InfiniBand port directions, "
-                f"{rates['ports_without_rate']} without a rate"
-            )
-            for reason, n in rates["without_rate"].items():
-                print(f"  no rate, {reason}: {n}")
-    for source, error in out["errors"].items():
-        print(f"linkwise collect telemetry: error: {source}: {error}", file=sys.stderr)
-    return EXIT_FAIL if out["errors"] else EXIT_OK
-
-
-def _add_lock_wait(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--lock-wait",
-        type=float,
-        default=10.0,
-        metavar="S",
-        help="wait up to S seconds for a store another process holds (default 10)",
-    )
-
-
-def _add_collect_parser(sub: Any) -> None:
-    p = sub.add_parser("collect", help="collect Slurm accounting or telemetry into DuckDB")
-    csub = p.add_subparsers(dest="collect_what", required=True, metavar="WHAT")
-
-    a = csub.add_parser("accounting", help="Slurm accounting records and nodes, incrementally")
-    a.add_argument("--db", type=Path, required=True, help="the DuckDB store (created if missing)")
-    a.add_argument("--since", help="ISO time or epoch seconds (default: from the watermark)")
-    a.add_argument("--until", help="ISO time or epoch seconds (default: now)")
-    a.add_argument("--transport", choices=["cli", "rest"], default="cli")
-    a.add_argument(
-        "--slurm-env",
-        type=Path,
-        help="env file with SLURM_CONF, LINKWISE_SLURM_REST_URL, LINKWISE_SLURM_CLUSTER "
-        "(default: $LINKWISE_SLURM_ENV, else the environment)",
-    )
-    a.add_argument(
-        "--slurm-cluster", help="the Slurm cluster's name (default: LINKWISE_SLURM_CLUSTER)"
-    )
-    a.add_argument("--window", type=float, default=6 * 3600.0, help="window length, seconds")
-    a.add_argument("--overlap", type=float, default=600.0, help="window overlap, seconds")
-    a.add_argument(
-        "--reject-hold",
-        type=float,
-        default=86400.0,
-        metavar="S",
-        help="records the parser rejects hold the watermark for S seconds (default one day; "
-        "a run that accepts no record at all holds until one does)",
-    )
-    a.add_argument("--timeout", type=float, default=30.0, help="per Slurm call, seconds")
-    _add_lock_wait(a)
-    a.add_argument("--json", action="store_true", help="print machine-readable JSON only")
-    a.set_defaults(func=cmd_collect_accounting)
-
-    t = csub.add_parser("telemetry", help="scrape exporter endpoints and sysfs counters")
-    t.add_argument("--db", type=Path, required=True, help="the DuckDB store (created if missing)")
-    t.add_argument("--endpoint", action="append", metavar="URL", help="exporter URL (repeatable)")
-    t.add_argument("--sysfs", action="append", metavar="PATH", help="sysfs root (repeatable)")
-    t.add_argument("--host", help="node name for samples without a host label")
-    t.add_argument(
-        "--slurm-cluster", default="", help="the Slurm cluster's name stored with link_load rows"
-    )
-    t.add_argument(
-        "--timeout", type=float, default=5.0, help="deadline of each whole scrape, seconds"
-    )
-    t.add_argument("--interval", type=float, default=30.0, help="scrape interval, seconds")
-    _add_lock_wait(t)
-    t.add_argument("--json", action="store_true", help="print machine-readable JSON only")
-    t.set_defaults(func=cmd_collect_telemetry)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    from linkwise import __version__
-
-    parser = argparse.ArgumentParser(
-        prog="linkwise",
-        description="Contention-aware scheduling for Slurm GPU clusters: "
-        "simulate and compare policies.",
-    )
-    parser.add_argument("--version", action="version", version=f"linkwise {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    p = sub.add_parser("simulate", help="run one policy on a workload in the simulator")
+def add_simulate_parser(sub: Any) -> None:
+    p = add_command(sub, "simulate", help="run one policy on a workload in the simulator")
     p.add_argument(
         "--policy",
         default="backfill",
@@ -605,7 +400,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_workload_args(p)
     p.set_defaults(func=cmd_simulate)
 
-    p = sub.add_parser("compare", help="run several policies on the same workload and compare")
+
+def add_compare_parser(sub: Any) -> None:
+    p = add_command(sub, "compare", help="run several policies on the same workload and compare")
     p.add_argument(
         "--policies",
         help="comma-separated policies, heuristics or model:ALIAS|PATH (default: every "
@@ -618,20 +415,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_workload_args(p)
     p.set_defaults(func=cmd_compare)
 
-    p = sub.add_parser(
-        "calibrate", help="fit the contention model to the measurements in shared/data"
-    )
-    p.add_argument("--data", type=Path, help="the shared/data folder (default: ../shared/data)")
-    p.add_argument("--out", type=Path, required=True, help="calibration JSON to write")
-    p.add_argument("--json", action="store_true", help="compact JSON")
-    p.set_defaults(func=cmd_calibrate)
 
-    p = sub.add_parser("topology", help="describe a cluster topology")
+def add_topology_parser(sub: Any) -> None:
+    p = add_command(sub, "topology", help="describe a cluster topology")
     p.add_argument("cluster", help="a spec (64x8,leaf=16), a slurm.conf folder, or the Alibaba CSV")
-    p.add_argument("--json", action="store_true", help="compact JSON")
+    add_json(p, "compact JSON")
     p.set_defaults(func=cmd_topology)
 
-    p = sub.add_parser(
+
+def add_policies_parser(sub: Any) -> None:
+    p = add_command(
+        sub,
         "policies",
         help="list every policy: kind, preemptive, migrates, oracle, needs predictions",
     )
@@ -640,59 +434,5 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("-v", "--verbose", action="store_true", help="show each composition's spec")
     p.add_argument("--wide", action="store_true", help="full names and descriptions")
-    p.add_argument("--json", action="store_true", help="JSON: a list of objects")
+    add_json(p, "JSON: a list of objects")
     p.set_defaults(func=cmd_policies)
-
-    _add_collect_parser(sub)
-
-    from linkwise.deployer.explain import add_explain_parser
-    from linkwise.deployer.serve import add_serve_parser
-    from linkwise.evaluation.shadow_report import add_shadow_report_parser
-    from linkwise.pipelines.build_dataset import add_build_dataset_parser
-    from linkwise.pipelines.demo import add_demo_parser
-    from linkwise.pipelines.evaluate import add_evaluate_parsers
-    from linkwise.pipelines.ppo import add_ppo_parser
-    from linkwise.pipelines.train import add_train_parser
-
-    add_build_dataset_parser(sub)
-    add_train_parser(sub)
-    add_ppo_parser(sub)
-    add_evaluate_parsers(sub)
-    add_serve_parser(sub)
-    add_explain_parser(sub)
-    add_shadow_report_parser(sub)
-    add_demo_parser(sub)
-
-    from linkwise.pipelines.residual import add_robust_parser
-
-    add_robust_parser(sub)
-
-    from linkwise.pipelines.label import add_label_parser
-
-    add_label_parser(sub)
-
-    from linkwise.pipelines.profiles import add_profiles_parser
-
-    add_profiles_parser(sub)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """The command line; run as a program (``argv`` None), a command runs in a child process
-    that SIGINT/SIGTERM end with its workers (``linkwise.supervise``)."""
-    args = build_parser().parse_args(argv)
-    if argv is None and args.command not in UNSUPERVISED:
-        code = supervise(args.command)
-        if code is not None:
-            return code
-    try:
-        return int(args.func(args))
-    except (ValueError, FileNotFoundError, IsADirectoryError) as exc:
-        print(f"linkwise {args.command}: error: {exc}", file=sys.stderr)
-        return EXIT_INPUT
-    except KeyboardInterrupt:
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())
