@@ -321,21 +321,41 @@ def slurm_select_usable(
     return Placement(tuple((node, per) for node in sorted(chosen)))
 
 
-def slurm_select_flexible(topo: Topology, free: Sequence[int], gpus: int) -> Placement | None:
-    """Where select/cons_tres starts a flexible request (``--gpus=N``, any split) now, or None
-    (fewer than ``gpus`` GPUs free).
+def slurm_select_flexible(
+    topo: Topology, free: Sequence[int], gpus: int, *, per_task: bool = False
+) -> Placement | None:
+    """Where select/cons_tres starts a flexible request (``--gpus=N``, any split; with
+    ``per_task``, ``-n N --gpus-per-task=1``) now, or None (fewer than ``gpus`` GPUs free).
 
-    Packed when it can be: the shape a fixed request of these GPUs would have
-    (``requested_shape``: one node up to a node's GPUs, whole nodes beyond) on the nodes
-    ``slurm_select`` picks for it. Otherwise spread over the nodes with free GPUs, all of
-    each node's free GPUs taken, as cons_tres fills a GPU count from fragments: groups of
-    nodes (leaf switches; on one leaf, runs of consecutive nodes) one at a time, the group
-    that holds the rest with the fewest free GPUs, else the one with the most; inside a group
-    its nodes in index order. (The aggregation layer is not consulted; the choice has not been
-    checked against a real Slurm.)"""
+    CPUs are taken as proportional to GPUs (``--cpus-per-gpu``, as ``slurm_select`` assumes).
+
+    - Several leaves (``topology/tree``): ``_flexible_tree_nodes`` picks the nodes (Slurm's
+      ``_eval_nodes_topo`` with its node weights by free GPUs); ``split_job_gpus`` says how
+      many GPUs each gets for ``--gpus=N``; one GPU per task, the nodes in the order they
+      were picked take all their free GPUs (the last the rest), as cons_tres hands out CPUs
+      and so tasks. Checked against Slurm 24.11 and 26.05 by ``benchmarks/flexible_vs_slurm.py``
+      and ``tests/test_flexible_live.py`` (``--gpus=N``, with and without ``--cpus-per-gpu``,
+      ``-N 1-4 --gpus=N``, ``-n N --gpus-per-task=1``).
+    - One leaf switch (no ``topology.conf``): packed in the shape a fixed request of these
+      GPUs would have (``requested_shape``) on the nodes ``slurm_select`` picks, else spread
+      over runs of consecutive nodes with free GPUs, the run that holds the rest with the
+      fewest free GPUs, else the one with the most, all of each node's free GPUs taken in
+      index order. Not checked against a real Slurm.
+    """
     _check_gpus(gpus)
     if sum(free) < gpus:
         return None
+    if len(topo.leaf_names) > 1:
+        nodes = _flexible_tree_nodes(topo, free, gpus)
+        if nodes is None:
+            return None
+        if not per_task:
+            return split_job_gpus(nodes, free, gpus)
+        takes, need = [], gpus
+        for node in nodes:
+            takes.append((node, min(free[node], need)))
+            need -= takes[-1][1]
+        return Placement.of(takes)
     node_gpus = topo.max_gpus_per_node
     n = 1 if gpus <= node_gpus else -(-gpus // max(1, node_gpus))
     while gpus % n:
@@ -344,20 +364,13 @@ def slurm_select_flexible(topo: Topology, free: Sequence[int], gpus: int) -> Pla
     if packed is not None:
         return packed
     groups: list[list[int]] = []
-    if len(topo.leaf_names) == 1:
-        for node, f in enumerate(free):
-            if f <= 0:
-                continue
-            if groups and groups[-1][-1] == node - 1:
-                groups[-1].append(node)
-            else:
-                groups.append([node])
-    else:
-        by_leaf: dict[int, list[int]] = {}
-        for node, f in enumerate(free):
-            if f > 0:
-                by_leaf.setdefault(topo.nodes[node].leaf, []).append(node)
-        groups = [by_leaf[leaf] for leaf in sorted(by_leaf)]
+    for node, f in enumerate(free):
+        if f <= 0:
+            continue
+        if groups and groups[-1][-1] == node - 1:
+            groups[-1].append(node)
+        else:
+            groups.append([node])
     totals = [sum(free[i] for i in g) for g in groups]
     need = gpus
     pairs: list[tuple[int, int]] = []
@@ -375,6 +388,193 @@ def slurm_select_flexible(topo: Topology, free: Sequence[int], gpus: int) -> Pla
                 break
         totals[k] = -1
     return Placement.of(pairs)
+
+
+def split_job_gpus(nodes: Sequence[int], free: Sequence[int], gpus: int) -> Placement | None:
+    """How cons_tres splits a job's ``gpus`` (``--gpus=N``) over the nodes it chose
+    (``gres_select_filter.c`` ``_set_job_bits1`` then ``_set_job_bits2``): nodes in index
+    order, each taking at most its free GPUs and as many as leave one for each node after
+    it (at least one); then, while GPUs are missing, the nodes in index order fill up.
+    None when the nodes lack ``gpus`` free GPUs."""
+    order = sorted(set(nodes))
+    if sum(free[i] for i in order) < gpus:
+        return None
+    takes = [0] * len(order)
+    total = 0
+    for k, node in enumerate(order):
+        after = len(order) - k - 1
+        takes[k] = min(free[node], max(1, gpus - total - after))
+        total += takes[k]
+    for k, node in enumerate(order):
+        if total >= gpus:
+            break
+        more = min(free[node] - takes[k], gpus - total)
+        takes[k] += more
+        total += more
+    return Placement(tuple((node, t) for node, t in zip(order, takes, strict=True) if t > 0))
+
+
+def _flexible_tree_nodes(topo: Topology, free: Sequence[int], gpus: int) -> list[int] | None:
+    """The nodes cons_tres with ``topology/tree`` (``eval_nodes_tree.c`` ``_eval_nodes_topo``,
+    Slurm 24.11 and 26.05) gives a request of ``gpus`` GPUs in any split, in the order it
+    picks them, or None.
+
+    1. Node weights: cons_tres favours nodes with more usable GPUs (``job_test.c``: the low
+       byte of a node's scheduling weight is 0xff minus its free GPUs, capped at the
+       request), so the nodes fall into groups by ``min(free, gpus)``, most first.
+    2. Groups are taken whole, in that order, until they hold ``gpus`` free GPUs; all groups
+       but the last are *required* (allocated whatever follows), the last only *offered*.
+    3. The leaf switches of required nodes are filled first (offered nodes, index order),
+       then other leaf switches one at a time (``_topo_choose_best_switch``): the closest to
+       the switches used so far, then one that *fits* (enough offered nodes, and free GPUs on
+       all its nodes for the rest) with the fewest offered nodes, else the one with the most
+       (compared at the aggregation level when the leaves' parents differ), else the first;
+       inside a leaf, offered nodes in index order, until the job holds ``gpus``.
+
+    The job's topmost switch is the switch tree (``Topology.leaf_fabric``) that holds the
+    request with the most usable GPUs on one node (the last on ties), as Slurm keeps the
+    highest switch that holds it and has the lowest node weight.
+    """
+    n_leaves = len(topo.leaf_names)
+    fabric = topo.leaf_fabric or (0,) * n_leaves
+    cand = [i for i, f in enumerate(free) if f > 0 and fabric[topo.nodes[i].leaf] >= 0]
+    by_fabric: dict[int, list[int]] = {}
+    for i in cand:
+        by_fabric.setdefault(fabric[topo.nodes[i].leaf], []).append(i)
+    top, top_near = -1, -1
+    for fab in sorted(by_fabric):
+        members = by_fabric[fab]
+        near = max(min(free[i], gpus) for i in members)
+        if sum(free[i] for i in members) >= gpus and near >= top_near:
+            top, top_near = fab, near
+    if top < 0:
+        return None
+    cand = by_fabric[top]
+    # 1-2: weight groups, most usable GPUs first
+    levels = sorted({min(free[i], gpus) for i in cand}, reverse=True)
+    offered: set[int] = set()
+    required: list[int] = []
+    held = 0
+    for level in levels:
+        required = sorted(offered)
+        group = [i for i in cand if min(free[i], gpus) == level]
+        offered.update(group)
+        held += sum(free[i] for i in group)
+        if held >= gpus:
+            break
+    leaf_of = [topo.nodes[i].leaf for i in range(len(free))]
+    n_aggs = len(topo.agg_names)
+    core = n_leaves + n_aggs if n_aggs > 1 else -1  # the switch above the aggregation layer
+
+    def parent(s: int) -> int:
+        if s < n_leaves:
+            return n_leaves + topo.leaf_agg[s]
+        return core if s < n_leaves + n_aggs else -1
+
+    def ancestors(s: int) -> list[int]:
+        out = [s]
+        while parent(out[-1]) >= 0:
+            out.append(parent(out[-1]))
+        return out
+
+    def hops(a: int, b: int) -> int:
+        up_a, up_b = ancestors(a), ancestors(b)
+        common = next((s for s in up_a if s in up_b), None)
+        if common is None:
+            return 1 << 20  # no shared switch: Slurm's INFINITE
+        return up_a.index(common) + up_b.index(common)
+
+    switches = range(n_leaves + n_aggs + (1 if core >= 0 else 0))
+    count = dict.fromkeys(switches, 0)  # offered nodes under each switch
+    room = dict.fromkeys(switches, 0)  # free GPUs of every candidate under each switch
+    for i in cand:
+        for s in ancestors(leaf_of[i]):
+            room[s] += free[i]
+            if i in offered:
+                count[s] += 1
+    need = gpus
+    taken: list[int] = []
+    for i in required:
+        taken.append(i)
+        need -= free[i]
+    used = {s for i in required for s in ancestors(leaf_of[i])}
+    by_leaf: dict[int, list[int]] = {}
+    for i in sorted(offered):
+        by_leaf.setdefault(leaf_of[i], []).append(i)
+
+    def decrement(leaf: int, k: int) -> None:
+        for s in ancestors(leaf):
+            count[s] = max(0, count[s] - k)
+
+    def fill(leaf: int) -> bool:
+        nonlocal need
+        for i in by_leaf.get(leaf, []):
+            if i in taken:
+                continue
+            taken.append(i)
+            need -= free[i]
+            if need <= 0:
+                return True
+        return False
+
+    # 3a: offered nodes on the leaf switches of required nodes (the count taken accumulates
+    # over those leaves, as in Slurm)
+    took = 0
+    for leaf in sorted({leaf_of[i] for i in required}):
+        before = len(taken)
+        if fill(leaf):
+            return taken
+        took += len(taken) - before
+        decrement(leaf, took)
+
+    def fits(s: int, rem_nodes: int) -> bool:
+        return count[s] >= rem_nodes and room[s] >= need
+
+    def compare(i: int, j: int, rem_nodes: int) -> tuple[int, bool]:
+        """``_topo_compare_switches``: 1 when leaf ``i`` fits better than ``j``, -1 when
+        worse, 0 when neither; and whether ``i`` fits (at the level compared last)."""
+        while True:
+            i_fit, j_fit = fits(i, rem_nodes), fits(j, rem_nodes)
+            if i_fit and j_fit:
+                if count[i] != count[j]:
+                    return (1 if count[i] < count[j] else -1), i_fit
+                break
+            if i_fit or j_fit:
+                return (1 if i_fit else -1), i_fit
+            if parent(i) != parent(j):
+                i, j = parent(i), parent(j)
+                continue
+            break
+        if count[i] != count[j]:
+            return (1 if count[i] > count[j] else -1), i_fit
+        return 0, i_fit
+
+    # 3b: further leaf switches, one at a time; distances from every switch above a required
+    # node and every leaf chosen since (``_topo_add_dist``)
+    sources = sorted(used)
+    far = 1 << 20
+    while need > 0:
+        rem_nodes = 1 - len(taken)
+        dist = {leaf: sum(hops(r, leaf) for r in sources) for leaf in range(n_leaves)}
+        best = -1
+        for leaf in range(n_leaves):
+            if leaf in used or not count[leaf] or dist[leaf] >= far:
+                continue
+            if best < 0:
+                best = leaf
+                continue
+            better, i_fit = compare(leaf, best, rem_nodes)
+            if (dist[leaf] < dist[best] and i_fit) or (dist[leaf] == dist[best] and better > 0):
+                best = leaf
+        if best < 0:
+            return None
+        used.add(best)
+        sources.append(best)
+        if fill(best):
+            break
+        decrement(best, count[best])
+        count[best] = 0
+    return taken
 
 
 def fixed_first_fit(free: Sequence[int], shape: Shape) -> Placement | None:

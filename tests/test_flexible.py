@@ -29,7 +29,7 @@ from linkwise.cluster.domain import (
 )
 from linkwise.cluster.flexible import flexible_draw, with_flexible
 from linkwise.cluster.heuristics import make_policy, policy_names
-from linkwise.cluster.placement import fixed_first_fit, slurm_select_flexible
+from linkwise.cluster.placement import fixed_first_fit, slurm_select_flexible, split_job_gpus
 from linkwise.cluster.profiles import assign_profiles, load_calibration
 from linkwise.cluster.simulator import InvalidDecision, Simulator, simulate
 from linkwise.cluster.topology import from_spec
@@ -53,22 +53,60 @@ def test_a_request_form_and_its_shape() -> None:
     assert not within_request(flexible, Placement(((0, 8),)), 8)
 
 
-def test_slurm_select_flexible_packs_then_spreads() -> None:
+def test_slurm_select_flexible_on_one_leaf_packs_then_spreads() -> None:
     one_leaf = from_spec("4x8,leaf=4")
     assert slurm_select_flexible(one_leaf, [8, 5, 4, 8], 4) == Placement(((2, 4),))  # best fit
     assert slurm_select_flexible(one_leaf, [8, 0, 8, 8], 16) == Placement(((2, 8), (3, 8)))
     # no node holds 4: the run of consecutive nodes that holds them with the fewest free
     assert slurm_select_flexible(one_leaf, [2, 2, 0, 3], 4) == Placement(((0, 2), (1, 2)))
     assert slurm_select_flexible(one_leaf, [2, 1, 0, 3], 7) is None
+    assert fixed_first_fit([4, 8, 2, 8], Shape(2, 6)) == Placement(((1, 6), (3, 6)))
+
+
+# Slurm 24.11's (and 26.05's) own choices with topology/tree on 4 x 4 GPUs, leaves of two
+# nodes (evaluation.slurm_flexible.HANDPICKED; benchmarks/backfill_vs_slurm.md): free GPUs,
+# GPU count -> --gpus=N, then -n N --gpus-per-task=1
+SLURM_TREE_CHOICES = [
+    ([1, 3, 2, 4], 6, {1: 3, 3: 3}, {1: 2, 3: 4}),
+    ([3, 3, 2, 3], 5, {0: 3, 3: 2}, {0: 2, 3: 3}),
+    ([2, 1, 2, 2], 5, {0: 2, 2: 2, 3: 1}, {0: 1, 2: 2, 3: 2}),
+    ([2, 1, 1, 2], 5, {0: 2, 1: 1, 3: 2}, {0: 2, 1: 1, 3: 2}),
+    ([2, 3, 1, 1], 6, {0: 2, 1: 3, 2: 1}, {0: 2, 1: 3, 2: 1}),
+    ([3, 4, 4, 1], 2, {2: 2}, {2: 2}),
+    ([4, 0, 3, 3], 6, {0: 4, 2: 2}, {0: 4, 2: 2}),
+]
+
+
+@pytest.mark.parametrize(("free", "gpus", "job", "tasks"), SLURM_TREE_CHOICES)
+def test_slurm_select_flexible_on_a_tree_is_slurms_choice(
+    free: list[int], gpus: int, job: dict[int, int], tasks: dict[int, int]
+) -> None:
+    tree = from_spec("4x4,leaf=2")
+    assert slurm_select_flexible(tree, free, gpus) == Placement.of(list(job.items()))
+    got = slurm_select_flexible(tree, free, gpus, per_task=True)
+    assert got == Placement.of(list(tasks.items()))
+
+
+def test_slurm_select_flexible_on_a_larger_tree() -> None:
     tree = from_spec("8x8,leaf=4")
-    # leaf 2 holds the 6 GPUs with fewer free than leaf 1
     free = [3, 3, 3, 3, 0, 4, 0, 2]
-    assert slurm_select_flexible(tree, free, 6) == Placement(((5, 4), (7, 2)))
-    # neither leaf holds 14: the fullest first (12 on leaf 1), then the rest on leaf 2
+    # node 5 weighs least (4 usable GPUs) and is taken; its leaf offers no other node of the
+    # groups taken, so the first node of leaf 1 gives the rest, and --gpus splits 3 + 3
+    assert slurm_select_flexible(tree, free, 6) == Placement(((0, 3), (5, 3)))
+    # 14: nodes 0-3 and 5 (weights 3 and 4); split in index order, node 5 takes the rest
     assert slurm_select_flexible(tree, free, 14) == Placement(
         ((0, 3), (1, 3), (2, 3), (3, 3), (5, 2))
     )
-    assert fixed_first_fit([4, 8, 2, 8], Shape(2, 6)) == Placement(((1, 6), (3, 6)))
+    assert slurm_select_flexible(tree, free, 19) is None
+
+
+def test_split_job_gpus_keeps_one_gpu_for_each_later_node() -> None:
+    assert split_job_gpus([0, 1], [4, 4], 5) == Placement(((0, 4), (1, 1)))
+    assert split_job_gpus([1, 0], [2, 4], 5) == Placement(((0, 2), (1, 3)))
+    assert split_job_gpus([0, 1, 2], [4, 4, 4], 3) == Placement(((0, 1), (1, 1), (2, 1)))
+    # the first pass leaves some out (later nodes short): the nodes in order fill up
+    assert split_job_gpus([0, 1, 2], [4, 1, 1], 6) == Placement(((0, 4), (1, 1), (2, 1)))
+    assert split_job_gpus([0, 1], [1, 1], 3) is None
 
 
 def _random_free(rnd: random.Random, n: int) -> list[int]:
