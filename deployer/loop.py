@@ -55,6 +55,7 @@ from typing import Any, Literal
 from linkwise.cluster.domain import (
     ClusterState,
     Decision,
+    Placement,
     Topology,
 )
 from linkwise.cluster.hostlist import compress, expand
@@ -73,8 +74,10 @@ from linkwise.deployer.migration import MigrationConfig, MigrationExecutor, move
 from linkwise.deployer.observation import (
     Observation,
     build_observation,
+    check_flexible_start,
     check_start,
     job_request,
+    place_flexible_within,
     place_within,
     read_link_load,
     slurm_topology,
@@ -314,7 +317,7 @@ class SlurmBackend:
         )
         self.released_ids: set[int] = set()  # released by this loop (not bypasses)
         self.first_seen: dict[int, float] = {}
-        self.inflight: dict[int, tuple[tuple[int, ...], int, float]] = {}
+        self.inflight: dict[int, tuple[Placement, float]] = {}  # released, not started
         self.cycles_ok = 0
         self.cycles_failed = 0
         self.heartbeat: Callable[[], object] | None = None  # systemd's watchdog (serve)
@@ -366,7 +369,7 @@ class SlurmBackend:
             if self.recorder.db
             else {}
         )
-        inflight = {j: (n, g) for j, (n, g, _) in self.inflight.items()}
+        inflight = {j: placed for j, (placed, _) in self.inflight.items()}
         predictor = self._predictor(now)
         profiles = resolve_profiles(
             queue,
@@ -621,7 +624,7 @@ class SlurmBackend:
         results: dict[int, str] = {}
         free = list(obs.state.free_gpus)
         rooms = list(obs.rooms)
-        plan: list[tuple[int, list[list[str]], tuple[int, ...], int]] = []
+        plan: list[tuple[int, list[list[str]], Placement]] = []
         seen: set[int] = set()
         reshaped: list[tuple[QueuedJob, str]] = []
         widened: list[tuple[QueuedJob, str]] = []  # refused by the last guard (``widens``)
@@ -636,6 +639,12 @@ class SlurmBackend:
                 why = f"max_hold: held over {self.cfg.max_hold_s:g} s, handed back to Slurm"
             elif job is None or start.job_id in seen:
                 why = "not a held job of the managed partitions"
+            elif job.job_id not in obs.shapes:  # flexible: a GPU count in any split
+                why = check_flexible_start(placement, job, free, self.topo, rooms) or ""
+                if why.startswith("constraint"):  # Slurm's own choice on nodes it accepts
+                    other = place_flexible_within(job, free, self.topo, rooms)
+                    if other is not None:
+                        moved, placement, why = why, other, ""
             else:
                 shape = obs.shapes[job.job_id]
                 why = check_start(placement, shape, free, self.topo, job, rooms) or ""
@@ -648,24 +657,30 @@ class SlurmBackend:
                 results[start.job_id] = f"rejected: {why}"
                 self.metrics.rejected.labels(why.split(":")[0]).inc()
                 log_event(self.log, "start_rejected", job_id=start.job_id, reason=why)
-                if job is not None and why.startswith("shape") and start.job_id not in seen:
+                if (
+                    job is not None
+                    and why.startswith(("shape", "split"))
+                    and start.job_id not in seen
+                ):
                     seen.add(start.job_id)
                     reshaped.append((job, why))
                     results[start.job_id] += "; handed back to Slurm"
                 continue
             assert job is not None
             seen.add(start.job_id)
-            per = obs.shapes[start.job_id].gpus_per_node
+            fixed = obs.shapes.get(start.job_id)
+            if fixed is not None:  # Slurm gives each node the shape's GPUs
+                placement = Placement.of([(n, fixed.gpus_per_node) for n in placement.nodes])
             # the last guard before NumNodes/ReqNodeList: exactly what the job asked, no more
-            widen = widens(job_request(job), placement.num_nodes, per)
+            widen = widens(job_request(job), [g for _, g in placement.alloc])
             if widen is not None:
                 results[start.job_id] = f"rejected: widen: {widen}; handed back to Slurm"
                 self.metrics.rejected.labels("widen").inc()
                 log_event(self.log, "start_widens", logging.ERROR, job_id=job.job_id, reason=widen)
                 widened.append((job, widen))
                 continue
-            for n in placement.nodes:
-                free[n] = 0 if job.exclusive else free[n] - per
+            for n, g in placement.alloc:
+                free[n] = 0 if job.exclusive else free[n] - g
                 rooms[n] = take_room(rooms[n], job)
             names = [self.topo.nodes[n].name for n in placement.nodes]
             if moved:
@@ -681,13 +696,13 @@ class SlurmBackend:
                 ],
                 ["scontrol", "release", str(start.job_id)],
             ]
-            plan.append((start.job_id, cmds, placement.nodes, per))
+            plan.append((start.job_id, cmds, placement))
         self._hand_back(obs, over, reshaped, version, widened)
         self._unstrand(obs, version)
         self._untag(obs, version)
         if not self.keeper.ok():
             log_event(self.log, "lease_lapsed_not_acting", logging.ERROR, cycle=self.cycle_id)
-            return results | {job_id: "skipped: lease lapsed" for job_id, *_ in plan}
+            return results | {job_id: "skipped: lease lapsed" for job_id, _, _ in plan}
         if not plan:
             return results
         audits = [
@@ -702,7 +717,7 @@ class SlurmBackend:
                 "model_version": version,
                 "outcome": "pending",
             }
-            for job_id, cmds, _, _ in plan
+            for job_id, cmds, _ in plan
             for cmd in cmds
         ]
         try:
@@ -712,7 +727,7 @@ class SlurmBackend:
             return results | {job_id: "skipped: audit not persisted" for job_id, *_ in plan}
         outcomes: list[tuple[str, str, float]] = []
         rows = iter(audits)
-        for job_id, cmds, nodes_idx, per in plan:
+        for job_id, cmds, placed in plan:
             result = "applied"
             for cmd in cmds:
                 row = next(rows)
@@ -729,7 +744,7 @@ class SlurmBackend:
                 outcomes.append((str(row["audit_id"]), outcome, time.time()))
             results[job_id] = result
             if result == "applied":
-                self.inflight[job_id] = (nodes_idx, per, time.time())
+                self.inflight[job_id] = (placed, time.time())
                 self.released_ids.add(job_id)
             log_event(self.log, "start", job_id=job_id, command=cmds[0], outcome=result)
         self.recorder.write(outcomes=outcomes)
@@ -754,7 +769,10 @@ class SlurmBackend:
             else:
                 out[q.job_id] = (q, "no_gpu", "no GPUs requested")
         for q, why in reshaped:
-            out[q.job_id] = (q, "shape", f"the policy did not give its shape ({why})")
+            if why.startswith("split"):  # Slurm would split its GPUs otherwise on those nodes
+                out[q.job_id] = (q, "split", f"Slurm would not give the policy's split ({why})")
+            else:
+                out[q.job_id] = (q, "shape", f"the policy did not give its shape ({why})")
         for q, why in widened:
             out[q.job_id] = (q, "widen", f"the start would change its request ({why})")
         for j in sorted(over):
@@ -842,7 +860,7 @@ class SlurmBackend:
         self.released_ids &= in_queue
         pending = {q.job_id for q in queue if q.state == "PENDING"}
         for j in list(self.inflight):
-            if j not in pending or now - self.inflight[j][2] > 60:
+            if j not in pending or now - self.inflight[j][1] > 60:
                 del self.inflight[j]
         for j in list(self.first_seen):
             if j not in pending:

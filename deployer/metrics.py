@@ -77,7 +77,7 @@ class ServeMetrics:
         self.handed_back = Counter(
             "linkwise_serve_handed_back",
             "Held jobs released unchanged to Slurm, by why (no_gpu, never_fits, max_hold, "
-            "shape, heterogeneous, array, constraint, unmodelled, several_partitions, "
+            "shape, split, heterogeneous, array, constraint, unmodelled, several_partitions, "
             "slurm_fault, partition_changed, widen)",
             ["reason"],
             registry=r,
@@ -166,7 +166,15 @@ class ServeMetrics:
             self.fallbacks.labels(reason)
         for outcome in ("ok", "failed"):
             self.model_reloads.labels(outcome)
-        for reason in ("no_gpu", "never_fits", "shape", "max_hold", "partition_changed", "widen"):
+        for reason in (
+            "no_gpu",
+            "never_fits",
+            "shape",
+            "split",
+            "max_hold",
+            "partition_changed",
+            "widen",
+        ):
             self.handed_back.labels(reason)
         self.handed_back.labels("slurm_fault")
         for kind in ("unavailable", "timeout", "schema", "command", "parse"):

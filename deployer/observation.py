@@ -40,9 +40,10 @@ from linkwise.cluster.domain import (
     TransitJob,
 )
 from linkwise.cluster.hostlist import compress
+from linkwise.cluster.placement import slurm_select_flexible, split_job_gpus
 from linkwise.cluster.slurm import topology_rules
 from linkwise.cluster.slurm.records import NodeInfo, QueuedJob
-from linkwise.cluster.slurm.request import Request, count_request
+from linkwise.cluster.slurm.request import Request, count_request, flexible_gpus, widens
 from linkwise.cluster.topology import load_topology
 from linkwise.datasets.prediction import ensure_predicted
 from linkwise.datasets.predictor import RuntimePredictor
@@ -59,12 +60,15 @@ __all__ = [
     "NodeRoom",
     "Observation",
     "build_observation",
+    "check_flexible_start",
     "check_start",
+    "job_flexible",
     "job_request",
     "job_shape",
     "left_to_slurm",
     "never_fits",
     "node_usable",
+    "place_flexible_within",
     "place_within",
     "read_link_load",
     "slurm_topology",
@@ -156,6 +160,12 @@ def job_shape(job: QueuedJob) -> Shape | None:
     return None if r.flexible else Shape(r.nodes, r.gpus_per_node)
 
 
+def job_flexible(job: QueuedJob) -> int:
+    """The GPU count of a flexible request the loop places in any split (``flexible_gpus``:
+    ``--gpus=N``, ``-n N --gpus-per-task=1``); 0 for every other request."""
+    return flexible_gpus(job.request) if job.request is not None else 0
+
+
 def _job(q: QueuedJob, profile: str = "") -> Job:
     """The ``Job`` a policy sees: the requested shape, user, name and time limit as Slurm has
     them, its communication profile and whether it opted in to moves (the duration is a
@@ -176,7 +186,7 @@ def _job(q: QueuedJob, profile: str = "") -> Job:
         time_limit=limit,
         profile=profile,
         preemptible=opted_in(q.comment, q.requeue),
-        flexible=False if nodes else None,
+        flexible=False if nodes else (True if job_flexible(q) else None),
     )
 
 
@@ -215,10 +225,36 @@ def never_fits(
     return None
 
 
+def never_fits_flexible(
+    job: QueuedJob,
+    topo: Topology,
+    partition_nodes: Iterable[int],
+    rooms: Sequence[NodeRoom] = (),
+) -> str | None:
+    """Why a flexible request (``job_flexible``) can never fit the partition's nodes its
+    constraints accept (too few GPUs, or fewer nodes than its minimum), None when it can."""
+    gpus, least = job_flexible(job), job_request(job).min_nodes
+    ok = [
+        i
+        for i in partition_nodes
+        if topo.nodes[i].gpus > 0
+        and (not rooms or _static_misfit(job, topo.nodes[i].name, rooms[i]) is None)
+    ]
+    have = sum(topo.nodes[i].gpus for i in ok)
+    if have < gpus or len(ok) < least:
+        return (
+            f"needs {gpus} GPU(s) on at least {least} node(s); the nodes its constraints "
+            f"accept have {have} GPU(s) on {len(ok)} node(s)"
+        )
+    return None
+
+
 def topology_left_to_slurm(q: QueuedJob, topo: Topology) -> tuple[str, str] | None:
     """("topology", reason) when Slurm's topology rules for the job are not modelled
     (``topology_rules.left_to_slurm``): handed back unchanged; None otherwise."""
-    why = topology_rules.left_to_slurm(topo, q.topology, max(1, job_request(q).nodes))
+    r = job_request(q)
+    nodes = r.nodes or r.max_nodes or job_flexible(q)
+    why = topology_rules.left_to_slurm(topo, q.topology, max(1, nodes))
     return None if why is None else ("topology", why)
 
 
@@ -255,7 +291,7 @@ def left_to_slurm(q: QueuedJob) -> tuple[str, str] | None:
     flexible = job_request(q).flexible
     if flexible and q.request is None:  # built by hand: an uneven split
         return "shape", flexible
-    if flexible:
+    if flexible and not job_flexible(q):
         return "unmodelled", f"Slurm chooses its shape: {flexible}"
     return None
 
@@ -304,7 +340,7 @@ def build_observation(
     *,
     mode: Mode,
     link_load: Mapping[str, float] | None = None,
-    inflight: Mapping[int, tuple[tuple[int, ...], int]] | None = None,
+    inflight: Mapping[int, Placement] | None = None,
     predictor: RuntimePredictor | None = None,
     profiles: Mapping[int, str] | None = None,
     transit: Sequence[InTransit] = (),
@@ -313,8 +349,8 @@ def build_observation(
 
     ``link_load``: measured bytes/s on each node's NIC; a NIC loaded to utilisation ``u``
     counts as ``round(u)`` flows when that is more than the rings linkwise sees.
-    ``inflight``: jobs released by the loop that Slurm has not started yet (node indices,
-    GPUs per node): their GPUs are taken out of the free count.
+    ``inflight``: jobs released by the loop that Slurm has not started yet (their
+    placements): their GPUs are taken out of the free count.
     ``predictor``: the run-time predictor that annotates every job (the serving package's);
     None leaves them without predictions (a learned policy then annotates them itself).
     ``profiles``: each job's communication profile (``profiles.resolve_profiles``; a job
@@ -441,14 +477,18 @@ def build_observation(
                 no_gpu.append(q)
             continue
         shape = job_shape(q)
-        if shape is None:  # Slurm chooses its shape: not planned (shadow as active)
+        if shape is None and not job_flexible(q):  # Slurm chooses: not planned (shadow too)
             continue
-        why = never_fits(shape, topo, part_nodes, q, rooms)
+        if shape is None:  # a GPU count in any split (``job_flexible``)
+            why = never_fits_flexible(q, topo, part_nodes, rooms)
+        else:
+            why = never_fits(shape, topo, part_nodes, q, rooms)
         if why is not None:
             refuse(q, "never_fits", why)
             continue
         managed[q.job_id] = q
-        shapes[q.job_id] = shape
+        if shape is not None:
+            shapes[q.job_id] = shape
         job = view(q)
         pending.append(PendingJob(job, remaining_s=job.duration))
     by_id = {q.job_id: q for q in queue}
@@ -456,9 +496,9 @@ def build_observation(
         if q.state == "RUNNING" and q.topology.exclusive_topo:
             for i in (index[n] for n in q.nodes if n in index):
                 rooms[i] = dataclasses.replace(rooms[i], topo_exclusive=True)
-    for j, (nodes_idx, per) in (inflight or {}).items():
-        for i in nodes_idx:
-            free[i] = max(0, free[i] - per)
+    for j, placed in (inflight or {}).items():
+        for i, g in placed.alloc:
+            free[i] = max(0, free[i] - g)
             if j in by_id:
                 rooms[i] = take_room(rooms[i], by_id[j])
     slurm_free = tuple(free)
@@ -611,6 +651,67 @@ def place_within(
     if len(chosen) < shape.nodes:
         return None
     return Placement.of([(i, shape.gpus_per_node) for i in chosen])
+
+
+def check_flexible_start(
+    placement: Placement,
+    job: QueuedJob,
+    free: Sequence[int],
+    topo: Topology,
+    rooms: Sequence[NodeRoom] = (),
+) -> str | None:
+    """Why a start of a flexible request (``job_flexible``) cannot be applied as is (None when
+    it can). ``NumNodes`` and the node list make Slurm allocate exactly the placement's nodes,
+    but Slurm splits the GPUs over them itself (``split_job_gpus``, on the free GPUs it sees)
+    and no update can force another split without changing the request: a placement whose
+    split is not Slurm's is ``split: ...``. Otherwise as ``check_start``: ``shape: ...`` (not
+    its GPU count or node range), ``constraint: ...``, ``busy: ...``."""
+    if any(not 0 <= n < len(topo.nodes) for n, _ in placement.alloc):
+        return "unknown node"
+    request = job_request(job)
+    gpus = [g for _, g in placement.alloc]
+    why = widens(request, gpus)
+    if why is not None:
+        return f"shape: {why}"
+    if rooms:
+        bad = [
+            f"{topo.nodes[n].name} {why}"
+            for n in placement.nodes
+            if (why := node_misfit(job, topo.nodes[n].name, rooms[n])) is not None
+        ]
+        if bad:
+            return "constraint: " + "; ".join(bad)
+        if job.contiguous and not _contiguous(placement.nodes):
+            return "constraint: --contiguous needs consecutive nodes"
+        verdict = _topology_verdict(topo, job, placement.nodes, rooms)
+        if not verdict.ok:
+            return f"constraint: topology {verdict.reason}"
+    short = [topo.nodes[n].name for n, g in placement.alloc if free[n] < g]
+    if short:
+        return f"busy: {','.join(short)} lack the GPUs it takes there"
+    slurm = split_job_gpus(placement.nodes, free, sum(gpus))
+    if slurm != placement:
+        shown = "none" if slurm is None else "+".join(str(g) for _, g in slurm.alloc)
+        return (
+            f"split: Slurm splits {sum(gpus)} GPU(s) over these nodes as {shown}, "
+            f"not {'+'.join(map(str, gpus))}"
+        )
+    return None
+
+
+def place_flexible_within(
+    job: QueuedJob, free: Sequence[int], topo: Topology, rooms: Sequence[NodeRoom]
+) -> Placement | None:
+    """Slurm's own choice for a flexible request (``slurm_select_flexible``) among the nodes
+    Slurm accepts for it now, if that start passes ``check_flexible_start``; else None."""
+    ok = [
+        f if node_misfit(job, topo.nodes[i].name, rooms[i]) is None else 0
+        for i, f in enumerate(free)
+    ]
+    found = slurm_select_flexible(topo, ok, job_flexible(job))
+    if found is None or check_flexible_start(found, job, free, topo, rooms) is not None:
+        return None
+    return found
 
 
 def read_link_load(

@@ -21,6 +21,7 @@ SERVICES_MODULES = frozenset(
         "test_collect_live.py",
         "test_decisions_live.py",
         "test_explain_live.py",
+        "test_flexible_live.py",
         "test_job_submit_lua.py",
         "test_migration_live.py",
         "test_observation_live.py",

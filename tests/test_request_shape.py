@@ -20,7 +20,13 @@ import pytest
 from linkwise.cluster.domain import Decision, Placement, Shape, Start
 from linkwise.cluster.slurm.parse import parse_queue
 from linkwise.cluster.slurm.records import NodeInfo, QueuedJob
-from linkwise.cluster.slurm.request import Request, count_request, read_request, widens
+from linkwise.cluster.slurm.request import (
+    Request,
+    count_request,
+    flexible_gpus,
+    read_request,
+    widens,
+)
 from linkwise.cluster.topology import from_spec
 from linkwise.deployer.loop import ServeConfig, SlurmBackend
 from linkwise.deployer.metrics import ServeMetrics
@@ -58,6 +64,8 @@ FLEXIBLE_WHY = {
     "ntasks4-gpt1": "per task",
     "N1-3-gres1": "1-3 nodes",
 }
+# flexible requests the loop places itself (a GPU count in any split: ``flexible_gpus``)
+PLACEABLE = {"gpus4": 4, "gpus8-N2": 8, "ntasks4-gpt1": 4}
 
 
 def capture(version: str) -> dict[str, Any]:
@@ -199,7 +207,7 @@ def test_a_record_without_a_tres_request_falls_back_to_node_count() -> None:
 def test_requests_slurm_shapes_itself_are_flexible(fields: dict[str, Any], why: str) -> None:
     r = read_request(gpu_record(**fields))
     assert why in r.flexible and (r.nodes, r.gpus) == (0, 0), r
-    assert widens(r, 1, 1) is not None
+    assert widens(r, [1]) is not None
 
 
 @pytest.mark.parametrize(
@@ -227,11 +235,13 @@ def test_count_request_and_the_guard() -> None:
     with pytest.raises(ValueError, match="negative"):
         count_request(-1, 2)
     asked = read_request(records("22.05")["gres4-n1-c4"])
-    assert widens(asked, 1, 4) is None
+    assert widens(asked, [4]) is None
     # what the loop did: NumNodes=2 from the estimate (8 GPUs, 8 CPUs for a 4-GPU job)
-    assert widens(asked, 2, 4) == "2 node(s) x 4 GPU(s) is not its request (1 x 4)"
-    assert "not its request" in str(widens(asked, 1, 2))
-    assert "Slurm's to choose" in str(widens(odd, 1, 3))
+    assert widens(asked, [4, 4]) == "2 node(s) x 4 GPU(s) is not its request (1 x 4)"
+    assert "not its request" in str(widens(asked, [2]))
+    assert "not its request" in str(widens(read_request(records("22.05")["N2-gpn2"]), [2, 1]))
+    assert "Slurm's to choose" in str(widens(odd, [3]))
+    assert flexible_gpus(odd) == 0  # built by hand: no request to keep
     assert isinstance(asked, Request)
 
 
@@ -244,18 +254,24 @@ def test_the_loop_plans_determined_shapes_and_hands_back_the_rest(version: str) 
     shapes = VERSION_SHAPES[version]
     planned = {ids[j]: s for j, s in active.shapes.items()}
     assert planned == {n: s for n, s in shapes.items() if s is not None and s.gpus_per_node}
+    flexible = {n for n, s in shapes.items() if s is None}
     kinds = {ids[j]: k for j, k in active.kinds.items()}
-    assert kinds == {n: "unmodelled" for n, s in shapes.items() if s is None}
+    assert kinds == {n: "unmodelled" for n in flexible - set(PLACEABLE)}
     for j, why in active.refused.items():
         assert why.startswith("Slurm chooses its shape: ") and FLEXIBLE_WHY[ids[j]] in why
     assert {ids[q.job_id] for q in active.no_gpu} == set(kinds) | {"n8-c4"}
-    # the policy sees the enforced node count, a shape every placement keeps
+    # the policy sees the enforced node count, a shape every placement keeps, and a flexible
+    # request it can place as flexible (no node count)
     seen = {ids[p.job.job_id]: (p.job.nodes, p.job.flexible) for p in active.state.pending}
-    assert seen == {n: (s.nodes, False) for n, s in planned.items()}
-    # shadow (nothing held) plans the same shapes and no flexible job
+    want = {n: (s.nodes, False) for n, s in planned.items()}
+    want |= {n: (0, True) for n in flexible & set(PLACEABLE)}
+    assert seen == want
+    assert {ids[j] for j in active.managed} == set(want)
+    # shadow (nothing held) plans the same shapes and flexible jobs
     shadow = build_observation(list(queue(version, for_loop=False).values()), nodes, TOPO,
                                ["gpu"], 1e9, mode="shadow")  # fmt: skip
     assert shadow.shapes == active.shapes and not shadow.refused
+    assert set(shadow.managed) == set(active.managed)
 
 
 class FakeRunner:
@@ -323,11 +339,13 @@ def test_the_loop_sets_exactly_the_asked_node_count(tmp_path: Path) -> None:
     assert got[ids["gres4-n1-c4"]] == [f"ReqNodeList={NAMES[0]}", "NumNodes=1"]
     assert got[ids["n2-c2-gres1"]] == [f"ReqNodeList={NAMES[1]}", "NumNodes=1"]
     assert got[ids["N2-gpn2"]] == [f"ReqNodeList={NAMES[2]},{NAMES[3]}", "NumNodes=2"]
-    flexible = {ids[n] for n in ("gpus4", "gpus8-N2", "ntasks4-gpt1", "N1-3-gres1")}
-    assert flexible <= released(cmds) and not flexible & set(got)  # handed back untouched
+    # held, not started by this decision: neither handed back nor updated
+    placeable = {ids[n] for n in ("gpus4", "gpus8-N2", "ntasks4-gpt1")}
+    assert not placeable & released(cmds) and not placeable & set(got)
+    assert ids["N1-3-gres1"] in released(cmds) and ids["N1-3-gres1"] not in got
     assert ids["n8-c4"] in released(cmds) and ids["n8-c4"] not in got
     text = backend.metrics.text()
-    assert 'linkwise_serve_handed_back_total{reason="unmodelled"} 4.0' in text
+    assert 'linkwise_serve_handed_back_total{reason="unmodelled"} 1.0' in text
     assert 'linkwise_serve_handed_back_total{reason="no_gpu"} 1.0' in text
 
 
@@ -349,3 +367,65 @@ def test_the_last_guard_refuses_a_start_that_widens_the_request(tmp_path: Path) 
     text = backend.metrics.text()
     assert 'linkwise_serve_rejected_starts_total{reason="widen"} 1.0' in text
     assert 'linkwise_serve_handed_back_total{reason="widen"} 1.0' in text
+
+
+def test_the_loop_places_flexible_requests_where_slurms_split_is_the_policys(
+    tmp_path: Path,
+) -> None:
+    jobs = queue("22.05")
+    names = ("gpus4", "gpus8-N2", "ntasks4-gpt1")
+    client = FakeClient([jobs[n] for n in names], [ninfo(n) for n in NAMES])
+    backend = make_backend(tmp_path, client)
+    backend.start()
+    backend.observe()
+    ids = {n: jobs[n].job_id for n in names}
+    assert {flexible_gpus(job_request(jobs[n])) for n in names} == {4, 8}
+    backend.apply(
+        Decision(
+            starts=(
+                Start(ids["gpus8-N2"], Placement.of([(0, 4), (1, 4)])),
+                # Slurm splits 4 over gpu03 (4 free) and gpu04 as 3 + 1: the policy's
+                Start(ids["ntasks4-gpt1"], Placement.of([(2, 3), (3, 1)])),
+                # then gpu03 has 1 free: 1 + 3 is Slurm's split there
+                Start(ids["gpus4"], Placement.of([(2, 1), (3, 3)])),
+            )
+        )
+    )
+    got = updates(client.runner.commands)
+    assert got == {
+        ids["gpus8-N2"]: [f"ReqNodeList={NAMES[0]},{NAMES[1]}", "NumNodes=2"],
+        ids["ntasks4-gpt1"]: [f"ReqNodeList={NAMES[2]},{NAMES[3]}", "NumNodes=2"],
+        ids["gpus4"]: [f"ReqNodeList={NAMES[2]},{NAMES[3]}", "NumNodes=2"],
+    }
+    assert set(ids.values()) <= released(client.runner.commands)
+    # their GPUs count as taken until Slurm starts them, split as the policy placed them
+    assert backend.inflight[ids["gpus4"]][0] == Placement.of([(2, 1), (3, 3)])
+    backend.observe()
+    assert backend.obs is not None and backend.obs.state.free_gpus == (0, 0, 0, 0)
+
+
+def test_a_flexible_start_slurm_would_split_otherwise_goes_back_to_slurm(tmp_path: Path) -> None:
+    jobs = queue("22.05")
+    client = FakeClient([jobs["gpus4"], jobs["gpus8-N2"]], [ninfo(n) for n in NAMES])
+    backend = make_backend(tmp_path, client)
+    backend.start()
+    backend.observe()
+    gpus4, gpus8 = jobs["gpus4"].job_id, jobs["gpus8-N2"].job_id
+    backend.apply(
+        Decision(
+            starts=(
+                # 4 free on each: Slurm splits 4 over gpu01, gpu02 as 3 + 1, not 1 + 3
+                Start(gpus4, Placement.of([(0, 1), (1, 3)])),
+                # -N2: three nodes widen its node range
+                Start(gpus8, Placement.of([(1, 4), (2, 2), (3, 2)])),
+            )
+        )
+    )
+    cmds = client.runner.commands
+    assert not updates(cmds) and {gpus4, gpus8} <= released(cmds)
+    text = backend.metrics.text()
+    assert 'linkwise_serve_handed_back_total{reason="split"} 1.0' in text
+    assert 'linkwise_serve_handed_back_total{reason="shape"} 1.0' in text
+    assert "not its request (8 GPU(s) on 2-2 nodes)" in str(
+        widens(job_request(jobs["gpus8-N2"]), [4, 2, 2])
+    )

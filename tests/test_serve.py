@@ -129,7 +129,7 @@ def test_observation_keeps_held_gpu_jobs_and_refuses_impossible_ones() -> None:
         ninfo(NAMES[3]),
     ]
     obs = build_observation(
-        queue, nodes, TOPO, ["gpu"], 200.0, mode="active", inflight={9: ((1,), 3)},
+        queue, nodes, TOPO, ["gpu"], 200.0, mode="active", inflight={9: Placement.of([(1, 3)])},
         link_load={NAMES[3]: 60e9},
     )  # fmt: skip
     assert sorted(obs.managed) == [1, 2]

@@ -9,7 +9,7 @@ only when a record has no TRES request.
 
 A request's shape is *enforced* (``nodes`` x ``gpus_per_node``: what setting ``NumNodes`` and
 a node list of that length keeps) or *flexible* (``flexible`` says why: Slurm chooses the node
-count or how the GPUs split, so the loop must hand the job back untouched):
+count or how the GPUs split):
 
 - ``--gres=gpu:G`` / ``--gpus-per-node=G`` (``tres_per_node``): n x G, n the TRES minimum
   (one node without ``-N``); flexible where the TRES ``gres/gpu=`` count is not n x G;
@@ -19,6 +19,13 @@ count or how the GPUs split, so the loop must hand the job back untouched):
 - ``--gpus-per-task`` (``tres_per_task``): flexible;
 - GPUs asked two ways at once, or a GPU request that cannot be read: flexible;
 - no GPUs: n x 0.
+
+A flexible request the loop can still place (``flexible_gpus``: a GPU count in any split,
+``--gpus=N`` or ``-n N --gpus-per-task=1``, on ``min_nodes`` to ``max_nodes`` nodes, at most
+one node per GPU) is started with ``NumNodes`` and a node list: Slurm then allocates exactly
+those nodes and splits the GPUs over them itself (``placement.split_job_gpus``); the other
+flexible requests (a per-node count over a node range, several GPUs per task, GPUs asked two
+ways) are handed back untouched.
 
 Counts are plain numbers (22.05) or ``{set, infinite, number}`` (later); unset, infinite and
 NO_VAL read as 0. GPU items read ``gres:gpu:N`` (22.05) and ``gres/gpu:N`` / ``gres/gpu=N``
@@ -31,13 +38,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from linkwise.cluster.slurm.schema import number
 
-__all__ = ["Request", "count_request", "read_request", "widens"]
+__all__ = ["Request", "count_request", "flexible_gpus", "read_request", "widens"]
 
 _NO_VAL = 0xFFFFFFFE  # 32-bit NO_VAL / INFINITE and above: not set
 # a GPU item of tres_per_node/job/task: gres:gpu:4, gres/gpu:a100:2, gres/gpu=1 (24.11 per task)
@@ -110,7 +117,7 @@ def read_request(job: Mapping[str, Any]) -> Request:
 def count_request(nodes: int, gpus: int) -> Request:
     """The request of a record built by hand (no squeue record behind it): ``gpus`` split
     evenly over ``nodes`` (at least one), as ``-N nodes --gres=gpu:G`` asks; flexible when
-    they do not split evenly."""
+    they do not split evenly (and then not placeable: ``flexible_gpus`` 0)."""
     if nodes < 0 or gpus < 0:
         raise ValueError(f"count_request: negative nodes ({nodes}) or GPUs ({gpus})")
     n = max(1, nodes)
@@ -120,7 +127,7 @@ def count_request(nodes: int, gpus: int) -> Request:
         max_nodes=n,
         tasks=0,
         node_gpus=gpus // n if even else 0,
-        job_gpus=0 if even else gpus,
+        job_gpus=0,  # no record behind it: nothing asked per job (not placeable)
         task_gpus=0,
         gpu_type="",
         tres_nodes=n,
@@ -132,18 +139,52 @@ def count_request(nodes: int, gpus: int) -> Request:
     )
 
 
-def widens(request: Request, nodes: int, gpus_per_node: int) -> str | None:
-    """Why setting ``NumNodes=nodes`` (and a node list that long) for a job placed with
-    ``gpus_per_node`` GPUs on each node would change what it gets (more nodes: more GPUs and
-    CPUs than it asked), or that its shape is Slurm's to choose; None when the update keeps
-    exactly its request."""
+def flexible_gpus(request: Request) -> int:
+    """The GPU count of a flexible request the loop can place in any split (module doc):
+    ``--gpus=N`` (``N``) or ``-n T --gpus-per-task=1`` (``T``); 0 for an enforced shape and
+    for every other flexible request."""
+    if not request.flexible or request.node_gpus:
+        return 0
+    if request.job_gpus and not request.task_gpus:
+        count = request.job_gpus
+    elif request.task_gpus == 1 and request.tasks and not request.job_gpus:
+        count = request.tasks
+    else:
+        return 0
+    if request.tres_gpus and request.tres_gpus != count:
+        return 0  # the TRES request says otherwise: not read right
+    return count if request.min_nodes <= count else 0
+
+
+def widens(request: Request, gpus_per_node: Sequence[int]) -> str | None:
+    """Why starting the job with ``gpus_per_node[k]`` GPUs on each of its nodes (``NumNodes``
+    and a node list that long) would change what it gets (more nodes: more GPUs and CPUs
+    than it asked; another GPU count; a node count outside its range), or that its shape is
+    Slurm's alone to choose; None when the start keeps exactly its request. A flexible request
+    the loop can place (``flexible_gpus``) keeps it with its GPU count on ``min_nodes`` to
+    ``max_nodes`` nodes, each with at least one GPU."""
+    nodes, total = len(gpus_per_node), sum(gpus_per_node)
     if request.flexible:
-        return f"its shape is Slurm's to choose ({request.flexible})"
-    if (nodes, gpus_per_node) != (request.nodes, request.gpus_per_node):
-        return (
-            f"{nodes} node(s) x {gpus_per_node} GPU(s) is not its request "
-            f"({request.nodes} x {request.gpus_per_node})"
+        count = flexible_gpus(request)
+        if not count:
+            return f"its shape is Slurm's to choose ({request.flexible})"
+        top = request.max_nodes or count
+        if total != count or not request.min_nodes <= nodes <= top or min(gpus_per_node) < 1:
+            return (
+                f"{total} GPU(s) on {nodes} node(s) ({'+'.join(map(str, gpus_per_node))}) is "
+                f"not its request ({count} GPU(s) on {request.min_nodes}-{top} nodes)"
+            )
+        return None
+    per = gpus_per_node[0] if gpus_per_node else 0
+    if (nodes, per) != (request.nodes, request.gpus_per_node) or any(
+        g != per for g in gpus_per_node
+    ):
+        shown = (
+            f"{nodes} node(s) x {per} GPU(s)"
+            if len(set(gpus_per_node)) <= 1
+            else (f"{'+'.join(map(str, gpus_per_node))} GPU(s) on {nodes} node(s)")
         )
+        return f"{shown} is not its request ({request.nodes} x {request.gpus_per_node})"
     return None
 
 
