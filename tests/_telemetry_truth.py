@@ -1,8 +1,9 @@
-"""A small cluster whose telemetry is known: jobs on GPUs of nodes (the truth, GPU indices
-included), and what its exporters would print at every scrape (dcgm-exporter text with or
-without the ``hpc_job`` label, node_exporter's InfiniBand byte counters), stored through the
-real collectors' ingest (``ingest_prometheus``, ``derive_ib_link_load``) beside the
-accounting (``ingest_job_runs``) in a DuckDB store."""
+"""A small cluster whose telemetry is known: hand-written jobs on GPUs of nodes (the truth,
+GPU indices included), and what its exporters would print at every scrape (dcgm-exporter
+text with or without the ``hpc_job`` label, node_exporter's InfiniBand byte counters: the
+library's exposition functions, ``datasets.hidden_truth``, whose simulated cluster grows
+from this), stored through the real collectors' ingest (``ingest_prometheus``,
+``derive_ib_link_load``) beside the accounting (``ingest_job_runs``) in a DuckDB store."""
 
 from __future__ import annotations
 
@@ -11,6 +12,12 @@ from dataclasses import dataclass, field
 
 import duckdb
 
+from linkwise.datasets.hidden_truth import (
+    GpuSample,
+    IbPort,
+    dcgm_exposition,
+    node_exporter_exposition,
+)
 from linkwise.datasets.ingest import ingest_job_runs
 from linkwise.datasets.telemetry import derive_ib_link_load, ingest_prometheus
 from linkwise.tests._history import completed_run
@@ -42,14 +49,6 @@ class TruthJob:
         return node in self.alloc and self.start <= ts < self.end
 
 
-def _gpu_labels(node: str, gpu: int, job: TruthJob | None, labelled: bool) -> str:
-    job_label = f',hpc_job="{job.job_id}"' if labelled and job is not None else ""
-    return (
-        f'gpu="{gpu}",UUID="GPU-{node}-{gpu:04d}",device="nvidia{gpu}",'
-        f'modelName="NVIDIA H100 80GB HBM3",Hostname="{node}"{job_label}'
-    )
-
-
 def dcgm_text(node: str, ts: float, jobs: Sequence[TruthJob], *, labelled: bool) -> str:
     """What dcgm-exporter prints on ``node`` at ``ts``: every GPU's SM activity, GPU
     utilisation and NVLink bytes; a GPU outside every running job idle."""
@@ -57,26 +56,17 @@ def dcgm_text(node: str, ts: float, jobs: Sequence[TruthJob], *, labelled: bool)
     for j in jobs:
         if j.on(node, ts):
             owner.update((g, j) for g in j.alloc[node])
-    lines = [
-        "# HELP DCGM_FI_PROF_SM_ACTIVE The ratio of cycles an SM has at least 1 warp assigned.",
-        "# TYPE DCGM_FI_PROF_SM_ACTIVE gauge",
-    ]
+    samples = []
     for g in range(GPUS_PER_NODE):
         j = owner.get(g)
-        value = 0.0 if j is None else j.bad.get((node, ts), j.activity)
-        lines.append(f"DCGM_FI_PROF_SM_ACTIVE{{{_gpu_labels(node, g, j, labelled)}}} {value!r}")
-    lines += ["# TYPE DCGM_FI_DEV_GPU_UTIL gauge"]
-    for g in range(GPUS_PER_NODE):
-        j = owner.get(g)
-        util = 0 if j is None else min(100, round(100 * j.activity) + 20)
-        lines.append(f"DCGM_FI_DEV_GPU_UTIL{{{_gpu_labels(node, g, j, labelled)}}} {util}")
-    for metric in ("DCGM_FI_PROF_NVLINK_TX_BYTES", "DCGM_FI_PROF_NVLINK_RX_BYTES"):
-        lines.append(f"# TYPE {metric} gauge")
-        for g in range(GPUS_PER_NODE):
-            j = owner.get(g)
-            rate = 0.0 if j is None else j.nvlink_tx
-            lines.append(f"{metric}{{{_gpu_labels(node, g, j, labelled)}}} {rate!r}")
-    return "\n".join(lines) + "\n"
+        if j is None:
+            samples.append(GpuSample(g, None, 0.0, 0, 0.0, 0.0))
+            continue
+        util = min(100, round(100 * j.activity) + 20)
+        active = j.bad.get((node, ts), j.activity)
+        label = j.job_id if labelled else None
+        samples.append(GpuSample(g, label, active, util, j.nvlink_tx, j.nvlink_tx))
+    return dcgm_exposition(node, samples)
 
 
 def nic_bytes(node: str, t: float, jobs: Sequence[TruthJob]) -> float:
@@ -90,11 +80,7 @@ def node_exporter_text(node: str, ts: float, jobs: Sequence[TruthJob], base: flo
     """node_exporter's InfiniBand byte counters of ``node``'s one HCA port at ``ts``
     (starting at ``base`` bytes)."""
     total = base + nic_bytes(node, ts, jobs)
-    lines = []
-    for what in ("transmitted", "received"):
-        metric = f"node_infiniband_legacy_data_{what}_bytes_total"
-        lines += [f"# TYPE {metric} counter", f'{metric}{{device="mlx5_0",port="1"}} {total!r}']
-    return "\n".join(lines) + "\n"
+    return node_exporter_exposition([IbPort(total, total)])
 
 
 def fill_store(
