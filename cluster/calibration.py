@@ -893,7 +893,7 @@ def at_bound(value: float, bounds: Sequence[float | None], rel: float = 1e-6) ->
     return hi is not None and value >= hi - rel * abs(hi)
 
 
-def _entry(
+def parameter_entry(
     value: float, bounds: tuple[float | None, float | None], status: str, basis: str
 ) -> dict[str, Any]:
     """One parameter of the report; a value at a bound is always reported as constrained."""
@@ -948,9 +948,9 @@ def parameter_report(
         grad_status = "weakly determined" if status == "weakly determined" else "determined"
         grad_basis = "by the fall of its throughput with GPUs and nodes, given compute_s"
         out[m] = {
-            "compute_s": _entry(prof.compute_s, b, status, basis),
-            "grad_gb": _entry(prof.grad_gb, b, grad_status, grad_basis),
-            "scale": _entry(
+            "compute_s": parameter_entry(prof.compute_s, b, status, basis),
+            "grad_gb": parameter_entry(prof.grad_gb, b, grad_status, grad_basis),
+            "scale": parameter_entry(
                 iso.scale[m],
                 b,
                 "constrained",
@@ -961,14 +961,14 @@ def parameter_report(
         }
     for m, prof in pollux.profiles.items():
         out[m] = {
-            "compute_s": _entry(
+            "compute_s": parameter_entry(
                 prof.compute_s,
                 (POLLUX_COMPUTE_FLOOR, None),
                 "determined",
                 "measured: a line through step_time - sync_time against local batch, at the "
                 f"median local batch {pollux.typical_local_bsz[m]:g}",
             ),
-            "grad_gb": _entry(
+            "grad_gb": parameter_entry(
                 prof.grad_gb,
                 (None, None),
                 "determined",
@@ -977,13 +977,13 @@ def parameter_report(
             ),
         }
     out["shared"] = {
-        "alpha": _entry(
+        "alpha": parameter_entry(
             alphas["duty"],
             ALPHA_BOUNDS,
             "determined",
             "by DeepShare's 1296 shared/isolated ratios (cross-validated)",
         ),
-        "overhead_s": _entry(
+        "overhead_s": parameter_entry(
             iso.overhead_s,
             OVERHEAD_BOUNDS,
             "determined",
@@ -991,14 +991,14 @@ def parameter_report(
             "Transformer-XL's slowdown with nodes would wreck GraphSage's 4 ms iteration, so "
             "the ring model carries no per-node overhead",
         ),
-        "alpha_flows": _entry(
+        "alpha_flows": parameter_entry(
             alphas["flows"],
             ALPHA_BOUNDS,
             "determined",
             "SJF-BCO's whole-ring count (a diagnostic, not shipped): at its lower bound 0, "
             "even f(2) = 2 predicts more slowdown than DeepShare measured",
         ),
-        "pollux_nic_effective_gbps": _entry(
+        "pollux_nic_effective_gbps": parameter_entry(
             pollux.nic_effective_gbps,
             (None, None),
             "determined",
