@@ -890,7 +890,7 @@ def fit_cluster_calibration(
         else:
             r_se = float(se[2 + len(layout.compute) + layout.rho.index(i)])
             rs, rb = _status(
-                r_se, prior, f"{runs_note}' activity (comm_profiles had no bytes alone)"
+                r_se, prior, f"the activity of {runs_note} (comm_profiles had no bytes alone)"
             )
         g_se = math.hypot(c_se, r_se)
         if i == ref:
