@@ -108,7 +108,8 @@ def synth_prometheus(n_samples: int) -> str:
 def bench_telemetry(n: int) -> dict[str, float]:
     """Parse and store n Prometheus samples in one ingest call."""
     from linkwise.datasets.store import open_store
-    from linkwise.datasets.telemetry import ingest_prometheus, parse_prometheus
+    from linkwise.datasets.telemetry.prometheus import parse_prometheus
+    from linkwise.datasets.telemetry.store import ingest_prometheus
 
     text = synth_prometheus(n)
     t0 = time.perf_counter()

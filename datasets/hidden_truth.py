@@ -67,7 +67,7 @@ from linkwise.cluster.topology import from_spec
 from linkwise.datasets.comm_profiles import PROFILE_PREFIX
 from linkwise.datasets.ingest import ingest_job_runs
 from linkwise.datasets.synthetic import load_stats
-from linkwise.datasets.telemetry import derive_ib_link_load, ingest_prometheus
+from linkwise.datasets.telemetry.store import derive_ib_link_load, ingest_prometheus
 
 __all__ = [
     "DEFAULT_T0",

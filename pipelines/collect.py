@@ -69,17 +69,10 @@ from linkwise.datasets.ingest import (
     windows,
 )
 from linkwise.datasets.store import open_store
-from linkwise.datasets.telemetry import (
-    RateReport,
-    Scrape,
-    ScrapeError,
-    SysfsReading,
-    derive_ib_link_load,
-    ingest_prometheus,
-    ingest_samples,
-    read_sysfs,
-    scrape_http,
-)
+from linkwise.datasets.telemetry.counters import RateReport
+from linkwise.datasets.telemetry.scrape import Scrape, ScrapeError, scrape_http
+from linkwise.datasets.telemetry.store import derive_ib_link_load, ingest_prometheus, ingest_samples
+from linkwise.datasets.telemetry.sysfs import SysfsReading, read_sysfs
 
 __all__ = [
     "DEFAULT_LOCK_WAIT_S",

@@ -37,7 +37,7 @@ from linkwise.datasets.hidden_truth import (
 )
 from linkwise.datasets.job_telemetry import build_job_telemetry, read_job_telemetry
 from linkwise.datasets.store import open_store
-from linkwise.datasets.telemetry import NON_FINITE_REASON
+from linkwise.datasets.telemetry.prometheus import NON_FINITE_REASON
 
 # 4 nodes of 8 H100-class GPUs for 3 h: about 100 runs, through about 1,400 scrapes; a
 # 15 ms per-node overhead (the default truth's 4 ms needs a longer window to be seen)

@@ -7,7 +7,8 @@ import csv
 from pathlib import Path
 
 from linkwise.datasets.store import open_store
-from linkwise.datasets.telemetry import DCGM_FIELDS, UNIT_BYTES_PER_S, ingest_prometheus
+from linkwise.datasets.telemetry.dcgm import DCGM_FIELDS, UNIT_BYTES_PER_S
+from linkwise.datasets.telemetry.store import ingest_prometheus
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "telemetry"
 

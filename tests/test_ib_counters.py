@@ -15,13 +15,9 @@ import polars as pl
 import pytest
 
 from linkwise.datasets.store import open_store
-from linkwise.datasets.telemetry import (
-    IB_COUNTERS,
-    counter_rates,
-    derive_ib_link_load,
-    ingest_samples,
-    read_sysfs,
-)
+from linkwise.datasets.telemetry.counters import IB_COUNTERS, counter_rates
+from linkwise.datasets.telemetry.store import derive_ib_link_load, ingest_samples
+from linkwise.datasets.telemetry.sysfs import read_sysfs
 
 W32 = 2**32 - 1
 GBPS_100 = "100 Gb/sec (4X EDR)"

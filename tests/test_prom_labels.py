@@ -10,11 +10,8 @@ from pathlib import Path
 import polars as pl
 
 from linkwise.datasets.store import open_store, scalar
-from linkwise.datasets.telemetry import (
-    derive_ib_link_load,
-    ingest_prometheus,
-    parse_prometheus,
-)
+from linkwise.datasets.telemetry.prometheus import parse_prometheus
+from linkwise.datasets.telemetry.store import derive_ib_link_load, ingest_prometheus
 
 DCGM = "DCGM_FI_PROF_PCIE_TX_BYTES"
 
@@ -95,7 +92,7 @@ def test_rows_poisoned_by_an_earlier_version_do_not_break_later_scrapes(tmp_path
 
 
 def test_the_vectorised_conversion_equals_the_exposition_parser_on_real_exporters() -> None:
-    from linkwise.datasets.telemetry import _label_table, parse_label_set
+    from linkwise.datasets.telemetry.prometheus import _label_table, parse_label_set
 
     data = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "telemetry"
     sets = ['{a="1",b="x,y=",c="{}",d="ü 名"}', '{a="1",}', "{}", '{a="1",a="2"}']

@@ -13,17 +13,12 @@ import polars as pl
 import pytest
 
 from linkwise.datasets.store import open_store, scalar
-from linkwise.datasets.telemetry import (
-    ScrapeError,
-    counter_rates,
-    derive_ib_link_load,
-    ingest_prometheus,
-    ingest_samples,
-    parse_perfquery,
-    parse_prometheus,
-    read_sysfs,
-    scrape_http,
-)
+from linkwise.datasets.telemetry.counters import counter_rates
+from linkwise.datasets.telemetry.perfquery import parse_perfquery
+from linkwise.datasets.telemetry.prometheus import parse_prometheus
+from linkwise.datasets.telemetry.scrape import ScrapeError, scrape_http
+from linkwise.datasets.telemetry.store import derive_ib_link_load, ingest_prometheus, ingest_samples
+from linkwise.datasets.telemetry.sysfs import read_sysfs
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "telemetry"
 A100 = DATA / "dcgm_exporter_metrics_a100_mig.prom"
@@ -297,7 +292,7 @@ def test_non_ascii_labels_and_unusual_lines_parse_like_the_general_grammar() -> 
 
 
 def test_label_sets_sharing_a_key_are_matched_by_their_text() -> None:
-    from linkwise.datasets.telemetry import _label_columns
+    from linkwise.datasets.telemetry.prometheus import _label_columns
 
     good = pl.DataFrame({"lbl": ['{a="1",hostname="x"}', '{a="2"}', '{a="1",hostname="x"}']})
     forced = _label_columns(good, "fb", key=pl.lit(0, dtype=pl.UInt64()))  # all collide
