@@ -26,10 +26,11 @@ from typing import Any, Literal
 
 from linkwise.cluster.domain import Decision, Topology
 from linkwise.cluster.hostlist import compress
+from linkwise.deployer.events import log_event
 from linkwise.deployer.explain import queue_key
 from linkwise.deployer.metrics import ServeMetrics
 from linkwise.deployer.observation import Observation
-from linkwise.deployer.safety import Recorder, log_event, new_id
+from linkwise.deployer.recorder import Recorder, new_id
 
 __all__ = ["DecisionLog", "Join"]
 

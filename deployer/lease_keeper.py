@@ -1,6 +1,6 @@
 """The active loop's lease: the partition locks, the lease file it renews every cycle (what
 ``job_submit.lua`` and the watchdog read), the watchdog process, and the hand-back on the way
-out (``safety.hand_back``: no new holds, release what is held for the loop, again after a
+out (``release.hand_back``: no new holds, release what is held for the loop, again after a
 grace period)."""
 
 from __future__ import annotations
@@ -16,21 +16,12 @@ from pathlib import Path
 
 from linkwise.cluster.slurm.client import SlurmClient
 from linkwise.cluster.slurm.errors import SlurmError
+from linkwise.deployer.events import log_event
+from linkwise.deployer.lease import Lease, pid_start_time, read_lease, renewed, write_lease
+from linkwise.deployer.locks import WATCHDOG_HOLDER, LeaseTaken, PartitionLocks, lock_partitions
 from linkwise.deployer.metrics import ServeMetrics
-from linkwise.deployer.safety import (
-    WATCHDOG_HOLDER,
-    Lease,
-    LeaseTaken,
-    PartitionLocks,
-    Recorder,
-    hand_back,
-    lock_partitions,
-    log_event,
-    pid_start_time,
-    read_lease,
-    renewed,
-    write_lease,
-)
+from linkwise.deployer.recorder import Recorder
+from linkwise.deployer.release import hand_back
 
 __all__ = ["LeaseKeeper"]
 

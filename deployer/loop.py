@@ -11,7 +11,7 @@ then sets ``ReqNodeList``/``NumNodes`` and releases the job), the decision log
 the lease (``lease_keeper.LeaseKeeper``: locks, renewals, watchdog, hand-back) and the
 policy (``policies``). ``ShadowBackend`` changes nothing in Slurm.
 
-Active mode manages only jobs of the named partitions held for it (``safety.held_for_loop``:
+Active mode manages only jobs of the named partitions held for it (``holds.held_for_loop``:
 held by the shipped ``job_submit.lua``, which tags them ``linkwise:held``); an
 administrator's hold, a user's own hold and untagged jobs are left alone. Jobs without
 GPUs, held requests that can never fit (reported) and jobs held longer than ``max_hold_s``
@@ -68,7 +68,11 @@ from linkwise.cluster.slurm.request import widens
 from linkwise.cluster.slurm.schema import SlurmSchemaError
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.deployer.decision_log import DecisionLog
+from linkwise.deployer.events import log_event
+from linkwise.deployer.holds import HOLD_TAG, held_for_loop
+from linkwise.deployer.lease import lease_dir_for
 from linkwise.deployer.lease_keeper import LeaseKeeper
+from linkwise.deployer.locks import valid_name
 from linkwise.deployer.metrics import ServeMetrics
 from linkwise.deployer.migration import MigrationConfig, MigrationExecutor, moves_of
 from linkwise.deployer.observation import (
@@ -90,19 +94,9 @@ from linkwise.deployer.profiles import (
     resolve_profiles,
     undeclared,
 )
-from linkwise.deployer.safety import (
-    HOLD_TAG,
-    Recorder,
-    RecordError,
-    clear_nodes_command,
-    held_for_loop,
-    lease_dir_for,
-    log_event,
-    new_id,
-    release_held,
-    untag_command,
-    valid_name,
-)
+from linkwise.deployer.recorder import Recorder, RecordError, new_id
+from linkwise.deployer.release import release_held
+from linkwise.deployer.scontrol import clear_nodes_command, untag_command
 from linkwise.deployer.systemd import SystemdNotify
 
 __all__ = [

@@ -17,7 +17,7 @@ runs and its outcome recorded after:
 1. ``scancel --batch --signal=USR1 JOB``: the job checkpoints; it keeps its GPUs meanwhile;
 2. once its grace is over (a later cycle: the loop keeps renewing its lease meanwhile):
    ``AdminComment=linkwise:held`` (from here on the job is the loop's: the watchdog and the
-   hand-back release it, ``safety.held_for_loop``, even after ``kill -9`` of the loop), then
+   hand-back release it, ``holds.held_for_loop``, even after ``kill -9`` of the loop), then
    ``scontrol requeuehold JOB`` (Slurm shows it held, ``JobHeldUser``). A preempted job stays
    so: a held job of the loop, placed again by the policy (or handed to Slurm after
    ``max_hold_s``). A migrated one gets ``ReqNodeList``/``NumNodes`` of its target, is released
@@ -52,16 +52,10 @@ from linkwise.cluster.slurm.client import (
 )
 from linkwise.cluster.slurm.errors import SlurmError
 from linkwise.cluster.slurm.records import QueuedJob
-from linkwise.deployer.safety import (
-    HOLD_TAG,
-    RELEASED_TAG,
-    Recorder,
-    RecordError,
-    in_partitions,
-    log_event,
-    new_id,
-    release_command,
-)
+from linkwise.deployer.events import log_event
+from linkwise.deployer.holds import HOLD_TAG, RELEASED_TAG, in_partitions
+from linkwise.deployer.recorder import Recorder, RecordError, new_id
+from linkwise.deployer.scontrol import release_command
 
 __all__ = [
     "MIGRATABLE_TAG",

@@ -47,14 +47,10 @@ from linkwise.cluster.slurm.request import Request, count_request, flexible_gpus
 from linkwise.cluster.topology import load_topology
 from linkwise.datasets.prediction import ensure_predicted
 from linkwise.datasets.predictor import RuntimePredictor
+from linkwise.deployer.holds import bypassed, held_for_loop, in_partitions
+from linkwise.deployer.holds import stranded as is_stranded
 from linkwise.deployer.migration import InTransit, opted_in
-from linkwise.deployer.safety import (
-    Recorder,
-    bypassed,
-    held_for_loop,
-    in_partitions,
-)
-from linkwise.deployer.safety import stranded as is_stranded
+from linkwise.deployer.recorder import Recorder
 
 __all__ = [
     "NodeRoom",

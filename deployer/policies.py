@@ -15,9 +15,9 @@ from typing import Any
 from linkwise.cluster.contention import AnalyticModel, ContentionModel
 from linkwise.cluster.domain import ClusterState, Decision, Policy
 from linkwise.cluster.profiles import load_calibration
+from linkwise.deployer.events import log_event
 from linkwise.deployer.explain import decide_explained, explain_cycle
 from linkwise.deployer.metrics import ServeMetrics
-from linkwise.deployer.safety import log_event
 from linkwise.models.policy_spec import PolicySpec
 
 __all__ = ["GuardedPolicy", "LoadedPolicy", "PolicyHolder", "model_probe"]

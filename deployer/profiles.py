@@ -27,7 +27,7 @@ from typing import Literal
 
 from linkwise.cluster.profiles import Calibration
 from linkwise.cluster.slurm.records import QueuedJob
-from linkwise.deployer.safety import Recorder
+from linkwise.deployer.recorder import Recorder
 
 __all__ = [
     "PROFILE_TAG",

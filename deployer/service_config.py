@@ -41,9 +41,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from linkwise.deployer.locks import valid_name
 from linkwise.deployer.loop import DEFAULT_LEASE_ROOT, ServeConfig
 from linkwise.deployer.migration import MigrationConfig
-from linkwise.deployer.safety import valid_name
 from linkwise.models.policy_spec import PolicySpec
 from linkwise.models.registry import ModelSource
 
@@ -358,7 +358,7 @@ def load_service_config(path: str | Path) -> ServiceConfig:
 
 class JsonLineFormatter(logging.Formatter):
     """Every record as one JSON object on one line (journald keeps one entry per line): the
-    loop's structured events (``safety.log_event``) keep their fields and gain ``level`` and
+    loop's structured events (``events.log_event``) keep their fields and gain ``level`` and
     ``logger``; any other record becomes ``{ts, message, level, logger}``, a traceback
     folded into ``exc``."""
 

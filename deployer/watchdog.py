@@ -7,7 +7,7 @@ While the owner runs but the lease ran out (a hung loop; job_submit.lua holds no
 then), it releases the jobs held for the loop, and again while it stays expired. Once the
 owner process is gone it takes the partitions' locks (so no new loop starts meanwhile), marks
 the lease releasing, sweeps, waits, sweeps again and marks it released (``hand_back``). It
-only ever releases jobs held for the loop (``safety.held_for_loop``): never an
+only ever releases jobs held for the loop (``holds.held_for_loop``): never an
 administrator's or a user's own hold. It exits when the lease was released, when the lease
 file is gone, or when a new loop already took the partitions (it manages those jobs).
 """
@@ -21,18 +21,11 @@ from pathlib import Path
 from linkwise.cluster.slurm.cli_transport import CliTransport, CommandRunner
 from linkwise.cluster.slurm.client import SlurmClient
 from linkwise.cluster.slurm.errors import SlurmError
-from linkwise.deployer.safety import (
-    WATCHDOG_HOLDER,
-    Lease,
-    LeaseTaken,
-    Recorder,
-    hand_back,
-    lock_partitions,
-    log_event,
-    pid_alive,
-    read_lease,
-    sweep,
-)
+from linkwise.deployer.events import log_event
+from linkwise.deployer.lease import Lease, pid_alive, read_lease
+from linkwise.deployer.locks import WATCHDOG_HOLDER, LeaseTaken, lock_partitions
+from linkwise.deployer.recorder import Recorder
+from linkwise.deployer.release import hand_back, sweep
 
 LOG = logging.getLogger("linkwise.watchdog")
 

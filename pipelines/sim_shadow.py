@@ -30,7 +30,7 @@ from linkwise.deployer.loop import ServeConfig
 from linkwise.deployer.metrics import ServeMetrics
 from linkwise.deployer.observation import Observation
 from linkwise.deployer.policies import GuardedPolicy, LoadedPolicy, PolicyHolder
-from linkwise.deployer.safety import Recorder, new_id
+from linkwise.deployer.recorder import Recorder, new_id
 from linkwise.models.policy_spec import PolicySpec
 from linkwise.pipelines.history import PARTITION
 

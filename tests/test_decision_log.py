@@ -27,7 +27,7 @@ from linkwise.deployer.decision_log import DecisionLog
 from linkwise.deployer.metrics import ServeMetrics
 from linkwise.deployer.observation import Observation
 from linkwise.deployer.policies import GuardedPolicy, PolicyHolder
-from linkwise.deployer.safety import Recorder
+from linkwise.deployer.recorder import Recorder
 
 LOG = logging.getLogger("test.decision_log")
 

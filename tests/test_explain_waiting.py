@@ -30,7 +30,7 @@ from linkwise.deployer.explain import duration_words, explain_cycle, explain_lin
 from linkwise.deployer.metrics import ServeMetrics
 from linkwise.deployer.observation import Observation
 from linkwise.deployer.policies import GuardedPolicy, PolicyHolder
-from linkwise.deployer.safety import Recorder
+from linkwise.deployer.recorder import Recorder
 
 TOPO = from_spec("1x4")
 LOG = logging.getLogger("test.explain_waiting")

@@ -26,8 +26,8 @@ from linkwise.cluster.hostlist import expand
 from linkwise.cluster.slurm.client import SlurmClient, read_env_file
 from linkwise.cluster.slurm.parse import gres_gpus
 from linkwise.cluster.topology import load_topology
+from linkwise.deployer.holds import HOLD_TAG
 from linkwise.deployer.loop import ServeConfig, serve
-from linkwise.deployer.safety import HOLD_TAG
 from linkwise.evaluation.slurm_flexible import FORMS, HANDPICKED, FlexCase, run_cases
 from linkwise.tests._slurm import slurm_argv
 from linkwise.tests._store import read_store

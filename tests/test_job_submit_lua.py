@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from linkwise.cluster.slurm.client import SlurmClient, read_env_file
-from linkwise.deployer.safety import HOLD_TAG, lease_dir_for, pid_start_time
+from linkwise.deployer.holds import HOLD_TAG
+from linkwise.deployer.lease import lease_dir_for, pid_start_time
 from linkwise.tests._slurm import slurm_argv
 
 pytestmark = pytest.mark.services

@@ -28,7 +28,7 @@ from linkwise.deployer.migration import (
     opt_in_grace,
     plan,
 )
-from linkwise.deployer.safety import Recorder
+from linkwise.deployer.recorder import Recorder
 
 LOG = logging.getLogger("test.migration")
 NOW = 10_000.0

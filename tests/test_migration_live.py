@@ -29,7 +29,7 @@ from linkwise.cluster.slurm.records import QueuedJob
 from linkwise.deployer.loop import ServeConfig, serve
 from linkwise.deployer.migration import MigrationConfig, MigrationExecutor, Move
 from linkwise.deployer.policies import LoadedPolicy
-from linkwise.deployer.safety import Recorder
+from linkwise.deployer.recorder import Recorder
 from linkwise.tests._store import read_store
 
 pytestmark = pytest.mark.services

@@ -37,7 +37,7 @@ from linkwise.deployer.profiles import (
     read_profile_history,
     resolve_profiles,
 )
-from linkwise.deployer.safety import Recorder
+from linkwise.deployer.recorder import Recorder
 
 LOG = logging.getLogger("test.observation")
 TOPO = from_spec("4x4")

@@ -28,7 +28,7 @@ from linkwise.deployer.loop import ServeConfig, serve
 from linkwise.deployer.migration import MigrationConfig, MigrationExecutor, Move
 from linkwise.deployer.observation import build_observation, slurm_topology
 from linkwise.deployer.profiles import resolve_profiles
-from linkwise.deployer.safety import Recorder
+from linkwise.deployer.recorder import Recorder
 from linkwise.tests._slurm import slurm_cmd
 
 pytestmark = pytest.mark.services

@@ -28,11 +28,12 @@ from linkwise.cluster.slurm.request import (
     widens,
 )
 from linkwise.cluster.topology import from_spec
+from linkwise.deployer.holds import HOLD_TAG
 from linkwise.deployer.loop import ServeConfig, SlurmBackend
 from linkwise.deployer.metrics import ServeMetrics
 from linkwise.deployer.observation import build_observation, job_request, job_shape
 from linkwise.deployer.policies import GuardedPolicy, PolicyHolder
-from linkwise.deployer.safety import HOLD_TAG, Recorder
+from linkwise.deployer.recorder import Recorder
 
 LOG = logging.getLogger("test.request_shape")
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from linkwise.cluster.slurm.client import SlurmClient, read_env_file
-from linkwise.deployer.safety import lease_dir_for
+from linkwise.deployer.lease import lease_dir_for
 from linkwise.tests._slurm import slurm_argv
 from linkwise.tests._store import read_store
 

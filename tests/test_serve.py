@@ -26,6 +26,9 @@ from linkwise.cluster.slurm.schema import SlurmSchemaError
 from linkwise.cluster.topology import from_spec
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.store import open_store
+from linkwise.deployer.holds import HOLD_TAG
+from linkwise.deployer.lease import Lease, lease_dir_for, lease_expired, read_lease, write_lease
+from linkwise.deployer.locks import WATCHDOG_HOLDER, LeaseTaken, lock_partitions
 from linkwise.deployer.loop import (
     CycleLines,
     ServeConfig,
@@ -37,20 +40,9 @@ from linkwise.deployer.loop import (
 from linkwise.deployer.metrics import ServeMetrics
 from linkwise.deployer.observation import build_observation, check_start
 from linkwise.deployer.policies import GuardedPolicy, LoadedPolicy, PolicyHolder
-from linkwise.deployer.safety import (
-    HOLD_TAG,
-    WATCHDOG_HOLDER,
-    Lease,
-    LeaseTaken,
-    Recorder,
-    hand_back,
-    lease_dir_for,
-    lease_expired,
-    lock_partitions,
-    read_lease,
-    untag_command,
-    write_lease,
-)
+from linkwise.deployer.recorder import Recorder
+from linkwise.deployer.release import hand_back
+from linkwise.deployer.scontrol import untag_command
 from linkwise.deployer.watchdog import _tools
 
 LOG = logging.getLogger("test.serve")
@@ -421,7 +413,7 @@ def test_partition_locks_refuse_any_overlap_and_free_on_kill(tmp_path: Path) -> 
         lock_partitions(tmp_path, ["zz", "a"], "loop two")
     lock_partitions(tmp_path, ["zz"], "loop three").close()  # disjoint: fine (and freed)
     first.close()
-    code = "import sys, time; from linkwise.deployer.safety import lock_partitions as L; "
+    code = "import sys, time; from linkwise.deployer.locks import lock_partitions as L; "
     code += f"L({str(tmp_path)!r}, ['a'], 'child'); print('locked', flush=True); time.sleep(60)"
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert child.stdout is not None and child.stdout.readline().strip() == "locked"

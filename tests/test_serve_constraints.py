@@ -17,6 +17,8 @@ from linkwise.cluster.slurm.parse import parse_nodes, parse_queue
 from linkwise.cluster.slurm.records import NodeInfo, QueuedJob
 from linkwise.cluster.topology import from_spec
 from linkwise.datasets.store import open_store
+from linkwise.deployer.holds import HOLD_TAG, RELEASED_TAG
+from linkwise.deployer.lease import Lease
 from linkwise.deployer.loop import ServeConfig, SlurmBackend
 from linkwise.deployer.metrics import ServeMetrics
 from linkwise.deployer.observation import (
@@ -26,7 +28,8 @@ from linkwise.deployer.observation import (
     read_link_load,
 )
 from linkwise.deployer.policies import GuardedPolicy, PolicyHolder
-from linkwise.deployer.safety import HOLD_TAG, RELEASED_TAG, Lease, Recorder, sweep
+from linkwise.deployer.recorder import Recorder
+from linkwise.deployer.release import sweep
 
 LOG = logging.getLogger("test.serve.constraints")
 TOPO = from_spec("4x4")

@@ -23,8 +23,9 @@ import pytest
 
 from linkwise.cluster.hostlist import expand
 from linkwise.cluster.slurm.client import SlurmClient, read_env_file
+from linkwise.deployer.holds import HOLD_TAG, RELEASED_TAG
+from linkwise.deployer.lease import lease_dir_for
 from linkwise.deployer.loop import ServeConfig, serve
-from linkwise.deployer.safety import HOLD_TAG, RELEASED_TAG, lease_dir_for
 from linkwise.tests._serve import cycles_run, free_port
 from linkwise.tests._slurm import slurm_argv
 from linkwise.tests._store import read_store

@@ -287,7 +287,7 @@ def test_text_logging_shows_info_events_whatever_handler_came_first() -> None:
         "import logging, sys\n"
         "logging.basicConfig(level=logging.WARNING, format='OTHER %(message)s')\n"
         "from linkwise.deployer.service_config import configure_logging\n"
-        "from linkwise.deployer.safety import log_event\n"
+        "from linkwise.deployer.events import log_event\n"
         "configure_logging('text')\n"
         "log_event(logging.getLogger('linkwise.serve'), 'serve_start', mode='shadow')\n"
     )

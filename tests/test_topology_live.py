@@ -18,8 +18,8 @@ import pytest
 
 from linkwise.cluster.hostlist import expand
 from linkwise.cluster.slurm.client import SlurmClient, read_env_file
+from linkwise.deployer.holds import HOLD_TAG
 from linkwise.deployer.loop import ServeConfig, serve
-from linkwise.deployer.safety import HOLD_TAG
 from linkwise.tests._slurm import slurm_argv
 from linkwise.tests._store import read_store
 

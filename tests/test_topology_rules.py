@@ -28,13 +28,13 @@ from linkwise.cluster.topology import (
     slurm_topology_plugin,
     topology_differences,
 )
+from linkwise.deployer.holds import HOLD_TAG
 from linkwise.deployer.observation import (
     build_observation,
     check_start,
     never_fits,
     place_within,
 )
-from linkwise.deployer.safety import HOLD_TAG
 from linkwise.tests._slurm import SHARED_SLURM_DATA
 
 ROOT = Path(__file__).resolve().parents[1]

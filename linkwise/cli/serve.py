@@ -34,10 +34,10 @@ from linkwise.datasets.decisions import topology_from_store
 from linkwise.datasets.operator import DEFAULT_STORE, operator_store
 from linkwise.datasets.store import open_store
 from linkwise.deployer.explain import explain_lines, job_decisions
+from linkwise.deployer.locks import LeaseTaken
 from linkwise.deployer.loop import DEFAULT_LEASE_ROOT, ServeConfig, serve
 from linkwise.deployer.migration import MigrationConfig
 from linkwise.deployer.promote import serving_refusal
-from linkwise.deployer.safety import LeaseTaken
 from linkwise.deployer.serve import serving_problem
 from linkwise.deployer.service_config import (
     DEFAULT_REGISTRY,
