@@ -55,16 +55,8 @@ from linkwise.cluster.domain import (
     PendingJob,
     Policy,
     RunningJob,
-    TransitJob,
 )
-from linkwise.cluster.simulator import (
-    SimConfig,
-    SimulationStalled,
-    Simulator,
-    _Acc,
-    _Run,
-    _Transit,
-)
+from linkwise.cluster.simulator import ResumedTransit, SimConfig, SimulationStalled, Simulator
 
 __all__ = [
     "Arrivals",
@@ -189,10 +181,12 @@ def _with_work(job: Job, work: float) -> Job:
 class ForkCache:
     """What forks of one state share (``score_decisions`` keeps one per state): the belief
     model's rate of each single-node running job (it depends on the job and its placement
-    only) and, per sample, each job as the fork sees it (its drawn work)."""
+    only) and, per sample, each job as the fork sees it (its drawn work) and each running
+    job as the fork resumes it."""
 
     rates: dict[int, float] = field(default_factory=dict)
     jobs: dict[tuple[int, int], Job] = field(default_factory=dict)
+    runs: dict[tuple[int, int], RunningJob] = field(default_factory=dict)
 
 
 def fork(
@@ -246,72 +240,80 @@ def fork(
         )
         for j in future
     )
-    sim = Simulator(state.topology, (), model, cfg)
-    sim.time = t0
-    sim._arrivals = sorted(future, key=lambda j: (j.submit_time, j.job_id))
-    sim._free = list(state.free_gpus)
+    pending = []
     for pj in state.pending:
         left = work(pj.job, pj.attained_gpu_s, pj.remaining_s)
-        sim._pending[pj.job.job_id] = PendingJob(
-            job=seen(pj.job, left),
-            remaining_s=left,
-            attained_gpu_s=pj.attained_gpu_s,
-            preemptions=pj.preemptions,
-            restore_s=pj.restore_s,
+        pending.append(
+            PendingJob(
+                job=seen(pj.job, left),
+                remaining_s=left,
+                attained_gpu_s=pj.attained_gpu_s,
+                preemptions=pj.preemptions,
+                restore_s=pj.restore_s,
+            )
         )
-        sim._acc[pj.job.job_id] = _Acc()
-    sim._pending_dirty = True
+    running = []
     for run in state.running:
         left = work(run.job, run.attained_at(t0), run.remaining_at(t0))
-        _resume_running(sim, run, left, seen(run.job, left), shared.rates)
-    _resume_transit(sim, state, work)
-    if sim._pending:
-        sim._schedule_tick()
-    sim._update_split_rates()
-    sim._state = None
-    return sim
+        job = seen(run.job, left)
+        resumed = shared.runs.get((sample, job.job_id))
+        if resumed is None or resumed.job is not job or resumed.remaining_s != left:
+            resumed = _resumed_running(state, model, run, left, job, shared.rates)
+            shared.runs[(sample, job.job_id)] = resumed
+        running.append(resumed)
+    return Simulator.from_state(
+        state.topology,
+        model,
+        cfg,
+        time=t0,
+        free_gpus=state.free_gpus,
+        pending=pending,
+        running=running,
+        transit=_resumed_transit(state, work),
+        arrivals=future,
+    )
 
 
-def _resume_running(
-    sim: Simulator, run: RunningJob, left: float, job: Job, rates: dict[int, float]
-) -> None:
+def _resumed_running(
+    state: ClusterState,
+    model: ContentionModel,
+    run: RunningJob,
+    left: float,
+    job: Job,
+    rates: dict[int, float],
+) -> RunningJob:
     """A running job on its placement with ``left`` seconds of work from now (``job``: as
-    the fork sees it); ``rates`` memoises single-node rates per job."""
-    t0 = sim.time
-    r = _Run(
+    the fork sees it); ``rates`` memoises single-node rates per job (a split job's rate is
+    the simulator's to set)."""
+    t0 = state.time
+    rate = 0.0
+    if run.placement.num_nodes == 1:
+        known = rates.get(job.job_id)
+        if known is None:
+            known = rates[job.job_id] = model.rates(state.topology, [(job, run.placement)])[0]
+        rate = known
+    return RunningJob(
         job=job,
         placement=run.placement,
-        start=run.start_time,
-        since=t0,
-        remaining=left,
-        rate=0.0,
-        attained=run.attained_at(t0),
+        start_time=run.start_time,
+        remaining_s=left,
+        rate=rate,
+        attained_gpu_s=run.attained_at(t0),
         preemptions=run.preemptions,
-        split=run.placement.num_nodes > 1,
-        base=left,
+        since=t0,
     )
-    sim._running[job.job_id] = r
-    sim._running_dirty = True
-    acc = _Acc()
-    acc.first_start = run.start_time
-    sim._acc[job.job_id] = acc
-    if not r.split:
-        rate = rates.get(job.job_id)
-        if rate is None:
-            rate = rates[job.job_id] = sim.model.rates(sim.topology, [(job, run.placement)])[0]
-        r.rate = rate
-        sim._push_completion(r)
 
 
 _Work = Callable[[Job, float, float], float]
 
 
-def _resume_transit(sim: Simulator, state: ClusterState, work: _Work) -> None:
-    """Jobs draining or waiting on reserved GPUs, as the state shows them: GPUs held until
-    ``until`` (those a waiting start has reserved are claimed), targets started at ``until``."""
+def _resumed_transit(state: ClusterState, work: _Work) -> list[ResumedTransit]:
+    """Jobs draining or waiting on reserved GPUs, as the state shows them, in the order of
+    ``until``: GPUs held until ``until`` (those a waiting start has reserved are claimed),
+    targets started at ``until``."""
     if not state.transit:
-        return
-    free = sim._free
+        return []
+    free = state.free_gpus
     # GPUs held or reserved per node = capacity - free - running; what targets reserve of the
     # held GPUs is not shown, so held GPUs are claimed greedily in the order of ``until``
     target_on: dict[int, int] = {}
@@ -331,34 +333,30 @@ def _resume_transit(sim: Simulator, state: ClusterState, work: _Work) -> None:
         for n in set(target_on) | set(held_on)
     }
     claimed = {n: max(0, held_on.get(n, 0) + target_on.get(n, 0) - footprint[n]) for n in footprint}
+    out: list[ResumedTransit] = []
     for tj in sorted(state.transit, key=lambda t: (t.until, t.job.job_id)):
-        tr = _transit_record(sim, tj, work)
+        unclaimed: list[tuple[int, int]] = []
         if tj.held is not None:
             for node, g in tj.held.alloc:
                 take = min(g, claimed.get(node, 0))
                 claimed[node] = claimed.get(node, 0) - take
                 if g - take:
-                    tr.unclaimed[node] = g - take
-                    sim._claimable[node] += g - take
-        sim._add_transit(tr)
-
-
-def _transit_record(sim: Simulator, tj: TransitJob, work: _Work) -> _Transit:
-    left = float(work(tj.job, tj.attained_gpu_s, tj.job.duration))  # oracle: not exact here
-    job = _with_work(tj.job, left)
-    sim._acc[job.job_id] = _Acc()
-    return _Transit(
-        job=job,
-        remaining=left,
-        attained=tj.attained_gpu_s,
-        preemptions=tj.preemptions,
-        migrations=1 if tj.held is not None and tj.target is not None else 0,
-        held=tj.held,
-        unclaimed={},
-        drain_end=tj.until if tj.held is not None else sim.time,
-        target=tj.target,
-        start_at=tj.until if tj.target is not None else math.inf,
-    )
+                    unclaimed.append((node, g - take))
+        left = float(work(tj.job, tj.attained_gpu_s, tj.job.duration))  # oracle: not exact here
+        out.append(
+            ResumedTransit(
+                job=_with_work(tj.job, left),
+                remaining_s=left,
+                held=tj.held,
+                target=tj.target,
+                until=tj.until,
+                attained_gpu_s=tj.attained_gpu_s,
+                preemptions=tj.preemptions,
+                migrations=1 if tj.held is not None and tj.target is not None else 0,
+                unclaimed=tuple(unclaimed),
+            )
+        )
+    return out
 
 
 def fresh(policy: Policy, model: ContentionModel) -> Policy:
@@ -375,7 +373,7 @@ def jobs_in_system_s(sim: Simulator, t0: float, end: float, known: int) -> float
     for rec in sim.records:
         ended.add(rec.job.job_id)
         total += min(rec.end, end) - max(rec.job.submit_time, t0)
-    arrived = sim._arrivals[: sim._next_arrival]
+    arrived = sim.arrived
     open_known = known - sum(1 for r in sim.records if r.job.submit_time <= t0)
     total += open_known * (end - t0)
     for job in arrived:
@@ -392,16 +390,8 @@ def terminal_cost_s(sim: Simulator) -> float:
     ``cluster.bounds``). Each is a lower bound of something (the job's own time; the
     ``k``-th completion on the pooled cluster); per job, a draw far in a predictor's tail
     only weighs on its own term."""
-    t = sim.time
-    left: list[tuple[float, float]] = []  # (remaining GPU-seconds, remaining seconds)
-    for pj in sim._pending.values():
-        left.append((pj.job.num_gpus * pj.remaining_s, pj.remaining_s))
-    for r in sim._running.values():
-        rem = max(0.0, r.remaining - r.rate * max(0.0, t - r.since))
-        left.append((r.job.num_gpus * rem, rem))
-    for tr in sim._transit.values():
-        left.append((tr.job.num_gpus * tr.remaining, tr.remaining))
-    left.sort()
+    # (remaining GPU-seconds, remaining seconds)
+    left = sorted((job.num_gpus * rem, rem) for job, rem in sim.work_left())
     capacity = float(sim.topology.total_gpus)
     total = cum = 0.0
     for w, rem in left:
@@ -435,8 +425,7 @@ def rollout_cost(
 
     def apply(d: Decision) -> None:
         sim.apply(d)
-        if sim._wake > stop:  # a decision point at the horizon's end: the fork stops there
-            sim._wake = stop
+        sim.wake_by(stop)  # a decision point at the horizon's end: the fork stops there
 
     apply(Decision(wake_at=hold_end) if hold_end > t0 else first)
     if complete and not first.is_wait:

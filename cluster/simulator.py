@@ -204,6 +204,25 @@ class _Acc:
     restart_s: float = 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class ResumedTransit:
+    """A job in transit as ``Simulator.from_state`` resumes it: draining ``held`` until
+    ``until`` (then back to the queue, unless it has a ``target``), or waiting for its
+    reserved ``target`` GPUs until ``until`` (then running there). ``remaining_s``: its
+    isolated work left; ``unclaimed``: of the ``held`` GPUs, per node, those no other
+    start has reserved (they become free when it has drained)."""
+
+    job: Job
+    remaining_s: float
+    held: Placement | None
+    target: Placement | None
+    until: float
+    attained_gpu_s: float = 0.0
+    preemptions: int = 0
+    migrations: int = 0
+    unclaimed: tuple[tuple[int, int], ...] = ()
+
+
 class Simulator:
     """Backend over a simulated cluster: ``observe``, ``apply``, ``advance``.
 
@@ -214,9 +233,8 @@ class Simulator:
     Split jobs' rates come from ``SplitRates`` where the model allows it (the floats
     ``model.rates`` gives over all of them, recomputed only for rings whose bottleneck may
     have moved); ``incremental=False`` recomputes them all at every change (the reference,
-    and the path for other models or a placement over a node twice). A run put in
-    ``_running`` other than by ``_launch`` (``cluster.fork``) must be there before the first
-    ``_update_split_rates``, which registers what runs then.
+    and the path for other models or a placement over a node twice). ``from_state`` resumes
+    one in the middle of a run (``cluster.fork``).
     """
 
     def __init__(
@@ -285,6 +303,47 @@ class Simulator:
         self._admit_arrivals()
         if running:
             self._preload(running)
+
+    @classmethod
+    def from_state(
+        cls,
+        topology: Topology,
+        model: ContentionModel,
+        config: SimConfig | None = None,
+        *,
+        time: float,
+        free_gpus: Sequence[int],
+        pending: Sequence[PendingJob] = (),
+        running: Sequence[RunningJob] = (),
+        transit: Sequence[ResumedTransit] = (),
+        arrivals: Sequence[Job] = (),
+        incremental: bool = True,
+    ) -> Simulator:
+        """A simulator resumed at ``time`` in the middle of a run: ``free_gpus`` per node;
+        ``pending`` jobs in that order; ``running`` jobs on their placements, progress as of
+        their ``since``, brought up to ``time`` at their ``rate`` (``remaining_s`` without a
+        restore charge; a single-node job keeps its ``rate``, split jobs' rates come from the
+        model); ``transit`` jobs, added in
+        that order; ``arrivals`` to come after ``time``. Nothing is checked: the values
+        describe a cluster the caller has seen (``ClusterState``)."""
+        sim = cls(topology, (), model, config, incremental=incremental)
+        sim.time = time
+        sim._quiet_since = time
+        sim._arrivals = sorted(arrivals, key=lambda j: (j.submit_time, j.job_id))
+        sim._free = list(free_gpus)
+        for pj in pending:
+            sim._pending[pj.job.job_id] = pj
+            sim._acc[pj.job.job_id] = _Acc()
+        sim._pending_dirty = True
+        for run in running:
+            sim._resume_running(run)
+        for tr in transit:
+            sim._resume_transit(tr)
+        if sim._pending:
+            sim._schedule_tick()
+        sim._update_split_rates()
+        sim._state = None
+        return sim
 
     # -- Backend ---------------------------------------------------------------------
 
@@ -428,6 +487,27 @@ class Simulator:
     def wall_s(self) -> float:
         return wallclock.perf_counter() - self._wall_start
 
+    @property
+    def arrived(self) -> list[Job]:
+        """The jobs of ``arrivals`` (``from_state``) or ``jobs`` that have arrived so far."""
+        return self._arrivals[: self._next_arrival]
+
+    def work_left(self) -> list[tuple[Job, float]]:
+        """Every job in the system now with its isolated seconds of work left: pending,
+        running (as of now, a restore charge included) and in transit."""
+        t = self.time
+        left = [(pj.job, pj.remaining_s) for pj in self._pending.values()]
+        for r in self._running.values():
+            left.append((r.job, max(0.0, r.remaining - r.rate * max(0.0, t - r.since))))
+        left.extend((tr.job, tr.remaining) for tr in self._transit.values())
+        return left
+
+    def wake_by(self, t: float) -> None:
+        """Hold the next decision point no later than ``t`` (a fork that stops at its
+        horizon): after ``apply``, which sets the one the decision asked for."""
+        if self._wake > t:
+            self._wake = t
+
     # -- internals -------------------------------------------------------------------
 
     def _preload(self, running: Sequence[tuple[Job, Placement]]) -> None:
@@ -443,6 +523,53 @@ class Simulator:
                 raise ValueError(f"initial running jobs do not fit the cluster: {exc}") from exc
         if split_changed:
             self._update_split_rates()
+
+    def _resume_running(self, run: RunningJob) -> None:
+        """``from_state``: ``run`` on its placement, its progress brought up to now at its
+        rate, which a split job gets again from the model."""
+        split = run.placement.num_nodes > 1
+        remaining = run.remaining_at(self.time)
+        r = _Run(
+            job=run.job,
+            placement=run.placement,
+            start=run.start_time,
+            since=self.time,
+            remaining=remaining,
+            rate=0.0,
+            attained=run.attained_at(self.time),
+            preemptions=run.preemptions,
+            split=split,
+            base=remaining,
+        )
+        self._running[run.job.job_id] = r
+        self._running_dirty = True
+        acc = _Acc()
+        acc.first_start = run.start_time
+        self._acc[run.job.job_id] = acc
+        if not split:
+            r.rate = run.rate
+            self._push_completion(r)
+
+    def _resume_transit(self, tr: ResumedTransit) -> None:
+        """``from_state``: a job draining or waiting on reserved GPUs."""
+        self._acc[tr.job.job_id] = _Acc()
+        unclaimed = dict(tr.unclaimed)
+        for node, gpus in unclaimed.items():
+            self._claimable[node] += gpus
+        self._add_transit(
+            _Transit(
+                job=tr.job,
+                remaining=tr.remaining_s,
+                attained=tr.attained_gpu_s,
+                preemptions=tr.preemptions,
+                migrations=tr.migrations,
+                held=tr.held,
+                unclaimed=unclaimed,
+                drain_end=tr.until if tr.held is not None else self.time,
+                target=tr.target,
+                start_at=tr.until if tr.target is not None else math.inf,
+            )
+        )
 
     def _admit_arrivals(self) -> None:
         arrivals = self._arrivals

@@ -146,6 +146,43 @@ def test_same_input_same_result() -> None:
     assert a.events == b.events
 
 
+def test_a_simulator_resumed_from_what_it_shows_continues_the_same() -> None:
+    # ``from_state`` with the running and pending jobs as observed (progress as of their
+    # ``since``), the free GPUs and the jobs still to arrive: the same end for every job
+    jobs = _jobs(
+        [(i * 37.0 % 900, [1, 2, 4, 8][i % 4], 500.0 + 97 * i, "heavy") for i in range(60)]
+    )
+    topo = from_spec("4x8")
+    policy = GreedyFirstFit(spread=True)
+    sim = Simulator(topo, jobs, MODEL)
+    for _ in range(25):
+        sim.apply(policy.decide(sim.observe()))
+        assert sim.advance()
+    state = sim.observe()
+    assert any(r.placement.num_nodes > 1 for r in state.running) and state.pending
+    resumed = Simulator.from_state(
+        topo,
+        MODEL,
+        time=state.time,
+        free_gpus=state.free_gpus,
+        pending=state.pending,
+        running=state.running,
+        arrivals=[j for j in jobs if j.submit_time > state.time],
+    )
+    assert resumed.observe().free_gpus == state.free_gpus
+    assert [r.job.job_id for r in resumed.observe().running] == [
+        r.job.job_id for r in state.running
+    ]
+    drive(sim, policy)
+    drive(resumed, policy)
+    before = {r.job.job_id for r in sim.records if r.end <= state.time}
+    ends = {r.job.job_id: r.end for r in sim.records if r.job.job_id not in before}
+    assert {r.job.job_id: r.end for r in resumed.records} == pytest.approx(ends, rel=1e-9)
+    assert {j.job_id for j in resumed.arrived} == {
+        j.job_id for j in jobs if j.submit_time > state.time
+    }
+
+
 def test_two_split_rings_sharing_nics_follow_the_fluid_model() -> None:
     topo = from_spec("4x8")
     a = Job(0, 0.0, 8, 1000.0, profile="heavy")
