@@ -353,11 +353,124 @@ def build_observation(
     absent keeps "", which a contention model does not know).
     ``transit``: the moves under way (``MigrationExecutor.in_transit``; module docstring).
     """
-    managed_parts = set(partitions)
+    part_nodes, rooms, free = _partition_nodes(nodes, topo, set(partitions))
+    seen = _Seen(
+        topo=topo,
+        partitions=frozenset(partitions),
+        part_nodes=part_nodes,
+        rooms=tuple(rooms),
+        now=now,
+        mode=mode,
+        moving={t.job_id: t for t in transit},
+        predictor=predictor,
+        profiles=profiles or {},
+    )
+    out = _Sorted()
+    for q in queue:
+        if in_partitions(q, seen.partitions) and bypassed(q):
+            out.gone.append(q)
+        if q.state == "RUNNING" and q.nodes:
+            _sort_running(seen, out, q)
+        elif q.state == "PENDING":
+            _sort_pending(seen, out, q)
+    rooms = _with_topo_exclusive(queue, topo.node_index, rooms)
+    _take_inflight(queue, inflight or {}, free, rooms)
+    slurm_free = tuple(free)
+    _reserve_targets(out.reserve, free)
+    pending = sorted(out.pending, key=lambda p: (p.job.submit_time, p.job.job_id))
+    state = ClusterState(
+        time=now,
+        topology=topo,
+        free_gpus=tuple(free),
+        running=tuple(out.running),
+        pending=tuple(pending),
+        link_flows=_flows(topo, out.running, link_load or {}),
+        transit=tuple(sorted(out.transit, key=lambda t: t.job.job_id)),
+    )
+    return Observation(
+        state=state,
+        managed=out.managed,
+        shapes=out.shapes,
+        no_gpu=tuple(out.no_gpu) + tuple(out.refused_jobs.values()),
+        refused=out.refused,
+        running_ids=frozenset(out.started),
+        started=out.started,
+        held_total=out.held_total,
+        bypassed=tuple(out.gone),
+        foreign_held=out.foreign,
+        rooms=tuple(rooms),
+        kinds=out.kinds,
+        stranded=tuple(out.stranded),
+        partition_moved=tuple(out.moved),
+        slurm_free=slurm_free,
+    )
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """What ``build_observation`` reads each queued job against."""
+
+    topo: Topology
+    partitions: frozenset[str]
+    part_nodes: Sequence[int]  # topology indices of the managed partitions' nodes
+    rooms: Sequence[NodeRoom]  # per topology node, before running jobs' topology marks
+    now: float
+    mode: Mode
+    moving: Mapping[int, InTransit]
+    predictor: RuntimePredictor | None
+    profiles: Mapping[int, str]
+
+    def job(self, q: QueuedJob) -> Job:
+        """The job as a policy sees it, with its profile and predictions."""
+        job = _job(q, self.profiles.get(q.job_id, ""))
+        return ensure_predicted((job,), self.predictor)[0]
+
+    def target(self, q: QueuedJob, t: InTransit) -> Placement | None:
+        """Where a move under way restarts the job; None when a node is not in the topology."""
+        index = self.topo.node_index
+        idx = [index[n] for n in t.target if n in index]
+        if not idx or len(idx) != len(t.target):
+            return None
+        return Placement.of([(i, max(1, q.gpus // len(idx))) for i in idx])
+
+
+@dataclass
+class _Sorted:
+    """The queue as ``build_observation`` sorts it, job by job (see ``Observation``)."""
+
+    running: list[RunningJob] = dataclasses.field(default_factory=list)
+    started: dict[int, tuple[float, str]] = dataclasses.field(default_factory=dict)
+    pending: list[PendingJob] = dataclasses.field(default_factory=list)
+    managed: dict[int, QueuedJob] = dataclasses.field(default_factory=dict)
+    shapes: dict[int, Shape] = dataclasses.field(default_factory=dict)
+    no_gpu: list[QueuedJob] = dataclasses.field(default_factory=list)
+    refused: dict[int, str] = dataclasses.field(default_factory=dict)
+    kinds: dict[int, str] = dataclasses.field(default_factory=dict)
+    refused_jobs: dict[int, QueuedJob] = dataclasses.field(default_factory=dict)
+    gone: list[QueuedJob] = dataclasses.field(default_factory=list)
+    stranded: list[QueuedJob] = dataclasses.field(default_factory=list)
+    moved: list[QueuedJob] = dataclasses.field(default_factory=list)
+    held_total: int = 0
+    foreign: int = 0
+    transit: list[TransitJob] = dataclasses.field(default_factory=list)
+    # (target, GPUs it holds itself) of each move under way
+    reserve: list[tuple[Placement, Placement | None]] = dataclasses.field(default_factory=list)
+
+    def refuse(self, q: QueuedJob, kind: str, why: str) -> None:
+        self.refused[q.job_id] = why
+        self.kinds[q.job_id] = kind
+        self.refused_jobs[q.job_id] = q
+
+
+def _partition_nodes(
+    nodes: Sequence[NodeInfo], topo: Topology, partitions: set[str]
+) -> tuple[list[int], list[NodeRoom], list[int]]:
+    """The managed partitions' nodes (topology indices), every topology node's room, and
+    the free GPUs per node (only usable partition nodes with a free CPU count)."""
     index = topo.node_index
     info = {n.name: n for n in nodes}
     part_nodes = sorted(
-        index[n.name] for n in nodes if n.name in index and managed_parts & set(n.partitions)
+        index[n.name] for n in nodes if n.name in index and partitions & set(n.partitions)
     )
     in_part = set(part_nodes)
     rooms = [_room(info.get(t.name), i in in_part) for i, t in enumerate(topo.nodes)]
@@ -366,176 +479,157 @@ def build_observation(
         ni = info[topo.nodes[i].name]
         if rooms[i].usable and rooms[i].cpus_free > 0:
             free[i] = max(0, min(ni.gpus_total, topo.nodes[i].gpus) - ni.gpus_used)
-    running: list[RunningJob] = []
-    started: dict[int, tuple[float, str]] = {}
-    pending: list[PendingJob] = []
-    managed: dict[int, QueuedJob] = {}
-    shapes: dict[int, Shape] = {}
-    no_gpu: list[QueuedJob] = []
-    refused: dict[int, str] = {}
-    kinds: dict[int, str] = {}
-    refused_jobs: dict[int, QueuedJob] = {}
-    gone: list[QueuedJob] = []
-    stranded: list[QueuedJob] = []
-    moved: list[QueuedJob] = []
-    held_total = foreign = 0
-    moving = {t.job_id: t for t in transit}
-    transit_jobs: list[TransitJob] = []
-    reserve: list[tuple[Placement, Placement | None]] = []  # (target, GPUs it holds itself)
+    return part_nodes, rooms, free
 
-    def view(q: QueuedJob) -> Job:
-        return ensure_predicted((_job(q, (profiles or {}).get(q.job_id, "")),), predictor)[0]
 
-    def target_of(q: QueuedJob, t: InTransit) -> Placement | None:
-        idx = [index[n] for n in t.target if n in index]
-        if not idx or len(idx) != len(t.target):
-            return None
-        return Placement.of([(i, max(1, q.gpus // len(idx))) for i in idx])
+def _sort_running(seen: _Seen, out: _Sorted, q: QueuedJob) -> None:
+    """A running job: running on its nodes, or in transit (signalled, checkpointing, its
+    GPUs held; the target of its move reserved)."""
+    now = seen.now
+    index = seen.topo.node_index
+    out.started[q.job_id] = (q.start_time or now, compress(q.nodes))
+    idx = [index[n] for n in q.nodes if n in index]
+    if q.gpus <= 0 or not idx:
+        return
+    per = max(1, q.gpus // len(idx))
+    job = seen.job(q)
+    begun = q.start_time or now
+    here = Placement.of([(i, per) for i in idx])
+    t = seen.moving.get(q.job_id)
+    if t is not None and t.draining:  # signalled: checkpointing, GPUs held
+        target = seen.target(q, t)
+        out.transit.append(
+            TransitJob(
+                job=job,
+                held=here,
+                target=target,
+                until=t.until,
+                attained_gpu_s=q.gpus * max(0.0, now - begun),
+            )
+        )
+        if target is not None:
+            out.reserve.append((target, here))
+        return
+    out.running.append(
+        RunningJob(
+            job=job,
+            placement=Placement.of([(i, per) for i in idx]),
+            start_time=begun,
+            # a placeholder: no policy reads a running job's remaining work
+            remaining_s=max(1.0, begun + job.duration - now),
+            rate=1.0,
+            attained_gpu_s=q.gpus * max(0.0, now - begun),
+            since=now,
+        )
+    )
 
-    def refuse(q: QueuedJob, kind: str, why: str) -> None:
-        refused[q.job_id] = why
-        kinds[q.job_id] = kind
-        refused_jobs[q.job_id] = q
 
+def _sort_pending(seen: _Seen, out: _Sorted, q: QueuedJob) -> None:
+    """A pending job: the policy's to start (``managed``), in transit (a migrated job
+    restarting on its target), refused (handed back: several partitions, not modelled,
+    never fits), without GPUs, stranded, or left alone (not the loop's)."""
+    active = seen.mode == "active"
+    if q.partition not in seen.partitions:
+        if active and held_for_loop(q) and in_partitions(q, seen.partitions):
+            # held for the loop but now of several partitions (job_submit.lua holds only
+            # jobs of one): its partition was changed; Slurm chooses
+            out.refuse(q, "several_partitions", f"several partitions ({q.partition})")
+            out.moved.append(q)
+            out.held_total += 1
+        return
+    if active and is_stranded(q):
+        out.stranded.append(q)
+    t = seen.moving.get(q.job_id)
+    if t is not None and not t.draining and q.gpus > 0:  # migrated, restarts on target
+        target = seen.target(q, t)
+        if target is not None:
+            out.transit.append(TransitJob(job=seen.job(q), held=None, target=target, until=t.until))
+            out.reserve.append((target, None))
+            return
+    ours = held_for_loop(q)
+    out.held_total += ours
+    out.foreign += q.held and not ours
+    if (active and not ours) or (seen.mode == "shadow" and q.held):
+        return  # active: only jobs held for the loop; shadow: held ones wait anyway
+    unmodelled = left_to_slurm(q) if ours else None
+    if unmodelled is None and ours:
+        unmodelled = topology_left_to_slurm(q, seen.topo)
+    if unmodelled is not None:
+        out.refuse(q, *unmodelled)
+        return
+    if q.gpus <= 0:
+        if ours:
+            out.no_gpu.append(q)
+        return
+    shape = job_shape(q)
+    if shape is None and not job_flexible(q):  # Slurm chooses: not planned (shadow too)
+        return
+    if shape is None:  # a GPU count in any split (``job_flexible``)
+        why = never_fits_flexible(q, seen.topo, seen.part_nodes, seen.rooms)
+    else:
+        why = never_fits(shape, seen.topo, seen.part_nodes, q, seen.rooms)
+    if why is not None:
+        out.refuse(q, "never_fits", why)
+        return
+    out.managed[q.job_id] = q
+    if shape is not None:
+        out.shapes[q.job_id] = shape
+    job = seen.job(q)
+    out.pending.append(PendingJob(job, remaining_s=job.duration))
+
+
+def _with_topo_exclusive(
+    queue: Sequence[QueuedJob], index: Mapping[str, int], rooms: Sequence[NodeRoom]
+) -> list[NodeRoom]:
+    """The rooms with the nodes of running --exclusive=topo jobs marked (topology/block
+    rule X1)."""
+    out = list(rooms)
     for q in queue:
-        if in_partitions(q, managed_parts) and bypassed(q):
-            gone.append(q)
-        if q.state == "RUNNING" and q.nodes:
-            started[q.job_id] = (q.start_time or now, compress(q.nodes))
-            idx = [index[n] for n in q.nodes if n in index]
-            if q.gpus > 0 and idx:
-                per = max(1, q.gpus // len(idx))
-                job = view(q)
-                begun = q.start_time or now
-                here = Placement.of([(i, per) for i in idx])
-                t = moving.get(q.job_id)
-                if t is not None and t.draining:  # signalled: checkpointing, GPUs held
-                    target = target_of(q, t)
-                    transit_jobs.append(
-                        TransitJob(
-                            job=job,
-                            held=here,
-                            target=target,
-                            until=t.until,
-                            attained_gpu_s=q.gpus * max(0.0, now - begun),
-                        )
-                    )
-                    if target is not None:
-                        reserve.append((target, here))
-                    continue
-                running.append(
-                    RunningJob(
-                        job=job,
-                        placement=Placement.of([(i, per) for i in idx]),
-                        start_time=begun,
-                        # a placeholder: no policy reads a running job's remaining work
-                        remaining_s=max(1.0, begun + job.duration - now),
-                        rate=1.0,
-                        attained_gpu_s=q.gpus * max(0.0, now - begun),
-                        since=now,
-                    )
-                )
-            continue
-        if q.state != "PENDING":
-            continue
-        if q.partition not in managed_parts:
-            if mode == "active" and held_for_loop(q) and in_partitions(q, managed_parts):
-                # held for the loop but now of several partitions (job_submit.lua holds only
-                # jobs of one): its partition was changed; Slurm chooses
-                refuse(q, "several_partitions", f"several partitions ({q.partition})")
-                moved.append(q)
-                held_total += 1
-            continue
-        if mode == "active" and is_stranded(q):
-            stranded.append(q)
-        t = moving.get(q.job_id)
-        if t is not None and not t.draining and q.gpus > 0:  # migrated, restarts on target
-            target = target_of(q, t)
-            if target is not None:
-                transit_jobs.append(
-                    TransitJob(job=view(q), held=None, target=target, until=t.until)
-                )
-                reserve.append((target, None))
-                continue
-        ours = held_for_loop(q)
-        held_total += ours
-        foreign += q.held and not ours
-        if (mode == "active" and not ours) or (mode == "shadow" and q.held):
-            continue  # active: only jobs held for the loop; shadow: held ones wait anyway
-        unmodelled = left_to_slurm(q) if ours else None
-        if unmodelled is None and ours:
-            unmodelled = topology_left_to_slurm(q, topo)
-        if unmodelled is not None:
-            refuse(q, *unmodelled)
-            continue
-        if q.gpus <= 0:
-            if ours:
-                no_gpu.append(q)
-            continue
-        shape = job_shape(q)
-        if shape is None and not job_flexible(q):  # Slurm chooses: not planned (shadow too)
-            continue
-        if shape is None:  # a GPU count in any split (``job_flexible``)
-            why = never_fits_flexible(q, topo, part_nodes, rooms)
-        else:
-            why = never_fits(shape, topo, part_nodes, q, rooms)
-        if why is not None:
-            refuse(q, "never_fits", why)
-            continue
-        managed[q.job_id] = q
-        if shape is not None:
-            shapes[q.job_id] = shape
-        job = view(q)
-        pending.append(PendingJob(job, remaining_s=job.duration))
-    by_id = {q.job_id: q for q in queue}
-    for q in queue:  # topology/block rule X1: nodes of running --exclusive=topo jobs
         if q.state == "RUNNING" and q.topology.exclusive_topo:
             for i in (index[n] for n in q.nodes if n in index):
-                rooms[i] = dataclasses.replace(rooms[i], topo_exclusive=True)
-    for j, placed in (inflight or {}).items():
+                out[i] = dataclasses.replace(out[i], topo_exclusive=True)
+    return out
+
+
+def _take_inflight(
+    queue: Sequence[QueuedJob],
+    inflight: Mapping[int, Placement],
+    free: list[int],
+    rooms: list[NodeRoom],
+) -> None:
+    """Take the GPUs (from ``free``) and the room (from ``rooms``) of the jobs released by
+    the loop that Slurm has not started yet (their placements)."""
+    by_id = {q.job_id: q for q in queue}
+    for j, placed in inflight.items():
         for i, g in placed.alloc:
             free[i] = max(0, free[i] - g)
             if j in by_id:
                 rooms[i] = take_room(rooms[i], by_id[j])
-    slurm_free = tuple(free)
-    for target, own in reserve:  # a target's GPUs are the moving job's (not its own twice)
+
+
+def _reserve_targets(
+    reserve: Sequence[tuple[Placement, Placement | None]], free: list[int]
+) -> None:
+    """Take the GPUs of the moves' targets from ``free`` (a target's GPUs are the moving
+    job's: those it holds itself are not taken twice)."""
+    for target, own in reserve:
         mine = dict(own.alloc) if own is not None else {}
         for i, g in target.alloc:
             free[i] = max(0, free[i] - max(0, g - mine.get(i, 0)))
-    pending.sort(key=lambda p: (p.job.submit_time, p.job.job_id))
+
+
+def _flows(
+    topo: Topology, running: Sequence[RunningJob], link_load: Mapping[str, float]
+) -> tuple[int, ...]:
+    """Rings on each link, raised on a node's NIC to the flows its measured load counts as."""
     flows = link_flows(topo, (r.placement for r in running))
-    for name, load in (link_load or {}).items():
-        k = index.get(name)
+    for name, load in link_load.items():
+        k = topo.node_index.get(name)
         rate = _rate(load)
         if k is not None and rate is not None and topo.nodes[k].nic_gbps > 0:
             measured = round(min(rate / (topo.nodes[k].nic_gbps * 1e9), _MAX_FLOWS))
             flows[k] = max(flows[k], measured)
-    state = ClusterState(
-        time=now,
-        topology=topo,
-        free_gpus=tuple(free),
-        running=tuple(running),
-        pending=tuple(pending),
-        link_flows=tuple(flows),
-        transit=tuple(sorted(transit_jobs, key=lambda t: t.job.job_id)),
-    )
-    return Observation(
-        state=state,
-        managed=managed,
-        shapes=shapes,
-        no_gpu=tuple(no_gpu) + tuple(refused_jobs.values()),
-        refused=refused,
-        running_ids=frozenset(started),
-        started=started,
-        held_total=held_total,
-        bypassed=tuple(gone),
-        foreign_held=foreign,
-        rooms=tuple(rooms),
-        kinds=kinds,
-        stranded=tuple(stranded),
-        partition_moved=tuple(moved),
-        slurm_free=slurm_free,
-    )
+    return tuple(flows)
 
 
 def _room(info: NodeInfo | None, in_partition: bool) -> NodeRoom:
