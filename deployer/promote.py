@@ -17,7 +17,7 @@ tags: passed; ``decision.json`` artifact with the reasons) and is printed by the
 
 ``shadow_evidence`` gathers the shadow gate's evidence from the live loop's DuckDB store: the
 shadow version's cycles in the ``decisions`` table (``ts``, ``mode``, ``model_version``,
-``cycle_id``), and the shadow report of its window (``evaluation.shadow_report``): the jobs of
+``cycle_id``), and the shadow report of its window (``evaluation.shadow_replay``): the jobs of
 the logged window replayed in the simulator under the shadow policy, warm-started from the
 accounting at the window's start, against the JCTs Slurm actually achieved, with the paired
 bootstrap intervals the gate reads (``ShadowGates.require_ci``). The replay uses each job's
@@ -363,11 +363,11 @@ def shadow_evidence(
     n_boot: int = 2000,
 ) -> tuple[ShadowEvidence, dict[str, Any]]:
     """The shadow gate's evidence from a live store (see the module docstring): the shadow
-    report of the version's shadow window (``evaluation.shadow_report``) and a JSON-able
+    report of the version's shadow window (``evaluation.shadow_replay``) and a JSON-able
     description (window, headline, deviations, the simulator's check, approximations).
     ``policy``: the spec to replay (a string); anything else (a loaded policy) replays the
     registry version itself, ``model:models:/NAME/VERSION`` at ``tracking_uri``."""
-    from linkwise.evaluation.shadow_report import shadow_report
+    from linkwise.evaluation.shadow_replay import shadow_report
 
     (row,) = con.execute(
         "SELECT count(DISTINCT cycle_id), min(ts), max(ts) FROM decisions "

@@ -21,7 +21,7 @@ Two stages (``evaluation/gates.toml`` documents every threshold):
 - ``check_shadow``: shadow -> champion. Enough shadow-mode cycles in the live loop's log,
   enough jobs in the replayed window, and the counterfactual JCTs (the shadow policy replayed
   in the simulator on the logged window, warm-started from the accounting:
-  ``evaluation.shadow_report``) no worse than what Slurm achieved, by ratio; with
+  ``evaluation.shadow_replay``) no worse than what Slurm achieved, by ratio; with
   ``require_ci`` the upper end of the report's paired bootstrap interval as well.
 
 Every check yields a ``Check`` with its numbers and a reason, pass or fail.
@@ -216,7 +216,7 @@ class ShadowEvidence:
     actual_avg_jct_s: float
     sim_p99_jct_s: float
     actual_p99_jct_s: float
-    # the shadow report's paired bootstrap intervals of the ratios (evaluation.shadow_report)
+    # the shadow report's paired bootstrap intervals of the ratios (evaluation.shadow_replay)
     avg_jct_ci: tuple[float, float] | None = None
     p99_jct_ci: tuple[float, float] | None = None
 

@@ -63,7 +63,7 @@ from linkwise.datasets.traces import write_native
 from linkwise.deployer.promote import current_aliases
 from linkwise.evaluation.columns import MAX_WIDTH
 from linkwise.evaluation.gates import load_gates
-from linkwise.evaluation.shadow_report import shadow_headline
+from linkwise.evaluation.shadow_replay import shadow_headline
 from linkwise.models.registry import mlflow_env
 from linkwise.pipelines.build_dataset import build_dataset
 from linkwise.pipelines.console import Stages, history_progress, print_table

@@ -31,7 +31,8 @@ from linkwise.deployer.loop import ServeConfig
 from linkwise.deployer.metrics import ServeMetrics
 from linkwise.deployer.policies import GuardedPolicy, PolicyHolder
 from linkwise.deployer.recorder import Recorder
-from linkwise.evaluation.shadow_report import METRICS, shadow_report, write_shadow_report
+from linkwise.evaluation.shadow_replay import METRICS, shadow_report
+from linkwise.evaluation.shadow_report import write_shadow_report
 from linkwise.pipelines.history import PARTITION, accounting_jobs, replay_history
 from linkwise.pipelines.sim_shadow import SimShadowBackend
 

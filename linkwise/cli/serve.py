@@ -46,11 +46,8 @@ from linkwise.deployer.service_config import (
     load_service_config,
     resolve_tracking_uri,
 )
-from linkwise.evaluation.shadow_report import (
-    log_shadow_report,
-    shadow_report,
-    write_shadow_report,
-)
+from linkwise.evaluation.shadow_replay import shadow_report
+from linkwise.evaluation.shadow_report import log_shadow_report, write_shadow_report
 from linkwise.models.policy_spec import PolicySpec
 from linkwise.models.registry import ModelSource, default_tracking_uri
 
