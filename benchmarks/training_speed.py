@@ -85,7 +85,8 @@ def _latency_policy(tmp: Path) -> Any:
     from d3rlpy.logging import NoopAdapterFactory
 
     from linkwise.cluster.mdp import make_spec
-    from linkwise.models.learned import load_package, save_package
+    from linkwise.models.learned import load_package
+    from linkwise.models.packaging import save_package
     from linkwise.models.training import AlgoConfig, build_algo, fit, quiet_d3rlpy
 
     spec = make_spec()

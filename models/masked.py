@@ -25,7 +25,7 @@ The factories and the BC config are registered with d3rlpy's registries (types
 serialises the configuration (the parameters logged to MLflow) as for its own.
 
 Given a plain tensor (features only) instead of the tuple, every module here gives the
-unmasked values: that is the exported network's input (``models.learned.export_network``
+unmasked values: that is the exported network's input (``models.packaging.export_network``
 traces it with features only), and serving masks outside the network
 (``learned.masked_argmax``), as for unmasked models. Values of disallowed actions are never
 trained (their gradient is zero), so serving must keep masking them.

@@ -1,7 +1,7 @@
 """A numpy forward for the packaged MLP networks (issue 23 item 4): one row through numpy
 costs tens of microseconds where the TorchScript interpreter costs a few hundred.
 
-``extract`` recognises the two structures ``models.learned._value_module`` traces with
+``extract`` recognises the two structures ``models.packaging.value_module`` traces with
 d3rlpy's vector encoder (Linear/ReLU layers, then the ``_fc`` Linear), by the modules'
 ``original_name``, the parameter names and the top-level graph's ops:
 

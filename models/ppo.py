@@ -63,7 +63,8 @@ from linkwise.datasets.rollouts import (
 from linkwise.datasets.traces import frame_jobs
 from linkwise.datasets.windows import choose_windows
 from linkwise.models.config import check_keys, config_digest, resolve_path
-from linkwise.models.learned import masked_argmax, write_package
+from linkwise.models.learned import masked_argmax
+from linkwise.models.packaging import write_package
 
 __all__ = [
     "PpoConfig",

@@ -52,7 +52,8 @@ from linkwise.datasets.credit import Credit
 from linkwise.datasets.operator import parse_time
 from linkwise.datasets.transitions import list_column_array
 from linkwise.models.config import check_keys, config_digest, resolve_path
-from linkwise.models.learned import _value_module, masked_argmax
+from linkwise.models.learned import masked_argmax
+from linkwise.models.packaging import value_module
 
 __all__ = [
     "ALGOS",
@@ -467,7 +468,7 @@ def action_values(
     argmax is the same either way."""
     import torch
 
-    module, _ = _value_module(algo)
+    module, _ = value_module(algo)
     device = next(iter(module.parameters())).device
     mask_arr = masks if masks is not None and is_masked(algo) else None
     out: list[npt.NDArray[np.float32]] = []

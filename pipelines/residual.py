@@ -46,7 +46,7 @@ from linkwise.datasets.rollouts import Window
 from linkwise.datasets.transitions import list_column_array
 from linkwise.evaluation.benchmark import EvalCase, PolicyRef, make_cases, run_benchmark
 from linkwise.evaluation.gates import GateReport, same_information_heuristics
-from linkwise.models.learned import save_package
+from linkwise.models.packaging import save_package
 from linkwise.models.registry import (
     default_tracking_uri,
     ensure_experiment,

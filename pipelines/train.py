@@ -41,7 +41,8 @@ from linkwise.cluster.topology import DEFAULT_TOPOLOGY
 from linkwise.datasets.export import read_dataset, to_mdp_dataset
 from linkwise.datasets.rollouts import jobs_from_store
 from linkwise.datasets.store import open_store
-from linkwise.models.learned import masked_argmax, save_package
+from linkwise.models.learned import masked_argmax
+from linkwise.models.packaging import save_package
 from linkwise.models.registry import default_tracking_uri, mlflow_env
 from linkwise.models.training import (
     MlflowAdapterFactory,

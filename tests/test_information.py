@@ -26,13 +26,8 @@ from linkwise.cluster.profiles import load_calibration
 from linkwise.cluster.topology import from_spec
 from linkwise.datasets.prediction import predictor_digest, predictor_record
 from linkwise.datasets.predictor import RuntimePredictor
-from linkwise.models.learned import (
-    PREDICTOR,
-    LearnedPolicy,
-    PackageError,
-    load_package,
-    write_package,
-)
+from linkwise.models.learned import PREDICTOR, LearnedPolicy, PackageError, load_package
+from linkwise.models.packaging import write_package
 
 MODEL = AnalyticModel(load_calibration(None))
 TOPO = from_spec("8x8,leaf=2,oversub=2")

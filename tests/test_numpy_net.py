@@ -34,9 +34,9 @@ from linkwise.models.learned import (
     _load_network,
     load_package,
     masked_argmax,
-    write_package,
 )
 from linkwise.models.numpy_net import ATOL, RTOL, Mlp, NumpyNet
+from linkwise.models.packaging import write_package
 from linkwise.models.residual import Deferral, ResidualPolicy, residual_from_learned
 from linkwise.tests._frames import random_frame
 from linkwise.tests._states import decision_states
@@ -330,7 +330,7 @@ def test_d3rlpy_packages_and_their_residuals_take_numpy(
     """The networks ``save_package`` exports (d3rlpy's, and the masked ones of
     ``models.masked`` that the residual packages copy), untrained, three hidden layers."""
     from linkwise.datasets.export import to_mdp_dataset
-    from linkwise.models.learned import save_package
+    from linkwise.models.packaging import save_package
     from linkwise.models.residual import write_residual_package
     from linkwise.models.training import AlgoConfig, build_algo
 

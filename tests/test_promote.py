@@ -39,7 +39,7 @@ def package(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import d3rlpy
     from d3rlpy.logging import NoopAdapterFactory
 
-    from linkwise.models.learned import save_package
+    from linkwise.models.packaging import save_package
 
     root = tmp_path_factory.mktemp("pkg")
     wins = choose_windows(

@@ -41,13 +41,8 @@ from linkwise.datasets.rollouts import (
     windows_predictor,
 )
 from linkwise.datasets.windows import choose_windows
-from linkwise.models.learned import (
-    CHECKSUMS,
-    PackageError,
-    load_package,
-    masked_argmax,
-    save_package,
-)
+from linkwise.models.learned import CHECKSUMS, PackageError, load_package, masked_argmax
+from linkwise.models.packaging import save_package
 from linkwise.models.policy_spec import PolicySpec
 from linkwise.models.registry import (
     MODEL_NAME,

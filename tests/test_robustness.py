@@ -18,7 +18,7 @@ from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.rollouts import cut_windows
 from linkwise.datasets.traces import jobs_frame
 from linkwise.evaluation.gates import check_robustness
-from linkwise.models.learned import write_package
+from linkwise.models.packaging import write_package
 from linkwise.models.residual import Deferral, topology_signature, write_residual_package
 from linkwise.pipelines.residual import robustness, robustness_topologies
 

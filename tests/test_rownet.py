@@ -17,8 +17,9 @@ from d3rlpy.models.encoders import VectorEncoderFactory  # type: ignore[import-u
 
 from linkwise.cluster.mdp import MdpConfig, make_spec, obs_layout
 from linkwise.datasets.export import to_mdp_dataset
-from linkwise.models.learned import load_package, save_package
+from linkwise.models.learned import load_package
 from linkwise.models.masked import MASKED_VALUE
+from linkwise.models.packaging import save_package
 from linkwise.models.rownet import (
     RowCategoricalPolicy,
     RowDiscreteQFunction,
