@@ -1,0 +1,134 @@
+"""``linkwise calibrate --db`` (pipelines/cluster_calibration.py) on a small hidden-truth
+store, the calibration logged in MLflow (models/calibrations.py) and the one rule commands
+follow to pick a calibration (``resolve_calibration``)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from linkwise.cli import main
+from linkwise.cluster.profiles import load_calibration
+from linkwise.datasets.hidden_truth import HiddenTruth, fill_truth_store
+from linkwise.datasets.store import open_store
+from linkwise.models.calibrations import (
+    latest_cluster_calibration,
+    lookup_tracking_uri,
+    resolve_calibration,
+)
+
+SMALL = "2x8,leaf=1,nic=50,intra=450,oversub=2"
+TRUTH = HiddenTruth.default(
+    hours=1.5, load=1.0, min_s=240.0, max_s=900.0, seed=3, overhead_s=0.015, topology_spec=SMALL
+)
+
+
+@pytest.fixture(scope="module")
+def truth_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A store the hidden truth filled (accounting and exporter text through the collectors),
+    its job telemetry not built yet."""
+    path = tmp_path_factory.mktemp("truth") / "store.duckdb"
+    con = open_store(path)
+    try:
+        fill_truth_store(con, TRUTH)
+    finally:
+        con.close()
+    return path
+
+
+def _copy(src: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / "store.duckdb"
+    shutil.copyfile(src, dst)
+    return dst
+
+
+def test_calibrate_on_a_store_prints_writes_and_logs_the_fit(
+    truth_db: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The job telemetry is built, the fit printed (jobs, hours, validation), written where
+    --out says and logged with its span; then the cluster's calibration is the default pick."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    db = _copy(truth_db, tmp_path)
+    out = tmp_path / "cal.json"
+    uri = f"sqlite:///{tmp_path / 'ml' / 'mlflow.db'}"
+    # nothing logged yet: shipped
+    assert resolve_calibration(None, cluster="truth", tracking_uri=uri).kind == "shipped"
+    args = ["calibrate", "--db", str(db), "--cluster", SMALL, "--interval", "60"]
+    assert main([*args, "--out", str(out), "--tracking-uri", uri]) == 0
+    text = capsys.readouterr().out
+    assert "cluster truth from" in text
+    assert "job telemetry: 24 runs summarized now" in text
+    assert "fitted on 24 runs" in text and "over 1.5 h" in text
+    assert "validation on" in text and "MAE" in text
+    assert "logged as MLflow run" in text
+    cal = load_calibration(out)
+    assert cal.fit["data"]["runs_summarized"] == 24
+    record = latest_cluster_calibration(uri, "truth")
+    assert record is not None
+    assert f"logged as MLflow run {record.run_id}" in text
+    assert record.params["cluster"] == "truth" and record.params["jobs"] == "24"
+    assert float(record.params["hours"]) == pytest.approx(cal.fit["data"]["hours"])
+    assert load_calibration(record.path).alpha == pytest.approx(cal.alpha)
+    assert latest_cluster_calibration(uri, "elsewhere") is None
+    choice = resolve_calibration(None, cluster="truth", tracking_uri=uri)
+    assert (choice.kind, choice.run_id, choice.path) == ("cluster", record.run_id, str(record.path))
+    assert choice.describe().startswith(
+        f"cluster truth's fitted calibration (MLflow run {record.run_id}"
+    )
+    # built once: a second run summarizes nothing new, and --json carries the run id
+    assert main([*args, "--json", "--tracking-uri", uri]) == 0
+    second = json.loads(capsys.readouterr().out)
+    assert second["job_telemetry"]["built"] == 0
+    assert second["mlflow_run_id"] not in (None, record.run_id)
+    assert latest_cluster_calibration(uri, "truth").run_id == second["mlflow_run_id"]  # type: ignore[union-attr]
+    # build-dataset on the store takes the newest one by default and says so, in its report
+    # and in its manifest; a file given wins
+    build = ["build-dataset", "--from-db", str(db), "--cluster", SMALL, "--tracking-uri", uri]
+    assert main([*build, "--out", str(tmp_path / "ds")]) == 0
+    newest = second["mlflow_run_id"]
+    assert f"calibration: cluster truth's fitted calibration (MLflow run {newest}" in (
+        capsys.readouterr().out
+    )
+    assert main([*build, "--out", str(tmp_path / "ds2"), "--calibration", str(out), "--json"]) == 0
+    manifest = json.loads(capsys.readouterr().out)
+    assert manifest["sources"]["calibration_used"]["kind"] == "file"
+    assert manifest["sources"]["calibration"] == str(out)
+
+
+def test_too_little_telemetry_is_one_line_saying_how_much_is_missing(
+    truth_db: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = _copy(truth_db, tmp_path)
+    until = str(TRUTH.t0 + 1200.0)  # 20 minutes: runs last 4 to 15
+    code = main(
+        ["calibrate", "--db", str(db), "--cluster", SMALL, "--interval", "60", "--until", until]
+    )
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert "\n" not in err
+    assert "too little telemetry to calibrate cluster truth" in err
+    have = int(err.split(", ")[1].split(" of them")[0])
+    assert have < 10 and err.endswith(f"the fit needs 10 such runs, {10 - have} missing")
+
+
+def test_the_pick_without_a_tracking_store_or_with_a_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file given wins and says so; with no tracking store (none configured, no default
+    one on disk) the shipped calibration, and nothing is created to look."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert lookup_tracking_uri() is None
+    shipped = resolve_calibration(None, cluster="truth")
+    assert (shipped.kind, shipped.path) == ("shipped", None)
+    assert shipped.describe().startswith("shipped")
+    assert not (tmp_path / "linkwise-out").exists()
+    given = resolve_calibration(tmp_path / "c.json", cluster="truth")
+    assert (given.kind, given.describe()) == ("file", f"a file ({tmp_path / 'c.json'})")
