@@ -36,7 +36,7 @@ import os
 import textwrap
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -211,6 +211,7 @@ def build_dataset(
     history: str | Path | None = None,
     predictor: RuntimePredictor | None = None,
     log_share: float | None = None,
+    calibration_used: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Build, export and (optionally) log a dataset; the manifest (``path``, ``hash``,
     ``counts``, ``report``, ``sources``, ``seconds``).
@@ -249,6 +250,8 @@ def build_dataset(
             "gpus": topo.total_gpus,
         },
         "calibration": calibration,
+        # which calibration (models.calibrations.CalibrationChoice.to_dict), when resolved
+        "calibration_used": dict(calibration_used) if calibration_used else None,
     }
     predictor, fitted_on = _predictor(predictor, history, db, trace, slurm_cluster, until)
     sources["predictor"] = predictor_record(predictor, fitted_on)

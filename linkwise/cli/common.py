@@ -17,6 +17,10 @@ EXIT_OK, EXIT_FAIL, EXIT_INPUT, EXIT_REFUSED = 0, 1, 2, 3
 TRACE_FORMATS = ("auto", "native", "philly", "helios", "alibaba", "swf")
 MLFLOW_URI_HELP = "MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite in linkwise-out)"
 SHIPPED_CALIBRATION_HELP = "calibration JSON (default: shipped)"
+STORE_CALIBRATION_HELP = (
+    "calibration JSON (default: the newest one `linkwise calibrate --db` logged in MLflow for "
+    "the store's cluster, else the shipped one)"
+)
 
 
 def shown_default(action: argparse.Action) -> str | None:

@@ -18,6 +18,7 @@ from typing import Any
 from linkwise.cli.common import (
     EXIT_FAIL,
     EXIT_OK,
+    STORE_CALIBRATION_HELP,
     add_calibration,
     add_command,
     add_executor,
@@ -31,6 +32,7 @@ from linkwise.cluster.mdp import SLOT_ORDERS, MdpConfig
 from linkwise.cluster.topology import DEFAULT_TOPOLOGY
 from linkwise.datasets.job_telemetry import ATTRIBUTION_RULE
 from linkwise.datasets.operator import DEFAULT_STORE, operator_store, parse_time
+from linkwise.models.calibrations import calibration_for_store
 from linkwise.models.policy_spec import split_specs
 from linkwise.pipelines.build_dataset import (
     DEFAULT_EPSILONS,
@@ -218,8 +220,12 @@ def mdp_from_args(args: argparse.Namespace) -> MdpConfig:
 
 def cmd_build_dataset(args: argparse.Namespace) -> int:
     """``linkwise build-dataset``: build, export, print the report (or JSON)."""
+    db = operator_store(args.from_db, args.trace)
+    choice = calibration_for_store(
+        args.calibration, db, slurm_cluster=args.slurm_cluster, tracking_uri=args.tracking_uri
+    )
     manifest = build_dataset(
-        operator_store(args.from_db, args.trace),
+        db,
         args.trace,
         out_dir=args.out,
         rollouts=args.rollouts,
@@ -234,7 +240,8 @@ def cmd_build_dataset(args: argparse.Namespace) -> int:
         slurm_cluster=args.slurm_cluster,
         since=parse_time(args.since, "--since"),
         until=parse_time(args.until, "--until"),
-        calibration=str(args.calibration) if args.calibration else None,
+        calibration=choice.path,
+        calibration_used=choice.to_dict(),
         config=mdp_from_args(args),
         executor=args.executor,
         batch=args.batch,
@@ -248,6 +255,7 @@ def cmd_build_dataset(args: argparse.Namespace) -> int:
         print(json.dumps(manifest, default=str))
     else:
         print(format_report(manifest))
+        print(f"calibration: {choice.describe()}")
     return EXIT_OK
 
 
@@ -298,7 +306,7 @@ def add_build_dataset_parser(subparsers: Any) -> argparse.ArgumentParser:
         f"{DEFAULT_TOPOLOGY})",
     )
     p.add_argument("--slurm-cluster", help="the Slurm cluster's name in the store (if several)")
-    add_calibration(p)
+    add_calibration(p, STORE_CALIBRATION_HELP)
     p.add_argument(
         "--k-slots", type=int, help=f"queue slots of the decision (default {MdpConfig.k_slots})"
     )
@@ -399,6 +407,9 @@ def _seeds(text: str) -> tuple[int, ...]:
 
 def cmd_label(args: argparse.Namespace) -> int:
     """``linkwise label``: label on the chosen executor, write the label set, print it."""
+    choice = calibration_for_store(
+        args.calibration, None, slurm_cluster=args.slurm_cluster, tracking_uri=args.tracking_uri
+    )
     manifest = label(
         base=args.base,
         trace=args.trace,
@@ -417,20 +428,21 @@ def cmd_label(args: argparse.Namespace) -> int:
         k_slots=args.k_slots,
         running_slots=args.running_slots,
         cluster=args.cluster,
-        calibration=args.calibration,
+        calibration=None if choice.path is None else Path(choice.path),
         restart_cost=args.restart_cost,
         executor=f"dask://{args.dask_address}" if args.dask_address else args.executor,
         out=args.out,
     )
     speed = manifest["speed"]
     if args.json:
-        print(json.dumps(manifest))
+        print(json.dumps({**manifest, "calibration_used": choice.to_dict()}))
     else:
         print(
             f"{speed['labels']} labels at {manifest['counts']['points']} decision points "
             f"({manifest['counts']['points_with_a_better_move']} with a move better than the "
             f"base) -> {manifest['path']}; {speed['labels_per_s_per_core']:.2f} labels/s/core"
         )
+        print(f"calibration: {choice.describe()}")
     return EXIT_OK
 
 
@@ -463,7 +475,16 @@ def add_label_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--k-slots", type=int, default=8, help="MDP queue slots (8)")
     p.add_argument("--running-slots", type=int, default=0, help="MDP preempt/migrate slots")
     p.add_argument("--cluster", default=DEFAULT_TOPOLOGY, help="topology spec or folder")
-    p.add_argument("--calibration", type=Path, help="calibration JSON (default: the shipped)")
+    p.add_argument(
+        "--calibration",
+        type=Path,
+        help="calibration JSON (default: the --slurm-cluster's newest fitted one in MLflow, "
+        "else the shipped)",
+    )
+    p.add_argument(
+        "--slurm-cluster", help="the cluster whose fitted calibration to use (linkwise calibrate)"
+    )
+    add_tracking_uri(p, "MLflow tracking URI to find it in (default: $MLFLOW_TRACKING_URI)")
     p.add_argument("--restart-cost", default="sia", help="sia (default), 0 or seconds")
     p.add_argument(
         "--executor",

@@ -16,6 +16,7 @@ from typing import Any
 from linkwise.cli.common import (
     EXIT_OK,
     EXIT_REFUSED,
+    STORE_CALIBRATION_HELP,
     add_calibration,
     add_command,
     add_executor,
@@ -32,6 +33,7 @@ from linkwise.cluster.topology import DEFAULT_TOPOLOGY
 from linkwise.datasets.operator import DEFAULT_STORE, operator_store
 from linkwise.deployer.promote import rollback
 from linkwise.evaluation.gates import load_gates
+from linkwise.models.calibrations import calibration_for_store
 from linkwise.models.policy_spec import split_specs
 from linkwise.models.registry import default_tracking_uri
 from linkwise.pipelines.evaluate import (
@@ -52,10 +54,14 @@ EXIT_CODES = (
 def cmd_evaluate(args: argparse.Namespace) -> int:
     """``linkwise evaluate``."""
 
+    db = operator_store(args.db, args.trace)
+    choice = calibration_for_store(
+        args.calibration, db, slurm_cluster=args.slurm_cluster, tracking_uri=args.tracking_uri
+    )
     report, run_id = evaluate(
         split_specs(args.policies or "") or policy_names(predictions=args.history is not None),
         trace=args.trace,
-        db=operator_store(args.db, args.trace),
+        db=db,
         slurm_cluster=args.slurm_cluster,
         windows=csv_list(args.windows, int),
         n_windows=args.n_windows,
@@ -65,7 +71,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         window_s=args.window,
         block_s=args.block,
         min_jobs=args.min_jobs,
-        calibration=str(args.calibration) if args.calibration else None,
+        calibration=choice.path,
         baseline=args.baseline,
         executor=args.executor,
         out_dir=args.out,
@@ -81,9 +87,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         restart_grace=args.restart_grace,
     )
     if args.json:
-        print(json.dumps({**report.to_json(), "mlflow_run_id": run_id}, default=str))
+        doc = {**report.to_json(), "mlflow_run_id": run_id, "calibration_used": choice.to_dict()}
+        print(json.dumps(doc, default=str))
     else:
         print(format_evaluation(report, run_id, args.wide))
+        print(f"calibration: {choice.describe()}")
     return EXIT_OK
 
 
@@ -101,14 +109,24 @@ def cmd_promote(args: argparse.Namespace) -> int:
     else:
         db = operator_store(args.db)
         assert db is not None
+        choice = calibration_for_store(
+            args.calibration, db, slurm_cluster=args.slurm_cluster, tracking_uri=uri
+        )
         decision = promote_from_shadow(
             db,
             tracking_uri=uri,
             gates=gates,
             cluster=args.cluster,
             slurm_cluster=args.slurm_cluster,
-            calibration=str(args.calibration) if args.calibration else None,
+            calibration=choice.path,
         )
+        if args.json:
+            doc = {**decision.to_json(), "calibration_used": choice.to_dict()}
+            print(json.dumps(doc, default=str))
+        else:
+            print(decision.format())
+            print(f"calibration: {choice.describe()}")
+        return EXIT_OK if decision.passed else EXIT_REFUSED
     print(json.dumps(decision.to_json(), default=str) if args.json else decision.format())
     return EXIT_OK if decision.passed else EXIT_REFUSED
 
@@ -232,7 +250,7 @@ def add_evaluate_parser(sub: Any) -> None:
         "needed by qssf and by learned packages without a predictor of their own",
     )
     add_history_format(p)
-    add_calibration(p)
+    add_calibration(p, STORE_CALIBRATION_HELP)
     p.add_argument(
         "--baseline",
         help="policy the ratios are taken to (default: the first heuristic that is no oracle)",
@@ -288,7 +306,7 @@ def add_promote_parser(sub: Any) -> None:
     )
     p.add_argument("--cluster", help="topology for the replay (default: the store's nodes)")
     p.add_argument("--slurm-cluster", help="cluster name in the store")
-    add_calibration(p)
+    add_calibration(p, STORE_CALIBRATION_HELP)
     add_tracking_uri(p)
     add_json(p, "print the decision as JSON only")
     p.set_defaults(func=cmd_promote)

@@ -27,7 +27,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from linkwise.cli.common import EXIT_INPUT, EXIT_OK, add_command, add_json
+from linkwise.cli.common import (
+    EXIT_INPUT,
+    EXIT_OK,
+    STORE_CALIBRATION_HELP,
+    add_command,
+    add_json,
+)
 from linkwise.cluster.profiles import load_calibration
 from linkwise.cluster.topology import load_topology
 from linkwise.datasets.decisions import topology_from_store
@@ -48,6 +54,7 @@ from linkwise.deployer.service_config import (
 )
 from linkwise.evaluation.shadow_replay import shadow_report
 from linkwise.evaluation.shadow_report import log_shadow_report, write_shadow_report
+from linkwise.models.calibrations import calibration_for_store
 from linkwise.models.policy_spec import PolicySpec
 from linkwise.models.registry import ModelSource, default_tracking_uri
 
@@ -351,6 +358,13 @@ def cmd_shadow_report(args: argparse.Namespace) -> int:
     since, until = _time(args.since), _time(args.until)
     if since is not None and until is not None and until < since:
         raise ValueError("--until is before --since")
+    choice = calibration_for_store(
+        args.calibration,
+        db,
+        slurm_cluster=args.slurm_cluster,
+        tracking_uri=uri,
+        lock_wait_s=args.lock_wait,
+    )
     with closing(open_store(db, lock_wait_s=args.lock_wait)) as con:
         topo = (
             load_topology(args.cluster)
@@ -360,7 +374,7 @@ def cmd_shadow_report(args: argparse.Namespace) -> int:
         report = shadow_report(
             con,
             topology=topo,
-            calibration=load_calibration(args.calibration),
+            calibration=load_calibration(choice.path),
             policy=args.policy,
             since=since,
             until=until,
@@ -375,9 +389,11 @@ def cmd_shadow_report(args: argparse.Namespace) -> int:
         run_id = log_shadow_report(report, args.out, tracking_uri=uri)
     if args.json:
         doc = {**report.to_json(), "files": {k: str(v) for k, v in paths.items()}}
+        doc["calibration_used"] = choice.to_dict()
         print(json.dumps({**doc, "mlflow_run_id": run_id}, default=str))
     else:
         print(paths["markdown"].read_text(), end="")
+        print(f"calibration: {choice.describe()}")
         print(f"written to {args.out}" + (f"; MLflow run {run_id}" if run_id else ""))
     return EXIT_OK
 
@@ -405,7 +421,7 @@ def add_shadow_report_parser(sub: Any) -> None:
     )
     p.add_argument("--cluster", help="topology spec or folder (default: the store's nodes)")
     p.add_argument("--slurm-cluster", help="the Slurm cluster's name in the store")
-    p.add_argument("--calibration", type=Path, help="calibration JSON (default: the shipped fit)")
+    p.add_argument("--calibration", type=Path, help=STORE_CALIBRATION_HELP)
     p.add_argument(
         "--tracking-uri",
         help="MLflow: where models:/ specs load from and the report is logged (default: "
