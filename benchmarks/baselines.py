@@ -34,6 +34,8 @@ import sys
 import time
 from pathlib import Path
 
+from linkwise.policies.spec import PolicySpec
+
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_TRACE = REPO.parent / "shared" / "data" / "traces" / "philly_2017-09-04_2017-10-15.csv"
 POLICIES = "fifo,backfill,best_fit,sjf_bco,tiresias_las,random"
@@ -101,7 +103,7 @@ def run_one(
         **config,  # type: ignore[arg-type]
     )
     cpu0 = time.process_time()
-    m = run_policy(scenario, policy).metrics.to_dict()
+    m = run_policy(scenario, PolicySpec.parse(policy)).metrics.to_dict()
     m["sim_cpu_s"] = time.process_time() - cpu0  # the wall time is the load's as much as ours
     m.update(cluster=cluster, spec=spec, contention=contention, jobs=len(jobs), **extra)
     return m

@@ -35,13 +35,13 @@ from typing import Any
 from linkwise.cluster.contention import AnalyticModel, ContentionModel, NoContention
 from linkwise.cluster.domain import Job, Placement, Topology
 from linkwise.cluster.flexible import RULE, with_flexible
-from linkwise.cluster.heuristics import make_policy
 from linkwise.cluster.profiles import assign_profiles, load_calibration
 from linkwise.cluster.simulator import JobRecord, SimConfig, simulate
 from linkwise.cluster.topology import from_spec
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.traces import load_trace
-from linkwise.models.policy_spec import split_specs
+from linkwise.policies.heuristics import make_policy
+from linkwise.policies.spec import split_specs
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_TRACE = REPO.parent / "shared" / "data" / "traces" / "philly_2017-09-04_2017-10-15.csv"

@@ -27,7 +27,6 @@ PHILLY = ROOT.parent / "shared" / "data" / "traces" / "philly_2017-09-04_2017-10
 
 def main() -> None:
     from linkwise.cluster.contention import AnalyticModel
-    from linkwise.cluster.heuristics import make_policy
     from linkwise.cluster.profiles import assign_profiles, load_calibration
     from linkwise.cluster.simulator import Simulator
     from linkwise.cluster.topology import from_spec
@@ -36,6 +35,7 @@ def main() -> None:
     from linkwise.datasets.windows import choose_windows
     from linkwise.deployer.explain import explain_cycle
     from linkwise.models.learned import load_package
+    from linkwise.policies.heuristics import make_policy
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--states", type=int, default=150)

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from linkwise.policies.spec import PolicySpec
+
 DEFAULT_TRACE = Path(__file__).resolve().parents[1] / "../shared/data/traces"
 PHILLY = "philly_2017-09-04_2017-10-15.csv"
 HOUR = 3600.0
@@ -60,7 +62,7 @@ def main() -> int:
 def default_policies(search: bool = False) -> list[str]:
     """Every heuristic ``linkwise policies`` lists (oracles included, marked), and its search
     policies too with ``search`` (reported beside, never counted as a heuristic)."""
-    from linkwise.models.policy_spec import policy_catalog
+    from linkwise.policies.catalog import policy_catalog
 
     kinds = {"heuristic", "search"} if search else {"heuristic"}
     return [p.name for p in policy_catalog() if p.kind in kinds]
@@ -183,7 +185,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     parts: dict[str, Any] = {}
     for part, wins in (("validation", val), ("evaluation", held)):
         report, _ = evaluate(
-            policies,
+            [PolicySpec.parse(p) for p in policies],
             db=db,
             slurm_cluster="demo",
             windows=[w.window_id for w in wins],

@@ -18,6 +18,8 @@ import sys
 from contextlib import closing
 from pathlib import Path
 
+from linkwise.policies.spec import PolicySpec
+
 HOUR = 3600.0
 GUARDS = (("aging 6h", "aging", 6 * HOUR), ("aging 48h", "aging", 48 * HOUR))
 GUARDS += (("idle", "idle", None), ("strict", "strict", None))
@@ -67,7 +69,7 @@ def main() -> int:
         jct = run_s = iso = 0.0
         n = overrides = 0
         for case in cases:
-            policy = make_bench_policy(_scenario(case, ()), spec)
+            policy = make_bench_policy(_scenario(case, ()), PolicySpec.parse(spec))
             if guard is not None:
                 policy.guard = guard  # type: ignore[attr-defined]
             if starve is not None:

@@ -25,7 +25,7 @@ from linkwise.datasets.labels import LabelTask, run_labels
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.rollouts import cut_windows
 from linkwise.datasets.traces import jobs_frame
-from linkwise.models.policy_spec import PolicySpec
+from linkwise.policies.spec import PolicySpec
 
 
 def main() -> int:

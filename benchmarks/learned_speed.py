@@ -209,11 +209,11 @@ def build_residual(
     from linkwise.datasets.predictor import RuntimePredictor
     from linkwise.datasets.rollouts import cut_windows
     from linkwise.datasets.traces import jobs_frame
-    from linkwise.models.policy_spec import PolicySpec
     from linkwise.models.residual import topology_signature, write_residual_package
     from linkwise.models.training import AlgoConfig
     from linkwise.pipelines.experiment import DEMO_FULL
     from linkwise.pipelines.residual import label_deferral, train_on_labels
+    from linkwise.policies.spec import PolicySpec
 
     t0 = time.perf_counter()
     exp = DEMO_FULL

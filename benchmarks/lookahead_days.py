@@ -1,5 +1,5 @@
 """The teacher as a policy on a headline setting's days: the lookahead search policy
-(``cluster.lookahead``) against its base on warm-started validation (or held-out) windows,
+(``policies.lookahead``) against its base on warm-started validation (or held-out) windows,
 the frontier's cases (``frontier.headline_setting``, ``warm_cases``). Its ratio to the base
 is the headroom the counterfactual labels can teach at best (issue 23 item 2: "its result is
 the teacher's headroom"). Progress (decision points, searched points, seconds) goes to
@@ -23,11 +23,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from frontier import headline_setting, warm_cases
 
+from linkwise.policies.spec import PolicySpec
+
 HOUR = 3600.0
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    import linkwise.cluster.lookahead as la
+    import linkwise.policies.lookahead as la
     from linkwise.evaluation.benchmark import PolicyRef, run_benchmark
 
     s = headline_setting(args.experiment, None, args.work)
@@ -50,7 +52,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     la.Lookahead.decide = progress  # type: ignore[method-assign]
     base = args.spec.split("base=", 1)[1].split(",", 1)[0]
-    refs = [PolicyRef("base", base), PolicyRef("lookahead", args.spec)]
+    refs = [
+        PolicyRef("base", PolicySpec.parse(base)),
+        PolicyRef("lookahead", PolicySpec.parse(args.spec)),
+    ]
     bench = run_benchmark(refs, cases, executor="serial")
     rows = {r["policy"]: r for r in bench.summary()}
     b, lk = rows["base"], rows["lookahead"]

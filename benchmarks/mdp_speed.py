@@ -53,11 +53,11 @@ def latency(
     (mostly single-GPU) mix, so many running jobs are split and contend."""
     from linkwise.cluster import mdp
     from linkwise.cluster.contention import AnalyticModel
-    from linkwise.cluster.heuristics import make_policy
     from linkwise.cluster.profiles import assign_profiles, load_calibration
     from linkwise.cluster.simulator import Simulator
     from linkwise.cluster.topology import from_spec
     from linkwise.datasets.synthetic import generate
+    from linkwise.policies.heuristics import make_policy
 
     cal = load_calibration()
     topo = from_spec("128x8,leaf=16")

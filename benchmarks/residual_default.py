@@ -35,7 +35,6 @@ from linkwise.datasets.rollouts import cut_windows
 from linkwise.datasets.traces import jobs_frame
 from linkwise.evaluation.benchmark import PolicyRef, make_cases, run_benchmark
 from linkwise.evaluation.gates import check_robustness
-from linkwise.models.policy_spec import PolicySpec
 from linkwise.models.residual import topology_signature
 from linkwise.models.training import AlgoConfig
 from linkwise.pipelines.experiment import DEMO_FULL, DEMO_MULTIGPU, SyntheticWorkload
@@ -47,6 +46,7 @@ from linkwise.pipelines.residual import (
     robustness_topologies,
     train_on_labels,
 )
+from linkwise.policies.spec import PolicySpec
 
 
 def main() -> None:
@@ -95,7 +95,7 @@ def main() -> None:
         print(f"  {k:<24} {'-' if v is None else f'{v / 3600:.2f} h'}")
 
     belief = AnalyticModel(load_calibration(None))
-    base_policy = PolicySpec.parse(base.spec).build(belief)
+    base_policy = base.spec.build(belief)
     tasks = [
         LabelTask(
             base=base_policy,
@@ -156,7 +156,8 @@ def main() -> None:
     held_cases = make_cases(held, (0, 1, 2), topo, predictor=predictor,
                             block_s=exp.windows.block_s)  # fmt: skip
     refs = [PolicyRef("base", base.spec)] + [
-        PolicyRef(f"residual-{a}", f"model:{c['package']}") for a, c in chosen.items()
+        PolicyRef(f"residual-{a}", PolicySpec.parse(f"model:{c['package']}"))
+        for a, c in chosen.items()
     ]
     bench = run_benchmark(refs, held_cases)
     rows = {r["policy"]: r for r in bench.summary()}

@@ -22,6 +22,7 @@ from frontier import headline_setting, warm_cases
 
 import linkwise.evaluation.benchmark as bm
 import linkwise.models.residual as res
+from linkwise.policies.spec import PolicySpec
 
 
 def _features(names: list[str], seen: list[tuple[Any, np.ndarray]], top: int) -> dict[str, Any]:
@@ -83,7 +84,7 @@ def main() -> None:
         observed.clear()
         for case in warm_cases(s, windows, [0]):
             seen.clear()
-            ref = bm.PolicyRef("residual", f"model:{args.package}")
+            ref = bm.PolicyRef("residual", PolicySpec.parse(f"model:{args.package}"))
             bm.run_task(bm.BenchTask(ref, case, None))
             for k, v in seen[0].items():
                 if k != "deviations_per_1000":

@@ -101,7 +101,6 @@ def run(args: argparse.Namespace, t0: float) -> dict[str, Any]:
     from linkwise.evaluation.benchmark import PolicyRef, run_benchmark
     from linkwise.evaluation.gates import check_robustness
     from linkwise.evaluation.stats import paired_ratio
-    from linkwise.models.policy_spec import PolicySpec
     from linkwise.models.residual import topology_signature, write_residual_package
     from linkwise.models.training import AlgoConfig
     from linkwise.pipelines.residual import (
@@ -114,6 +113,7 @@ def run(args: argparse.Namespace, t0: float) -> dict[str, Any]:
         robustness_topologies,
         train_on_labels,
     )
+    from linkwise.policies.spec import PolicySpec
 
     def stamp() -> str:
         return f"[{time.perf_counter() - t0:.0f} s]"
@@ -158,7 +158,7 @@ def run(args: argparse.Namespace, t0: float) -> dict[str, Any]:
         generators=("bounded", "least_contention", "best_fit"),
     )
     belief = AnalyticModel(load_calibration(None))
-    base_policy = PolicySpec.parse(base.spec).build(belief)
+    base_policy = base.spec.build(belief)
     train = s.training(args.label_windows)
     label_seeds = [int(x) for x in args.label_seeds.split(",")]
 
@@ -360,7 +360,8 @@ def run(args: argparse.Namespace, t0: float) -> dict[str, Any]:
     # 4. the held-out days: base against both residuals, paired
     held_cases = warm_cases(s, s.heldout, seeds)
     refs = [PolicyRef("base", base.spec)] + [
-        PolicyRef(f"residual-{a}", f"model:{c['package']}") for a, c in learners.items()
+        PolicyRef(f"residual-{a}", PolicySpec.parse(f"model:{c['package']}"))
+        for a, c in learners.items()
     ]
     t = time.perf_counter()
     bench = run_benchmark(refs, held_cases, executor=args.bench_executor)
@@ -449,7 +450,10 @@ def run(args: argparse.Namespace, t0: float) -> dict[str, Any]:
         sub = held_cases[: args.lookahead_cases]
         t = time.perf_counter()
         lb = run_benchmark(
-            [PolicyRef("base", base.spec), PolicyRef("lookahead", args.lookahead)],
+            [
+                PolicyRef("base", base.spec),
+                PolicyRef("lookahead", PolicySpec.parse(args.lookahead)),
+            ],
             sub,
             executor=args.bench_executor,
         )

@@ -21,6 +21,7 @@ from frontier import headline_setting, warm_cases
 
 from linkwise.evaluation.benchmark import PolicyRef, run_benchmark
 from linkwise.models.residual import Deferral, write_residual_package
+from linkwise.policies.spec import PolicySpec
 
 
 def main() -> None:
@@ -35,7 +36,7 @@ def main() -> None:
     args = p.parse_args()
     res = json.loads((args.residual / "policy.json").read_text())["residual"]
     deferral = Deferral.from_json(res["deferral"])
-    refs = [PolicyRef("base", res["base"])]
+    refs = [PolicyRef("base", PolicySpec.parse(res["base"]))]
     tolerances = [float(t) for t in args.tolerances.split(",")]
     max_outs = [int(k) for k in args.max_out.split(",")]
     for tol, k in itertools.product(tolerances, max_outs):
@@ -46,7 +47,7 @@ def main() -> None:
             write_residual_package(
                 args.learned, out, base=res["base"], margin=res["margin"], deferral=rule
             )
-        refs.append(PolicyRef(name, f"model:{out}"))
+        refs.append(PolicyRef(name, PolicySpec.parse(f"model:{out}")))
     seeds = [int(x) for x in args.seeds.split(",")]
     s = headline_setting(args.experiment, None, args.work / "setting")
     for name, windows in (("validation", s.validation), ("heldout", s.heldout)):

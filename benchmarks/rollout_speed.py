@@ -31,6 +31,8 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from linkwise.policies.spec import PolicySpec
+
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 PHILLY = DATA / "traces" / "philly_2017-09-04_2017-10-15.csv"
 TOPO = "16x8,leaf=4"
@@ -60,7 +62,13 @@ def _tasks(n_windows: int) -> list[Any]:
         if len(w.jobs) <= 400
     ]
     chosen = choose_windows(wins, n=n_windows, min_jobs=100)
-    return make_tasks(chosen, ["best_fit", "sjf_bco"], [0], from_spec(TOPO), epsilons=(0.0, 0.1))
+    return make_tasks(
+        chosen,
+        [PolicySpec.parse("best_fit"), PolicySpec.parse("sjf_bco")],
+        [0],
+        from_spec(TOPO),
+        epsilons=(0.0, 0.1),
+    )
 
 
 def _row(name: str, seconds: float, n: int, extra: str = "") -> dict[str, Any]:

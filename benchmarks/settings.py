@@ -31,6 +31,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from linkwise.policies.spec import PolicySpec
+
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_TRACE = REPO.parent / "shared" / "data" / "traces" / "philly_2017-09-04_2017-10-15.csv"
 EVAL_FROM = "2017-10-09"  # five weeks after the slice's first day, 2017-09-04
@@ -62,7 +64,9 @@ def run_one(
     jobs = RuntimePredictor.fit(jobs, until=split).annotate(jobs)
     scenario = Scenario(topology=topo, jobs=jobs, calibration=cal)
     t0 = time.perf_counter()
-    result = simulate(topo, jobs, scenario.model(), make_scenario_policy(scenario, spec))
+    result = simulate(
+        topo, jobs, scenario.model(), make_scenario_policy(scenario, PolicySpec.parse(spec))
+    )
     wall = time.perf_counter() - t0
     recs = [r for r in result.records if r.job.submit_time >= split]
     evaluated = [r.job for r in recs]

@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+from linkwise.policies.spec import PolicySpec
+
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_TRACE = REPO.parent / "shared" / "data" / "traces" / "philly_2017-09-04_2017-10-15.csv"
 
@@ -49,7 +51,8 @@ def run_one(
     load_s = time.perf_counter() - t0
     config = SimConfig(restart=parse_restart(restart_cost))
     cpu0 = time.process_time()
-    run = run_policy(Scenario(topology=topo, jobs=jobs, calibration=cal, config=config), spec)
+    scenario = Scenario(topology=topo, jobs=jobs, calibration=cal, config=config)
+    run = run_policy(scenario, PolicySpec.parse(spec))
     m = run.metrics.to_dict()
     m["restart"] = run.restart
     m["load_s"] = load_s

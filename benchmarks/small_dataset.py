@@ -8,6 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from linkwise.policies.spec import PolicySpec
+
 REPO = Path(__file__).resolve().parents[1]
 PHILLY = REPO.parent / "shared" / "data" / "traces" / "philly_2017-09-04_2017-10-15.csv"
 
@@ -21,7 +23,7 @@ def build(out: Path, rollouts: int, topology: str, window_s: float) -> dict[str,
         trace=str(PHILLY),
         out_dir=out / "datasets",
         rollouts=rollouts,
-        policies=list(ds.policies),
+        policies=[PolicySpec.parse(s) for s in ds.policies],
         epsilons=list(ds.epsilons),
         seeds=list(ds.seeds),
         window_s=window_s,
@@ -49,7 +51,7 @@ def evaluate_on_heldout(
     from linkwise.pipelines.evaluate import evaluate
 
     report, _ = evaluate(
-        policies,
+        [PolicySpec.parse(p) for p in policies],
         trace=PHILLY,
         history=PHILLY,  # run-time predictor: only jobs before the first evaluation window
         holdout_from=[manifest["manifest_path"]],

@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from linkwise.policies.spec import PolicySpec
+
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 PHILLY = DATA / "traces" / "philly_2017-09-04_2017-10-15.csv"
@@ -51,7 +53,13 @@ def training_speed(steps: int, batches: list[int]) -> list[dict[str, Any]]:
         cut_windows(jobs_from_trace(PHILLY), 3600.0, max_gpus=64), n=6, min_jobs=20
     )
     df = run_rollouts(
-        make_tasks(wins, ["best_fit"], [0, 1], from_spec("8x8,leaf=2"), config=spec.config)
+        make_tasks(
+            wins,
+            [PolicySpec.parse("best_fit")],
+            [0, 1],
+            from_spec("8x8,leaf=2"),
+            config=spec.config,
+        )
     )
     with quiet_d3rlpy():
         datasets = {m: to_mdp_dataset(df, spec, masks=m) for m in (False, True)}
@@ -119,11 +127,11 @@ def latency(points: int, min_pending: int, seed: int, threads: int) -> dict[str,
 
     from linkwise.cluster import mdp
     from linkwise.cluster.contention import AnalyticModel
-    from linkwise.cluster.heuristics import make_policy
     from linkwise.cluster.profiles import assign_profiles, load_calibration
     from linkwise.cluster.simulator import Simulator
     from linkwise.cluster.topology import from_spec
     from linkwise.datasets.synthetic import generate
+    from linkwise.policies.heuristics import make_policy
 
     torch.set_num_threads(threads)
     cal = load_calibration()

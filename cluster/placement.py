@@ -15,10 +15,13 @@ they run at every decision point.
 - ``fragment_first_fit``: SJF-BCO's small-job rule, packing onto busy servers.
 - ``slurm_select``: where Slurm's select/cons_tres puts a job of a requested shape
   (nodes x GPUs per node); what ``backfill`` uses.
+- ``bounded_placement``: SJF-BCO's rule (``fragment_first_fit`` for small jobs,
+  ``least_busy`` for large ones) with its bound on the servers a job spans.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from linkwise.cluster.domain import Placement, Shape, Topology
@@ -648,3 +651,51 @@ def _tree_best_fit(topo: Topology, usable: Sequence[int], nodes: int) -> list[in
         chosen.extend(take)
         rem -= len(take)
     return chosen if rem == 0 else None
+
+
+def min_nodes_for(capacities_desc: Sequence[int], gpus: int) -> int:
+    """Fewest nodes of these capacities (sorted descending) that hold ``gpus`` GPUs (>= 1)."""
+    need = gpus
+    k = 0
+    for cap in capacities_desc:
+        if need <= 0:
+            break
+        need -= cap
+        k += 1
+    return max(k, 1)
+
+
+def bounded_placement(
+    topo: Topology,
+    free: Sequence[int],
+    busy: Sequence[int],
+    gpus: int,
+    kappa: int | None = None,
+    lam: float = 1.0,
+    capacities_desc: Sequence[int] | None = None,
+) -> Placement | None:
+    """SJF-BCO's placement of one job (Yu et al., MobiHoc'22), None if it must wait.
+
+    A job with ``gpus <= kappa`` (None: the GPUs of the largest node) is placed by
+    ``fragment_first_fit`` (FA-FFP), a larger one by ``least_busy`` (LBSGF). ``lam`` bounds
+    the servers a job spans to ``ceil(lam * n_min)``, ``n_min`` being the fewest servers of
+    the cluster that could hold it: when the rule's placement spans more, the consolidated
+    ``best_fit`` placement is tried instead, and when that spans more too there is none (the
+    job waits for consolidation); ``lam = inf`` removes the bound. ``capacities_desc``: the
+    nodes' GPU counts sorted descending (computed when None)."""
+    if kappa is None:
+        kappa = topo.max_gpus_per_node
+    placement: Placement | None
+    if gpus <= kappa:
+        placement = fragment_first_fit(topo, free, gpus, busy)
+    else:
+        placement = least_busy(topo, free, gpus, busy)
+    if placement is None or math.isinf(lam):
+        return placement
+    if capacities_desc is None:
+        capacities_desc = sorted((n.gpus for n in topo.nodes), reverse=True)
+    bound = math.ceil(lam * min_nodes_for(capacities_desc, gpus) - 1e-9)
+    if placement.num_nodes <= bound:
+        return placement
+    placement = best_fit(topo, free, gpus)
+    return placement if placement is not None and placement.num_nodes <= bound else None

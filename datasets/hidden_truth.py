@@ -57,7 +57,6 @@ import numpy as np
 
 from linkwise.cluster.contention import AnalyticModel, ring_comm_time
 from linkwise.cluster.domain import Job, Placement, Topology
-from linkwise.cluster.heuristics import RandomPolicy
 from linkwise.cluster.profiles import Calibration, CommProfile
 from linkwise.cluster.restart import RestartModel
 from linkwise.cluster.simulator import SimConfig, Simulator
@@ -68,6 +67,7 @@ from linkwise.datasets.comm_profiles import PROFILE_PREFIX
 from linkwise.datasets.ingest import ingest_job_runs
 from linkwise.datasets.synthetic import load_stats
 from linkwise.datasets.telemetry.store import derive_ib_link_load, ingest_prometheus
+from linkwise.policies.random_policy import RandomPolicy
 
 __all__ = [
     "DEFAULT_T0",

@@ -45,7 +45,6 @@ import polars as pl
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import ClusterState, Decision, Policy, Topology
 from linkwise.cluster.fork import fresh, score_decisions
-from linkwise.cluster.lookahead import decision_key
 from linkwise.cluster.mdp import (
     Candidates,
     MdpConfig,
@@ -61,6 +60,7 @@ from linkwise.cluster.simulator import SimConfig, Simulator
 from linkwise.datasets.backlog import Backlog
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.rollouts import Window, window_workload
+from linkwise.policies.lookahead import decision_key
 
 __all__ = [
     "LABEL_SCHEMA",

@@ -1,8 +1,8 @@
 """Simulator rollouts of behaviour policies: transitions that widen what the logs cover.
 
-Behaviour policies are policy specs: a same-information heuristic
-of ``linkwise.cluster.heuristics`` with its parameters (``sjf_bco:lam=2``; never an oracle;
-parsed by ``cluster.heuristics.params``)
+Behaviour policies are parsed policy specs (``policies.spec.PolicySpec``, parsed once where
+the run starts; ``check_behaviour``): a same-information heuristic of
+``linkwise.policies.heuristics`` with its parameters (``sjf_bco:lam=2``; never an oracle)
 driven step by step through ``cluster.mdp.StepPolicyAdapter`` (the same candidates, mask and
 encoder as the log builder, the trainer and the live loop; a preemptive heuristic's
 preemptions and migrations are matched actions, ``match`` "preempt", "migrate" or
@@ -61,8 +61,6 @@ import polars as pl
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import Job, Placement, Topology
 from linkwise.cluster.env import ClusterEnv, Workload
-from linkwise.cluster.heuristics import make_policy, policy_names, spec_name
-from linkwise.cluster.heuristics.params import parse_heuristic
 from linkwise.cluster.mdp import (
     BoolArray,
     FloatArray,
@@ -77,16 +75,17 @@ from linkwise.datasets.prediction import ensure_predicted
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.traces import JOB_COLUMNS, frame_jobs, jobs_frame, load_trace
 from linkwise.datasets.transitions import TransitionBuffer, empty_frame
+from linkwise.policies.heuristics import make_policy, policy_names
+from linkwise.policies.spec import PolicySpec
 
 __all__ = [
-    "Behaviour",
     "Chooser",
     "RolloutTask",
     "StepBehaviour",
     "Window",
     "behaviour_chooser",
     "behaviour_name",
-    "behaviour_spec",
+    "check_behaviour",
     "cut_windows",
     "jobs_from_store",
     "jobs_from_trace",
@@ -119,16 +118,6 @@ class StepBehaviour(Protocol):
 
 
 @dataclass(frozen=True)
-class Behaviour:
-    """A parsed behaviour spec: a heuristic with typed parameters, or (``package``) the folder
-    of a learned package ``model:PATH``."""
-
-    heuristic: str | None = None
-    params: tuple[tuple[str, Any], ...] = ()
-    package: str | None = None
-
-
-@dataclass(frozen=True)
 class Window:
     """The jobs submitted in ``[start, end)`` of a workload (times as in the source)."""
 
@@ -152,7 +141,7 @@ class RolloutTask:
     (required for one, refused for a heuristic).
     """
 
-    policy: str
+    policy: PolicySpec
     epsilon: float
     seed: int
     window: Window
@@ -166,15 +155,16 @@ class RolloutTask:
     learned: StepBehaviour | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
-        parsed = behaviour_spec(self.policy)  # ValueError: unknown, ill-typed or oracle spec
-        if parsed.package is not None and self.learned is None:
+        check_behaviour(self.policy)  # ValueError: an oracle, a search, a registry model
+        label = self.policy.label
+        if self.policy.is_model and self.learned is None:
             raise ValueError(
-                f"behaviour policy {self.policy!r}: a learned behaviour is resolved to its policy "
+                f"behaviour policy {label!r}: a learned behaviour is resolved to its policy "
                 "at the pipeline's edge (make_tasks(learned=...), "
                 "pipelines.build_dataset.resolve_learned)"
             )
-        if parsed.package is None and self.learned is not None:
-            raise ValueError(f"behaviour policy {self.policy!r} is a heuristic, not learned")
+        if not self.policy.is_model and self.learned is not None:
+            raise ValueError(f"behaviour policy {label!r} is a heuristic, not learned")
         if not 0.0 <= self.epsilon <= 1.0:
             raise ValueError(f"epsilon must be in [0, 1], got {self.epsilon}")
         if self.max_steps is not None and self.max_steps <= 0:
@@ -194,40 +184,32 @@ def behaviour_name(policy: str, epsilon: float) -> str:
     return policy if epsilon == 0 else f"{policy}+eps{epsilon:g}"
 
 
-def behaviour_spec(text: str) -> Behaviour:
-    """A behaviour policy's parsed spec (heuristics by ``cluster.heuristics.params``, the one
-    parser of their parameters): behaviour policies see what the learner will, so every
-    same-information heuristic with its parameters (``qssf`` included: the tasks' jobs carry
-    predictions) or a learned package folder (``model:PATH``, a path as ``models.registry``
-    tells one: a ``/``, or a leading ``.`` or ``~``); ValueError for an oracle ceiling, a
-    registry alias or URI (rollouts must not depend on where an alias points), or anything the
-    parser refuses."""
+def check_behaviour(spec: PolicySpec) -> None:
+    """Refuse (ValueError) a spec no behaviour policy may be: behaviour policies see what the
+    learner will, so every same-information heuristic with its parameters (``qssf``
+    included: the tasks' jobs carry predictions) or a learned package folder
+    (``model:PATH``); never an oracle ceiling, a composition or a search, nor a registry
+    alias or URI (rollouts must not depend on where an alias points)."""
+    if spec.source is not None:
+        if spec.source.kind != "path":
+            raise ValueError(
+                f"behaviour policy {spec.label!r}: a learned one must be a package folder"
+            )
+        return
     known = policy_names(predictions=True, oracles=False)
-    if spec_name(text) not in (*known, "model"):
+    if spec.heuristic not in known:
         raise ValueError(
-            f"unknown or oracle behaviour policy {text!r}; known: {', '.join(known)}, model:PATH"
+            f"unknown or oracle behaviour policy {spec.label!r}; "
+            f"known: {', '.join(known)}, model:PATH"
         )
-    if spec_name(text) == "model":
-        target = text.strip().removeprefix("model:").strip()
-        folder = target.partition("#")[0]
-        is_path = "/" in target or os.sep in target or target.startswith((".", "~"))
-        if not folder or target.startswith("models:/") or not is_path:
-            raise ValueError(f"behaviour policy {text!r}: a learned one must be a package folder")
-        return Behaviour(package=os.path.expanduser(folder))
-    try:
-        name, params = parse_heuristic(text.strip())
-    except ValueError as exc:
-        raise ValueError(f"behaviour policy {text!r}: {exc}") from None
-    return Behaviour(heuristic=name, params=params)
 
 
-def policy_label(text: str) -> str:
-    """A behaviour spec as it names episodes: the heuristic spec as given (``sjf_bco:lam=2``),
+def policy_label(spec: PolicySpec) -> str:
+    """A behaviour as it names episodes: the heuristic spec as given (``sjf_bco:lam=2``),
     ``model:FOLDER`` (the package folder's name, e.g. the training run id) for a learned one."""
-    spec = behaviour_spec(text)
-    if spec.package is not None:
-        return f"model:{Path(spec.package).name}"
-    return text.strip()
+    if spec.source is not None:
+        return f"model:{Path(spec.source.target).name}"
+    return spec.label
 
 
 # ------------------------------------------------------------------------ workloads
@@ -478,12 +460,11 @@ def behaviour_chooser(task: RolloutTask, spec: ObsSpec, model: AnalyticModel) ->
     ``StepPolicyAdapter`` (match: exact, nearest, unslotted or wait), a learned package by
     its own action on the observation (match "policy"; ValueError when its ObsSpec is not the
     task's)."""
-    parsed = behaviour_spec(task.policy)
     learned = task.learned
     if learned is not None:
         if learned.spec.version != spec.version:
             raise ValueError(
-                f"behaviour policy {task.policy!r}: the model's ObsSpec is "
+                f"behaviour policy {task.policy.label!r}: the model's ObsSpec is "
                 f"{learned.spec.version}, the rollouts' {spec.version}: refusing a model built "
                 "for other observations"
             )
@@ -492,10 +473,10 @@ def behaviour_chooser(task: RolloutTask, spec: ObsSpec, model: AnalyticModel) ->
             return learned.act(obs, mask), "policy"
 
         return act_learned
-    params = dict(parsed.params)
-    if parsed.heuristic == "random":
+    params = dict(task.policy.params)
+    if task.policy.heuristic == "random":
         params.setdefault("seed", task.seed)
-    adapter = StepPolicyAdapter(make_policy(str(parsed.heuristic), **params))
+    adapter = StepPolicyAdapter(make_policy(str(task.policy.heuristic), **params))
 
     def act_heuristic(env: ClusterEnv, _obs: FloatArray, _mask: BoolArray) -> tuple[int, str]:
         action = adapter.act(env.candidates)
@@ -506,7 +487,7 @@ def behaviour_chooser(task: RolloutTask, spec: ObsSpec, model: AnalyticModel) ->
 
 def make_tasks(
     windows: Sequence[Window],
-    policies: Sequence[str],
+    policies: Sequence[PolicySpec],
     seeds: Sequence[int],
     topology: Topology,
     *,
@@ -517,13 +498,13 @@ def make_tasks(
     max_steps: int | None = None,
     backlogs: Mapping[int, Backlog] | None = None,
     predictor: RuntimePredictor | None = None,
-    learned: Mapping[str, StepBehaviour] | None = None,
+    learned: Mapping[PolicySpec, StepBehaviour] | None = None,
 ) -> list[RolloutTask]:
     """The grid (policy, epsilon) x window x seed, in that nesting order; ``backlogs``
     (window id -> the history's state at its start) warm-starts the windows it names;
     ``calibration`` None is the shipped one. Every task shares ``predictor``; None fits one
     on the windows' jobs (the span the rollouts cover, ``windows_predictor``). ``learned``
-    maps each ``model:PATH`` behaviour (as given in ``policies``) to its resolved policy."""
+    maps each ``model:PATH`` behaviour of ``policies`` to its resolved policy."""
     cfg = config or MdpConfig()
     cal = calibration if calibration is not None else load_calibration()
     if predictor is None and windows:

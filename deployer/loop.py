@@ -98,6 +98,7 @@ from linkwise.deployer.recorder import Recorder, RecordError, new_id
 from linkwise.deployer.release import release_held
 from linkwise.deployer.scontrol import clear_nodes_command, untag_command
 from linkwise.deployer.systemd import SystemdNotify
+from linkwise.policies.spec import PolicySpec
 
 __all__ = [
     "DEFAULT_LEASE_ROOT",
@@ -194,8 +195,8 @@ class ServeConfig:
 
     mode: Mode
     partitions: tuple[str, ...]
-    policy: str = "backfill"
-    fallback: str = "backfill"
+    policy: PolicySpec = field(default_factory=lambda: PolicySpec.parse("backfill"))
+    fallback: PolicySpec = field(default_factory=lambda: PolicySpec.parse("backfill"))
     slurm_env: str = "/tmp/linkwise-slurm/env"
     transport: Literal["cli", "rest"] = "cli"
     db: str | None = "linkwise-out/linkwise.duckdb"

@@ -18,7 +18,8 @@ from linkwise.cluster.profiles import load_calibration
 from linkwise.deployer.events import log_event
 from linkwise.deployer.explain import decide_explained, explain_cycle
 from linkwise.deployer.metrics import ServeMetrics
-from linkwise.models.policy_spec import PolicySpec
+from linkwise.models.build import build_policy, token
+from linkwise.policies.spec import PolicySpec
 
 __all__ = ["GuardedPolicy", "LoadedPolicy", "PolicyHolder", "model_probe"]
 
@@ -35,26 +36,27 @@ class LoadedPolicy:
     obs_spec_version: str
 
 
-def _heuristic(spec: str) -> LoadedPolicy:
-    policy = PolicySpec.parse(spec).build()
-    return LoadedPolicy(policy, spec, f"heuristic:{spec}", "")
+def _heuristic(spec: PolicySpec) -> LoadedPolicy:
+    return LoadedPolicy(spec.build(), spec.label, f"heuristic:{spec.label}", "")
 
 
-def _learned(spec: str, tracking_uri: str | None = None) -> LoadedPolicy:
-    policy: Any = PolicySpec.parse(spec).build(tracking_uri=tracking_uri)
+def _learned(spec: PolicySpec, tracking_uri: str | None = None) -> LoadedPolicy:
+    policy: Any = build_policy(spec, tracking_uri=tracking_uri)
     package = str(getattr(policy, "package_dir", "") or "")
     # a registry model is recorded by its version number, which is what promotion's shadow
     # evidence looks up; a package folder by its path
-    version = package.rsplit("/", 1)[-1] if package.startswith("models:/") else package or spec
+    version = (
+        package.rsplit("/", 1)[-1] if package.startswith("models:/") else package or spec.label
+    )
     obs = getattr(getattr(policy, "spec", None), "version", "")
-    return LoadedPolicy(policy, spec, version, str(obs))
+    return LoadedPolicy(policy, spec.label, version, str(obs))
 
 
-def model_probe(spec: str, tracking_uri: str | None = None) -> str | None:
+def model_probe(spec: PolicySpec, tracking_uri: str | None = None) -> str | None:
     """A token that changes when the model behind ``spec`` changes (alias moved, package
     rewritten), read in the registry at ``tracking_uri`` (None: the environment's); None for
     heuristics. Raises when it cannot be read."""
-    return PolicySpec.parse(spec).token(tracking_uri)
+    return token(spec, tracking_uri)
 
 
 class PolicyHolder:
@@ -65,18 +67,18 @@ class PolicyHolder:
 
     def __init__(
         self,
-        spec: str,
-        fallback: str,
+        spec: PolicySpec,
+        fallback: PolicySpec,
         *,
         metrics: ServeMetrics,
         logger: logging.Logger = LOG,
         reload_s: float = 30.0,
-        loader: Callable[[str], LoadedPolicy] | None = None,
-        probe: Callable[[str], str | None] | None = None,
+        loader: Callable[[PolicySpec], LoadedPolicy] | None = None,
+        probe: Callable[[PolicySpec], str | None] | None = None,
         tracking_uri: str | None = None,
     ) -> None:
         self.spec = spec
-        self.is_model = PolicySpec.parse(spec).is_model
+        self.is_model = spec.is_model
         self.loader = loader or (
             partial(_learned, tracking_uri=tracking_uri) if self.is_model else _heuristic
         )
@@ -121,7 +123,7 @@ class PolicyHolder:
                     self.log,
                     "model_reload_refused",
                     logging.ERROR,
-                    spec=self.spec,
+                    spec=self.spec.label,
                     kept=self.current.model_version,
                     error=str(exc)[:400],
                 )
@@ -134,7 +136,7 @@ class PolicyHolder:
         log_event(
             self.log,
             "model_loaded",
-            spec=self.spec,
+            spec=self.spec.label,
             model_version=loaded.model_version,
             obs_spec_version=loaded.obs_spec_version,
             previous=previous,
@@ -147,7 +149,7 @@ class PolicyHolder:
             self.log,
             "fallback",
             logging.ERROR,
-            spec=self.spec,
+            spec=self.spec.label,
             fallback=self.fallback.name,
             reason=self.fallback_reason,
         )

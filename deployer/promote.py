@@ -37,13 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from linkwise.evaluation.gates import GateReport, ShadowEvidence
-from linkwise.models.registry import (
-    MODEL_NAME,
-    ModelSource,
-    ensure_experiment,
-    parse_models_uri,
-    registry_client,
-)
+from linkwise.models.registry import ensure_experiment, registry_client
+from linkwise.policies.source import MODEL_NAME, parse_models_uri
+from linkwise.policies.spec import PolicySpec
 
 __all__ = [
     "CHALLENGER",
@@ -70,15 +66,15 @@ EXPERIMENT = "linkwise-promotion"
 SERVED_ALIAS: Mapping[str, str] = {"shadow": SHADOW, "active": CHAMPION}
 
 
-def serving_refusal(mode: str, policy: str) -> str | None:
+def serving_refusal(mode: str, policy: PolicySpec) -> str | None:
     """Why ``linkwise serve --mode MODE --policy POLICY`` is refused, or None. An active loop
     decides for the cluster: from the registry it takes only ``@champion`` (a model whose shadow
     evidence passed the champion gate), never another alias such as ``@challenger`` (not gated
     on the cluster) or ``@shadow`` (gated on the evaluation only). A pinned version
     (``models:/NAME/N``), a local package and a heuristic are the operator's explicit choice."""
-    if mode != "active" or not policy.strip().startswith("model:"):
+    source = policy.source
+    if mode != "active" or source is None:
         return None
-    source = ModelSource.parse(policy)
     alias: str | None = source.target if source.kind == "alias" else None
     if source.kind == "uri" and "@" in source.target:
         alias = parse_models_uri(source.target)[1]
@@ -86,7 +82,7 @@ def serving_refusal(mode: str, policy: str) -> str | None:
         return None
     return (
         f"active mode serves the registry's @{CHAMPION} only, not @{alias}: "
-        f"{policy} has not passed the champion gate on this cluster's shadow evidence. Serve "
+        f"{policy.label} has not passed the champion gate on this cluster's shadow evidence. Serve "
         f"it in shadow mode (--mode shadow --policy model:{SHADOW} after `linkwise promote "
         f"--stage shadow`), then `linkwise promote --stage champion` and serve "
         f"model:{CHAMPION}; or pin a version explicitly (model:models:/{MODEL_NAME}/N)"
@@ -354,7 +350,7 @@ def shadow_evidence(
     con: Any,
     version: str,
     *,
-    policy: Any,
+    policy: PolicySpec | None = None,
     topology: Any,
     calibration: Any,
     cluster: str | None = None,
@@ -365,8 +361,8 @@ def shadow_evidence(
     """The shadow gate's evidence from a live store (see the module docstring): the shadow
     report of the version's shadow window (``evaluation.shadow_replay``) and a JSON-able
     description (window, headline, deviations, the simulator's check, approximations).
-    ``policy``: the spec to replay (a string); anything else (a loaded policy) replays the
-    registry version itself, ``model:models:/NAME/VERSION`` at ``tracking_uri``."""
+    ``policy``: the spec to replay; None replays the registry version itself,
+    ``model:models:/NAME/VERSION`` at ``tracking_uri``."""
     from linkwise.evaluation.shadow_replay import shadow_report
 
     (row,) = con.execute(
@@ -389,7 +385,7 @@ def shadow_evidence(
     )
     if since is None or until is None:
         return empty, info
-    spec = policy if isinstance(policy, str) else f"model:models:/{MODEL_NAME}/{version}"
+    spec = policy or PolicySpec.parse(f"model:models:/{MODEL_NAME}/{version}")
     try:
         report = shadow_report(
             con,

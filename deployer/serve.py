@@ -13,26 +13,27 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from linkwise.models.registry import ModelSource, resolve_version
+from linkwise.models.registry import resolve_version
+from linkwise.policies.spec import PolicySpec
 
 SQLITE = "sqlite:///"
 
 
-def serving_problem(spec: str, tracking_uri: str) -> str | None:
+def serving_problem(spec: PolicySpec, tracking_uri: str) -> str | None:
     """Why the model ``spec`` names cannot be served now (where it was looked for), or None:
     heuristics always can. A SQLite registry that does not exist is reported before any
     MLflow client opens it (which would create an empty one)."""
-    if not spec.strip().startswith("model:"):
+    source = spec.source
+    if source is None:
         return None
-    source = ModelSource.parse(spec)
     if source.registry_uri is None:
         if not Path(source.target).is_dir():
-            return f"{spec}: no package folder at {source.target}"
+            return f"{spec.label}: no package folder at {source.target}"
         return None
     if tracking_uri.startswith(SQLITE):
         db = Path(tracking_uri.removeprefix(SQLITE))
         if not db.is_file():
-            return f"{spec}: no model registry at {tracking_uri} (no such file)"
+            return f"{spec.label}: no model registry at {tracking_uri} (no such file)"
     try:
         resolve_version(source.registry_uri, tracking_uri)
     except ValueError as exc:

@@ -44,8 +44,8 @@ from typing import Any
 from linkwise.deployer.locks import valid_name
 from linkwise.deployer.loop import DEFAULT_LEASE_ROOT, ServeConfig
 from linkwise.deployer.migration import MigrationConfig
-from linkwise.models.policy_spec import PolicySpec
-from linkwise.models.registry import ModelSource
+from linkwise.policies.source import ModelSource
+from linkwise.policies.spec import PolicySpec
 
 __all__ = [
     "DEFAULT_REGISTRY",
@@ -240,34 +240,32 @@ def resolve_tracking_uri(value: str, base: Path) -> str:
     return _SQLITE + _under(base, text)
 
 
-def _policy(flat: Mapping[str, Any], src: str, base: Path) -> tuple[str, str]:
-    """The policy spec (a pinned local package as ``model:PATH#sha256=DIGEST``, its folder
-    resolved against ``base``) and the fallback heuristic."""
+def _policy(flat: Mapping[str, Any], src: str, base: Path) -> tuple[PolicySpec, PolicySpec]:
+    """The policy spec (a local package pinned as ``model:PATH#sha256=DIGEST``, its folder
+    resolved against ``base``) and the fallback heuristic, each parsed once."""
     source = str(flat.get("policy.source", "backfill")).strip()
     digest = flat.get("policy.digest")
     try:
-        spec = PolicySpec.parse(source)
+        spec = PolicySpec.parse(source, cwd=base)
     except ValueError as exc:
         raise ConfigError(f"{src}: policy.source: {exc}") from exc
-    if spec.is_model:
-        try:
-            where = ModelSource.parse(source, cwd=base)
-        except ValueError as exc:
-            raise ConfigError(f"{src}: policy.source: {exc}") from exc
-        if where.kind == "path":
-            pin = f"#sha256={where.digest}" if where.digest else ""
-            source = f"model:{_under(base, where.target)}{pin}"
+    where = spec.source
+    if where is not None:
+        pin = where.digest
         if digest is not None:
             if where.kind != "path":
                 raise ConfigError(
                     f"{src}: policy.digest: pins a local package (model:./PATH) only; pin a "
                     "registry model by its version (model:models:/NAME/N)"
                 )
-            if where.digest is not None:
+            if pin is not None:
                 raise ConfigError(
                     f"{src}: policy.digest: the source already carries #sha256=: give one"
                 )
-            source = f"{source}#sha256={str(digest).lower()}"
+            pin = str(digest).lower()
+        if where.kind == "path":
+            pinned = ModelSource("path", _under(base, where.target), pin)
+            spec = PolicySpec(source=pinned, text=pinned.describe())
     elif digest is not None:
         raise ConfigError(f"{src}: policy.digest: {source!r} is a heuristic, not a package")
     fallback = str(flat.get("policy.fallback", "backfill")).strip()
@@ -277,7 +275,7 @@ def _policy(flat: Mapping[str, Any], src: str, base: Path) -> tuple[str, str]:
         raise ConfigError(f"{src}: policy.fallback: {exc}") from exc
     if fb.is_model:
         raise ConfigError(f"{src}: policy.fallback: must be a heuristic, got {fallback!r}")
-    return source, fallback
+    return spec, fb
 
 
 def parse_service_config(

@@ -73,7 +73,6 @@ import polars as pl
 from linkwise.cluster.bounds import queue_bound
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import ClusterState, Decision, Job, Placement, Policy, Topology
-from linkwise.cluster.heuristics import is_oracle
 from linkwise.cluster.mdp import MdpPolicy
 from linkwise.cluster.metrics import summarize
 from linkwise.cluster.profiles import Calibration, load_calibration
@@ -96,7 +95,8 @@ from linkwise.datasets.rollouts import (
 )
 from linkwise.evaluation.compare import UNFAIR_SLOWDOWN, Scenario, bounded_slowdown, job_metrics
 from linkwise.evaluation.predictions import check_predictions, package_predictor
-from linkwise.models.policy_spec import PolicySpec
+from linkwise.models.build import build_policy
+from linkwise.policies.spec import PolicySpec
 
 __all__ = [
     "UNFAIR_SLOWDOWN",
@@ -120,16 +120,16 @@ __all__ = [
 
 @dataclass(frozen=True)
 class PolicyRef:
-    """A policy as the benchmark shows it (``label``) and runs it (``spec``: anything
-    ``evaluation.compare.make_scenario_policy`` resolves, e.g. a heuristic ``name[:k=v]``,
-    ``model:ALIAS``, ``model:PATH`` or a pinned ``model:models:/NAME/VERSION``)."""
+    """A policy as the benchmark shows it (``label``) and runs it (``spec``, parsed: e.g. a
+    heuristic ``name[:k=v]``, ``model:ALIAS``, ``model:PATH`` or a pinned
+    ``model:models:/NAME/VERSION``)."""
 
     label: str
-    spec: str
+    spec: PolicySpec
 
     @staticmethod
-    def of(policy: str | PolicyRef) -> PolicyRef:
-        return policy if isinstance(policy, PolicyRef) else PolicyRef(policy, policy)
+    def of(policy: PolicySpec | PolicyRef) -> PolicyRef:
+        return policy if isinstance(policy, PolicyRef) else PolicyRef(policy.label, policy)
 
 
 @dataclass(frozen=True)
@@ -280,13 +280,11 @@ def _scenario(case: EvalCase, jobs: tuple[Job, ...] | None = None) -> Any:
     )
 
 
-def make_bench_policy(scenario: Any, spec: str, tracking_uri: str | None = None) -> Policy:
-    """The policy a spec names on a scenario (``models.policy_spec``): a learned policy's
-    encoder uses the scenario's calibrated analytic model; registry models are looked up at
-    ``tracking_uri`` (default: the environment's)."""
-    return PolicySpec.parse(spec).build(
-        AnalyticModel(scenario.calibration), tracking_uri=tracking_uri
-    )
+def make_bench_policy(scenario: Any, spec: PolicySpec, tracking_uri: str | None = None) -> Policy:
+    """The policy a spec names on a scenario (``models.build.build_policy``): a learned
+    policy's encoder uses the scenario's calibrated analytic model; registry models are
+    looked up at ``tracking_uri`` (default: the environment's)."""
+    return build_policy(spec, AnalyticModel(scenario.calibration), tracking_uri=tracking_uri)
 
 
 @dataclass
@@ -361,7 +359,7 @@ def run_task(task: BenchTask) -> CaseResult:
     lat = np.asarray(probe.latencies) if probe.latencies else np.zeros(1)
     return CaseResult(
         policy=task.policy.label,
-        spec=task.policy.spec,
+        spec=task.policy.spec.label,
         window_id=task.case.window.window_id,
         seed=task.case.seed,
         metrics=metrics,
@@ -404,7 +402,7 @@ def try_task(task: BenchTask) -> CaseResult | CaseFailure:
     except (SimulationStalled, NoProgress, InvalidDecision) as exc:
         return CaseFailure(
             policy=task.policy.label,
-            spec=task.policy.spec,
+            spec=task.policy.spec.label,
             window_id=task.case.window.window_id,
             seed=task.case.seed,
             error=f"{type(exc).__name__}: {exc}",
@@ -471,8 +469,17 @@ class Benchmark:
     results: tuple[CaseResult, ...]
     policies: tuple[str, ...]
     cases: tuple[str, ...]
-    specs: dict[str, str] = field(default_factory=dict)
+    specs: dict[str, str] = field(default_factory=dict)  # label -> the spec it ran
     failures: tuple[CaseFailure, ...] = ()
+    kinds: dict[str, str] = field(default_factory=dict)  # label -> ``PolicySpec.kind``
+    oracles: frozenset[str] = frozenset()  # the labels of oracle ceilings
+
+    def heuristics(self) -> list[str]:
+        """The policies that may be a reference (a baseline, a gate's best heuristic): the
+        heuristics and compositions that are no oracle ceiling, in order."""
+        return [
+            p for p in self.policies if self.kinds.get(p) == "heuristic" and p not in self.oracles
+        ]
 
     def failed(self) -> dict[str, list[CaseFailure]]:
         """Policy -> its failed runs (only policies with failures)."""
@@ -509,7 +516,7 @@ class Benchmark:
             spec = self.specs.get(p, p)
             agg: dict[str, Any] = {"policy": p, "spec": spec, "cases": len(rows)}
             agg.update({k: _mean([float(r[k]) for r in rows]) for k in keys})
-            agg["oracle"] = is_oracle(spec) or is_oracle(p)
+            agg["oracle"] = p in self.oracles
             if "free_preemption" in rows[0]:
                 agg["restart"] = rows[0]["restart"]
                 agg["free_preemption"] = all(bool(r["free_preemption"]) for r in rows)
@@ -551,7 +558,7 @@ class Benchmark:
 
 
 def run_benchmark(
-    policies: Sequence[str | PolicyRef],
+    policies: Sequence[PolicySpec | PolicyRef],
     cases: Sequence[EvalCase],
     *,
     executor: str = "serial",
@@ -570,7 +577,7 @@ def run_benchmark(
         raise ValueError(f"duplicate policy labels: {labels}")
     if not cases:
         raise ValueError("no evaluation cases")
-    probe_scenario = _scenario(cases[0])
+    probe_scenario = _scenario(cases[0])  # every spec loads, before any simulation
     built = [make_bench_policy(probe_scenario, ref.spec, tracking_uri) for ref in refs]
     check_predictions(
         [r.spec for r in refs],
@@ -597,8 +604,10 @@ def run_benchmark(
         results=tuple(r for r in outcomes if isinstance(r, CaseResult) and r.policy not in failed),
         policies=tuple(x for x in labels if x not in failed),
         cases=tuple(c.case_id for c in cases),
-        specs={r.label: r.spec for r in refs},
+        specs={r.label: r.spec.label for r in refs},
         failures=failures,
+        kinds={r.label: r.spec.kind for r in refs},
+        oracles=frozenset(r.label for r in refs if r.spec.is_oracle),
     )
 
 
@@ -637,6 +646,8 @@ def save_benchmark(bench: Benchmark, out_dir: str | Path) -> dict[str, Path]:
         "policies": list(bench.policies),
         "cases": list(bench.cases),
         "specs": bench.specs,
+        "kinds": bench.kinds,
+        "oracles": sorted(bench.oracles),
         "failures": [asdict(f) for f in bench.failures],
         "runs": [
             {
@@ -683,4 +694,6 @@ def load_benchmark(out_dir: str | Path) -> Benchmark:
         cases=tuple(runs["cases"]),
         specs=dict(runs["specs"]),
         failures=tuple(CaseFailure(**f) for f in runs.get("failures", [])),
+        kinds=dict(runs.get("kinds", {})),
+        oracles=frozenset(runs.get("oracles", ())),
     )

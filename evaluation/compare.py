@@ -1,15 +1,17 @@
 """Run several policies on the same scenario (cluster, workload, contention model) and compare.
 
 A ``Scenario`` is everything but the policy; it is picklable so policies can run in
-parallel worker processes. Its ``predictor`` (fit on the workload's history,
+parallel worker processes. Policies come as parsed specs (``policies.spec.PolicySpec``, parsed
+once where the run starts), each built once (``make_scenario_policy``: a learned package is
+loaded and verified once per run). Its ``predictor`` (fit on the workload's history,
 ``evaluation.predictions``) annotates the jobs with run-time predictions for every policy,
 except a learned policy whose package carries its own predictor, which gets that one.
 
 Every run's row (``PolicyRun.row``, what ``linkwise simulate|compare --json`` print) is the
 run's ``cluster.metrics.RunMetrics`` plus ``job_metrics`` and:
 
-- ``oracle``: whether the policy reads the true run time (``cluster.heuristics.is_oracle``);
-  an oracle is a ceiling, never a baseline;
+- ``oracle``: whether the policy reads the true run time (``PolicySpec.is_oracle``); an
+  oracle is a ceiling, never a baseline;
 - ``predictions``: where the predictions it saw came from (``history``, ``package``, None);
 - ``restart``: the restart model's name (``sia``, ``free``, ``30s``; ``cluster/restart.py``)
   and ``free_preemption`` whether preemption cost nothing; the metrics' ``preemptions_per_job``
@@ -53,13 +55,13 @@ from linkwise.cluster.contention import (
     NoContention,
 )
 from linkwise.cluster.domain import Job, Policy, Topology
-from linkwise.cluster.heuristics import is_oracle
 from linkwise.cluster.metrics import BOUNDED_SLOWDOWN_FLOOR_S, RunMetrics, summarize
 from linkwise.cluster.profiles import Calibration
 from linkwise.cluster.simulator import JobRecord, SimConfig, simulate
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.evaluation.predictions import check_predictions, package_predictor
-from linkwise.models.policy_spec import PolicySpec
+from linkwise.models.build import build_policy
+from linkwise.policies.spec import PolicySpec
 
 UNFAIR_SLOWDOWN = 5.0  # a job is treated unfairly when its bounded slowdown exceeds this
 
@@ -179,10 +181,11 @@ class PolicyRun:
         }
 
 
-def make_scenario_policy(scenario: Scenario, spec: str) -> Policy:
-    """The policy ``spec`` names (``models.policy_spec``); a learned policy's encoder predicts
-    contention with the scenario's calibrated analytic model, as the live scheduler would."""
-    return PolicySpec.parse(spec).build(AnalyticModel(scenario.calibration))
+def make_scenario_policy(scenario: Scenario, spec: PolicySpec) -> Policy:
+    """The policy ``spec`` names (``models.build.build_policy``); a learned policy's encoder
+    predicts contention with the scenario's calibrated analytic model, as the live scheduler
+    would."""
+    return build_policy(spec, AnalyticModel(scenario.calibration))
 
 
 def _stats(policy: Policy) -> dict[str, float]:
@@ -192,9 +195,10 @@ def _stats(policy: Policy) -> dict[str, float]:
     return dict(stats()) if callable(stats) else {}
 
 
-def run_policy(scenario: Scenario, spec: str) -> PolicyRun:
-    """Simulate one policy (``name[:key=value,...]`` or ``model:ALIAS|PATH``) on the scenario."""
-    policy = make_scenario_policy(scenario, spec)
+def run_policy(scenario: Scenario, spec: PolicySpec, policy: Policy | None = None) -> PolicyRun:
+    """Simulate one policy on the scenario: ``policy``, built from ``spec`` when None."""
+    if policy is None:
+        policy = make_scenario_policy(scenario, spec)
     jobs, source = scenario.jobs_for(policy)
     result = simulate(scenario.topology, jobs, scenario.model(), policy, scenario.config)
     metrics = summarize(
@@ -202,13 +206,13 @@ def run_policy(scenario: Scenario, spec: str) -> PolicyRun:
         total_gpus=scenario.topology.total_gpus,
         events=result.events,
         wall_s=result.wall_s,
-        policy=spec,
+        policy=spec.label,
     )
     return PolicyRun(
         metrics=metrics,
         jct_s=tuple(r.jct for r in result.records),
         extra={**records_metrics(result.records, scenario.topology.total_gpus), **_stats(policy)},
-        oracle=is_oracle(spec),
+        oracle=spec.is_oracle,
         predictions=source,
         restart=scenario.config.restart.name,
         free_preemption=scenario.config.restart.is_free,
@@ -217,35 +221,42 @@ def run_policy(scenario: Scenario, spec: str) -> PolicyRun:
 
 def compare(
     scenario: Scenario,
-    specs: Sequence[str],
+    specs: Sequence[PolicySpec],
     *,
     workers: int = 1,
-    on_done: Callable[[str], None] | None = None,
+    on_done: Callable[[PolicySpec], None] | None = None,
     learned_need_predictions: bool = False,
+    built: Sequence[Policy] | None = None,
 ) -> list[PolicyRun]:
-    """Run every policy on the same scenario; results in the order of ``specs``. Unknown
-    names, unloadable models and a policy that needs run-time predictions it would not get
-    (``evaluation.predictions.check_predictions``; a learned package without a predictor
-    only with ``learned_need_predictions``) are refused before any simulation."""
-    built = [make_scenario_policy(scenario, spec) for spec in specs]
+    """Run every policy on the same scenario; results in the order of ``specs``, each built
+    once (``built``: already built, one per spec). Unloadable models and a policy that needs
+    run-time predictions it would not get (``evaluation.predictions.check_predictions``; a
+    learned package without a predictor only with ``learned_need_predictions``) are refused
+    before any simulation."""
+    policies = (
+        list(built) if built is not None else [make_scenario_policy(scenario, s) for s in specs]
+    )
     check_predictions(
-        specs, built, scenario.predictor is not None, learned=learned_need_predictions
+        specs, policies, scenario.predictor is not None, learned=learned_need_predictions
     )
     if workers <= 1 or len(specs) == 1:
         runs = []
-        for spec in specs:
-            runs.append(run_policy(scenario, spec))
+        for spec, policy in zip(specs, policies, strict=True):
+            runs.append(run_policy(scenario, spec, policy))
             if on_done:
                 on_done(spec)
         return runs
-    results: dict[str, PolicyRun] = {}
+    results: dict[int, PolicyRun] = {}
     with ProcessPoolExecutor(max_workers=min(workers, len(specs), os.cpu_count() or 1)) as pool:
-        futures = {pool.submit(run_policy, scenario, spec): spec for spec in specs}
+        futures = {
+            pool.submit(run_policy, scenario, spec, policy): i
+            for i, (spec, policy) in enumerate(zip(specs, policies, strict=True))
+        }
         for fut in as_completed(futures):
             results[futures[fut]] = fut.result()
             if on_done:
-                on_done(futures[fut])
-    return [results[s] for s in specs]
+                on_done(specs[futures[fut]])
+    return [results[i] for i in range(len(specs))]
 
 
 def plot_jct_cdf(runs: Sequence[PolicyRun], path: Path, *, title: str = "") -> Path:

@@ -6,7 +6,7 @@ Two stages (``evaluation/gates.toml`` documents every threshold):
   JCT is lower than the champion's and than the best heuristic's by a margin (paired ratio
   point estimate ``<= 1 - margin``, and with ``require_ci`` the interval's upper end ``< 1``;
   the best heuristic is the best *same-information* one, never an oracle ceiling
-  (``cluster.heuristics.is_oracle``: an oracle reads the true run time; evidence naming one
+  (``PolicySpec.is_oracle``: an oracle reads the true run time; evidence naming one
   as the reference fails): the candidates are every non-oracle heuristic ``linkwise
   policies`` lists (``same_information_heuristics``: the frontier ``qssf_preemptive``,
   ``tiresias_consolidated`` and ``deepshare`` among them, and any ``compose:`` spec whose
@@ -36,9 +36,11 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from linkwise.cluster.heuristics import POLICIES, is_oracle, policy_info
 from linkwise.cluster.metrics import duration_text
 from linkwise.evaluation.stats import RatioCI
+from linkwise.policies.catalog import policy_info
+from linkwise.policies.heuristics import POLICIES
+from linkwise.policies.spec import PolicySpec
 
 __all__ = [
     "DEFAULT_GATES",
@@ -67,7 +69,7 @@ def same_information_heuristics(*, predictions: bool = True) -> list[str]:
     run-time predictions only when ``predictions``."""
     out = []
     for name in POLICIES:
-        info = policy_info(name)
+        info = policy_info(PolicySpec.parse(name))
         if (
             info.kind == "heuristic"
             and not info.oracle
@@ -197,6 +199,8 @@ class ChallengerEvidence:
     ope: OpeEvidence | None
     latency_ms_p99: float
     masked_actions: int | None
+    # whether ``best_heuristic`` is an oracle ceiling (``PolicySpec.is_oracle`` of its spec)
+    best_heuristic_oracle: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -335,7 +339,7 @@ def check_challenger(ev: ChallengerEvidence, cfg: ChallengerGates) -> GateReport
             _no_worse("p99_vs_champion", ev.champion, ev.p99_vs_champion, cfg.p99_tolerance)
         )
     ref = ev.best_heuristic or "the best heuristic"
-    if ev.best_heuristic is not None and is_oracle(ev.best_heuristic):
+    if ev.best_heuristic is not None and ev.best_heuristic_oracle:
         why = (
             f"{ev.best_heuristic} is an oracle ceiling (it reads the true run time): never a "
             "gate reference; compare with the best non-oracle heuristic"

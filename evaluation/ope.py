@@ -40,9 +40,10 @@ import polars as pl
 from linkwise.cluster.mdp import ObsSpec
 from linkwise.datasets.export import read_dataset, to_mdp_dataset
 from linkwise.datasets.transitions import list_column_array
+from linkwise.models.build import build_policy
 from linkwise.models.learned import LearnedPolicy, masked_argmax
-from linkwise.models.policy_spec import PolicySpec
 from linkwise.models.training import quiet_d3rlpy
+from linkwise.policies.spec import PolicySpec
 
 __all__ = [
     "BEHAVIOUR",
@@ -325,14 +326,13 @@ def _frame(transitions: pl.DataFrame | str | Path) -> tuple[pl.DataFrame, ObsSpe
     return df, ObsSpec.from_json(manifest["obs_spec"])
 
 
-def _resolve(policy: str | LearnedPolicy, spec: ObsSpec) -> LearnedPolicy:
+def _resolve(policy: PolicySpec | LearnedPolicy, spec: ObsSpec) -> LearnedPolicy:
     if isinstance(policy, LearnedPolicy):
         p = policy
     else:
-        text = policy if policy.startswith("model:") else f"model:{policy}"
-        resolved = PolicySpec.parse(text).build()
+        resolved = build_policy(policy)
         if not isinstance(resolved, LearnedPolicy):
-            raise ValueError(f"{policy}: FQE needs a learned policy package")
+            raise ValueError(f"{policy.label}: FQE needs a learned policy package")
         p = resolved
     if p.spec.version != spec.version:
         raise ValueError(f"{p.name}: ObsSpec {p.spec.version}, the transitions are {spec.version}")
@@ -341,7 +341,7 @@ def _resolve(policy: str | LearnedPolicy, spec: ObsSpec) -> LearnedPolicy:
 
 def run_ope(
     transitions: pl.DataFrame | str | Path,
-    policies: Mapping[str, str | LearnedPolicy],
+    policies: Mapping[str, PolicySpec | LearnedPolicy],
     *,
     spec: ObsSpec | None = None,
     seeds: Sequence[int] = (0, 1, 2),
@@ -349,7 +349,7 @@ def run_ope(
     device: str = "cpu:0",
     threads: int | None = 1,
 ) -> dict[str, OpeResult]:
-    """FQE for every policy (name -> a ``LearnedPolicy``, a package path or ``model:...``)
+    """FQE for every policy (name -> a ``LearnedPolicy`` or a parsed ``model:...`` spec)
     and for the behaviour policy itself (key ``"behaviour"``) on held-out transitions (a
     frame with ``spec``, or an exported dataset's path). Every policy gets the same seeds.
 
@@ -379,7 +379,7 @@ def run_ope(
 
 def _run_ope(
     transitions: pl.DataFrame | str | Path,
-    policies: Mapping[str, str | LearnedPolicy],
+    policies: Mapping[str, PolicySpec | LearnedPolicy],
     spec: ObsSpec | None,
     seeds: Sequence[int],
     p: FqeParams,

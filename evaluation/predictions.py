@@ -15,8 +15,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from linkwise.cluster.heuristics import MissingPredictions, needs_predictions
 from linkwise.datasets.predictor import RuntimePredictor
+from linkwise.policies.heuristics import MissingPredictions
+from linkwise.policies.spec import PolicySpec
 
 __all__ = [
     "check_predictions",
@@ -31,7 +32,7 @@ def package_predictor(policy: Any) -> RuntimePredictor | None:
     return found if isinstance(found, RuntimePredictor) else None
 
 
-def prediction_source(spec: str, policy: Any, history: bool) -> str | None:
+def prediction_source(policy: Any, history: bool) -> str | None:
     """Where the predictions a policy sees come from: ``"package"`` (a learned package's own
     predictor), ``"history"`` (``--history``) or None (no predictions)."""
     if package_predictor(policy) is not None:
@@ -40,7 +41,7 @@ def prediction_source(spec: str, policy: Any, history: bool) -> str | None:
 
 
 def check_predictions(
-    specs: Sequence[str], policies: Sequence[Any], history: bool, *, learned: bool = True
+    specs: Sequence[PolicySpec], policies: Sequence[Any], history: bool, *, learned: bool = True
 ) -> None:
     """Refuse (``MissingPredictions``, a ValueError) before any simulation a policy that
     needs run-time predictions and would get none: ``qssf`` without ``--history``, or (with
@@ -49,12 +50,11 @@ def check_predictions(
     for spec, policy in zip(specs, policies, strict=True):
         if history or package_predictor(policy) is not None:
             continue
-        is_model = spec.strip().startswith("model:")
-        if needs_predictions(spec) or (learned and is_model):
+        if (spec.needs_predictions and not spec.is_model) or (learned and spec.is_model):
             learned_text = "its package carries no run-time predictor, so it"
-            what = learned_text if is_model else "it"
+            what = learned_text if spec.is_model else "it"
             raise MissingPredictions(
-                f"{spec} orders jobs by predicted run time and {what} needs --history PATH: "
+                f"{spec.label} orders jobs by predicted run time and {what} needs --history PATH: "
                 "a trace file or DuckDB store of jobs submitted before the evaluated ones, "
                 "to fit the run-time predictor on (never on the evaluated jobs)"
             )

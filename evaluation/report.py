@@ -10,7 +10,7 @@
   the baseline with bootstrap intervals, and the paired avg JCT ratios to the references:
   the baseline, the best same-information heuristic (the best non-oracle heuristic, what a
   learned policy must beat) and the oracle ceiling (the best oracle run), beside the ratios
-  to both lower bounds. Oracle ceilings (``cluster.heuristics.is_oracle``: they read the true
+  to both lower bounds. Oracle ceilings (``PolicySpec.is_oracle``: they read the true
   run time) are marked ``(oracle)`` in every table and are never a reference but the ceiling;
 - ``jct_cdf.png`` (all jobs of all cases per policy), ``jct_ratios.png`` (avg and p99 ratios
   to the baseline with intervals), ``contention_slowdown.png`` (CDF of run time / isolated
@@ -33,7 +33,6 @@ from typing import Any
 
 import numpy as np
 
-from linkwise.cluster.heuristics import is_oracle
 from linkwise.cluster.metrics import duration_text
 from linkwise.evaluation.benchmark import UNFAIR_SLOWDOWN, Benchmark, save_benchmark
 from linkwise.evaluation.columns import columns_for, left_out, markdown_table
@@ -87,25 +86,14 @@ def reference_policies(bench: Benchmark, baseline: str) -> dict[str, str | None]
     ceiling (lowest mean avg JCT among the oracles); None where there is none."""
     avg = {r["policy"]: float(r["avg_jct_s"]) for r in bench.summary()}
 
-    def spec(p: str) -> str:
-        return bench.specs.get(p, p)
-
     # learned and search policies (``lookahead:``) are reported beside, never the reference
-    heur = [
-        p
-        for p in bench.policies
-        if not spec(p).startswith(("model:", "lookahead:")) and not _oracle(bench, p)
-    ]
-    oracles = [p for p in bench.policies if _oracle(bench, p)]
+    heur = bench.heuristics()
+    oracles = [p for p in bench.policies if p in bench.oracles]
     return {
         "baseline": baseline,
         "best_heuristic": min(heur, key=avg.__getitem__) if heur else None,
         "oracle": min(oracles, key=avg.__getitem__) if oracles else None,
     }
-
-
-def _oracle(bench: Benchmark, policy: str) -> bool:
-    return is_oracle(bench.specs.get(policy, policy)) or is_oracle(policy)
 
 
 def _name(row: Mapping[str, Any]) -> str:

@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from linkwise.evaluation.shadow_window import ShadowWindow, pick_shadow_window, shadow_policy_spec
+from linkwise.policies.spec import PolicySpec
 
 EXPERIMENT = "linkwise-shadow-report"
 POLICY, BACKFILL, ACCOUNTING = "policy", "backfill", "accounting"
@@ -142,7 +143,7 @@ def shadow_report(
     *,
     topology: Any,
     calibration: Any = None,
-    policy: str | None = None,
+    policy: PolicySpec | None = None,
     since: float | None = None,
     until: float | None = None,
     model_version: str | None = None,
@@ -169,7 +170,7 @@ def shadow_report(
     win, skipped = pick_shadow_window(
         con, since=since, until=until, model_version=model_version, cluster=name
     )
-    spec = policy or shadow_policy_spec(win)
+    spec = policy or PolicySpec.parse(shadow_policy_spec(win))
     runs, firsts = _actual(con, name, win.since, win.until)
     backlog = backlog_from_store(con, topology, name, win.since, predictor)
     window = Window(0, win.since, win.until, frame_jobs(runs.select(list(JOB_COLUMNS))))
@@ -190,7 +191,9 @@ def shadow_report(
     )
     results = {
         POLICY: run_task(BenchTask(PolicyRef(POLICY, spec), case, tracking_uri)),
-        BACKFILL: run_task(BenchTask(PolicyRef(BACKFILL, "backfill"), case, tracking_uri)),
+        BACKFILL: run_task(
+            BenchTask(PolicyRef(BACKFILL, PolicySpec.parse("backfill")), case, tracking_uri)
+        ),
     }
     # what Slurm did, by the benchmark's ids: window jobs 0.. in (submit, id) order, then the
     # backlog's pending runs in (submit, id) order (datasets.backlog.warm_jobs)
@@ -235,7 +238,7 @@ def shadow_report(
     deviations = _deviations(con, win, ids, slurm_ids, arrays)
     return ShadowReport(
         window=win,
-        policy_spec=spec,
+        policy_spec=spec.label,
         jobs=len(ids),
         backlog=backlog.to_json(),
         values=values,

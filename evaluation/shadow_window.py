@@ -9,6 +9,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from linkwise.policies.source import MODEL_NAME
+
 
 @dataclass(frozen=True)
 class ShadowWindow:
@@ -140,8 +142,6 @@ def pick_shadow_window(
 def shadow_policy_spec(window: ShadowWindow) -> str:
     """The policy the decisions name, as a spec that runs it again: a registry model pinned to
     the version the loop logged, a package by its folder, a heuristic by its name."""
-    from linkwise.models.registry import MODEL_NAME
-
     version = window.model_version
     if version.startswith("heuristic:"):
         return version.split(":", 1)[1]

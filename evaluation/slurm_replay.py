@@ -25,11 +25,11 @@ from linkwise.cluster.domain import (
     RunningJob,
     Topology,
 )
-from linkwise.cluster.heuristics import Backfill
 from linkwise.cluster.loop import drive
 from linkwise.cluster.simulator import Simulator
 from linkwise.cluster.slurm.client import SlurmClient
 from linkwise.cluster.slurm.records import JobRun
+from linkwise.policies.heuristics import backfill
 
 # (nodes, GPUs per node) a workload draws from, on 4-GPU nodes
 SHAPES: tuple[tuple[int, int], ...] = (
@@ -148,7 +148,7 @@ def replay(topo: Topology, jobs: Sequence[Job]) -> dict[int, tuple[float, Placem
         for s in decision.starts:
             starts[s.job_id] = (state.time, s.placement)
 
-    drive(Simulator(topo, jobs, NoContention()), Backfill(), on_decision=record)
+    drive(Simulator(topo, jobs, NoContention()), backfill(), on_decision=record)
     return starts
 
 
@@ -296,7 +296,7 @@ def check_instants(
         )
         check = None
         for still in _subsets(ending):
-            decision = Backfill().decide(_state_at(done, jobs, topo, t, still))
+            decision = backfill().decide(_state_at(done, jobs, topo, t, still))
             decided = tuple(
                 (s.job_id, tuple(sorted(names[n] for n in s.placement.nodes)))
                 for s in decision.starts

@@ -45,7 +45,6 @@ import numpy.typing as npt
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import Topology
 from linkwise.cluster.env import ClusterEnv, Workload
-from linkwise.cluster.heuristics import make_policy
 from linkwise.cluster.mdp import MdpConfig, ObsSpec, StepPolicyAdapter
 from linkwise.cluster.profiles import Calibration, assign_profiles, load_calibration
 from linkwise.cluster.simulator import SimConfig
@@ -65,6 +64,7 @@ from linkwise.datasets.windows import choose_windows
 from linkwise.models.config import check_keys, config_digest, resolve_path
 from linkwise.models.learned import masked_argmax
 from linkwise.models.packaging import write_package
+from linkwise.policies.heuristics import make_policy
 
 __all__ = [
     "PpoConfig",

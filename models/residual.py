@@ -30,7 +30,7 @@ preferred). The margin is chosen in those units, on validation days.
 
 A package of kind ``residual`` is a learned package (``models.learned``) whose
 ``policy.json`` carries ``kind: "residual"`` and a ``residual`` object (base, margin,
-deferral, how the base was chosen); ``model:PATH`` loads it (``models.policy_spec``).
+deferral, how the base was chosen); ``model:PATH`` loads it (``models.build``).
 """
 
 from __future__ import annotations
@@ -77,6 +77,7 @@ from linkwise.models.learned import (
     masked_argmax,
     verify_checksums,
 )
+from linkwise.policies.spec import PolicySpec
 
 __all__ = [
     "KIND",
@@ -518,9 +519,7 @@ def residual_from_learned(
     learned: LearnedPolicy, model: ContentionModel | None = None
 ) -> ResidualPolicy:
     """The residual a loaded package of kind ``residual`` describes: its base built from the
-    spec it records (``models.policy_spec``), its network's values, margin and deferral."""
-    from linkwise.models.policy_spec import PolicySpec  # policy_spec loads packages
-
+    spec it records (``policies.spec``), its network's values, margin and deferral."""
     meta = learned.meta
     if not is_residual_meta(meta):
         raise PackageError(f"{learned.package_dir}: not a residual package")

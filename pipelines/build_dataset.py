@@ -65,7 +65,6 @@ from linkwise.datasets.export import export_dataset, file_sha256, log_to_mlflow
 from linkwise.datasets.prediction import predictor_from_history, predictor_record
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.rollouts import (
-    behaviour_spec,
     cut_windows,
     jobs_from_store,
     jobs_from_trace,
@@ -75,8 +74,9 @@ from linkwise.datasets.rollouts import (
 from linkwise.datasets.store import open_store
 from linkwise.datasets.transitions import empty_frame
 from linkwise.datasets.windows import choose_windows, window_supply
-from linkwise.models.learned import LearnedPolicy, load_package
-from linkwise.models.registry import open_registry
+from linkwise.models.learned import LearnedPolicy
+from linkwise.models.registry import load_source, open_registry
+from linkwise.policies.spec import PolicySpec
 
 __all__ = [
     "DEFAULT_EPSILONS",
@@ -86,7 +86,9 @@ __all__ = [
     "cap_log_share",
 ]
 
-DEFAULT_POLICIES: tuple[str, ...] = ("backfill", "best_fit", "sjf_bco", "tiresias_las")
+DEFAULT_POLICIES: tuple[PolicySpec, ...] = tuple(
+    PolicySpec.parse(s) for s in ("backfill", "best_fit", "sjf_bco", "tiresias_las")
+)
 DEFAULT_EPSILONS: tuple[float, ...] = (0.0, 0.1)
 
 
@@ -188,7 +190,7 @@ def build_dataset(
     *,
     out_dir: str | Path = "linkwise-out/datasets",
     rollouts: int | None = 0,
-    policies: Sequence[str] = DEFAULT_POLICIES,
+    policies: Sequence[PolicySpec] = DEFAULT_POLICIES,
     epsilons: Sequence[float] = DEFAULT_EPSILONS,
     windows: Sequence[int] | None = None,
     seeds: Sequence[int] = (0,),
@@ -355,7 +357,7 @@ def build_dataset(
         frames.append(run_rollouts(tasks, executor, batch=batch))
         sources["rollouts"] = {
             **origin,
-            "policies": [str(p) for p in policies],
+            "policies": [p.label for p in policies],
             "epsilons": [float(e) for e in epsilons],
             "seeds": [int(s) for s in seeds],
             "windows": [w.window_id for w in chosen],
@@ -406,17 +408,17 @@ def build_dataset_flow(**kwargs: Any) -> dict[str, Any]:
 
 
 def resolve_learned(
-    policies: Sequence[str], spec: ObsSpec, calibration: Calibration | None = None
-) -> dict[str, LearnedPolicy]:
+    policies: Sequence[PolicySpec], spec: ObsSpec, calibration: Calibration | None = None
+) -> dict[PolicySpec, LearnedPolicy]:
     """The learned behaviours among ``policies`` (``model:PATH``) loaded and verified at the
-    pipeline's edge (``datasets`` never imports ``models``): spec text -> policy, each encoding
-    with the rollouts' ``spec`` (PackageError for a package built for other observations)."""
-    out: dict[str, LearnedPolicy] = {}
-    for text in policies:
-        package = behaviour_spec(text).package
-        if package is not None and text not in out:
+    pipeline's edge (``datasets`` never imports ``models``), once each: spec -> policy, each
+    encoding with the rollouts' ``spec`` (PackageError for a package built for other
+    observations)."""
+    out: dict[PolicySpec, LearnedPolicy] = {}
+    for policy in policies:
+        if policy.source is not None and policy not in out:
             model = AnalyticModel(calibration if calibration is not None else load_calibration())
-            out[text] = load_package(package, model=model, expected_obs_spec=spec.version)
+            out[policy] = load_source(policy.source, model=model, expected_obs_spec=spec.version)
     return out
 
 

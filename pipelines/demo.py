@@ -51,7 +51,6 @@ from typing import Any
 from rich.console import Console
 
 from linkwise.cluster.domain import Job, Topology
-from linkwise.cluster.heuristics import policy_names
 from linkwise.cluster.metrics import duration_text
 from linkwise.cluster.topology import load_topology
 from linkwise.datasets.decisions import store_predictor
@@ -86,6 +85,8 @@ from linkwise.pipelines.learners import heldout_share, train_offline, train_onli
 from linkwise.pipelines.selection import validate_packages, validation_windows
 from linkwise.pipelines.sim_shadow import run_shadow
 from linkwise.pipelines.tables import comparison_table, rich_table
+from linkwise.policies.heuristics import policy_names
+from linkwise.policies.spec import PolicySpec
 
 __all__ = [
     "HEURISTICS",
@@ -467,7 +468,7 @@ def _dataset(
         ws.db,
         out_dir=ws.out / "datasets",
         rollouts=exp.dataset.rollouts,
-        policies=exp.dataset.policies,
+        policies=[PolicySpec.parse(s) for s in exp.dataset.policies],
         epsilons=exp.dataset.epsilons,
         seeds=exp.dataset.seeds,
         window_s=exp.windows.window_s,
@@ -517,7 +518,7 @@ def _evaluate(
     }
     extra = dict(extra or {})
     report, eval_run = evaluate(
-        [*HEURISTICS, *labels, *extra],
+        [PolicySpec.parse(s) for s in (*HEURISTICS, *labels, *extra)],
         out_dir=ws.out / "evaluation",
         db=ws.db,
         slurm_cluster=slurm_cluster,
@@ -668,7 +669,7 @@ def _shadow(
         accounting_jobs(ws.db, cluster=slurm_cluster, since=lo, until=hi,
                         max_gpus=topo.total_gpus),
         topo,
-        spec=f"model:{alias}",
+        spec=PolicySpec.parse(f"model:{alias}"),
         tracking_uri=ws.uri,
         cluster=slurm_cluster,
         state_dir=ws.out / "serve",

@@ -38,7 +38,6 @@ from linkwise.datasets.rollouts import Window, cut_windows, jobs_from_store
 from linkwise.datasets.store import open_store
 from linkwise.evaluation.benchmark import load_benchmark, make_cases
 from linkwise.evaluation.gates import GateConfig, GateReport, check_challenger
-from linkwise.models.policy_spec import PolicySpec
 from linkwise.models.residual import topology_signature
 from linkwise.models.training import AlgoConfig
 from linkwise.pipelines.experiment import Experiment, ResidualPlan
@@ -131,17 +130,17 @@ def build_residuals(
     base = choose_base(val_cases)
     ranked = sorted(base.figures.items(), key=lambda kv: math.inf if kv[1] is None else kv[1])
     console.print(
-        f"base {base.spec}: the lowest avg JCT of {len(base.figures)} same-information "
+        f"base {base.spec.label}: the lowest avg JCT of {len(base.figures)} same-information "
         f"heuristics on {len(val)} validation windows ("
         + ", ".join(f"{k} {'-' if v is None else duration_text(v)}" for k, v in ranked[:4])
         + ", ...)"
     )
     cfg: MdpConfig = exp.mdp
-    policy = PolicySpec.parse(base.spec).build(AnalyticModel(cal))
+    policy = base.spec.build(AnalyticModel(cal))
     tasks = [
         LabelTask(
             base=policy,
-            base_name=base.spec,
+            base_name=base.spec.label,
             window=w,
             topology=topo,
             seed=seed,
@@ -161,7 +160,7 @@ def build_residuals(
     manifest = write_labels(
         labels,
         cfg,
-        {"base": base.spec, "horizon_s": plan.horizon_s, "n": plan.n,
+        {"base": base.spec.label, "horizon_s": plan.horizon_s, "n": plan.n,
          "windows": [w.window_id for w in label_ws], "seed": seed},
         out / "residual" / "labels",
     )  # fmt: skip

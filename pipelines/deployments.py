@@ -31,6 +31,7 @@ from linkwise.pipelines.build_dataset import build_dataset
 from linkwise.pipelines.evaluate import evaluate_and_promote
 from linkwise.pipelines.experiment import get_experiment
 from linkwise.pipelines.train import train
+from linkwise.policies.spec import PolicySpec
 
 __all__ = [
     "build_dataset_deployment",
@@ -77,7 +78,7 @@ def build_dataset_deployment(
         trace,
         out_dir=out_dir,
         rollouts=_or(rollouts, exp.dataset.rollouts),
-        policies=_or(policies, list(exp.dataset.policies)),
+        policies=[PolicySpec.parse(s) for s in _or(policies, list(exp.dataset.policies))],
         epsilons=_or(epsilons, list(exp.dataset.epsilons)),
         seeds=_or(seeds, list(exp.dataset.seeds)),
         window_s=_or(window_s, exp.windows.window_s),
@@ -173,7 +174,7 @@ def evaluate_deployment(
         ope_seeds=tuple(_or(ope_seeds, list(exp.evaluation.ope_seeds))),
     )
     return evaluate_and_promote(
-        policies,
+        [PolicySpec.parse(s) for s in policies],
         gates=gates,
         ope=ope,
         fqe=plan if fqe else None,

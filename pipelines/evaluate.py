@@ -34,7 +34,6 @@ from typing import Any
 
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import Topology
-from linkwise.cluster.heuristics import is_oracle
 from linkwise.cluster.mdp import ObsSpec
 from linkwise.cluster.profiles import load_calibration
 from linkwise.cluster.restart import parse_restart
@@ -85,9 +84,8 @@ from linkwise.evaluation.holdout import (
 from linkwise.evaluation.ope import ope_table, run_ope
 from linkwise.evaluation.report import EvaluationReport, log_report, write_report
 from linkwise.evaluation.stats import paired_ratio
-from linkwise.models.policy_spec import PolicySpec
+from linkwise.models.build import pinned, registry_version
 from linkwise.models.registry import (
-    MODEL_NAME,
     default_tracking_uri,
     load_policy,
     mlflow_env,
@@ -96,6 +94,8 @@ from linkwise.models.registry import (
 from linkwise.models.training import split_episodes
 from linkwise.pipelines.evidence import challenger_fqe
 from linkwise.pipelines.experiment import EvaluationPlan
+from linkwise.policies.source import MODEL_NAME
+from linkwise.policies.spec import PolicySpec
 
 __all__ = [
     "EvaluationTopology",
@@ -116,7 +116,9 @@ __all__ = [
 # ------------------------------------------------------------------------ policies
 
 
-def pin_policies(specs: Sequence[str], tracking_uri: str) -> tuple[list[PolicyRef], dict[str, str]]:
+def pin_policies(
+    specs: Sequence[PolicySpec], tracking_uri: str
+) -> tuple[list[PolicyRef], dict[str, str]]:
     """Policy refs with every registry model pinned to the version it names now
     (``model:ALIAS`` -> ``model:models:/linkwise-policy/N``), and the versions (label ->
     version) of every registry model among them."""
@@ -124,22 +126,22 @@ def pin_policies(specs: Sequence[str], tracking_uri: str) -> tuple[list[PolicyRe
     versions: dict[str, str] = {}
     for spec in specs:
         try:
-            pinned = PolicySpec.parse(spec).pinned(tracking_uri)  # one registry lookup
+            fixed = pinned(spec, tracking_uri)  # one registry lookup
         except ValueError as exc:
-            raise ValueError(f"{spec}: {exc}") from None
-        version = pinned.registry_version()  # a version URI now: read, not looked up
+            raise ValueError(f"{spec.label}: {exc}") from None
+        version = registry_version(fixed)  # a version URI now: read, not looked up
         if version is None:
-            refs.append(PolicyRef(spec, spec))
+            refs.append(PolicyRef.of(spec))
             continue
-        versions[spec] = version
-        refs.append(PolicyRef(spec, pinned.describe()))
+        versions[spec.label] = version
+        refs.append(PolicyRef(spec.label, fixed))
     return refs, versions
 
 
-def model_manifest(spec: str, tracking_uri: str | None = None) -> dict[str, Any] | None:
+def model_manifest(spec: PolicySpec, tracking_uri: str | None = None) -> dict[str, Any] | None:
     """The dataset manifest inside a learned policy's package (``model:PATH`` or
     ``model:models:/...``), None for anything else."""
-    source = PolicySpec.parse(spec).source
+    source = spec.source
     if source is None:
         return None
     target = source.registry_uri or source.target
@@ -165,13 +167,9 @@ def model_manifest(spec: str, tracking_uri: str | None = None) -> dict[str, Any]
     return json.loads(found[0].read_text()) if found else None
 
 
-def _heuristic(spec: str) -> bool:
-    return not PolicySpec.parse(spec).is_model
-
-
-def _reference(spec: str) -> bool:
+def _reference(spec: PolicySpec) -> bool:
     """A heuristic that may be a reference (baseline, gate): never an oracle ceiling."""
-    return _heuristic(spec) and not is_oracle(spec)
+    return not spec.is_model and not spec.is_oracle
 
 
 # ------------------------------------------------------------------------ evaluate
@@ -217,7 +215,7 @@ def evaluation_topology(
 
 
 def evaluate(
-    policies: Sequence[str],
+    policies: Sequence[PolicySpec],
     *,
     trace: str | Path | None = None,
     db: str | Path | None = None,
@@ -275,9 +273,9 @@ def evaluate(
             "warm_start needs the accounting store (db): a trace has no placements to start from"
         )
     uri = tracking_uri or default_tracking_uri()
-    needs_registry = any(s.strip().startswith("model:") for s in policies)
+    needs_registry = any(s.is_model for s in policies)
     refs, versions = (
-        pin_policies(policies, uri) if needs_registry else ([PolicyRef(s, s) for s in policies], {})
+        pin_policies(policies, uri) if needs_registry else ([PolicyRef.of(s) for s in policies], {})
     )
     if db is not None:  # spans are named by the store's cluster, given or not
         with closing(open_store(db)) as con:
@@ -367,7 +365,7 @@ def evaluate(
         learned_need_predictions=learned_need_predictions,
     )
     labels = [r.label for r in refs]
-    base = baseline or next((s for s in labels if _reference(s)), labels[0])
+    base = baseline or next((r.label for r in refs if _reference(r.spec)), labels[0])
     context: dict[str, Any] = {
         "cluster": where.name,
         "topology_source": where.source,
@@ -381,7 +379,7 @@ def evaluate(
         "cases": len(cases),
         "executor": executor,
         "policies": labels,
-        "specs": {r.label: r.spec for r in refs},
+        "specs": {r.label: r.spec.label for r in refs},
         "model_versions": versions,
         "warm_start": warm_start,
         "evaluation_windows": [
@@ -394,7 +392,7 @@ def evaluate(
         ],
         "datasets": [str(m.get("hash", ""))[:16] for m in manifests],
         "dataset_windows": [s.to_json() for s in used],
-        "oracles": [x for x in labels if is_oracle(x)],
+        "oracles": [r.label for r in refs if r.spec.is_oracle],
         "predictor": fitted,
         "restart": restart.to_dict(),
         "history_note": shortfall,
@@ -421,11 +419,11 @@ def gate_evidence(
 ) -> ChallengerEvidence:
     """The challenger gate's evidence from a benchmark: paired ratios against the champion
     (a policy label, or None when there is none) and the best heuristic (lowest mean avg
-    JCT among the heuristics run, never an oracle ceiling: ``cluster.heuristics.is_oracle``),
+    JCT among the heuristics run, never an oracle ceiling: ``PolicySpec.is_oracle``),
     FQE numbers, latency and masked actions."""
 
     summary = {r["policy"]: r for r in bench.summary()}
-    heur = [p for p in bench.policies if _reference(bench.specs.get(p, p)) and not is_oracle(p)]
+    heur = [p for p in bench.policies if bench.kinds.get(p) != "learned" and p not in bench.oracles]
     best = min(heur, key=lambda p: float(summary[p]["avg_jct_s"])) if heur else None
 
     def ratio(ref: str | None, stat: str) -> Any:
@@ -447,6 +445,7 @@ def gate_evidence(
         ope=ev,
         latency_ms_p99=float(row["latency_ms_p99"]),
         masked_actions=row["masked_actions"],
+        best_heuristic_oracle=best is not None and best in bench.oracles,
     )
 
 
@@ -550,7 +549,8 @@ def promote_from_shadow(
         raise ValueError(f"no @{SHADOW} in the registry at {tracking_uri}")
     version = aliases[SHADOW]
     cal = load_calibration(calibration)
-    policy = load_policy(
+    # refused here when it does not load or verify (the replay loads it again)
+    load_policy(
         f"models:/{MODEL_NAME}/{version}", model=AnalyticModel(cal), tracking_uri=tracking_uri
     )
     with closing(open_store(db)) as con:
@@ -558,7 +558,6 @@ def promote_from_shadow(
         ev, info = shadow_evidence(
             con,
             version,
-            policy=policy,
             topology=topo,
             calibration=cal,
             cluster=slurm_cluster,
@@ -572,7 +571,7 @@ def promote_from_shadow(
 
 
 def evaluate_and_promote(
-    policies: Sequence[str],
+    policies: Sequence[PolicySpec],
     *,
     gates: str | Path | None = None,
     ope: Mapping[str, Any] | str | Path | None = None,
@@ -598,7 +597,7 @@ def evaluate_and_promote(
     return out
 
 
-def evaluate_flow(policies: Sequence[str], **kwargs: Any) -> dict[str, Any]:
+def evaluate_flow(policies: Sequence[PolicySpec], **kwargs: Any) -> dict[str, Any]:
     """``evaluate_and_promote`` as a Prefect flow run (same arguments)."""
     from prefect import flow
 
@@ -654,7 +653,7 @@ def format_evaluation(report: EvaluationReport, run_id: str | None, wide: bool =
 
 def ope_estimates(
     dataset: Path,
-    specs: Sequence[str],
+    specs: Sequence[PolicySpec],
     *,
     seeds: Sequence[int],
     holdout: float,
@@ -671,4 +670,4 @@ def ope_estimates(
         _, data = split_episodes(df, holdout, split_seed)
         if data.height == 0:
             raise ValueError(f"{dataset}: no held-out episodes at --holdout {holdout}")
-    return ope_table(run_ope(data, {s: s for s in specs}, spec=spec, seeds=seeds))
+    return ope_table(run_ope(data, {s.label: s for s in specs}, spec=spec, seeds=seeds))

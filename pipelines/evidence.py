@@ -22,10 +22,12 @@ from linkwise.datasets.export import read_dataset
 from linkwise.deployer.promote import CHALLENGER, current_aliases
 from linkwise.evaluation.ope import FqeParams, ope_table, run_ope
 from linkwise.models.learned import LearnedPolicy, PackageError, load_package
-from linkwise.models.registry import MODEL_NAME, load_policy, registry_client
+from linkwise.models.registry import load_policy, registry_client
 from linkwise.models.training import split_episodes
 from linkwise.pipelines.experiment import EvaluationPlan
 from linkwise.pipelines.history import accounting_jobs
+from linkwise.policies.source import MODEL_NAME
+from linkwise.policies.spec import PolicySpec
 
 __all__ = ["challenger_fqe", "fqe_evidence", "guard_overrides"]
 
@@ -50,7 +52,11 @@ def fqe_evidence(
     per = min(plan.ope_steps, 500)
     params = FqeParams(n_steps=max(per, plan.ope_steps // per * per), n_steps_per_epoch=per)
     try:
-        results = run_ope(held, dict(packages), spec=spec, seeds=plan.ope_seeds, params=params)
+        policies = {
+            k: v if isinstance(v, LearnedPolicy) else PolicySpec.parse(f"model:{v}")
+            for k, v in packages.items()
+        }
+        results = run_ope(held, policies, spec=spec, seeds=plan.ope_seeds, params=params)
     except Exception as exc:  # a failed FQE is missing evidence (the gate says so), not a crash
         LOG.warning("FQE failed: %s", exc)
         return None, f"FQE failed ({type(exc).__name__}: {str(exc)[:200]})"

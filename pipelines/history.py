@@ -17,7 +17,6 @@ import numpy as np
 
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import ClusterState, Decision, Job, Placement, Topology
-from linkwise.cluster.heuristics import make_policy
 from linkwise.cluster.loop import drive
 from linkwise.cluster.profiles import assign_profiles, load_calibration
 from linkwise.cluster.simulator import JobRecord, Simulator
@@ -27,6 +26,7 @@ from linkwise.datasets.rollouts import jobs_from_store
 from linkwise.datasets.store import open_store
 from linkwise.datasets.synthetic import generate
 from linkwise.datasets.traces import frame_jobs, load_trace
+from linkwise.policies.heuristics import make_policy
 
 __all__ = [
     "DEMO_EPOCH",

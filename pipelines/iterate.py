@@ -30,11 +30,12 @@ from linkwise.datasets.backlog import Backlog
 from linkwise.datasets.export import export_dataset, read_dataset
 from linkwise.datasets.prediction import predictor_from_manifest
 from linkwise.datasets.rollouts import Window, make_tasks, run_rollouts
-from linkwise.models.policy_spec import PolicySpec
+from linkwise.models.build import token
 from linkwise.models.registry import default_tracking_uri, registry_client
 from linkwise.models.training import TrainConfig
 from linkwise.pipelines.build_dataset import resolve_learned
 from linkwise.pipelines.train import TrainResult, train
+from linkwise.policies.spec import PolicySpec
 
 __all__ = [
     "ROUND_TAG",
@@ -92,7 +93,7 @@ def self_rollouts(
     """The package's own rollouts (``model:PATH`` with every epsilon, window and seed of
     ``plan``) on the dataset's MDP and calibration (``manifest``), its jobs annotated by the
     package's predictor (else the dataset's)."""
-    policy = f"model:{Path(package_dir).resolve()}"
+    policy = PolicySpec.parse(f"model:{Path(package_dir).resolve()}")
     spec = ObsSpec.from_json(manifest["obs_spec"])
     calibration = load_calibration(manifest.get("sources", {}).get("calibration"))
     learned = resolve_learned([policy], spec, calibration)  # at the edge: datasets/ never loads it
@@ -135,7 +136,7 @@ def _round_record(
     return {
         "round": r,
         "package": package_dir,
-        "package_checksums_sha256": PolicySpec.parse(f"model:{package_dir}").token(),
+        "package_checksums_sha256": token(PolicySpec.parse(f"model:{package_dir}")),
         "windows": [w.window_id for w in windows],
         "epsilons": [float(e) for e in plan.epsilons],
         "seeds": [int(s) for s in plan.seeds],

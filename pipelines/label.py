@@ -1,6 +1,6 @@
 """Counterfactual labels from the simulator (``datasets.labels``): ``linkwise label``.
 
-The base policy spec is resolved here, at the pipeline's edge (``models.policy_spec``), and
+The base policy spec is resolved here, at the pipeline's edge (``policies.spec``), and
 travels to the workers as a built policy, so ``datasets/`` never imports ``models/``. The
 workload is a trace (``trace``) or the embedded synthetic one, cut into windows; the
 run-time predictor is fit on ``history`` when given, else on the windows before the
@@ -26,14 +26,14 @@ from linkwise.datasets.prediction import predictor_record
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.rollouts import cut_windows
 from linkwise.datasets.traces import jobs_frame, load_trace
-from linkwise.models.policy_spec import PolicySpec
+from linkwise.policies.spec import PolicySpec
 
 __all__ = ["label"]
 
 
 def label(
     *,
-    base: str,
+    base: PolicySpec,
     trace: Path | None,
     trace_format: str,
     jobs: int,
@@ -57,10 +57,10 @@ def label(
 ) -> dict[str, Any]:
     """Build the tasks, label them on ``executor``, write the label set; its manifest with
     ``speed`` (wall seconds, labels, cores, labels per second per core)."""
-    spec = PolicySpec.parse(base)
+    spec = base
     if spec.is_oracle or spec.is_model or spec.search is not None:
         raise ValueError(
-            f"--base {base}: the base must be a same-information heuristic or "
+            f"--base {base.label}: the base must be a same-information heuristic or "
             "composition (never an oracle, a learned package or a search policy)"
         )
     topo = load_topology(cluster)

@@ -23,7 +23,7 @@ from typing import Any
 from rich.console import Console
 
 from linkwise.models.ppo import PpoConfig
-from linkwise.models.registry import MODEL_NAME, log_policy
+from linkwise.models.registry import log_policy
 from linkwise.models.training import (
     TrainConfig,
 )
@@ -31,6 +31,7 @@ from linkwise.pipelines.experiment import Experiment, TrainingPlan
 from linkwise.pipelines.ppo import train_ppo
 from linkwise.pipelines.selection import Candidate, log_selection, select
 from linkwise.pipelines.train import train
+from linkwise.policies.source import MODEL_NAME
 
 __all__ = [
     "CONFIGS",

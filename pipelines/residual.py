@@ -46,6 +46,7 @@ from linkwise.datasets.rollouts import Window
 from linkwise.datasets.transitions import list_column_array
 from linkwise.evaluation.benchmark import EvalCase, PolicyRef, make_cases, run_benchmark
 from linkwise.evaluation.gates import GateReport, same_information_heuristics
+from linkwise.models.build import build_policy
 from linkwise.models.packaging import save_package
 from linkwise.models.registry import (
     default_tracking_uri,
@@ -67,6 +68,7 @@ from linkwise.models.training import (
     pick_device,
     quiet_d3rlpy,
 )
+from linkwise.policies.spec import PolicySpec
 
 __all__ = [
     "DEFAULT_MARGINS",
@@ -96,39 +98,42 @@ DEFAULT_MARGINS: tuple[float, ...] = (math.inf, 2.0, 1.0, 0.5, 0.25)
 class BaseChoice:
     """The chosen base and every candidate's validation average JCT (None: it failed)."""
 
-    spec: str
+    spec: PolicySpec
     avg_jct_s: float
-    figures: dict[str, float | None]
+    figures: dict[str, float | None]  # candidate label -> its average JCT
 
     def to_json(self) -> dict[str, Any]:
-        return {"base": self.spec, "avg_jct_s": self.avg_jct_s, "candidates": self.figures}
+        return {"base": self.spec.label, "avg_jct_s": self.avg_jct_s, "candidates": self.figures}
 
 
 def choose_base(
     cases: Sequence[EvalCase],
-    candidates: Sequence[str] | None = None,
+    candidates: Sequence[PolicySpec] | None = None,
     *,
     executor: str = "serial",
 ) -> BaseChoice:
     """The same-information heuristic with the lowest average JCT on ``cases`` (the
     validation windows); ``candidates`` default: ``same_information_heuristics`` (those
     needing predictions only when the cases carry a predictor). Ties: the earlier listed."""
-    names = list(
+    specs = list(
         candidates
         if candidates is not None
-        else same_information_heuristics(predictions=cases[0].predictor is not None)
+        else [
+            PolicySpec.parse(n)
+            for n in same_information_heuristics(predictions=cases[0].predictor is not None)
+        ]
     )
-    if not names:
+    if not specs:
         raise ValueError("no candidate base policies")
-    bench = run_benchmark([PolicyRef(n, n) for n in names], cases, executor=executor)
-    figures: dict[str, float | None] = dict.fromkeys(names)
+    bench = run_benchmark(specs, cases, executor=executor)
+    figures: dict[str, float | None] = dict.fromkeys(s.label for s in specs)
     for row in bench.summary():
         figures[row["policy"]] = float(row["avg_jct_s"])
     ranked = [(v, i) for i, (n, v) in enumerate(figures.items()) if v is not None]
     if not ranked:
         raise ValueError("no candidate base finished the validation cases")
     value, i = min(ranked)
-    return BaseChoice(names[i], value, figures)
+    return BaseChoice(specs[i], value, figures)
 
 
 # ------------------------------------------------------------------------ datasets
@@ -324,12 +329,12 @@ def choose_margin(
         pkgs[label] = write_residual_package(
             learned_dir,
             out / label,
-            base=base.spec,
+            base=base.spec.label,
             margin=m,
             deferral=deferral,
             chosen={"base": base.to_json()},
         )
-    refs = [PolicyRef(label, f"model:{p}") for label, p in pkgs.items()]
+    refs = [PolicyRef(label, PolicySpec.parse(f"model:{p}")) for label, p in pkgs.items()]
     bench = run_benchmark(refs, cases, executor=executor)
     figures: dict[str, dict[str, float | None]] = {
         label: {"avg_jct_s": None, "deviations_per_1000": None} for label in pkgs
@@ -378,9 +383,7 @@ def dagger_round(
     plus the round's rows)."""
     import hashlib
 
-    from linkwise.models.policy_spec import PolicySpec
-
-    policy = PolicySpec.parse(f"model:{residual_spec}").build()
+    policy = build_policy(PolicySpec.parse(f"model:{residual_spec}"))
     own = [replace(t, rollin=policy, rollin_name="residual-round") for t in tasks]
     fresh_rows = run_labels(own, executor)
     union = pl.concat([labels, fresh_rows], how="vertical")
@@ -449,7 +452,7 @@ class RobustCase:
 
 def robustness(
     package: str,
-    base: str,
+    base: PolicySpec,
     topologies: Mapping[str, str],
     windows: Sequence[Window],
     seeds: Sequence[int],
@@ -475,7 +478,10 @@ def robustness(
         ]
         cases = make_cases(ws, seeds, topo, predictor=predictor)
         bench = run_benchmark(
-            [PolicyRef("package", f"model:{package}"), PolicyRef("base", base)],
+            [
+                PolicyRef("package", PolicySpec.parse(f"model:{package}")),
+                PolicyRef("base", base),
+            ],
             cases,
             executor=executor,
         )
@@ -524,7 +530,7 @@ def package_base(package: str | Path) -> str | None:
 def robustness_check(
     package: str | Path,
     *,
-    base: str | None,
+    base: PolicySpec | None,
     cluster: str,
     oversub: float,
     jobs: int,
@@ -552,9 +558,10 @@ def robustness_check(
     if not pkg.is_dir():
         raise ValueError(f"{pkg}: not a package folder")
     verify_checksums(pkg)
-    base = base or package_base(pkg)
-    if base is None:
+    recorded = None if base is not None else package_base(pkg)
+    if base is None and recorded is None:
         raise ValueError(f"{pkg} is not a residual package: name its reference with --base")
+    base = base or PolicySpec.parse(str(recorded))
     if jobs < 10 or windows < 1 or window_h <= 0:
         raise ValueError("--jobs must be at least 10, --windows and --window-h positive")
     topos = robustness_topologies(cluster, oversub)
@@ -574,4 +581,4 @@ def robustness_check(
     )
     off = {r.name: (r.avg_jct_s, r.base_avg_jct_s) for r in rows if not r.trained_on}
     report = check_robustness(str(pkg), off, max_ratio, min_cases=min(5, len(off)) or 1)
-    return base, rows, report
+    return base.label, rows, report

@@ -28,6 +28,7 @@ from linkwise.datasets.rollouts import Window
 from linkwise.datasets.store import open_store
 from linkwise.evaluation.benchmark import PolicyRef, make_cases, run_benchmark
 from linkwise.models.registry import registry_client
+from linkwise.policies.spec import PolicySpec
 
 __all__ = [
     "Candidate",
@@ -173,7 +174,7 @@ def validate_packages(
         windows, (seed,), topology, calibration=load_calibration(None), block_s=block_s,
         backlogs=backlogs, predictor=predictor,
     )  # fmt: skip
-    refs = [PolicyRef(label, f"model:{pkg}") for label, pkg in packages.items()]
+    refs = [PolicyRef(label, PolicySpec.parse(f"model:{pkg}")) for label, pkg in packages.items()]
     bench = run_benchmark(refs, cases, executor="serial", tracking_uri=tracking_uri)
     scores: dict[str, float | None] = dict.fromkeys(packages)
     for row in bench.summary():

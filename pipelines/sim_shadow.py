@@ -16,7 +16,6 @@ from typing import Any
 
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import ClusterState, Decision, Job, Policy, Topology
-from linkwise.cluster.heuristics import make_policy
 from linkwise.cluster.hostlist import compress
 from linkwise.cluster.loop import drive
 from linkwise.cluster.profiles import assign_profiles, load_calibration
@@ -31,8 +30,9 @@ from linkwise.deployer.metrics import ServeMetrics
 from linkwise.deployer.observation import Observation
 from linkwise.deployer.policies import GuardedPolicy, LoadedPolicy, PolicyHolder
 from linkwise.deployer.recorder import Recorder, new_id
-from linkwise.models.policy_spec import PolicySpec
+from linkwise.models.build import build_policy, pinned, registry_version
 from linkwise.pipelines.history import PARTITION
+from linkwise.policies.spec import PolicySpec
 
 __all__ = ["SimShadowBackend", "run_shadow"]
 
@@ -142,14 +142,14 @@ class SimShadowBackend:
         return self.sim.advance()
 
 
-def _shadow_loader(spec: str, tracking_uri: str, model: AnalyticModel) -> LoadedPolicy:
+def _shadow_loader(spec: PolicySpec, tracking_uri: str, model: AnalyticModel) -> LoadedPolicy:
     """The registry model behind ``model:ALIAS`` with its registry version as provenance
     (what ``deployer.promote.shadow_evidence`` selects the decision log by)."""
-    pinned = PolicySpec.parse(spec).pinned(tracking_uri)
-    version = pinned.registry_version(tracking_uri)
-    policy = pinned.build(model, tracking_uri=tracking_uri)
+    fixed = pinned(spec, tracking_uri)
+    version = registry_version(fixed, tracking_uri)
+    policy = build_policy(fixed, model, tracking_uri=tracking_uri)
     obs = getattr(getattr(policy, "spec", None), "version", "")
-    return LoadedPolicy(policy, spec, str(version), str(obs))
+    return LoadedPolicy(policy, spec.label, str(version), str(obs))
 
 
 def run_shadow(
@@ -157,22 +157,23 @@ def run_shadow(
     jobs: Sequence[Job],
     topology: Topology,
     *,
-    spec: str,
+    spec: PolicySpec,
     tracking_uri: str,
     cluster: str,
     state_dir: str | Path,
-    scheduler: str = "backfill",
+    scheduler: PolicySpec | None = None,
     max_cycles: int = 200,
     calibration: str | None = None,
     seed: int = 0,
     predictor: RuntimePredictor | None = None,
 ) -> dict[str, Any]:
     """Run the shadow loop (``spec``: ``model:ALIAS``) against the simulator over ``jobs``
-    scheduled by ``scheduler``; a summary (cycles, decision rows, joined starts). The jobs
-    without run-time predictions are annotated by ``predictor`` (None: the shadow policy's
-    package predictor, as the live loop does)."""
+    scheduled by ``scheduler`` (None: ``backfill``); a summary (cycles, decision rows,
+    joined starts). The jobs without run-time predictions are annotated by ``predictor``
+    (None: the shadow policy's package predictor, as the live loop does)."""
     cal = load_calibration(calibration)
     model = AnalyticModel(cal)
+    scheduler = scheduler or PolicySpec.parse("backfill")
     loaded: LoadedPolicy | None = None
     if predictor is None:
         try:
@@ -207,7 +208,7 @@ def run_shadow(
     guarded = GuardedPolicy(holder, metrics, LOG)
     recorder = Recorder(str(db), cfg.spool_path, logger=LOG)
     backend = SimShadowBackend(
-        sim, make_policy(scheduler), cfg, guarded, recorder, metrics, cluster=cluster
+        sim, scheduler.build(), cfg, guarded, recorder, metrics, cluster=cluster
     )
     backend.start()
     t0 = time.perf_counter()

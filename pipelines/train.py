@@ -58,6 +58,7 @@ from linkwise.models.training import (
 )
 from linkwise.pipelines._run import summary_footer, training_run
 from linkwise.pipelines.build_dataset import build_dataset
+from linkwise.policies.spec import PolicySpec
 
 __all__ = [
     "TrainResult",
@@ -140,7 +141,7 @@ def load_training_data(
             trace=ds.trace,
             out_dir=Path(out_dir) / "datasets",
             rollouts=ds.rollouts,
-            policies=list(ds.policies),
+            policies=[PolicySpec.parse(s) for s in ds.policies],
             epsilons=list(ds.epsilons),
             windows=list(ds.windows) or None,
             seeds=list(ds.seeds),

@@ -8,13 +8,13 @@ from collections.abc import Mapping
 
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import ClusterState, Decision, Placement, Topology
-from linkwise.cluster.heuristics import make_policy
 from linkwise.cluster.loop import drive
 from linkwise.cluster.profiles import assign_profiles, load_calibration
 from linkwise.cluster.simulator import Simulator
 from linkwise.cluster.slurm.records import JobRun
 from linkwise.cluster.topology import from_spec
 from linkwise.datasets.synthetic import generate
+from linkwise.policies.heuristics import make_policy
 
 T0 = 1.7e9  # the history's epoch offset (simulated time 0)
 

@@ -11,7 +11,6 @@ import pytest
 
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import Decision, Job, Placement
-from linkwise.cluster.heuristics import make_policy
 from linkwise.cluster.profiles import load_calibration
 from linkwise.cluster.simulator import simulate
 from linkwise.cluster.topology import from_spec
@@ -27,6 +26,8 @@ from linkwise.evaluation.benchmark import (
     case_running,
     run_task,
 )
+from linkwise.policies.heuristics import make_policy
+from linkwise.policies.spec import PolicySpec
 from linkwise.tests._history import completed_run
 
 MODEL = AnalyticModel(load_calibration())
@@ -95,7 +96,7 @@ def test_warm_case_measures_window_and_pending_jobs_but_not_running_ones() -> No
     running, pending = warm_jobs(backlog, first_id=2)
     assert pending[0].submit_time == 0.0 and running[0][0].submit_time == 0.0
 
-    ref = PolicyRef.of("fifo")
+    ref = PolicyRef.of(PolicySpec.parse("fifo"))
     cold_res = run_task(BenchTask(ref, cold))
     warm_res = run_task(BenchTask(ref, warm))
     assert cold_res.job_ids == (0, 1) and warm_res.job_ids == (0, 1, 2)
@@ -110,7 +111,13 @@ def test_evaluate_refuses_a_warm_start_without_accounting(tmp_path: Path) -> Non
     trace = tmp_path / "t.csv"
     trace.write_text("job_id,submit_time,num_gpus,duration\n1,0,1,10\n")
     with pytest.raises(ValueError, match="warm_start needs the accounting store"):
-        evaluate(["fifo"], trace=trace, warm_start=True, out_dir=tmp_path / "e", log=False)
+        evaluate(
+            [PolicySpec.parse("fifo")],
+            trace=trace,
+            warm_start=True,
+            out_dir=tmp_path / "e",
+            log=False,
+        )
 
 
 class _Waiter:
@@ -130,13 +137,16 @@ def test_a_stalling_policy_is_recorded_as_failed_and_the_others_still_run(
 
     real = bm.make_bench_policy
 
-    def make(scenario: object, spec: str, tracking_uri: str | None = None) -> object:
-        return _Waiter() if spec == "waiter" else real(scenario, spec, tracking_uri)
+    def make(scenario: object, spec: PolicySpec, tracking_uri: str | None = None) -> object:
+        return _Waiter() if spec.heuristic == "waiter" else real(scenario, spec, tracking_uri)
 
     monkeypatch.setattr(bm, "make_bench_policy", make)
     window = Window(0, T, T + 600, (Job(1, T + 60, 8, 100.0), Job(2, T + 120, 4, 100.0)))
     cases = bm.make_cases([window], [0, 1], TOPO, block_s=0.0)
-    bench = bm.run_benchmark(["fifo", "waiter", "best_fit"], cases)
+    bench = bm.run_benchmark(
+        [PolicySpec.parse("fifo"), PolicySpec(heuristic="waiter"), PolicySpec.parse("best_fit")],
+        cases,
+    )
     assert bench.policies == ("fifo", "best_fit")
     assert {r.policy for r in bench.results} == {"fifo", "best_fit"}
     assert [(f.policy, f.case_id) for f in bench.failures] == [
@@ -163,8 +173,10 @@ def test_a_warm_started_rollout_sees_the_backlog_from_its_first_step() -> None:
         pending=(Job(8, T - 5, 4, 100.0),),
     )
     window = Window(0, T, T + 600, (Job(1, T + 60, 8, 100.0), Job(2, T + 120, 4, 100.0)))
-    cold = rollout(RolloutTask("fifo", 0.0, 0, window, TOPO, block_s=0.0))
-    warm = rollout(RolloutTask("fifo", 0.0, 0, window, TOPO, block_s=0.0, backlog=backlog))
+    cold = rollout(RolloutTask(PolicySpec.parse("fifo"), 0.0, 0, window, TOPO, block_s=0.0))
+    warm = rollout(
+        RolloutTask(PolicySpec.parse("fifo"), 0.0, 0, window, TOPO, block_s=0.0, backlog=backlog)
+    )
     spec = make_spec(MdpConfig())
     running = spec.feature_names.index("g.running_log")
     assert warm["obs"][0][running] > 0.0  # the backlog's job runs from the first step
@@ -175,9 +187,9 @@ def test_a_warm_started_rollout_sees_the_backlog_from_its_first_step() -> None:
 
 
 def test_a_case_predictor_annotates_window_and_backlog_jobs_and_qssf_needs_it() -> None:
-    from linkwise.cluster.heuristics import MissingPredictions
     from linkwise.datasets.predictor import RuntimePredictor
     from linkwise.evaluation.benchmark import make_cases, run_benchmark
+    from linkwise.policies.heuristics import MissingPredictions
 
     history = [Job(100 + i, T - 5000 + i, 4, 300.0 + 10 * i) for i in range(20)]
     predictor = RuntimePredictor.fit(history, until=T)
@@ -192,8 +204,8 @@ def test_a_case_predictor_annotates_window_and_backlog_jobs_and_qssf_needs_it() 
     assert all(j.predicted for j in case_jobs(case))
     assert all(j.predicted for j, _ in case_running(case))
     assert all(j.duration in (100.0, 3600.0) for j in case_jobs(case))  # truth untouched
-    res = run_task(BenchTask(PolicyRef.of("qssf"), case))
+    res = run_task(BenchTask(PolicyRef.of(PolicySpec.parse("qssf")), case))
     assert res.job_ids == (0, 1, 2)
     bare = EvalCase(window=window, seed=0, topology=TOPO, block_s=0.0)
     with pytest.raises(MissingPredictions, match="--history"):
-        run_benchmark(["fifo", "qssf"], [bare])
+        run_benchmark([PolicySpec.parse("fifo"), PolicySpec.parse("qssf")], [bare])

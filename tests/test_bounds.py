@@ -11,10 +11,10 @@ import pytest
 from linkwise.cluster.bounds import isolated_total, pooled_srpt_total, queue_bound
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import Job
-from linkwise.cluster.heuristics import make_policy, policy_names
 from linkwise.cluster.profiles import assign_profiles, load_calibration
 from linkwise.cluster.simulator import simulate
 from linkwise.cluster.topology import from_spec
+from linkwise.policies.heuristics import make_policy, policy_names
 
 
 def _jobs(rows: list[tuple[float, int, float]]) -> list[Job]:

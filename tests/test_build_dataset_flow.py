@@ -33,6 +33,7 @@ from linkwise.pipelines.build_dataset import (
     build_dataset_flow,
     cap_log_share,
 )
+from linkwise.policies.spec import PolicySpec
 from linkwise.tests._history import simulated_history
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -50,7 +51,7 @@ def tasks() -> list:
     ][:2]
     return make_tasks(
         wins,
-        ["fifo", "best_fit"],
+        [PolicySpec.parse("fifo"), PolicySpec.parse("best_fit")],
         [0],
         from_spec(TOPO),
         epsilons=(0.0, 0.2),
@@ -107,7 +108,7 @@ def test_build_flow_from_logs_and_rollouts(prefect_harness: None, tmp_path: Path
         db_path=str(db),
         trace=str(PHILLY),
         rollouts=2,
-        policies=["sjf_bco"],
+        policies=[PolicySpec.parse("sjf_bco")],
         epsilons=[0.0, 0.2],
         seeds=[0],
         window_s=3600.0,
@@ -153,7 +154,7 @@ def test_history_fits_the_predictor_before_until(tmp_path: Path) -> None:
         until=until,
         out_dir=str(tmp_path),
         rollouts=1,
-        policies=["fifo"],
+        policies=[PolicySpec.parse("fifo")],
         epsilons=[0.0],
         window_s=3600.0,
         topology=TOPO,
@@ -232,7 +233,8 @@ def test_log_share_caps_the_logs_and_changes_the_hash(tmp_path: Path) -> None:
     db = tmp_path / "store.duckdb"
     _store(db)
     kwargs = dict(
-        db_path=str(db), trace=str(PHILLY), rollouts=1, policies=["sjf_bco:lam=2"],
+        db_path=str(db), trace=str(PHILLY), rollouts=1,
+        policies=[PolicySpec.parse("sjf_bco:lam=2")],
         epsilons=[0.1], window_s=3600.0, block_s=600.0, topology=TOPO, config=CONFIG,
         executor="serial", max_steps=30, log_window_s=600.0,
     )  # fmt: skip
@@ -263,7 +265,8 @@ def test_every_window_before_until(tmp_path: Path, capsys: pytest.CaptureFixture
     want = [w.window_id for w in before if len(w.jobs) >= 20]
     m = build_dataset(
         trace=str(PHILLY), since=since, until=until, out_dir=str(tmp_path), rollouts=None,
-        policies=["fifo"], epsilons=[0.0], window_s=3600.0, min_jobs=20, topology=TOPO,
+        policies=[PolicySpec.parse("fifo")], epsilons=[0.0], window_s=3600.0, min_jobs=20,
+        topology=TOPO,
         executor="serial", max_steps=3,
     )  # fmt: skip
     assert m["sources"]["rollouts"]["windows"] == want and 2 <= len(want) < len(before)

@@ -1,4 +1,4 @@
-"""Schedulers composed of parts (``cluster.compose``): the spec parser, each part's rule,
+"""Schedulers composed of parts (``policies.parts``): the spec parser, each part's rule,
 and the frontier policies on small hand-built states."""
 
 from __future__ import annotations
@@ -10,8 +10,6 @@ from dataclasses import dataclass
 import pytest
 
 from linkwise.cli import main
-from linkwise.cluster.compose import Composed, ComposeSpec, compose
-from linkwise.cluster.compose.orders import MissingPredictions, predicted_remaining_s
 from linkwise.cluster.domain import (
     ClusterState,
     Job,
@@ -20,19 +18,14 @@ from linkwise.cluster.domain import (
     RunningJob,
     Topology,
 )
-from linkwise.cluster.heuristics import (
-    POLICIES,
-    DeepShare,
-    QssfPreemptive,
-    TiresiasConsolidated,
-    TiresiasLas,
-    is_oracle,
-    make_policy,
-    needs_predictions,
-    policy_info,
-)
 from linkwise.cluster.topology import from_spec
-from linkwise.models.policy_spec import PolicySpec, split_specs
+from linkwise.policies import heuristics as heur
+from linkwise.policies.catalog import policy_info
+from linkwise.policies.compose import ComposeSpec
+from linkwise.policies.composed import Composed
+from linkwise.policies.heuristics import POLICIES
+from linkwise.policies.parts.orders import MissingPredictions, predicted_remaining_s
+from linkwise.policies.spec import PolicySpec, split_specs
 
 NOW = 100_000.0
 
@@ -132,18 +125,52 @@ def test_bad_specs_are_refused_naming_what_is_known(text: str, match: str) -> No
 
 def test_every_named_heuristic_but_random_is_a_composition_that_parses() -> None:
     for name in POLICIES:
-        info = policy_info(name)
+        named = PolicySpec.parse(name)
+        info = policy_info(named)
         if name == "random":
             assert info.composition is None
             continue
         assert info.composition is not None
         spec = ComposeSpec.parse(info.composition)
-        assert spec.oracle == is_oracle(name) == info.oracle
-        assert spec.needs_predictions == needs_predictions(name) == info.needs_predictions
-    assert is_oracle("compose:order=true_remaining,placement=bounded,preempt=priority")
-    assert needs_predictions("compose:order=pred_gpu_time,placement=best_fit")
-    assert not is_oracle("compose:order=pred_gpu_time,placement=best_fit")
-    assert isinstance(make_policy("compose:order=gpus,placement=best_fit"), Composed)
+        assert spec.oracle == named.is_oracle == info.oracle
+        assert spec.needs_predictions == named.needs_predictions == info.needs_predictions
+        assert spec.preemptive == info.preemptive and spec.migrates == info.migrates
+    assert PolicySpec.parse(
+        "compose:order=true_remaining,placement=bounded,preempt=priority"
+    ).is_oracle
+    assert PolicySpec.parse("compose:order=pred_gpu_time,placement=best_fit").needs_predictions
+    assert not PolicySpec.parse("compose:order=pred_gpu_time,placement=best_fit").is_oracle
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "fifo",
+        "backfill:max_job_test=7,window_s=3600",
+        "sjf_bco:kappa=2,lam=1.5",
+        "qssf:lam=inf",
+        "tiresias_las:order=submit,thresholds=3600,starve_factor=10,running_first=false",
+        "qssf_preemptive:margin=2,min_run_s=60",
+        "tiresias_consolidated:kappa=4",
+        "deepshare:ratio=0.5,mode=preempt",
+        "srtf_oracle:lam=2",
+    ],
+)
+def test_a_named_heuristic_reads_back_as_the_composition_it_is_built_of(text: str) -> None:
+    """A named heuristic is built from its parts directly; ``ComposeSpec.of`` renders it, and
+    the rendering builds the same parts (the order's ``who`` aside: the heuristic's name in
+    its missing-prediction error)."""
+    built = PolicySpec.parse(text).build()
+    assert isinstance(built, Composed)
+    spec = ComposeSpec.of(built)
+    again = ComposeSpec.parse(spec.describe()).build()
+    assert ComposeSpec.of(again) == spec
+    assert (again.placement, again.preemption, again.admission) == (
+        built.placement,
+        built.preemption,
+        built.admission,
+    )
+    assert type(again.order) is type(built.order)
 
 
 # ----------------------------------------------------------------------------- the parts
@@ -167,7 +194,8 @@ def test_least_contention_keeps_a_ring_off_links_other_rings_use() -> None:
     from dataclasses import replace
 
     state = replace(state, link_flows=tuple(flows))
-    start = compose("compose:order=submit,placement=least_contention").decide(state).starts[0]
+    policy = ComposeSpec.parse("compose:order=submit,placement=least_contention").build()
+    start = policy.decide(state).starts[0]
     assert start.placement.nodes in ((1,), (3,))  # a whole free node: no link shared
 
 
@@ -177,7 +205,7 @@ def test_least_contention_keeps_a_ring_off_links_other_rings_use() -> None:
 def test_qssf_preemptive_preempts_a_long_job_for_a_short_one() -> None:
     topo = from_spec("1x8")
     long_job = _running(_job(1, 8, pred=100_000.0), [(0, 8)], ran_s=1000.0)
-    d = QssfPreemptive().decide(_state(topo, [long_job], [_job(2, 8, pred=1000.0)]))
+    d = heur.qssf_preemptive().decide(_state(topo, [long_job], [_job(2, 8, pred=1000.0)]))
     assert d.preempt == (1,)
     assert [(s.job_id, s.placement.alloc) for s in d.starts] == [(2, ((0, 8),))]
 
@@ -187,12 +215,12 @@ def test_qssf_preemptive_never_preempts_within_the_minimum_run_time() -> None:
     for ran in (10.0, 599.0):
         recent = _running(_job(1, 8, pred=100_000.0), [(0, 8)], ran_s=ran)
         assert (
-            QssfPreemptive(min_run_s=600.0)
+            heur.qssf_preemptive(min_run_s=600.0)
             .decide(_state(topo, [recent], [_job(2, 8, pred=1000.0)]))
             .is_wait
         )
     old = _running(_job(1, 8, pred=100_000.0), [(0, 8)], ran_s=601.0)
-    assert QssfPreemptive(min_run_s=600.0).decide(
+    assert heur.qssf_preemptive(min_run_s=600.0).decide(
         _state(topo, [old], [_job(2, 8, pred=1000.0)])
     ).preempt == (1,)
 
@@ -202,16 +230,16 @@ def test_qssf_preemptive_preempts_only_when_beaten_by_the_margin() -> None:
     # the running job is predicted to need 8 x 99000 GPU-s more; the pending one 8 x 70000
     running = _running(_job(1, 8, pred=100_000.0), [(0, 8)], ran_s=1000.0)
     state = _state(topo, [running], [_job(2, 8, pred=70_000.0)])
-    assert QssfPreemptive(margin=1.5).decide(state).is_wait  # 70000 x 1.5 > 99000
-    assert QssfPreemptive(margin=1.0).decide(state).preempt == (1,)
+    assert heur.qssf_preemptive(margin=1.5).decide(state).is_wait  # 70000 x 1.5 > 99000
+    assert heur.qssf_preemptive(margin=1.0).decide(state).preempt == (1,)
     state = _state(topo, [running], [_job(2, 8, pred=60_000.0)])
-    assert QssfPreemptive(margin=1.5).decide(state).preempt == (1,)  # 60000 x 1.5 < 99000
+    assert heur.qssf_preemptive(margin=1.5).decide(state).preempt == (1,)  # 60000 x 1.5 < 99000
 
 
 def test_qssf_preemptive_needs_predictions() -> None:
     topo = from_spec("1x8")
     with pytest.raises(MissingPredictions, match=r"qssf_preemptive.*--history"):
-        QssfPreemptive().decide(_state(topo, [], [_job(2, 8)]))
+        heur.qssf_preemptive().decide(_state(topo, [], [_job(2, 8)]))
 
 
 def test_qssf_preemptive_undoes_a_preemption_that_frees_nothing_used() -> None:
@@ -224,7 +252,7 @@ def test_qssf_preemptive_undoes_a_preemption_that_frees_nothing_used() -> None:
         _running(_job(4, 4, pred=1.0), [(0, 4)], ran_s=1000.0),
         _running(_job(5, 4, pred=1.0), [(1, 4)], ran_s=1000.0),
     ]
-    d = QssfPreemptive(margin=1.0).decide(_state(topo, running, [_job(2, 8, pred=10.0)]))
+    d = heur.qssf_preemptive(margin=1.0).decide(_state(topo, running, [_job(2, 8, pred=10.0)]))
     assert d.is_wait
 
 
@@ -238,9 +266,9 @@ def test_tiresias_consolidated_does_not_split_where_tiresias_las_does() -> None:
         _running(_job(3, 4), [(1, 4)], ran_s=1e4),
     ]
     state = _state(topo, running, [_job(2, 8)])
-    split = TiresiasLas().decide(state)
+    split = heur.tiresias_las().decide(state)
     assert [s.placement.num_nodes for s in split.starts] == [2]
-    assert TiresiasConsolidated().decide(state).is_wait  # it waits for a whole node
+    assert heur.tiresias_consolidated().decide(state).is_wait  # it waits for a whole node
 
 
 def test_tiresias_consolidated_never_preempts_within_the_minimum_run_time() -> None:
@@ -248,11 +276,15 @@ def test_tiresias_consolidated_never_preempts_within_the_minimum_run_time() -> N
     pending = [_job(2, 8)]  # queue 0 (no service yet)
     recent = _running(_job(1, 8), [(0, 8)], ran_s=100.0)  # 800 GPU-s... in queue 0 too
     heavy = _running(_job(1, 8), [(0, 8)], ran_s=100.0, attained=1e6)  # queue 2, recent
-    assert TiresiasLas().decide(_state(topo, [heavy], pending)).preempt == (1,)
-    assert TiresiasConsolidated(min_run_s=600.0).decide(_state(topo, [heavy], pending)).is_wait
-    assert TiresiasConsolidated(min_run_s=600.0).decide(_state(topo, [recent], pending)).is_wait
+    assert heur.tiresias_las().decide(_state(topo, [heavy], pending)).preempt == (1,)
+    assert (
+        heur.tiresias_consolidated(min_run_s=600.0).decide(_state(topo, [heavy], pending)).is_wait
+    )
+    assert (
+        heur.tiresias_consolidated(min_run_s=600.0).decide(_state(topo, [recent], pending)).is_wait
+    )
     old = _running(_job(1, 8), [(0, 8)], ran_s=700.0, attained=1e6)
-    d = TiresiasConsolidated(min_run_s=600.0).decide(_state(topo, [old], pending))
+    d = heur.tiresias_consolidated(min_run_s=600.0).decide(_state(topo, [old], pending))
     assert d.preempt == (1,) and [s.job_id for s in d.starts] == [2]
 
 
@@ -287,23 +319,23 @@ def _split_state(*, ran_s: float = 1e4, node2_used: int = 0) -> ClusterState:
 
 
 def test_deepshare_migrates_a_slow_split_job_to_a_free_whole_node() -> None:
-    d = DeepShare(model=_Rates({1: 0.5})).decide(_split_state())
+    d = heur.deepshare(model=_Rates({1: 0.5})).decide(_split_state())
     assert [(m.job_id, m.placement.alloc) for m in d.migrate] == [(1, ((2, 8),))]
     assert not d.preempt and not d.starts
-    assert DeepShare(model=_Rates({1: 0.6})).decide(_split_state()).migrate  # ratio <= 0.6
+    assert heur.deepshare(model=_Rates({1: 0.6})).decide(_split_state()).migrate  # ratio <= 0.6
 
 
 def test_deepshare_leaves_a_job_that_is_fast_enough_recent_or_without_a_free_node() -> None:
-    assert DeepShare(model=_Rates({1: 0.7})).decide(_split_state()).is_wait
-    assert DeepShare(model=_Rates({1: 0.5})).decide(_split_state(node2_used=1)).is_wait
+    assert heur.deepshare(model=_Rates({1: 0.7})).decide(_split_state()).is_wait
+    assert heur.deepshare(model=_Rates({1: 0.5})).decide(_split_state(node2_used=1)).is_wait
     recent = _split_state(ran_s=100.0)
-    assert DeepShare(model=_Rates({1: 0.5}), min_run_s=600.0).decide(recent).is_wait
+    assert heur.deepshare(model=_Rates({1: 0.5}), min_run_s=600.0).decide(recent).is_wait
     # an unsplit job is never moved, however slow
-    assert DeepShare(model=_Rates({3: 0.1, 4: 0.1})).decide(_split_state()).is_wait
+    assert heur.deepshare(model=_Rates({3: 0.1, 4: 0.1})).decide(_split_state()).is_wait
 
 
 def test_deepshare_preempt_mode_preempts_instead() -> None:
-    d = DeepShare(model=_Rates({1: 0.5}), mode="preempt").decide(_split_state())
+    d = heur.deepshare(model=_Rates({1: 0.5}), mode="preempt").decide(_split_state())
     assert d.preempt == (1,) and not d.migrate
 
 
@@ -312,7 +344,7 @@ def test_deepshare_starts_pending_jobs_on_what_the_move_leaves() -> None:
     from dataclasses import replace
 
     state = replace(state, pending=(PendingJob(_job(9, 8), remaining_s=1e5),))
-    d = DeepShare(model=_Rates({1: 0.5})).decide(state)
+    d = heur.deepshare(model=_Rates({1: 0.5})).decide(state)
     assert [m.job_id for m in d.migrate] == [1] and not d.starts  # node 2 went to the move
 
 
@@ -351,11 +383,11 @@ def test_deepshare_predicts_the_ratio_with_the_real_contention_model() -> None:
         _running(_job(3, 8, profile="FSDP"), [(0, 4), (2, 4)], ran_s=1e4),
         _running(_job(4, 8, profile="FSDP"), [(1, 4), (2, 4)], ran_s=1e4),
     ]
-    d = DeepShare(min_run_s=0.0).decide(_state(topo, running, []))
+    d = heur.deepshare(min_run_s=0.0).decide(_state(topo, running, []))
     assert [m.placement.alloc for m in d.migrate] == [((3, 8),)]
     # a light ring (MobileNetV3) loses little: left where it is
     light = [
         _running(_job(i, 8, profile="MobileNetV3"), r.placement.alloc, ran_s=1e4)
         for i, r in zip((1, 3, 4), running, strict=True)
     ]
-    assert DeepShare(min_run_s=0.0).decide(_state(topo, light, [])).is_wait
+    assert heur.deepshare(min_run_s=0.0).decide(_state(topo, light, [])).is_wait

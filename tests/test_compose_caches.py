@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import random
 
-from linkwise.cluster.compose.orders import Las
-from linkwise.cluster.compose.placements import MEMO_SIZE, Bounded, bounded_placement
 from linkwise.cluster.domain import ClusterState, Job, PendingJob, Placement, RunningJob
-from linkwise.cluster.heuristics import TiresiasConsolidated, TiresiasLas
 from linkwise.cluster.topology import from_spec
+from linkwise.policies import heuristics as heur
+from linkwise.policies.parts.orders import Las
+from linkwise.policies.parts.placements import MEMO_SIZE, Bounded, bounded_placement
 
 
 def test_bounded_memo_answers_as_the_rule_for_the_very_free_and_busy_vectors() -> None:
@@ -86,7 +86,7 @@ def _state(t: float, running: list[RunningJob], pending: list[Job], nodes: int =
 
 def test_a_job_whose_service_crossed_the_threshold_is_demoted_and_preempted() -> None:
     a, b = Job(1, 0.0, 8, 1e6), Job(2, 10.0, 8, 1e6)
-    policy = TiresiasLas()
+    policy = heur.tiresias_las()
     # a entered queue 0 first: it keeps the node, b waits behind it
     early = policy.decide(_state(NOW, [_running(a, 0, attained=8 * 100.0)], [b]))
     assert early.is_wait
@@ -111,11 +111,11 @@ def test_a_second_decision_at_the_same_instant_starts_from_the_queues_before() -
         [jobs[1], jobs[2], jobs[3], jobs[4]],
         nodes=2,
     )
-    twice = TiresiasConsolidated(min_run_s=0.0)
+    twice = heur.tiresias_consolidated(min_run_s=0.0)
     twice.decide(first)
     twice.decide(at_t)  # a round at NOW + 50 ...
     redo = twice.decide(again)  # ... decided again at the same instant on another state
-    once = TiresiasConsolidated(min_run_s=0.0)
+    once = heur.tiresias_consolidated(min_run_s=0.0)
     once.decide(first)
     assert redo == once.decide(again)
     assert twice.decide(again) == redo  # and a third time, the same

@@ -34,7 +34,7 @@ from linkwise.cluster.domain import (
     Topology,
 )
 from linkwise.cluster.topology import from_spec
-from linkwise.models.policy_spec import PolicySpec
+from linkwise.policies.spec import PolicySpec
 
 FIXTURE = Path(__file__).parent / "data" / "heuristic_decisions.json.gz"
 

@@ -19,6 +19,7 @@ from linkwise.datasets.rollouts import Window
 from linkwise.evaluation.columns import COLUMNS, DEFAULT, MAX_WIDTH, TABLES, columns_for
 from linkwise.pipelines.console import print_table
 from linkwise.pipelines.tables import rich_table
+from linkwise.policies.spec import PolicySpec
 
 POLICIES = "fifo,backfill,best_fit,sjf_bco,tiresias_las,srtf_oracle"
 
@@ -117,7 +118,7 @@ def test_simulate_fits_120_columns(capsys: pytest.CaptureFixture[str]) -> None:
 def test_policies_fits_120_columns_and_wide_shows_names_and_descriptions_whole(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from linkwise.models.policy_spec import policy_catalog
+    from linkwise.policies.catalog import policy_catalog
 
     infos = policy_catalog()
     assert main(["policies"]) == 0
@@ -138,7 +139,10 @@ def test_evaluate_and_its_report_show_the_default_columns_and_wide_all(tmp_path:
     t0 = 1.7e9
     jobs = tuple(Job(i, t0 + 30 * i, 1 + i % 8, 300.0 + 40 * i) for i in range(1, 25))
     cases = bm.make_cases([Window(0, t0, t0 + 3600, jobs)], [0, 1], topo, block_s=0.0)
-    bench = bm.run_benchmark(["fifo", "best_fit", "srtf_oracle"], cases)
+    bench = bm.run_benchmark(
+        [PolicySpec.parse("fifo"), PolicySpec.parse("best_fit"), PolicySpec.parse("srtf_oracle")],
+        cases,
+    )
     ctx = {"cases": 2, "evaluation_windows": [], "seeds": [0, 1], "cluster": "2x8"}
     for wide in (False, True):
         out = tmp_path / ("wide" if wide else "narrow")

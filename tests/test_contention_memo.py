@@ -28,7 +28,6 @@ from linkwise.cluster.domain import (
     RunningJob,
     Topology,
 )
-from linkwise.cluster.heuristics import make_policy
 from linkwise.cluster.mdp import MdpConfig, candidates
 from linkwise.cluster.mdp.features import _running_features, _running_terms
 from linkwise.cluster.mdp.slowdown import Contention, contention_of, split_key
@@ -36,6 +35,7 @@ from linkwise.cluster.profiles import assign_profiles, load_calibration
 from linkwise.cluster.topology import from_spec
 from linkwise.datasets import synthetic
 from linkwise.datasets.predictor import RuntimePredictor
+from linkwise.policies.heuristics import make_policy
 from linkwise.tests._states import decision_states
 
 CFG = MdpConfig(

@@ -17,7 +17,6 @@ import pytest
 from linkwise.cli import main
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import ClusterState
-from linkwise.cluster.heuristics import make_policy
 from linkwise.cluster.profiles import assign_profiles, load_calibration
 from linkwise.cluster.simulator import Simulator
 from linkwise.cluster.topology import from_spec
@@ -28,6 +27,8 @@ from linkwise.deployer.metrics import ServeMetrics
 from linkwise.deployer.observation import Observation
 from linkwise.deployer.policies import GuardedPolicy, PolicyHolder
 from linkwise.deployer.recorder import Recorder
+from linkwise.policies.heuristics import make_policy
+from linkwise.policies.spec import PolicySpec
 
 LOG = logging.getLogger("test.decision_log")
 
@@ -57,7 +58,10 @@ def _log(recorder: Recorder) -> DecisionLog:
 def test_explanations_survive_a_store_outage(tmp_path: Path) -> None:
     state = _busy_state()
     metrics = ServeMetrics()
-    guarded = GuardedPolicy(PolicyHolder("best_fit", "backfill", metrics=metrics), metrics)
+    guarded = GuardedPolicy(
+        PolicyHolder(PolicySpec.parse("best_fit"), PolicySpec.parse("backfill"), metrics=metrics),
+        metrics,
+    )
     decision = guarded.decide(state)
     info = guarded.last
     assert info["explanation"] is not None and info["explain_ms"] >= 0.0
@@ -123,7 +127,9 @@ def test_a_job_the_model_cannot_predict_keeps_its_explanation() -> None:
     pending = tuple(replace(p, job=replace(p.job, profile="")) for p in state.pending)
     blind = replace(state, pending=pending)
     metrics = ServeMetrics()
-    d = PolicyHolder("best_fit", "backfill", metrics=metrics).active.policy.decide(blind)
+    d = PolicyHolder(
+        PolicySpec.parse("best_fit"), PolicySpec.parse("backfill"), metrics=metrics
+    ).active.policy.decide(blind)
     assert d.starts
     out = explain_cycle(blind, d, policy="best_fit", model_version="h", steps=None,
                         base="best_fit", base_decision=None,

@@ -14,7 +14,6 @@ import pytest
 
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import ClusterState, Decision, Job, Placement, Topology
-from linkwise.cluster.heuristics import make_policy
 from linkwise.cluster.loop import drive
 from linkwise.cluster.mdp import MdpConfig, ObsSpec, make_spec
 from linkwise.cluster.profiles import assign_profiles, load_calibration
@@ -31,6 +30,7 @@ from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.store import open_store
 from linkwise.datasets.synthetic import generate
 from linkwise.datasets.transitions import check_frame
+from linkwise.policies.heuristics import make_policy
 
 CAL = load_calibration()
 MODEL = AnalyticModel(CAL)

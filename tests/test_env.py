@@ -12,10 +12,10 @@ from linkwise.cluster import mdp
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import Job
 from linkwise.cluster.env import ClusterEnv, Workload
-from linkwise.cluster.heuristics import make_policy
 from linkwise.cluster.profiles import Calibration, CommProfile
 from linkwise.cluster.simulator import SimConfig
 from linkwise.cluster.topology import from_spec
+from linkwise.policies.heuristics import make_policy
 
 CAL = Calibration(
     profiles={

@@ -24,6 +24,7 @@ from linkwise.evaluation.benchmark import (
 from linkwise.evaluation.holdout import HoldoutError
 from linkwise.evaluation.stats import bootstrap_ratio, paired_ratio
 from linkwise.pipelines.evaluate import evaluate
+from linkwise.policies.spec import PolicySpec
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 PHILLY = DATA / "traces" / "philly_2017-09-04_2017-10-15.csv"
@@ -59,7 +60,13 @@ def evaluated(manifest: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
     root = tmp_path_factory.mktemp("eval")
     uri = f"sqlite:///{root / 'mlflow.db'}"
     report, run_id = evaluate(
-        ["backfill", "sjf_bco", "best_fit", "qssf", "srtf_oracle"],
+        [
+            PolicySpec.parse("backfill"),
+            PolicySpec.parse("sjf_bco"),
+            PolicySpec.parse("best_fit"),
+            PolicySpec.parse("qssf"),
+            PolicySpec.parse("srtf_oracle"),
+        ],
         trace=PHILLY,
         history=PHILLY,  # the predictor is fit on its jobs before the first evaluated window
         holdout_from=[manifest],
@@ -99,7 +106,8 @@ def test_overlapping_windows_are_refused(
 ) -> None:
     clash = windows[-2].window_id
     with pytest.raises(HoldoutError, match=f"window {clash}.*overlaps.*rollout window {clash}"):
-        evaluate(["backfill"], trace=PHILLY, holdout_from=[manifest], windows=[clash],
+        evaluate([PolicySpec.parse("backfill")], trace=PHILLY, holdout_from=[manifest],
+                 windows=[clash],
                  cluster=CLUSTER, window_s=WINDOW_S, out_dir=tmp_path, log=False)  # fmt: skip
     from linkwise.cli import main
 
@@ -180,8 +188,12 @@ def test_prefect_executor_gives_the_serial_results(
     windows: list[Any], prefect_harness: None
 ) -> None:
     cases = make_cases(windows[:2], [0], from_spec(CLUSTER), block_s=600.0)
-    serial = run_benchmark(["backfill", "sjf_bco"], cases, executor="serial")
-    threads = run_benchmark(["backfill", "sjf_bco"], cases, executor="threads:2")
+    serial = run_benchmark(
+        [PolicySpec.parse("backfill"), PolicySpec.parse("sjf_bco")], cases, executor="serial"
+    )
+    threads = run_benchmark(
+        [PolicySpec.parse("backfill"), PolicySpec.parse("sjf_bco")], cases, executor="threads:2"
+    )
     assert [(r.policy, r.case_id, r.jct_s) for r in serial.results] == [
         (r.policy, r.case_id, r.jct_s) for r in threads.results
     ]
@@ -226,11 +238,11 @@ def test_gate_evidence_never_takes_an_oracle_as_the_best_heuristic(
 def test_qssf_without_history_is_refused_before_any_simulation(
     manifest: Path, tmp_path: Path
 ) -> None:
-    from linkwise.cluster.heuristics import MissingPredictions
+    from linkwise.policies.heuristics import MissingPredictions
 
     with pytest.raises(MissingPredictions, match="--history"):
         evaluate(
-            ["backfill", "qssf"],
+            [PolicySpec.parse("backfill"), PolicySpec.parse("qssf")],
             trace=PHILLY,
             holdout_from=[manifest],
             n_windows=1,

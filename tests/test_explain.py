@@ -24,6 +24,7 @@ from linkwise.datasets.store import open_store
 from linkwise.datasets.windows import choose_windows
 from linkwise.deployer.explain import job_decisions
 from linkwise.models.learned import load_package
+from linkwise.policies.spec import PolicySpec
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "tests" / "fixtures" / "packages" / "cql-rows"  # a plain CQL package
@@ -55,7 +56,8 @@ def shadow_db(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
     client.set_terminated(run.info.run_id)
     db = root / "live.duckdb"
     summary = run_shadow(
-        db, _window_jobs(), from_spec(TOPO), spec="model:challenger", tracking_uri=uri,
+        db, _window_jobs(), from_spec(TOPO), spec=PolicySpec.parse("model:challenger"),
+        tracking_uri=uri,
         cluster="explain-test", state_dir=root / "serve", max_cycles=80,
     )  # fmt: skip
     assert summary["model_version"] == str(reg.version), summary["fallback_reason"]
@@ -154,8 +156,8 @@ def test_decide_explained_decides_as_decide() -> None:
 
 
 def test_a_heuristic_is_its_own_base() -> None:
-    from linkwise.cluster.heuristics import make_policy
     from linkwise.deployer.explain import explain_cycle
+    from linkwise.policies.heuristics import make_policy
 
     cal = load_calibration(None)
     model = AnalyticModel(cal)

@@ -20,6 +20,7 @@ import pytest
 from linkwise.cli import main
 from linkwise.cluster.slurm.client import SlurmClient, read_env_file
 from linkwise.deployer.loop import ServeConfig, serve
+from linkwise.policies.spec import PolicySpec
 from linkwise.tests._slurm import slurm_cmd
 
 pytestmark = pytest.mark.services
@@ -58,8 +59,8 @@ def test_explain_a_live_shadow_decision(
         while not named:
             assert time.time() < deadline, "the shadow loop never named this test's jobs"
             cfg = ServeConfig(
-                mode="shadow", partitions=(partition,), policy=POLICY,
-                fallback="backfill", slurm_env=str(env_file), db=str(db),
+                mode="shadow", partitions=(partition,), policy=PolicySpec.parse(POLICY),
+                fallback=PolicySpec.parse("backfill"), slurm_env=str(env_file), db=str(db),
                 state_dir=str(tmp_path / "state"), interval_s=1.0, max_cycles=4,
                 watchdog=False, lease_root=str(tmp_path / "leases"),
             )  # fmt: skip

@@ -31,6 +31,7 @@ from linkwise.deployer.metrics import ServeMetrics
 from linkwise.deployer.observation import Observation
 from linkwise.deployer.policies import GuardedPolicy, PolicyHolder
 from linkwise.deployer.recorder import Recorder
+from linkwise.policies.spec import PolicySpec
 
 TOPO = from_spec("1x4")
 LOG = logging.getLogger("test.explain_waiting")
@@ -129,7 +130,8 @@ def _cycles(tmp_path: Path, name: str, states: list[ClusterState], every: bool) 
         Recorder(str(db), tmp_path / f"{name}.spool", logger=LOG), metrics, "run", "shadow",
         "c", ("gpu",), LOG, clock=lambda: now[0],
     )  # fmt: skip
-    guarded = GuardedPolicy(PolicyHolder("fifo", "fifo", metrics=metrics), metrics)
+    holder = PolicyHolder(PolicySpec.parse("fifo"), PolicySpec.parse("fifo"), metrics=metrics)
+    guarded = GuardedPolicy(holder, metrics)
     for cycle, state in enumerate(states, start=1):
         now[0] = state.time
         if every:

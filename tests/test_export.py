@@ -21,6 +21,7 @@ from linkwise.datasets.export import (
     to_mdp_dataset,
 )
 from linkwise.datasets.rollouts import cut_windows, jobs_from_trace, make_tasks, run_rollouts
+from linkwise.policies.spec import PolicySpec
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 PHILLY = DATA / "traces" / "philly_2017-09-04_2017-10-15.csv"
@@ -38,11 +39,16 @@ def frame() -> pl.DataFrame:
         if 15 <= len(w.jobs) <= 25
     ][:2]
     tasks = make_tasks(
-        wins, ["fifo"], [0, 1], from_spec("8x8,leaf=2"), config=CONFIG, block_s=600.0
+        wins,
+        [PolicySpec.parse("fifo")],
+        [0, 1],
+        from_spec("8x8,leaf=2"),
+        config=CONFIG,
+        block_s=600.0,
     )
     tasks += make_tasks(
         wins,
-        ["best_fit"],
+        [PolicySpec.parse("best_fit")],
         [0, 1],
         from_spec("8x8,leaf=2"),
         epsilons=(0.3,),

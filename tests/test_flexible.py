@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from linkwise.cluster.compose.placements import PLACEMENTS
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import (
     ClusterState,
@@ -28,13 +27,14 @@ from linkwise.cluster.domain import (
     within_request,
 )
 from linkwise.cluster.flexible import flexible_draw, with_flexible
-from linkwise.cluster.heuristics import make_policy, policy_names
 from linkwise.cluster.placement import fixed_first_fit, slurm_select_flexible, split_job_gpus
 from linkwise.cluster.profiles import assign_profiles, load_calibration
 from linkwise.cluster.simulator import InvalidDecision, Simulator, simulate
 from linkwise.cluster.topology import from_spec
 from linkwise.datasets import synthetic
 from linkwise.datasets.traces import load_trace, write_native
+from linkwise.policies.heuristics import make_policy, policy_names
+from linkwise.policies.parts.placements import PLACEMENTS
 
 CAL = load_calibration(None)
 

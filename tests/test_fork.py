@@ -26,13 +26,13 @@ from linkwise.cluster.fork import (
     score_decisions,
     terminal_cost_s,
 )
-from linkwise.cluster.heuristics import make_policy
 from linkwise.cluster.mdp import MdpConfig, StepPolicyAdapter, candidates, decode
 from linkwise.cluster.profiles import load_calibration
 from linkwise.cluster.simulator import Simulator
 from linkwise.cluster.topology import from_spec
 from linkwise.datasets import synthetic
 from linkwise.datasets.predictor import RuntimePredictor
+from linkwise.policies.heuristics import make_policy
 
 MODEL = AnalyticModel(load_calibration(None))
 TOPO = from_spec("4x8,leaf=2,oversub=2")

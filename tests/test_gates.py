@@ -20,6 +20,7 @@ from linkwise.evaluation.gates import (
     ope_evidence,
 )
 from linkwise.evaluation.stats import RatioCI
+from linkwise.policies.spec import PolicySpec
 
 CFG = ChallengerGates(margin_vs_champion=0.02, margin_vs_heuristic=0.02, require_ci=True,
                       p99_tolerance=0.0, latency_budget_ms=50.0)  # fmt: skip
@@ -180,6 +181,7 @@ def test_an_oracle_is_never_the_gate_reference() -> None:
     ev = dataclasses.replace(
         _good(),
         best_heuristic="srtf_oracle",
+        best_heuristic_oracle=PolicySpec.parse("srtf_oracle").is_oracle,
         avg_vs_heuristic=_r("srtf_oracle", "avg", 0.9, 0.85, 0.95),
         p99_vs_heuristic=_r("srtf_oracle", "p99", 0.9, 0.85, 0.95),
     )
@@ -189,8 +191,8 @@ def test_an_oracle_is_never_the_gate_reference() -> None:
 
 
 def test_the_reference_candidates_are_every_non_oracle_heuristic_listed() -> None:
-    from linkwise.cluster.heuristics import ORACLE_POLICIES, POLICIES
     from linkwise.evaluation.gates import same_information_heuristics
+    from linkwise.policies.heuristics import ORACLE_POLICIES, POLICIES
 
     names = same_information_heuristics()
     assert {"qssf", "qssf_preemptive", "tiresias_consolidated", "deepshare"} <= set(names)
@@ -204,6 +206,7 @@ def test_a_composed_oracle_is_never_the_gate_reference() -> None:
     ev = dataclasses.replace(
         _good(),
         best_heuristic=spec,
+        best_heuristic_oracle=PolicySpec.parse(spec).is_oracle,
         avg_vs_heuristic=_r(spec, "avg", 0.9, 0.85, 0.95),
         p99_vs_heuristic=_r(spec, "p99", 0.9, 0.85, 0.95),
     )
@@ -212,5 +215,7 @@ def test_a_composed_oracle_is_never_the_gate_reference() -> None:
         "p99_vs_best_heuristic",
     }
     same_info = "compose:order=pred_remaining,placement=bounded,preempt=priority"
-    ev = dataclasses.replace(ev, best_heuristic=same_info)
+    ev = dataclasses.replace(
+        ev, best_heuristic=same_info, best_heuristic_oracle=PolicySpec.parse(same_info).is_oracle
+    )
     assert check_challenger(ev, CFG).passed

@@ -26,20 +26,6 @@ from linkwise.cluster.domain import (
     Topology,
     requested_shape,
 )
-from linkwise.cluster.heuristics import (
-    POLICIES,
-    Backfill,
-    BestFit,
-    Fifo,
-    RandomPolicy,
-    SjfBco,
-    TiresiasLas,
-    make_policy,
-    policy_info,
-    policy_names,
-)
-from linkwise.cluster.heuristics import backfill as backfill_module
-from linkwise.cluster.heuristics.backfill import OVERDUE_S, runtime_estimate
 from linkwise.cluster.loop import drive
 from linkwise.cluster.placement import (
     apply_placement,
@@ -51,17 +37,27 @@ from linkwise.cluster.placement import (
 from linkwise.cluster.restart import RestartModel
 from linkwise.cluster.simulator import SimConfig, Simulator
 from linkwise.cluster.topology import from_spec
+from linkwise.policies import heuristics as heur
+from linkwise.policies.composed import Composed
+from linkwise.policies.heuristics import (
+    POLICIES,
+    make_policy,
+    policy_names,
+)
+from linkwise.policies.parts import backfill as backfill_module
+from linkwise.policies.parts.backfill import OVERDUE_S, runtime_estimate
+from linkwise.policies.parts.orders import Las
 
 # every registered policy with its defaults, plus variants that exercise other branches
 VARIANTS: list[Policy] = [make_policy(name) for name in policy_names()] + [
-    Backfill(max_job_test=1),
-    SjfBco(kappa=1, lam=math.inf),
-    SjfBco(kappa=2, lam=1.5),
-    TiresiasLas(thresholds=(50.0, 500.0, 5000.0), starve_factor=0.0),
-    TiresiasLas(thresholds=(10.0,), starve_factor=2.0, running_first=False, order="submit"),
-    TiresiasLas(order="submit", thresholds=(3600.0,), starve_factor=10.0),
-    RandomPolicy(seed=1, start_prob=1.0),
-    RandomPolicy(seed=2, start_prob=0.0),
+    heur.backfill(max_job_test=1),
+    heur.sjf_bco(kappa=1, lam=math.inf),
+    heur.sjf_bco(kappa=2, lam=1.5),
+    heur.tiresias_las(thresholds=(50.0, 500.0, 5000.0), starve_factor=0.0),
+    heur.tiresias_las(thresholds=(10.0,), starve_factor=2.0, running_first=False, order="submit"),
+    heur.tiresias_las(order="submit", thresholds=(3600.0,), starve_factor=10.0),
+    heur.seeded_random(seed=1, start_prob=1.0),
+    heur.seeded_random(seed=2, start_prob=0.0),
 ]
 
 GENERATORS = (first_fit, best_fit)
@@ -155,7 +151,7 @@ def test_every_policy_makes_valid_deterministic_decisions(state: ClusterState) -
         decision = policy.decide(state)
         check_valid(state, decision)
         assert policy.decide(fresh_copy(state)) == decision, policy.name
-        if not policy_info(policy.name).preemptive:
+        if not getattr(policy, "preemptive", False):
             assert not decision.preempt and not decision.migrate
 
 
@@ -182,7 +178,7 @@ def _earliest_start(state: ClusterState, job: Job, started: list[tuple[float, Pl
 @settings(max_examples=200, deadline=None)
 @given(states())
 def test_backfill_never_delays_the_head_job(state: ClusterState) -> None:
-    decision = Backfill().decide(state)
+    decision = heur.backfill().decide(state)
     started = {s.job_id: s.placement for s in decision.starts}
     total = state.topology.total_gpus
     queue = [p for p in state.pending if p.job.num_gpus <= total]
@@ -208,7 +204,7 @@ def test_backfill_never_delays_the_head_job(state: ClusterState) -> None:
 @given(states())
 def test_backfill_starts_jobs_only_in_their_shape(state: ClusterState) -> None:
     pending = {p.job.job_id: p.job for p in state.pending}
-    for s in Backfill().decide(state).starts:
+    for s in heur.backfill().decide(state).starts:
         shape = requested_shape(pending[s.job_id], state.topology.max_gpus_per_node)
         assert s.placement.num_nodes == shape.nodes
         assert {g for _, g in s.placement.alloc} == {shape.gpus_per_node}
@@ -217,7 +213,7 @@ def test_backfill_starts_jobs_only_in_their_shape(state: ClusterState) -> None:
 @settings(max_examples=100, deadline=None)
 @given(states())
 def test_fifo_starts_a_prefix_of_the_queue(state: ClusterState) -> None:
-    decision = Fifo().decide(state)
+    decision = heur.fifo().decide(state)
     queue = [p.job.job_id for p in state.pending if p.job.num_gpus <= state.topology.total_gpus]
     ids = [s.job_id for s in decision.starts]
     assert ids == queue[: len(ids)]
@@ -280,8 +276,8 @@ def test_fifo_blocks_behind_the_head_while_backfill_fills_around_it() -> None:
         _pending(3, 2, 50.0, submit=3.0),  # limit ends at t=50: harmless
     ]
     state = _state("2x8", running, pending)
-    assert Fifo().decide(state).starts == ()
-    decision = Backfill().decide(state)
+    assert heur.fifo().decide(state).starts == ()
+    decision = heur.backfill().decide(state)
     assert decision.starts == (Start(3, Placement(((1, 2),))),)
     check_valid(state, decision)
 
@@ -291,13 +287,13 @@ def test_backfill_estimates_from_time_limits_not_run_times() -> None:
     # limit (50) fits before the reservation, its true run time (500) would not
     running = [_running(0, ((0, 8), (1, 4)), remaining=10.0, limit=100.0)]
     pending = [_pending(1, 16, 1000.0, submit=1.0), _pending(2, 2, 500.0, 2.0, limit=50.0)]
-    assert [s.job_id for s in Backfill().decide(_state("2x8", running, pending)).starts] == [2]
+    assert [s.job_id for s in heur.backfill().decide(_state("2x8", running, pending)).starts] == [2]
     # a job without a limit is believed to run for the default limit
     running = [_running(0, ((0, 8), (1, 4)), remaining=10.0, limit=100.0)]
     unlimited = [_pending(1, 16, 1000.0, 1.0), _pending(2, 2, 20.0, 2.0, limit=0.0)]
     state = _state("2x8", running, unlimited)
-    assert Backfill().decide(state).starts == ()  # 2 is believed to end in 7 days
-    short = Backfill(default_limit_s=50.0).decide(state)
+    assert heur.backfill().decide(state).starts == ()  # 2 is believed to end in 7 days
+    short = heur.backfill(default_limit_s=50.0).decide(state)
     assert [s.job_id for s in short.starts] == [2]
 
 
@@ -306,9 +302,9 @@ def test_backfill_reserves_whole_nodes_for_the_head() -> None:
     # may not use the 2 GPUs it leaves spare there (Slurm reserves nodes, not GPUs) ...
     running = [_running(0, ((0, 8), (1, 4)), remaining=100.0)]
     pending = [_pending(1, 14, 1000.0, submit=1.0), _pending(2, 2, 500.0, submit=2.0)]
-    assert Backfill().decide(_state("2x8", running, pending)).starts == ()
+    assert heur.backfill().decide(_state("2x8", running, pending)).starts == ()
     # ... but may run on a node outside the reservation
-    decision = Backfill().decide(_state("3x8", running, pending))
+    decision = heur.backfill().decide(_state("3x8", running, pending))
     assert decision.starts == (Start(2, Placement(((2, 2),))),)
 
 
@@ -322,7 +318,7 @@ def test_backfill_reserves_for_every_job_it_plans() -> None:
         _pending(3, 4, 2000.0, submit=3.0),
         _pending(4, 4, 50.0, submit=4.0),
     ]
-    decision = Backfill().decide(_state("3x8", running, pending))
+    decision = heur.backfill().decide(_state("3x8", running, pending))
     assert [s.job_id for s in decision.starts] == [2, 4]  # 2 fits now on node 2
 
 
@@ -332,8 +328,8 @@ def test_backfill_starts_a_job_only_in_its_shape() -> None:
     running = [_running(0, ((0, 4), (1, 4)), remaining=100.0)]
     pending = [_pending(1, 8, 10.0, submit=1.0), _pending(2, 4, 50.0, submit=2.0)]
     state = _state("2x8", running, pending)
-    assert Backfill().decide(state).starts == (Start(2, Placement(((0, 4),))),)
-    assert Fifo().decide(state).starts == (Start(1, Placement(((0, 4), (1, 4)))),)
+    assert heur.backfill().decide(state).starts == (Start(2, Placement(((0, 4),))),)
+    assert heur.fifo().decide(state).starts == (Start(1, Placement(((0, 4), (1, 4)))),)
 
 
 def test_backfill_counts_the_head_prefix_started_in_the_same_decision() -> None:
@@ -344,7 +340,7 @@ def test_backfill_counts_the_head_prefix_started_in_the_same_decision() -> None:
         _pending(3, 4, 200.0, submit=3.0),  # ends before t=300: fine
         _pending(4, 8, 400.0, submit=4.0),  # would hold GPUs past t=300
     ]
-    decision = Backfill().decide(_state("2x8", [], pending))
+    decision = heur.backfill().decide(_state("2x8", [], pending))
     assert [s.job_id for s in decision.starts] == [1, 3]
 
 
@@ -353,22 +349,22 @@ def test_backfill_scans_at_most_max_job_test_jobs() -> None:
     pending = [_pending(1, 16, 1000.0, submit=1.0), _pending(2, 8, 10.0, submit=2.0)]
     pending += [_pending(3, 1, 10.0, submit=3.0)]
     state = _state("2x8", running, pending)
-    assert [s.job_id for s in Backfill().decide(state).starts] == [3]
-    assert Backfill(max_job_test=1).decide(state).starts == ()
+    assert [s.job_id for s in heur.backfill().decide(state).starts] == [3]
+    assert heur.backfill(max_job_test=1).decide(state).starts == ()
 
 
 def test_sjf_bco_starts_the_smallest_jobs_first() -> None:
     pending = [_pending(1, 6, 100.0, 0.0), _pending(2, 2, 100.0, 1.0), _pending(3, 3, 100.0, 2.0)]
     state = _state("1x8", [], pending)
-    assert [s.job_id for s in SjfBco().decide(state).starts] == [2, 3]
-    assert [s.job_id for s in Fifo().decide(state).starts] == [1, 2]
+    assert [s.job_id for s in heur.sjf_bco().decide(state).starts] == [2, 3]
+    assert [s.job_id for s in heur.fifo().decide(state).starts] == [1, 2]
 
 
 def test_sjf_bco_packs_small_jobs_and_spreads_large_ones() -> None:
     # node 0 runs one job (4 GPUs free); nodes 1-3 are idle
     running = [_running(0, ((0, 4),), remaining=100.0)]
     pending = [_pending(1, 2, 100.0, 0.0), _pending(2, 16, 100.0, 1.0)]
-    decision = SjfBco().decide(_state("4x8", running, pending))
+    decision = heur.sjf_bco().decide(_state("4x8", running, pending))
     placements = {s.job_id: s.placement for s in decision.starts}
     assert placements[1] == Placement(((0, 2),))  # onto the busy server
     assert placements[2] == Placement(((1, 8), (2, 8)))  # two idle servers
@@ -378,19 +374,19 @@ def test_sjf_bco_lambda_bounds_how_spread_a_large_job_is() -> None:
     # every node has 4 GPUs free: a 16-GPU job would need 4 nodes where 2 could hold it
     running = [_running(i, ((i, 4),), remaining=100.0) for i in range(4)]
     state = _state("4x8", running, [_pending(9, 16, 100.0)])
-    assert SjfBco().decide(state).starts == ()
-    assert SjfBco(lam=1.5).decide(state).starts == ()
-    (start,) = SjfBco(lam=2.0).decide(state).starts
+    assert heur.sjf_bco().decide(state).starts == ()
+    assert heur.sjf_bco(lam=1.5).decide(state).starts == ()
+    (start,) = heur.sjf_bco(lam=2.0).decide(state).starts
     assert start.placement.num_nodes == 4
     with pytest.raises(ValueError):
-        SjfBco(lam=0.5)
+        heur.sjf_bco(lam=0.5)
 
 
 def test_tiresias_preempts_a_long_running_job_for_a_new_one() -> None:
     # job 0 has had 8 GPUs x 3600 s > threshold: queue 1; job 1 is new: queue 0
     running = [_running(0, ((0, 8),), remaining=1e4, attained=8 * 3600.0, since=3700.0)]
     state = _state("1x8", running, [_pending(1, 4, 100.0, submit=3650.0)], now=3700.0)
-    decision = TiresiasLas().decide(state)
+    decision = heur.tiresias_las().decide(state)
     assert decision.preempt == (0,)
     assert decision.starts == (Start(1, Placement(((0, 4),))),)
     check_valid(state, decision)
@@ -400,18 +396,18 @@ def test_tiresias_keeps_fifo_inside_a_queue_and_never_preempts_for_nothing() -> 
     # both in queue 0: the running job keeps its GPUs, the later one waits
     running = [_running(0, ((0, 8),), remaining=1e4, attained=80.0, since=100.0)]
     state = _state("1x8", running, [_pending(1, 4, 100.0, submit=50.0)], now=110.0)
-    assert TiresiasLas().decide(state).is_wait
+    assert heur.tiresias_las().decide(state).is_wait
     # a queue-0 job that cannot be admitted gets nobody preempted, even a queue-1 job
     running = [
         _running(0, ((0, 8),), remaining=1e4, attained=80.0, since=100.0),
         _running(2, ((1, 4),), remaining=1e4, attained=1e5, since=100.0),
     ]
     state = _state("2x8", running, [_pending(1, 12, 100.0, submit=50.0)], now=110.0)
-    assert TiresiasLas().decide(state).is_wait
+    assert heur.tiresias_las().decide(state).is_wait
 
 
 # the earlier stateless Tiresias-LAS with its earlier defaults (``order="submit"``)
-LEGACY = TiresiasLas(order="submit", thresholds=(3600.0,), starve_factor=10.0)
+LEGACY = heur.tiresias_las(order="submit", thresholds=(3600.0,), starve_factor=10.0)
 
 
 def _tiresias_rounds(jobs: list[Job], thresholds: tuple[float, ...], order: str) -> list[tuple]:
@@ -424,7 +420,7 @@ def _tiresias_rounds(jobs: list[Job], thresholds: tuple[float, ...], order: str)
 
     # free restarts: the test is about the queue order, not what a preemption costs
     sim = Simulator(from_spec("1x4"), jobs, NoContention(), SimConfig(restart=RestartModel.free()))
-    drive(sim, TiresiasLas(thresholds=thresholds, order=order), on_decision=record)
+    drive(sim, heur.tiresias_las(thresholds=thresholds, order=order), on_decision=record)
     return rounds
 
 
@@ -447,14 +443,15 @@ def test_tiresias_reference_order_round_robins_demoted_jobs() -> None:
 def test_tiresias_asks_to_decide_when_a_job_crosses_its_threshold() -> None:
     running = [_running(0, ((0, 4),), remaining=1e4, attained=20.0, since=10.0)]
     state = _state("1x4", running, [], now=10.0)
-    assert TiresiasLas(thresholds=(100.0, 1000.0)).decide(state).wake_at == 30.0  # 80 / 4
+    assert heur.tiresias_las(thresholds=(100.0, 1000.0)).decide(state).wake_at == 30.0  # 80 / 4
     with pytest.raises(ValueError, match="order=submit"):
-        TiresiasLas(starve_factor=10.0)
+        heur.tiresias_las(starve_factor=10.0)
 
 
 def test_tiresias_defaults_are_the_reference_dlas_gpu() -> None:
-    assert TiresiasLas().thresholds == (3250.0, 7200.0)
-    assert TiresiasLas().starve_factor == 0.0 and TiresiasLas().order == "entry"
+    las = heur.tiresias_las().order
+    assert isinstance(las, Las) and las.thresholds == (3250.0, 7200.0)
+    assert las.starve_factor == 0.0 and las.mode == "entry"
 
 
 def test_tiresias_starvation_guard_promotes_a_long_waiting_job() -> None:
@@ -469,13 +466,14 @@ def test_tiresias_starvation_guard_promotes_a_long_waiting_job() -> None:
     assert decision.preempt == (2,)
     assert [s.job_id for s in decision.starts] == [1]
     # without the guard both are in queue 1, where the running job keeps its GPUs
-    assert replace(LEGACY, starve_factor=0.0).decide(state).is_wait
+    assert heur.tiresias_las(order="submit", thresholds=(3600.0,)).decide(state).is_wait
 
 
 def test_tiresias_guard_keeps_a_promoted_job_running_a_while() -> None:
     # ran 1000 s, waited 6000 s: a pending job would not be promoted (< 10x), a running one
     # stays in queue 0 (>= 5x) and keeps its GPUs against a queue-1 job waiting behind it
-    tiresias = LEGACY
+    tiresias = LEGACY.order
+    assert isinstance(tiresias, Las)
     assert tiresias.queue_of(8000.0, 8, 6000.0) == 1
     assert tiresias.queue_of(8000.0, 8, 6000.0, running=True) == 0
     assert tiresias.queue_of(8000.0, 8, 4000.0, running=True) == 1
@@ -486,13 +484,17 @@ def test_tiresias_running_first_avoids_preempting_within_a_queue() -> None:
     running = [_running(2, ((0, 8),), remaining=1e4, attained=80.0, submit=90.0, since=100.0)]
     state = _state("1x8", running, [_pending(1, 8, 100.0, submit=10.0)], now=110.0)
     assert LEGACY.decide(state).is_wait
-    decision = replace(LEGACY, running_first=False).decide(state)
+    decision = heur.tiresias_las(
+        order="submit", thresholds=(3600.0,), starve_factor=10.0, running_first=False
+    ).decide(state)
     assert decision.preempt == (2,)
     assert [s.job_id for s in decision.starts] == [1]
 
 
-def _tiresias_by_the_rule(policy: TiresiasLas, state: ClusterState) -> Decision:
+def _tiresias_by_the_rule(tiresias: Composed, state: ClusterState) -> Decision:
     """Tiresias' decision the plain way: rank every job by (queue, running first, submit, id)."""
+    policy = tiresias.order
+    assert isinstance(policy, Las)
     now = state.time
     ranked: list[tuple[tuple[int, int, float, int], RunningJob | PendingJob]] = []
     for r in state.running:
@@ -539,41 +541,41 @@ def test_tiresias_fast_ranking_matches_the_plain_rule(state: ClusterState) -> No
     # the full (queue, running first, submit, id) sort does
     for policy in (
         LEGACY,
-        TiresiasLas(thresholds=(50.0, 500.0, 5000.0), order="submit"),
-        TiresiasLas(
+        heur.tiresias_las(thresholds=(50.0, 500.0, 5000.0), order="submit"),
+        heur.tiresias_las(
             thresholds=(10.0, 3000.0), starve_factor=2.0, running_first=False, order="submit"
         ),
-        TiresiasLas(thresholds=(100.0,), running_first=False, order="submit"),
+        heur.tiresias_las(thresholds=(100.0,), running_first=False, order="submit"),
     ):
         assert policy.decide(state) == _tiresias_by_the_rule(policy, state)
 
 
 def test_tiresias_accepts_command_line_thresholds() -> None:
-    assert TiresiasLas(thresholds=100).thresholds == (100.0,)  # type: ignore[arg-type]
-    assert TiresiasLas(thresholds="100;1000").thresholds == (100.0, 1000.0)  # type: ignore[arg-type]
+    assert heur.tiresias_las(thresholds=100).order.thresholds == (100.0,)  # type: ignore[arg-type,attr-defined]
+    assert heur.tiresias_las(thresholds="100;1000").order.thresholds == (100.0, 1000.0)  # type: ignore[arg-type,attr-defined]
     with pytest.raises(ValueError):
-        TiresiasLas(thresholds=(100.0, 50.0))
+        heur.tiresias_las(thresholds=(100.0, 50.0))
 
 
 def test_best_fit_consolidates_and_keeps_scanning() -> None:
     running = [_running(0, ((1, 5),), remaining=100.0)]
     pending = [_pending(1, 12, 100.0, 0.0), _pending(2, 3, 100.0, 1.0)]
     state = _state("2x8", running, pending)
-    assert BestFit().decide(state).starts == (Start(2, Placement(((1, 3),))),)
-    assert Fifo().decide(state).starts == ()
+    assert heur.best_fit().decide(state).starts == (Start(2, Placement(((1, 3),))),)
+    assert heur.fifo().decide(state).starts == ()
     fifo_state = _state("2x8", running, pending[1:])
-    assert Fifo().decide(fifo_state).starts == (Start(2, Placement(((0, 3),))),)
+    assert heur.fifo().decide(fifo_state).starts == (Start(2, Placement(((0, 3),))),)
 
 
 def test_random_policy_is_seeded_and_never_stalls_an_idle_cluster() -> None:
     pending = [_pending(i, 1 + i % 4, 100.0, float(i)) for i in range(12)]
     state = _state("4x8", [], pending, now=5.0)
-    a, b = RandomPolicy(seed=0).decide(state), RandomPolicy(seed=0).decide(state)
+    a, b = heur.seeded_random(seed=0).decide(state), heur.seeded_random(seed=0).decide(state)
     assert a == b
-    decisions = {RandomPolicy(seed=s).decide(state) for s in range(8)}
+    decisions = {heur.seeded_random(seed=s).decide(state) for s in range(8)}
     assert len(decisions) > 1
     # even when it draws nothing, an idle cluster gets one job started
-    assert len(RandomPolicy(start_prob=0.0).decide(state).starts) == 1
+    assert len(heur.seeded_random(start_prob=0.0).decide(state).starts) == 1
 
 
 def test_registry() -> None:
@@ -586,13 +588,13 @@ def test_registry() -> None:
         policy = make_policy(name)
         assert isinstance(policy, Policy)
         assert policy.name == name
-    assert make_policy("sjf_bco", kappa=4, lam=2.0) == SjfBco(kappa=4, lam=2.0)
+    assert make_policy("sjf_bco", kappa=4, lam=2.0) == heur.sjf_bco(kappa=4, lam=2.0)
     with pytest.raises(ValueError, match="known: fifo, backfill"):
         make_policy("nope")
     with pytest.raises(TypeError):
         make_policy("fifo", bogus=1)
     with pytest.raises(TypeError):
-        POLICIES["x"] = Fifo  # type: ignore[index]
+        POLICIES["x"] = heur.fifo  # type: ignore[index]
 
 
 def test_policies_run_a_small_trace_to_completion_in_the_simulator() -> None:
@@ -702,14 +704,14 @@ def _busy_workload(seed: int, n: int, topo: Topology) -> list[Job]:
 @pytest.mark.parametrize(
     ("spec", "policy"),
     [
-        ("4x4", Backfill()),  # one leaf switch: best fit by free GPUs
-        ("8x8,leaf=2", Backfill(resolution_s=0.0)),  # tree: fewest leaf switches
-        ("12x8,leaf=4,agg=2", Backfill(max_job_test=7, window_s=3 * 3600.0)),
-        ("6x4,leaf=3", Backfill(default_limit_s=3600.0, window_s=86400.0)),
+        ("4x4", heur.backfill()),  # one leaf switch: best fit by free GPUs
+        ("8x8,leaf=2", heur.backfill(resolution_s=0.0)),  # tree: fewest leaf switches
+        ("12x8,leaf=4,agg=2", heur.backfill(max_job_test=7, window_s=3 * 3600.0)),
+        ("6x4,leaf=3", heur.backfill(default_limit_s=3600.0, window_s=86400.0)),
     ],
 )
 def test_fast_backfill_plans_exactly_as_the_plain_search(
-    spec: str, policy: Backfill, monkeypatch: pytest.MonkeyPatch
+    spec: str, policy: Composed, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every backfill search of whole seeded runs: the fast plan (bitmasks, cached
     availability steps and blocked windows) answers as the plain search does."""

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from linkwise.cluster import heuristics, mdp
+from linkwise.cluster import mdp
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import ClusterState, Job, PendingJob, Placement, RunningJob
 from linkwise.cluster.profiles import load_calibration
@@ -28,6 +28,8 @@ from linkwise.datasets.prediction import predictor_digest, predictor_record
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.models.learned import PREDICTOR, LearnedPolicy, PackageError, load_package
 from linkwise.models.packaging import write_package
+from linkwise.policies import heuristics
+from linkwise.policies.spec import PolicySpec
 
 MODEL = AnalyticModel(load_calibration(None))
 TOPO = from_spec("8x8,leaf=2,oversub=2")
@@ -44,7 +46,7 @@ def _oracles() -> frozenset[str]:
 
 SAME_INFORMATION = [
     *sorted(set(heuristics.POLICIES) - _oracles()),
-    # compositions of same-information parts (``cluster.compose``), migration included
+    # compositions of same-information parts (``policies.parts``), migration included
     "compose:order=pred_remaining,placement=least_contention,preempt=priority:margin=1.2",
     "compose:order=pred_gpu_time,placement=select,admission=easy",
     "compose:order=gpus,placement=bounded,preempt=migrate:ratio=0.9,min_run_s=0",
@@ -172,8 +174,8 @@ def test_heuristics_do_not_read_the_true_run_time(name: str, seed: int) -> None:
     state = _state(seed)
     twin = _twin(state, seed)
     # a fresh policy per state: stateful ones (Tiresias' queues) start alike
-    a = heuristics.make_policy(name).decide(state)
-    b = heuristics.make_policy(name).decide(twin)
+    a = PolicySpec.parse(name).build().decide(state)
+    b = PolicySpec.parse(name).build().decide(twin)
     assert a == b
     assert a.starts or a.preempt or name == "fifo"  # a real decision, not a vacuous wait
 

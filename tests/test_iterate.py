@@ -22,6 +22,7 @@ from linkwise.models.training import AlgoConfig, DatasetConfig, TrainConfig
 from linkwise.pipelines.experiment import DEMO_CI
 from linkwise.pipelines.iterate import ROUND_TAG, IterationPlan, iterate
 from linkwise.pipelines.train import train
+from linkwise.policies.spec import PolicySpec
 
 TOPO = from_spec(DEMO_CI.topology)
 SPEC = make_spec(DEMO_CI.mdp)
@@ -37,7 +38,13 @@ def test_one_round_adds_the_policys_own_transitions(tmp_path: Path) -> None:
     cut = cut_windows(jobs, DEMO_CI.windows.window_s, max_gpus=TOPO.total_gpus)
     wins = choose_windows(cut, n=2, min_jobs=DEMO_CI.windows.min_jobs)
     tasks = make_tasks(
-        wins, ["best_fit"], [0], TOPO, config=DEMO_CI.mdp, block_s=1800.0, max_steps=120
+        wins,
+        [PolicySpec.parse("best_fit")],
+        [0],
+        TOPO,
+        config=DEMO_CI.mdp,
+        block_s=1800.0,
+        max_steps=120,
     )
     base = export_dataset(
         run_rollouts(tasks),

@@ -9,7 +9,6 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from linkwise.cluster.heuristics import make_policy
 from linkwise.cluster.mdp import MdpConfig, make_spec
 from linkwise.cluster.restart import RestartModel
 from linkwise.cluster.topology import from_spec
@@ -18,6 +17,7 @@ from linkwise.datasets.labels import LabelTask, read_labels, run_labels, write_l
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.rollouts import cut_windows
 from linkwise.datasets.traces import jobs_frame
+from linkwise.policies.heuristics import make_policy
 
 TOPO = from_spec("2x8")
 CFG = MdpConfig(k_slots=3)

@@ -1,5 +1,6 @@
-"""One floor per layer (issue 23 item 8): ``cluster`` imports nothing of linkwise above it,
-``datasets`` only ``cluster`` and itself, never ``models``, ``evaluation``, ``pipelines`` or
+"""One floor per layer (issue 23 item 8, issue 35): ``cluster`` imports nothing of linkwise
+above it, ``policies`` (the policy language) only ``cluster`` and itself, ``datasets`` only
+``cluster``, ``policies`` and itself, never ``models``, ``evaluation``, ``pipelines`` or
 ``deployer``. Every import of every module (lazy ones inside functions included) is read
 with ``ast``."""
 
@@ -11,11 +12,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYERS = ("cluster", "datasets", "models", "evaluation", "pipelines", "deployer", "ops")
+LAYERS = ("cluster", "policies", "datasets", "models", "evaluation", "pipelines", "deployer", "ops")
 # the linkwise packages each floor may import (itself included)
 ALLOWED: dict[str, frozenset[str]] = {
     "cluster": frozenset({"cluster"}),
-    "datasets": frozenset({"cluster", "datasets"}),
+    "policies": frozenset({"cluster", "policies"}),
+    "datasets": frozenset({"cluster", "policies", "datasets"}),
 }
 # (module path, imported package) pairs allowed despite the floors, each with its reason
 EXCEPTIONS: dict[tuple[str, str], str] = {}
@@ -83,15 +85,16 @@ def test_learned_behaviours_are_resolved_at_the_pipelines_edge(tmp_path: Path) -
     from linkwise.cluster.topology import load_topology
     from linkwise.datasets.rollouts import RolloutTask, Window
     from linkwise.pipelines.build_dataset import resolve_learned
+    from linkwise.policies.spec import PolicySpec
 
-    pkg = f"model:{ROOT / 'models' / 'pretrained' / 'philly-all'}"
+    pkg = PolicySpec.parse(f"model:{ROOT / 'models' / 'pretrained' / 'philly-all'}")
     window = Window(0, 0.0, 3600.0, ())
     with pytest.raises(ValueError, match="pipeline's edge"):
         RolloutTask(pkg, 0.0, 0, window, load_topology("2x8"))
     from linkwise.models.learned import load_package
 
-    spec = load_package(pkg.removeprefix("model:")).spec
-    learned = resolve_learned(["fifo", pkg], spec)
+    spec = load_package(str(ROOT / "models" / "pretrained" / "philly-all")).spec
+    learned = resolve_learned([PolicySpec.parse("fifo"), pkg], spec)
     assert list(learned) == [pkg]
     task = RolloutTask(pkg, 0.0, 0, window, load_topology("2x8"), spec.config, learned=learned[pkg])
     copy = pickle.loads(pickle.dumps(task))
@@ -100,4 +103,62 @@ def test_learned_behaviours_are_resolved_at_the_pipelines_edge(tmp_path: Path) -
     mask = np.ones(spec.config.n_actions, dtype=np.bool_)
     assert copy.learned.act(obs, mask) == task.learned.act(obs, mask)
     with pytest.raises(ValueError, match="heuristic"):
-        RolloutTask("fifo", 0.0, 0, window, load_topology("2x8"), learned=learned[pkg])
+        RolloutTask(
+            PolicySpec.parse("fifo"), 0.0, 0, window, load_topology("2x8"), learned=learned[pkg]
+        )
+
+
+# folders whose files import each other only at the top (no import inside a function, which
+# would hide a circle) and in no circle
+NO_CIRCLES = ("policies",)
+
+
+def _linkwise_imports(path: Path) -> tuple[set[str], list[int]]:
+    """The linkwise modules ``path`` imports at its top level, and the lines of linkwise
+    imports made inside a function."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    top: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module.startswith("linkwise."):
+                top.add(node.module)
+        elif isinstance(node, ast.Import):
+            top |= {a.name for a in node.names if a.name.startswith("linkwise.")}
+    inside = [
+        inner.lineno
+        for fn in ast.walk(tree)
+        if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef)
+        for inner in ast.walk(fn)
+        if (isinstance(inner, ast.ImportFrom) and (inner.module or "").startswith("linkwise"))
+        or (
+            isinstance(inner, ast.Import)
+            and any(a.name.startswith("linkwise") for a in inner.names)
+        )
+    ]
+    return top, inside
+
+
+@pytest.mark.parametrize("layer", NO_CIRCLES)
+def test_no_file_circle_and_no_import_inside_a_function(layer: str) -> None:
+    graph: dict[str, set[str]] = {}
+    lazy: list[str] = []
+    for path in sorted((ROOT / layer).rglob("*.py")):
+        rel = path.relative_to(ROOT).with_suffix("")
+        name = "linkwise." + ".".join(rel.parts).removesuffix(".__init__")
+        top, inside = _linkwise_imports(path)
+        graph[name] = top
+        lazy += [f"{rel}.py:{line}" for line in inside]
+    assert not lazy, f"imports inside a function: {lazy}"
+    seen: dict[str, int] = {}  # 1: on the path, 2: done
+
+    def visit(node: str, path: list[str]) -> None:
+        seen[node] = 1
+        for nxt in sorted(graph.get(node, ()) & graph.keys()):
+            assert seen.get(nxt) != 1, f"a file circle: {' -> '.join([*path, node, nxt])}"
+            if nxt not in seen:
+                visit(nxt, [*path, node])
+        seen[node] = 2
+
+    for node in sorted(graph):
+        if node not in seen:
+            visit(node, [])

@@ -1,4 +1,4 @@
-"""The lookahead search policy (``cluster.lookahead``): its spec, its listing as a search
+"""The lookahead search policy (``policies.lookahead``): its spec, its listing as a search
 policy, an obviously better move picked, the base kept on ties, and no true run time read."""
 
 from __future__ import annotations
@@ -12,18 +12,19 @@ from linkwise.cli import main
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import ClusterState, Job, PendingJob, Placement, RunningJob
 from linkwise.cluster.fork import RunTimeBelief
-from linkwise.cluster.heuristics import is_oracle, make_policy, needs_predictions
-from linkwise.cluster.lookahead import (
+from linkwise.cluster.profiles import load_calibration
+from linkwise.cluster.simulator import simulate
+from linkwise.cluster.topology import from_spec
+from linkwise.policies.catalog import policy_info
+from linkwise.policies.heuristics import make_policy
+from linkwise.policies.lookahead import (
     DEFAULT_ALTERNATIVES,
     DEFAULT_HOLD_S,
     Lookahead,
     LookaheadSpec,
     decision_key,
 )
-from linkwise.cluster.profiles import load_calibration
-from linkwise.cluster.simulator import simulate
-from linkwise.cluster.topology import from_spec
-from linkwise.models.policy_spec import PolicySpec, split_specs
+from linkwise.policies.spec import PolicySpec, split_specs
 
 MODEL = AnalyticModel(load_calibration(None))
 
@@ -88,10 +89,10 @@ def test_listed_as_search_policy(capsys: pytest.CaptureFixture[str]) -> None:
     assert len(search) == 1 and search[0]["name"].startswith("lookahead:")
     assert search[0]["needs_predictions"] and not search[0]["oracle"]
     spec = "lookahead:base=qssf,n=2,oracle=true"
-    assert PolicySpec.parse(spec).is_oracle and is_oracle(spec)
-    assert needs_predictions("lookahead:base=sjf_bco") and not is_oracle("lookahead:base=qssf")
-    assert not is_oracle("lookahead")  # a label in a table, not a spec: no error
-    info = PolicySpec.parse("lookahead:base=fifo,alts=tiresias_las").info()
+    assert PolicySpec.parse(spec).is_oracle
+    assert PolicySpec.parse("lookahead:base=sjf_bco").needs_predictions
+    assert not PolicySpec.parse("lookahead:base=qssf").is_oracle
+    info = policy_info(PolicySpec.parse("lookahead:base=fifo,alts=tiresias_las"))
     assert info.kind == "search" and info.preemptive
 
 

@@ -8,7 +8,6 @@ from dataclasses import replace
 
 import polars as pl
 
-from linkwise.cluster.heuristics import make_policy
 from linkwise.cluster.mdp import MdpConfig
 from linkwise.cluster.topology import from_spec
 from linkwise.datasets import synthetic
@@ -16,6 +15,7 @@ from linkwise.datasets.labels import LabelTask, run_labels
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.rollouts import cut_windows
 from linkwise.datasets.traces import jobs_frame
+from linkwise.policies.heuristics import make_policy
 
 TOPO = from_spec("2x8")
 

@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 from linkwise.cluster import mdp
 from linkwise.cluster.contention import AnalyticModel, EmpiricalModel, PairwiseTable
 from linkwise.cluster.domain import ClusterState, Decision, Job, Node, Placement, Start, Topology
-from linkwise.cluster.heuristics import make_policy
 from linkwise.cluster.loop import drive
 from linkwise.cluster.placement import (
     best_fit,
@@ -27,6 +26,7 @@ from linkwise.cluster.placement import (
 from linkwise.cluster.profiles import Calibration, CommProfile
 from linkwise.cluster.simulator import Simulator, simulate
 from linkwise.cluster.topology import from_spec
+from linkwise.policies.heuristics import make_policy
 
 CAL = Calibration(
     profiles={

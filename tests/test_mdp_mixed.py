@@ -13,10 +13,10 @@ import pytest
 from linkwise.cluster import mdp
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import ClusterState, Job, PendingJob, Placement, RunningJob
-from linkwise.cluster.heuristics import SjfBco
 from linkwise.cluster.mdp.features import log_time
 from linkwise.cluster.profiles import load_calibration
 from linkwise.cluster.topology import from_spec
+from linkwise.policies import heuristics as heur
 
 MODEL = AnalyticModel(load_calibration(None))
 TOPO = from_spec("4x8,leaf=2")
@@ -155,17 +155,17 @@ def test_bounded_generator_waits_for_consolidation() -> None:
     cands = mdp.candidates(spread, cfg, MODEL)
     assert cands.placements[0][0] is None and not cands.mask[0]
     assert cands.placements[0][1] is not None and cands.mask[1]  # best fit would split it
-    assert SjfBco().decide(spread).starts == ()  # SJF-BCO waits too
+    assert heur.sjf_bco().decide(spread).starts == ()  # SJF-BCO waits too
     # a looser bound (2 servers) allows SJF-BCO's own placement
     loose = mdp.candidates(spread, replace(cfg, span_lambda=2.0), MODEL)
     placed = loose.placements[0][0]
     assert placed is not None and placed.num_nodes == 2 and loose.mask[0]
-    assert SjfBco(lam=2.0).decide(spread).starts[0].placement == placed
+    assert heur.sjf_bco(lam=2.0).decide(spread).starts[0].placement == placed
     # one node is free: the consolidated placement, where SJF-BCO starts it
     one_free = _fragmented((4, 8, 2, 4))
     cands = mdp.candidates(one_free, cfg, MODEL)
     assert cands.placements[0][0] == Placement.of([(1, 8)])
-    assert SjfBco().decide(one_free).starts[0].placement == cands.placements[0][0]
+    assert heur.sjf_bco().decide(one_free).starts[0].placement == cands.placements[0][0]
 
 
 def test_bounded_generator_is_masked_for_a_policy_offered_only_it() -> None:

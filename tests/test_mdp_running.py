@@ -32,6 +32,7 @@ from linkwise.cluster.simulator import SimConfig, Simulator
 from linkwise.cluster.topology import from_spec
 from linkwise.datasets.rollouts import RolloutTask, Window, rollout
 from linkwise.models.learned import LearnedPolicy
+from linkwise.policies.spec import PolicySpec
 
 MODEL = AnalyticModel(load_calibration(None))
 TOPO = from_spec("4x8,leaf=2")
@@ -243,7 +244,9 @@ def test_a_preemptive_heuristic_rollout_yields_matched_preemptions() -> None:
     topo = from_spec("2x8")
 
     def run(cfg: mdp.MdpConfig) -> Counter[str]:
-        task = RolloutTask("tiresias_las", 0.0, 0, window, topo, config=cfg, block_s=0.0)
+        task = RolloutTask(
+            PolicySpec.parse("tiresias_las"), 0.0, 0, window, topo, config=cfg, block_s=0.0
+        )
         df = rollout(task)
         assert df["terminal"].to_list()[-1]
         masks = np.array(df["mask"].to_list(), dtype=bool)

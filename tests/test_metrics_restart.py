@@ -10,6 +10,7 @@ import pytest
 from linkwise.cli import main
 from linkwise.cluster.restart import RestartModel
 from linkwise.evaluation.columns import TABLES
+from linkwise.policies.spec import PolicySpec
 
 
 def _simulate_json(capsys: pytest.CaptureFixture[str], *extra: str) -> dict[str, object]:
@@ -72,7 +73,7 @@ def test_benchmark_runs_and_summary_carry_the_restart_cost(tmp_path: Path) -> No
     topo = from_spec("2x8,leaf=2")
     for restart, free in ((None, False), (RestartModel.free(), True)):
         cases = make_cases([window], [0], topo, block_s=0.0, restart=restart)
-        bench = run_benchmark(["tiresias_las"], cases)
+        bench = run_benchmark([PolicySpec.parse("tiresias_las")], cases)
         (run,) = bench.results
         assert run.metrics["free_preemption"] is free
         assert run.metrics["preemptions_per_job"] > 0

@@ -17,12 +17,13 @@ import pytest
 
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import ClusterState, Decision, Job, Placement, Start
-from linkwise.cluster.heuristics import make_policy
 from linkwise.cluster.loop import drive
 from linkwise.cluster.profiles import load_calibration
 from linkwise.cluster.simulator import NoProgress, SimConfig, Simulator, simulate
 from linkwise.cluster.topology import from_spec
 from linkwise.datasets.rollouts import Window
+from linkwise.policies.heuristics import make_policy
+from linkwise.policies.spec import PolicySpec
 
 ONE_GPU = from_spec("1x1")
 MODEL = AnalyticModel(load_calibration(None))
@@ -90,13 +91,13 @@ def test_the_benchmark_names_the_policy_and_case_that_made_no_progress(
 
     real = bm.make_bench_policy
 
-    def make(scenario: object, spec: str, tracking_uri: str | None = None) -> object:
-        return _Flapper() if spec == "flapper" else real(scenario, spec, tracking_uri)
+    def make(scenario: object, spec: PolicySpec, tracking_uri: str | None = None) -> object:
+        return _Flapper() if spec.heuristic == "flapper" else real(scenario, spec, tracking_uri)
 
     monkeypatch.setattr(bm, "make_bench_policy", make)
     window = Window(3, 0.0, 600.0, (Job(1, 60.0, 1, 100.0),))
     cases = bm.make_cases([window], [1], ONE_GPU, block_s=0.0)
-    bench = bm.run_benchmark(["fifo", "flapper"], cases)
+    bench = bm.run_benchmark([PolicySpec.parse("fifo"), PolicySpec(heuristic="flapper")], cases)
     assert bench.policies == ("fifo",)
     (failure,) = bench.failures
     assert (failure.policy, failure.case_id) == ("flapper", "w3/s1")

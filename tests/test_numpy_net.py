@@ -20,7 +20,6 @@ from torch import nn
 
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import ClusterState, Decision
-from linkwise.cluster.heuristics import make_policy
 from linkwise.cluster.mdp import MdpConfig, candidates, encode, make_spec, nothing_fits
 from linkwise.cluster.profiles import assign_profiles, load_calibration
 from linkwise.cluster.simulator import SimConfig, simulate
@@ -38,6 +37,7 @@ from linkwise.models.learned import (
 from linkwise.models.numpy_net import ATOL, RTOL, Mlp, NumpyNet
 from linkwise.models.packaging import write_package
 from linkwise.models.residual import Deferral, ResidualPolicy, residual_from_learned
+from linkwise.policies.heuristics import make_policy
 from linkwise.tests._frames import random_frame
 from linkwise.tests._states import decision_states
 

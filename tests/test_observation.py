@@ -38,6 +38,7 @@ from linkwise.deployer.profiles import (
     resolve_profiles,
 )
 from linkwise.deployer.recorder import Recorder
+from linkwise.policies.spec import PolicySpec
 
 LOG = logging.getLogger("test.observation")
 TOPO = from_spec("4x4")
@@ -260,13 +261,14 @@ class FakeClient(SlurmClient):
 
 def backend_for(tmp_path: Path, client: FakeClient, policy: str = "fifo", *,
                 active: bool = False, **cfg: Any) -> SlurmBackend:  # fmt: skip
+    spec = PolicySpec.parse(policy)
     config = ServeConfig(
         mode="active" if active else "shadow", partitions=("gpu",),
         db=str(tmp_path / "s.duckdb"), state_dir=str(tmp_path / "state"), interval_s=0.01,
-        lease_s=120.0, watchdog=False, policy=policy, fallback="fifo", **cfg,
+        lease_s=120.0, watchdog=False, policy=spec, fallback=PolicySpec.parse("fifo"), **cfg,
     )  # fmt: skip
     metrics = ServeMetrics()
-    holder = PolicyHolder(policy, "fifo", metrics=metrics, logger=LOG)
+    holder = PolicyHolder(spec, PolicySpec.parse("fifo"), metrics=metrics, logger=LOG)
     recorder = Recorder(config.db, config.spool_path, logger=LOG)
     kind = SlurmBackend if active else ShadowBackend
     return kind(

@@ -29,6 +29,7 @@ from linkwise.deployer.migration import MigrationConfig, MigrationExecutor, Move
 from linkwise.deployer.observation import build_observation, slurm_topology
 from linkwise.deployer.profiles import resolve_profiles
 from linkwise.deployer.recorder import Recorder
+from linkwise.policies.spec import PolicySpec
 from linkwise.tests._slurm import slurm_cmd
 
 pytestmark = pytest.mark.services
@@ -92,7 +93,8 @@ def test_a_learned_package_decides_on_the_live_queue(env_file: Path, tmp_path: P
         while not seen:
             assert time.time() < deadline, "the shadow loop never decided about this test's jobs"
             cfg = ServeConfig(
-                mode="shadow", partitions=(partition,), policy=PACKAGE, fallback="fifo",
+                mode="shadow", partitions=(partition,), policy=PolicySpec.parse(PACKAGE),
+                fallback=PolicySpec.parse("fifo"),
                 slurm_env=str(env_file), db=str(db), state_dir=str(tmp_path / "state"),
                 interval_s=1.0, max_cycles=3, watchdog=False,
                 lease_root=str(tmp_path / "leases"),

@@ -31,6 +31,7 @@ from linkwise.evaluation.ope import (
     run_ope,
 )
 from linkwise.models.learned import LearnedPolicy
+from linkwise.policies.spec import PolicySpec
 
 REPO = Path(__file__).resolve().parents[1]
 PHILLY = REPO.parent / "shared" / "data" / "traces" / "philly_2017-09-04_2017-10-15.csv"
@@ -56,7 +57,7 @@ def frame() -> pl.DataFrame:
     wins = [w for w in wins if len(w.jobs) <= 150][:4]
     tasks = make_tasks(
         wins,
-        ["best_fit"],
+        [PolicySpec.parse("best_fit")],
         [0, 1, 2],
         from_spec("8x8,leaf=2"),
         epsilons=[0.3],
@@ -168,6 +169,7 @@ def test_a_missing_policy_is_refused_before_any_fit(
     real = ope.fqe_values
     monkeypatch.setattr(ope, "fqe_values", lambda *a, **k: fits.append(1) or real(*a, **k))
     with pytest.raises(Exception, match="no-such-package"):
-        run_ope(frame, {"gone": str(tmp_path / "no-such-package")}, spec=SPEC, seeds=(0,),
+        gone = PolicySpec.parse(f"model:{tmp_path / 'no-such-package'}")
+        run_ope(frame, {"gone": gone}, spec=SPEC, seeds=(0,),
                 params=FqeParams(n_steps=10, n_steps_per_epoch=10))  # fmt: skip
     assert fits == []  # the behaviour policy was not fit for a run that cannot finish

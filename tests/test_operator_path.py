@@ -248,8 +248,9 @@ def test_promote_documents_every_exit_code(capsys: pytest.CaptureFixture[str]) -
 )
 def test_active_mode_serves_only_the_champion(mode: str, policy: str, refused: bool) -> None:
     from linkwise.deployer.promote import serving_refusal
+    from linkwise.policies.spec import PolicySpec
 
-    assert (serving_refusal(mode, policy) is not None) is refused
+    assert (serving_refusal(mode, PolicySpec.parse(policy)) is not None) is refused
 
 
 def test_serve_refuses_an_unpromoted_model_in_active_mode(

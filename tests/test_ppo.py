@@ -74,8 +74,8 @@ def trained() -> dict[str, Any]:
 
 def _observations(factory: Any, n_episodes: int = 2) -> tuple[np.ndarray, np.ndarray]:
     """Observations and masks met by best_fit on fresh workloads (states PPO may not know)."""
-    from linkwise.cluster.heuristics import make_policy
     from linkwise.cluster.mdp import StepPolicyAdapter
+    from linkwise.policies.heuristics import make_policy
 
     obs, masks = [], []
     for seed in range(n_episodes):

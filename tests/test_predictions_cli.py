@@ -9,13 +9,14 @@ from types import SimpleNamespace
 import pytest
 
 from linkwise.cluster.domain import Job
-from linkwise.cluster.heuristics import MissingPredictions, make_policy
 from linkwise.cluster.profiles import load_calibration
 from linkwise.cluster.topology import from_spec
 from linkwise.datasets.prediction import History, fit_history
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.evaluation.compare import Scenario
 from linkwise.evaluation.predictions import check_predictions
+from linkwise.policies.heuristics import MissingPredictions, make_policy
+from linkwise.policies.spec import PolicySpec
 
 PAST = [Job(i, float(i), 1 + i % 2, 100.0 * (1 + i % 3), user=f"u{i % 2}") for i in range(30)]
 NOW = tuple(Job(100 + i, 1000.0 + i, 1, 50.0, user="u0") for i in range(5))
@@ -37,14 +38,20 @@ def test_a_package_predictor_wins_over_the_history() -> None:
 def test_policies_that_need_predictions_are_refused_without_them() -> None:
     qssf, fifo = make_policy("qssf"), make_policy("fifo")
     old_package = SimpleNamespace(name="model:x", predictor=None)
-    check_predictions(["fifo", "qssf"], [fifo, qssf], history=True)
+    check_predictions(
+        [PolicySpec.parse("fifo"), PolicySpec.parse("qssf")], [fifo, qssf], history=True
+    )
     with pytest.raises(MissingPredictions, match=r"qssf.*--history"):
-        check_predictions(["fifo", "qssf"], [fifo, qssf], history=False)
+        check_predictions(
+            [PolicySpec.parse("fifo"), PolicySpec.parse("qssf")], [fifo, qssf], history=False
+        )
     with pytest.raises(MissingPredictions, match="package carries no run-time predictor"):
-        check_predictions(["model:./pkg"], [old_package], history=False)
-    check_predictions(["model:./pkg"], [old_package], history=False, learned=False)
+        check_predictions([PolicySpec.parse("model:./pkg")], [old_package], history=False)
+    check_predictions(
+        [PolicySpec.parse("model:./pkg")], [old_package], history=False, learned=False
+    )
     own = SimpleNamespace(name="model:x", predictor=RuntimePredictor.fit(PAST))
-    check_predictions(["model:./pkg"], [own], history=False)
+    check_predictions([PolicySpec.parse("model:./pkg")], [own], history=False)
 
 
 def test_an_undated_history_is_used_whole_and_says_so() -> None:

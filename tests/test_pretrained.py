@@ -19,10 +19,12 @@ from linkwise.datasets import synthetic
 from linkwise.datasets.prediction import read_predictor
 from linkwise.datasets.rollouts import cut_windows
 from linkwise.datasets.traces import jobs_frame
+from linkwise.models.build import build_policy
 from linkwise.models.learned import PREDICTOR, load_package
-from linkwise.models.policy_spec import PolicySpec, policy_catalog
 from linkwise.models.residual import ResidualPolicy, residual_from_learned, topology_signature
 from linkwise.pipelines.residual import robustness
+from linkwise.policies.catalog import policy_catalog
+from linkwise.policies.spec import PolicySpec
 
 PRETRAINED = Path(__file__).resolve().parents[1] / "models" / "pretrained"
 SETTINGS = ("philly-all", "philly-multigpu")
@@ -61,7 +63,7 @@ def test_shipped_package_is_a_current_residual_recording_its_base(setting: str) 
     assert "margin" in data and data["deferral"]["topologies"]
     policy = residual_from_learned(learned)
     assert isinstance(policy, ResidualPolicy) and policy.base_spec == data["base"]
-    built = PolicySpec.parse(f"model:{pkg}").build()
+    built = build_policy(PolicySpec.parse(f"model:{pkg}"))
     assert isinstance(built, ResidualPolicy)
 
 
@@ -101,7 +103,7 @@ def test_shipped_residual_off_cluster_is_at_most_its_base() -> None:
     assert windows and len(windows[0].jobs) >= 20
     (case,) = robustness(
         str(pkg),
-        str(data["base"]),
+        PolicySpec.parse(str(data["base"])),
         {"off": OFF_CLUSTER},
         windows,
         (0,),

@@ -11,6 +11,7 @@ import pytest
 from linkwise.cli import main
 from linkwise.datasets.store import open_store
 from linkwise.pipelines.build_dataset import build_dataset, format_report
+from linkwise.policies.spec import PolicySpec
 from linkwise.tests._telemetry_truth import INTERVAL_S, T0, TruthJob, fill_store
 
 RUN_S = 900.0
@@ -72,7 +73,7 @@ def test_build_dataset_reports_the_jobs_given_history_profiles(store: Path, tmp_
         store,
         out_dir=tmp_path,
         rollouts=1,
-        policies=("fifo",),
+        policies=(PolicySpec.parse("fifo"),),
         epsilons=(0.0,),
         window_s=6 * 3600.0,
         min_jobs=1,

@@ -24,8 +24,10 @@ from linkwise.deployer.promote import (
     rollback,
 )
 from linkwise.evaluation.gates import Check, GateReport, ShadowGates
-from linkwise.models.registry import MODEL_NAME, ensure_experiment, log_policy
+from linkwise.models.registry import ensure_experiment, log_policy
 from linkwise.models.training import AlgoConfig, build_algo, fit
+from linkwise.policies.source import MODEL_NAME
+from linkwise.policies.spec import PolicySpec
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 PHILLY = DATA / "traces" / "philly_2017-09-04_2017-10-15.csv"
@@ -45,7 +47,8 @@ def package(tmp_path_factory: pytest.TempPathFactory) -> Path:
     wins = choose_windows(
         cut_windows(jobs_from_trace(PHILLY), 3600.0, max_gpus=64), n=1, min_jobs=20
     )
-    tasks = make_tasks(wins, ["best_fit"], [0], from_spec("8x8"), epsilons=(0.2,), config=CONFIG,
+    tasks = make_tasks(wins, [PolicySpec.parse("best_fit")], [0], from_spec("8x8"),
+                       epsilons=(0.2,), config=CONFIG,
                        block_s=600)  # fmt: skip
     manifest = export_dataset(run_rollouts(tasks), SPEC, {"test": "promote"}, root / "data")
     df, _ = read_dataset(manifest["path"])
@@ -201,7 +204,8 @@ def test_evaluate_then_gate_the_challenger_end_to_end(package: Path, tmp_path: P
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     v1 = _register(package, uri)
     report, _ = evaluate(
-        ["backfill", "best_fit", "model:challenger"], trace=PHILLY, n_windows=1, seeds=[0],
+        [PolicySpec.parse(s) for s in ("backfill", "best_fit", "model:challenger")],
+        trace=PHILLY, n_windows=1, seeds=[0],
         cluster="4x8", window_s=3600.0, block_s=600.0, min_jobs=25, out_dir=tmp_path / "ev",
         tracking_uri=uri, log=False, n_boot=200,
     )  # fmt: skip

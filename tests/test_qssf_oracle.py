@@ -9,23 +9,19 @@ import pytest
 
 from linkwise.cluster.contention import AnalyticModel, NoContention
 from linkwise.cluster.domain import ClusterState, Job, PendingJob, Placement, RunningJob
-from linkwise.cluster.heuristics import (
-    ORACLE_POLICIES,
-    MissingPredictions,
-    Qssf,
-    SjfBco,
-    SjfBcoOracle,
-    SrtfOracle,
-    is_oracle,
-    make_policy,
-    needs_predictions,
-    policy_names,
-)
 from linkwise.cluster.placement import apply_placement
 from linkwise.cluster.profiles import assign_profiles, load_calibration
 from linkwise.cluster.restart import RestartModel
 from linkwise.cluster.simulator import SimConfig, simulate
 from linkwise.cluster.topology import from_spec
+from linkwise.policies import heuristics as heur
+from linkwise.policies.heuristics import (
+    ORACLE_POLICIES,
+    MissingPredictions,
+    make_policy,
+    policy_names,
+)
+from linkwise.policies.spec import PolicySpec
 
 
 def _pending(
@@ -45,16 +41,21 @@ def _state(spec: str, pending: list[PendingJob], running: Any = ()) -> ClusterSt
 
 def test_registry_marks_oracles_and_prediction_policies() -> None:
     assert {"sjf_bco_oracle", "srtf_oracle"} == ORACLE_POLICIES
-    assert is_oracle("sjf_bco_oracle") and is_oracle("srtf_oracle") and is_oracle(" srtf_oracle")
-    assert is_oracle("sjf_bco_oracle:lam=2")
-    assert not is_oracle("sjf_bco") and not is_oracle("qssf") and not is_oracle("model:./x")
-    assert needs_predictions("qssf:lam=1.5") and not needs_predictions("sjf_bco")
+
+    def spec(text: str) -> PolicySpec:
+        return PolicySpec.parse(text)
+
+    assert spec("sjf_bco_oracle").is_oracle and spec("srtf_oracle").is_oracle
+    assert spec(" srtf_oracle").is_oracle and spec("sjf_bco_oracle:lam=2").is_oracle
+    assert not spec("sjf_bco").is_oracle and not spec("qssf").is_oracle
+    assert not spec("model:./x").is_oracle
+    assert spec("qssf:lam=1.5").needs_predictions and not spec("sjf_bco").needs_predictions
     assert "qssf" not in policy_names() and "qssf" in policy_names(predictions=True)
     assert not ORACLE_POLICIES & set(policy_names(oracles=False))
     for name in ("qssf", "sjf_bco_oracle", "srtf_oracle"):
         assert make_policy(name).name == name
     with pytest.raises(ValueError, match="lam"):
-        Qssf(lam=0.5)
+        heur.qssf(lam=0.5)
 
 
 def test_qssf_orders_by_predicted_gpu_time_not_size_nor_truth() -> None:
@@ -62,16 +63,16 @@ def test_qssf_orders_by_predicted_gpu_time_not_size_nor_truth() -> None:
     # whatever the true run times say
     pending = [_pending(1, 1, 5.0, pred=100.0), _pending(2, 4, 900.0, pred=10.0, submit=1.0)]
     state = _state("1x4", pending)
-    assert [s.job_id for s in Qssf().decide(state).starts] == [2]
-    assert [s.job_id for s in SjfBco().decide(state).starts] == [1]
+    assert [s.job_id for s in heur.qssf().decide(state).starts] == [2]
+    assert [s.job_id for s in heur.sjf_bco().decide(state).starts] == [1]
     # the oracle reads the truth: 1 x 5 s first
-    assert SjfBcoOracle().decide(state).starts[0].job_id == 1
+    assert heur.sjf_bco_oracle().decide(state).starts[0].job_id == 1
 
 
 def test_qssf_refuses_jobs_without_predictions_and_names_history() -> None:
     state = _state("1x4", [_pending(1, 1, 5.0)])
     with pytest.raises(MissingPredictions, match="--history"):
-        Qssf().decide(state)
+        heur.qssf().decide(state)
     assert isinstance(MissingPredictions("x"), ValueError)  # the CLI's exit 2
 
 
@@ -87,8 +88,8 @@ def test_qssf_with_equal_predictions_is_sjf_bco() -> None:
     topo = from_spec("4x8,leaf=2")
     jobs = [replace(j, pred_s=600.0, pred_hi_s=900.0) for j in _workload()]
     model = AnalyticModel(load_calibration())
-    a = simulate(topo, jobs, model, Qssf()).records
-    b = simulate(topo, jobs, model, SjfBco()).records
+    a = simulate(topo, jobs, model, heur.qssf()).records
+    b = simulate(topo, jobs, model, heur.sjf_bco()).records
     key = sorted((r.job.job_id, r.first_start, r.end) for r in a)
     assert key == sorted((r.job.job_id, r.first_start, r.end) for r in b)
 
@@ -97,12 +98,13 @@ def test_srtf_oracle_preempts_a_long_job_for_a_short_arrival() -> None:
     topo = from_spec("1x1")
     jobs = [Job(0, 0.0, 1, 100.0), Job(1, 10.0, 1, 5.0)]
     free = SimConfig(restart=RestartModel.free())
-    run = simulate(topo, jobs, NoContention(), SrtfOracle(), free)
+    run = simulate(topo, jobs, NoContention(), heur.srtf_oracle(), free)
     recs = {r.job.job_id: r for r in run.records}
     assert recs[1].end == pytest.approx(15.0)
     assert recs[0].end == pytest.approx(105.0) and recs[0].preemptions == 1
     # the honest default: job 0 drains 30 s first, then restarts with 30 s of restore
-    recs = {r.job.job_id: r for r in simulate(topo, jobs, NoContention(), SrtfOracle()).records}
+    srtf = heur.srtf_oracle()
+    recs = {r.job.job_id: r for r in simulate(topo, jobs, NoContention(), srtf).records}
     assert recs[1].end == pytest.approx(10.0 + 30.0 + 5.0)
     assert recs[0].end == pytest.approx(45.0 + 30.0 + 90.0) and recs[0].preemptions == 1
 
@@ -112,7 +114,7 @@ def test_srtf_oracle_keeps_a_job_shorter_than_the_arrival() -> None:
         Job(0, 0.0, 2, 50.0), Placement(((0, 2),)), 0.0, remaining_s=20.0, rate=1.0, since=0.0
     )
     state = _state("1x2", [_pending(1, 2, 30.0)], [run])
-    decision = SrtfOracle().decide(state)
+    decision = heur.srtf_oracle().decide(state)
     assert decision.starts == () and decision.preempt == ()
 
 
@@ -126,8 +128,8 @@ def test_oracles_beat_their_same_information_versions_on_average() -> None:
         recs = simulate(topo, jobs, model, policy).records  # type: ignore[arg-type]
         return sum(r.jct for r in recs) / len(recs)
 
-    assert avg(SrtfOracle()) <= avg(SjfBco())
-    assert avg(SjfBcoOracle()) <= avg(SjfBco())
+    assert avg(heur.srtf_oracle()) <= avg(heur.sjf_bco())
+    assert avg(heur.sjf_bco_oracle()) <= avg(heur.sjf_bco())
 
 
 def test_srtf_oracle_never_preempts_for_a_start_its_span_bound_refuses() -> None:
@@ -138,7 +140,7 @@ def test_srtf_oracle_never_preempts_for_a_start_its_span_bound_refuses() -> None
         return RunningJob(job, Placement(((node, 2),)), 0.0, remaining_s=100.0, rate=1.0)
 
     state = _state("3x4", [_pending(9, 8, 1.0)], [run(1, 0), run(2, 1), run(3, 2)])
-    assert SrtfOracle().decide(state) == SrtfOracle().decide(state)
-    assert SrtfOracle().decide(state).is_wait  # nothing placeable: nobody preempted
-    spread = SrtfOracle(lam=float("inf")).decide(state)  # no bound: it starts, R3 makes room
+    assert heur.srtf_oracle().decide(state) == heur.srtf_oracle().decide(state)
+    assert heur.srtf_oracle().decide(state).is_wait  # nothing placeable: nobody preempted
+    spread = heur.srtf_oracle(lam=float("inf")).decide(state)  # no bound: it starts, R3 makes room
     assert [s.job_id for s in spread.starts] == [9] and spread.preempt == (3,)

@@ -22,7 +22,6 @@ import pytest
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import ClusterState, Decision
 from linkwise.cluster.env import ClusterEnv, Workload
-from linkwise.cluster.heuristics import make_policy
 from linkwise.cluster.mdp import (
     ENCODER_REVISION,
     MdpConfig,
@@ -41,17 +40,14 @@ from linkwise.datasets.rollouts import (
     windows_predictor,
 )
 from linkwise.datasets.windows import choose_windows
+from linkwise.models.build import build_policy
 from linkwise.models.learned import CHECKSUMS, PackageError, load_package, masked_argmax
 from linkwise.models.packaging import save_package
-from linkwise.models.policy_spec import PolicySpec
-from linkwise.models.registry import (
-    MODEL_NAME,
-    ModelSource,
-    ensure_experiment,
-    load_policy,
-    log_policy,
-)
+from linkwise.models.registry import ensure_experiment, load_policy, log_policy
 from linkwise.models.training import AlgoConfig, action_values, build_algo, fit, frame_arrays
+from linkwise.policies.heuristics import make_policy
+from linkwise.policies.source import MODEL_NAME, ModelSource
+from linkwise.policies.spec import PolicySpec
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 PHILLY = DATA / "traces" / "philly_2017-09-04_2017-10-15.csv"
@@ -61,7 +57,7 @@ TOPO = "8x8,leaf=2"
 
 
 def _resolve(spec: str) -> Any:
-    return PolicySpec.parse(spec).build()
+    return build_policy(PolicySpec.parse(spec))
 
 
 def _states(n: int) -> list[ClusterState]:
@@ -96,7 +92,13 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         cut_windows(jobs_from_trace(PHILLY), 3600.0, max_gpus=64), n=3, min_jobs=20
     )
     tasks = make_tasks(
-        wins, ["best_fit"], [0], from_spec(TOPO), epsilons=(0.2,), config=CONFIG, block_s=600
+        wins,
+        [PolicySpec.parse("best_fit")],
+        [0],
+        from_spec(TOPO),
+        epsilons=(0.2,),
+        config=CONFIG,
+        block_s=600,
     )
     manifest = export_dataset(run_rollouts(tasks), SPEC, {"test": "registry"}, root / "data")
     df, _ = read_dataset(manifest["path"])

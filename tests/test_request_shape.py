@@ -34,6 +34,7 @@ from linkwise.deployer.metrics import ServeMetrics
 from linkwise.deployer.observation import build_observation, job_request, job_shape
 from linkwise.deployer.policies import GuardedPolicy, PolicyHolder
 from linkwise.deployer.recorder import Recorder
+from linkwise.policies.spec import PolicySpec
 
 LOG = logging.getLogger("test.request_shape")
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -302,7 +303,9 @@ def make_backend(tmp_path: Path, client: FakeClient) -> SlurmBackend:
         state_dir=str(tmp_path / "state"), interval_s=0.01, lease_s=120.0, watchdog=False,
     )  # fmt: skip
     metrics = ServeMetrics()
-    holder = PolicyHolder("fifo", "fifo", metrics=metrics, logger=LOG)
+    holder = PolicyHolder(
+        PolicySpec.parse("fifo"), PolicySpec.parse("fifo"), metrics=metrics, logger=LOG
+    )
     recorder = Recorder(config.db, config.spool_path, logger=LOG)
     return SlurmBackend(
         client, TOPO, config, GuardedPolicy(holder, metrics, LOG), recorder, metrics,  # type: ignore[arg-type]

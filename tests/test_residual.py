@@ -17,7 +17,6 @@ import pytest
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import ClusterState, Decision, Policy
 from linkwise.cluster.fork import fresh
-from linkwise.cluster.heuristics import make_policy
 from linkwise.cluster.mdp import MdpConfig, make_spec
 from linkwise.cluster.profiles import assign_profiles, load_calibration
 from linkwise.cluster.simulator import SimConfig, simulate
@@ -27,8 +26,8 @@ from linkwise.datasets.labels import LabelTask, run_labels, write_labels
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.rollouts import cut_windows
 from linkwise.datasets.traces import jobs_frame
+from linkwise.models.build import build_policy
 from linkwise.models.learned import PackageError
-from linkwise.models.policy_spec import PolicySpec
 from linkwise.models.residual import (
     Deferral,
     ResidualPolicy,
@@ -43,6 +42,8 @@ from linkwise.pipelines.residual import (
     label_deferral,
     train_on_labels,
 )
+from linkwise.policies.heuristics import make_policy
+from linkwise.policies.spec import PolicySpec
 
 TOPO = from_spec("2x8")
 CFG = MdpConfig(k_slots=3)
@@ -275,7 +276,7 @@ def test_bc_and_cql_train_on_labels_and_package_as_a_residual(
     assert meta["kind"] == "residual" and meta["residual"]["base"] == "sjf_bco"
     assert meta["residual"]["advantage"] == ("q difference" if algo == "cql" else
                                              "log-probability difference")  # fmt: skip
-    policy = PolicySpec.parse(f"model:{pkg}").build(MODEL)
+    policy = build_policy(PolicySpec.parse(f"model:{pkg}"), MODEL)
     assert isinstance(policy, ResidualPolicy)
     assert policy.margin == 0.25 and policy.deferral == deferral and policy.base_spec == "sjf_bco"
     assert "base=sjf_bco" in policy.name and "margin=0.25" in policy.name
@@ -284,13 +285,13 @@ def test_bc_and_cql_train_on_labels_and_package_as_a_residual(
     inf_pkg = write_residual_package(r.package_dir, tmp_path / "inf", base="sjf_bco",
                                      margin=math.inf, deferral=deferral)  # fmt: skip
     assert json.loads((inf_pkg / "policy.json").read_text())["residual"]["margin"] == "inf"
-    inf = PolicySpec.parse(f"model:{inf_pkg}").build(MODEL)
+    inf = build_policy(PolicySpec.parse(f"model:{inf_pkg}"), MODEL)
     jobs = _jobs()
     assert _run(inf, jobs).log == _run(make_policy("sjf_bco"), jobs).log
     # a changed policy.json is refused by the checksums
     (pkg / "policy.json").write_text(json.dumps({**meta, "residual": {"base": "fifo"}}))
     with pytest.raises(PackageError, match="SHA-256"):
-        PolicySpec.parse(f"model:{pkg}").build(MODEL)
+        build_policy(PolicySpec.parse(f"model:{pkg}"), MODEL)
 
 
 def test_a_residual_base_must_be_a_heuristic(trained: Any, tmp_path: Path) -> None:
@@ -298,7 +299,7 @@ def test_a_residual_base_must_be_a_heuristic(trained: Any, tmp_path: Path) -> No
     pkg = write_residual_package(r.package_dir, tmp_path / "r", base="srtf_oracle",
                                  margin=1.0, deferral=Deferral())  # fmt: skip
     with pytest.raises(PackageError, match="heuristic"):
-        PolicySpec.parse(f"model:{pkg}").build(MODEL)
+        build_policy(PolicySpec.parse(f"model:{pkg}"), MODEL)
 
 
 def test_one_dagger_round_labels_the_residuals_own_states(

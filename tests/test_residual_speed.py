@@ -16,7 +16,6 @@ import pytest
 
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import Decision
-from linkwise.cluster.heuristics import make_policy
 from linkwise.cluster.mdp import MdpConfig, make_spec
 from linkwise.cluster.profiles import assign_profiles, load_calibration
 from linkwise.cluster.simulator import SimConfig, simulate
@@ -25,6 +24,7 @@ from linkwise.datasets import synthetic
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.models.learned import masked_argmax
 from linkwise.models.residual import Deferral, ResidualPolicy, topology_signature
+from linkwise.policies.heuristics import make_policy
 from linkwise.tests._states import Both, decision_states
 
 TOPO = from_spec("4x8,leaf=2")
@@ -212,8 +212,8 @@ def test_a_forked_base_shares_bounded_placement_memo() -> None:
     ``Bounded``'s pure caches instead of copying 4,096 placements at every deviation."""
     import copy
 
-    from linkwise.cluster.compose.placements import Bounded
     from linkwise.cluster.fork import fresh
+    from linkwise.policies.parts.placements import Bounded
 
     b = Bounded(kappa=None, lam=1.0)
     b._memo[((1,), (0,), 1)] = None

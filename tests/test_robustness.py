@@ -21,6 +21,7 @@ from linkwise.evaluation.gates import check_robustness
 from linkwise.models.packaging import write_package
 from linkwise.models.residual import Deferral, topology_signature, write_residual_package
 from linkwise.pipelines.residual import robustness, robustness_topologies
+from linkwise.policies.spec import PolicySpec
 
 CFG = MdpConfig(k_slots=3)
 SPEC = make_spec(CFG)
@@ -71,7 +72,8 @@ def test_a_residual_that_defers_off_its_cluster_is_its_base_there(package: Path)
     jobs = synthetic.generate(80, seed=2, max_gpus=16, load_scale=8.0)
     windows = cut_windows(jobs_frame(jobs), 6 * 3600.0, min_jobs=5)[:1]
     trained = [topology_signature(from_spec(TRAINED))]
-    rows = robustness(str(package), "sjf_bco", robustness_topologies(TRAINED), windows, [0],
+    rows = robustness(str(package), PolicySpec.parse("sjf_bco"), robustness_topologies(TRAINED),
+                      windows, [0],
                       predictor=RuntimePredictor.fit(jobs), trained=trained)  # fmt: skip
     by_name = {r.name: r for r in rows}
     assert by_name["1x"].trained_on and not by_name["1x-oversub4"].trained_on

@@ -22,7 +22,7 @@ from linkwise.datasets.rollouts import (
     RolloutTask,
     Window,
     behaviour_name,
-    behaviour_spec,
+    check_behaviour,
     cut_windows,
     jobs_from_store,
     jobs_from_trace,
@@ -36,6 +36,7 @@ from linkwise.datasets.rollouts import (
 from linkwise.datasets.store import open_store
 from linkwise.datasets.transitions import TRANSITION_SCHEMA, check_frame
 from linkwise.datasets.windows import choose_windows
+from linkwise.policies.spec import PolicySpec
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 PHILLY = DATA / "traces" / "philly_2017-09-04_2017-10-15.csv"
@@ -129,6 +130,10 @@ def test_bootstrap_arrival_counts_follow_the_blocks(window: Window) -> None:
     assert all(6 * counts.min() <= n <= 6 * counts.max() for n in sizes)
 
 
+def _specs(*texts: str) -> list[PolicySpec]:
+    return [PolicySpec.parse(t) for t in texts]
+
+
 def _task(
     window: Window,
     policy: str = "best_fit",
@@ -137,7 +142,7 @@ def _task(
     max_steps: int | None = None,
 ) -> RolloutTask:
     return RolloutTask(
-        policy=policy,
+        policy=PolicySpec.parse(policy),
         epsilon=eps,
         seed=seed,
         window=window,
@@ -188,11 +193,13 @@ def test_max_steps_cuts_the_episode_as_a_timeout(window: Window) -> None:
 
 def test_task_grid_and_validation(windows: list[Window]) -> None:
     ws = windows[:2]
-    tasks = make_tasks(ws, ["fifo", "sjf_bco"], [0, 1], from_spec(TOPO), epsilons=(0.0, 0.5))
+    tasks = make_tasks(ws, _specs("fifo", "sjf_bco"), [0, 1], from_spec(TOPO), epsilons=(0.0, 0.5))
     assert len(tasks) == 2 * 2 * 2 * 2
     assert len({t.episode for t in tasks}) == len(tasks)
     assert behaviour_name("fifo", 0.0) == "fifo" and behaviour_name("fifo", 0.5) == "fifo+eps0.5"
     with pytest.raises(ValueError, match="unknown or oracle behaviour policy"):
+        _task(ws[0], policy="srtf_oracle")
+    with pytest.raises(ValueError, match="unknown policy"):
         _task(ws[0], policy="nope")
     with pytest.raises(ValueError, match="epsilon"):
         _task(ws[0], eps=1.5)
@@ -264,12 +271,14 @@ def test_jobs_from_store_aggregates_runs() -> None:
 def test_tasks_share_one_predictor_and_annotate_every_job(windows: list[Window]) -> None:
     """``make_tasks`` gives every task one predictor (fit on the windows' jobs when none is
     given); a window's workload, backlog included, carries its predictions."""
-    tasks = make_tasks(windows[:2], ["fifo", "best_fit"], [0, 1], from_spec(TOPO), config=CONFIG)
+    tasks = make_tasks(
+        windows[:2], _specs("fifo", "best_fit"), [0, 1], from_spec(TOPO), config=CONFIG
+    )
     first = tasks[0].predictor
     assert first is not None and all(t.predictor is first for t in tasks)
     assert first.fit_until == max(w.end for w in windows[:2])
     given = RuntimePredictor.fit([Job(1, 0.0, 1, 60.0)])
-    one = make_tasks(windows[:1], ["fifo"], [0], from_spec(TOPO), predictor=given)
+    one = make_tasks(windows[:1], _specs("fifo"), [0], from_spec(TOPO), predictor=given)
     assert all(t.predictor is given for t in one)
     backlog = Backlog(
         time=0.0,
@@ -310,18 +319,17 @@ def test_rollouts_take_qssf_and_refuse_oracles() -> None:
     wins = choose_windows(
         cut_windows(jobs_from_trace(PHILLY), 3600.0, max_gpus=64), n=1, min_jobs=20
     )
-    tasks = make_tasks(wins, ["qssf"], [0], from_spec("8x8"), block_s=600.0)
+    tasks = make_tasks(wins, _specs("qssf"), [0], from_spec("8x8"), block_s=600.0)
     df = run_rollouts(tasks)
     assert df.height > 0 and set(df["behaviour"]) == {"qssf"}
     with pytest.raises(ValueError, match="oracle"):
-        make_tasks(wins, ["srtf_oracle"], [0], from_spec("8x8"))
+        make_tasks(wins, _specs("srtf_oracle"), [0], from_spec("8x8"))
 
 
 def test_behaviours_are_policy_specs(window: Window) -> None:
     """Heuristics with parameters go through the one spec parser (their label names the
     episodes); oracles, bad parameters and registry models are refused."""
-    tasks = make_tasks(
-        [window], ["sjf_bco:lam=2", "tiresias_las"], [0], from_spec(TOPO),
+    tasks = make_tasks([window], _specs("sjf_bco:lam=2", "tiresias_las"), [0], from_spec(TOPO),
         epsilons=(0.1,), config=CONFIG, block_s=600.0, max_steps=60,
     )  # fmt: skip
     df = run_rollouts(tasks)
@@ -336,6 +344,10 @@ def test_behaviours_are_policy_specs(window: Window) -> None:
         ("model:models:/linkwise-policy/3", "package folder"),
     ):
         with pytest.raises(ValueError, match=why):
-            make_tasks([window], [bad], [0], from_spec(TOPO))
-    assert behaviour_spec("model:/tmp/pkg").package == "/tmp/pkg"
-    assert policy_label("model:/tmp/runs/abc123") == "model:abc123"
+            make_tasks([window], [PolicySpec.parse(bad)], [0], from_spec(TOPO))
+    for refused in ("compose:order=gpus,placement=bounded", "lookahead:base=fifo"):
+        with pytest.raises(ValueError, match="behaviour policy"):
+            check_behaviour(PolicySpec.parse(refused))
+    check_behaviour(PolicySpec.parse("model:/tmp/pkg"))  # a package folder is one
+    assert policy_label(PolicySpec.parse("model:/tmp/runs/abc123")) == "model:abc123"
+    assert policy_label(PolicySpec.parse(" sjf_bco:lam=2 ")) == "sjf_bco:lam=2"

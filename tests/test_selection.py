@@ -31,6 +31,7 @@ from linkwise.pipelines.demo import DemoResult, run_demo
 from linkwise.pipelines.experiment import DEMO_CI, TrainingPlan
 from linkwise.pipelines.learners import candidate_configs, train_offline
 from linkwise.pipelines.selection import Candidate, select, validation_windows
+from linkwise.policies.spec import PolicySpec
 
 PHILLY = (
     Path(__file__).resolve().parents[2]
@@ -186,7 +187,9 @@ def tiny_dataset(tmp_path_factory: pytest.TempPathFactory) -> str:
     wins = choose_windows(
         cut_windows(jobs_from_trace(PHILLY), 3600.0, max_gpus=64), n=2, min_jobs=20
     )
-    tasks = make_tasks(wins, ["best_fit"], [0], from_spec("8x8,leaf=2"), config=DEMO_CI.mdp)
+    tasks = make_tasks(
+        wins, [PolicySpec.parse("best_fit")], [0], from_spec("8x8,leaf=2"), config=DEMO_CI.mdp
+    )
     sources = {"predictor": predictor_record(tasks[0].predictor, {"fit_on": "the windows"})}
     spec = make_spec(DEMO_CI.mdp)
     out = export_dataset(run_rollouts(tasks), spec, sources, tmp_path_factory.mktemp("data"))

@@ -18,7 +18,6 @@ import duckdb
 import pytest
 
 from linkwise.cluster.domain import Decision, Job, Placement, Shape, Start
-from linkwise.cluster.heuristics import make_policy
 from linkwise.cluster.loop import drive
 from linkwise.cluster.slurm.errors import SlurmError, SlurmTimeout, SlurmUnavailable
 from linkwise.cluster.slurm.records import NodeInfo, QueuedJob
@@ -44,6 +43,8 @@ from linkwise.deployer.recorder import Recorder
 from linkwise.deployer.release import hand_back
 from linkwise.deployer.scontrol import untag_command
 from linkwise.deployer.watchdog import _tools
+from linkwise.policies.heuristics import make_policy
+from linkwise.policies.spec import PolicySpec
 
 LOG = logging.getLogger("test.serve")
 TOPO = from_spec("4x4")
@@ -174,7 +175,9 @@ def make_backend(tmp_path: Path, client: FakeClient, **cfg: Any) -> SlurmBackend
         state_dir=str(tmp_path / "state"), interval_s=0.01, lease_s=120.0, watchdog=False, **cfg,
     )  # fmt: skip
     metrics = ServeMetrics()
-    holder = PolicyHolder("fifo", "fifo", metrics=metrics, logger=LOG)
+    holder = PolicyHolder(
+        PolicySpec.parse("fifo"), PolicySpec.parse("fifo"), metrics=metrics, logger=LOG
+    )
     recorder = Recorder(config.db, config.spool_path, logger=LOG)
     return SlurmBackend(
         client, TOPO, config, GuardedPolicy(holder, metrics, LOG), recorder, metrics,  # type: ignore[arg-type]
@@ -281,7 +284,8 @@ def test_policy_holder_falls_back_reloads_and_keeps_the_previous_model() -> None
         return LoadedPolicy(make_policy("best_fit"), spec, f"v{token['v']}", "obs1")
 
     holder = PolicyHolder(
-        "model:champion", "fifo", metrics=metrics, logger=LOG, reload_s=0.0, loader=loader,
+        PolicySpec.parse("model:champion"), PolicySpec.parse("fifo"), metrics=metrics, logger=LOG,
+        reload_s=0.0, loader=loader,
         probe=lambda _s: token["v"],
     )  # fmt: skip
     assert holder.active.model_version == "v1"
@@ -292,7 +296,8 @@ def test_policy_holder_falls_back_reloads_and_keeps_the_previous_model() -> None
     holder.refresh(now=2.0)
     assert holder.active.model_version == "v2"
     fresh = PolicyHolder(
-        "model:champion", "fifo", metrics=metrics, logger=LOG, loader=loader,
+        PolicySpec.parse("model:champion"), PolicySpec.parse("fifo"), metrics=metrics, logger=LOG,
+        loader=loader,
         probe=lambda _s: "9",
     )  # fmt: skip
     assert fresh.active.name == "fifo" and "checksum mismatch" in fresh.fallback_reason
@@ -391,17 +396,19 @@ def test_a_registry_model_is_recorded_by_its_version_number(
     """Promotion's shadow evidence looks decisions up by registry version: record that."""
     from types import SimpleNamespace
 
-    import linkwise.models.policy_spec as policy_spec
+    import linkwise.models.build as build
     from linkwise.deployer import policies as loop
 
     fake = SimpleNamespace(  # a loaded package as load_source gives it (policy.json: meta)
         package_dir="models:/linkwise-policy/7", spec=SimpleNamespace(version="obs-x"), meta={}
     )
-    monkeypatch.setattr(policy_spec, "load_source", lambda source, **_kw: fake)
-    loaded = loop._learned("model:champion")
+    monkeypatch.setattr(build, "load_source", lambda source, **_kw: fake)
+    loaded = loop._learned(PolicySpec.parse("model:champion"))
     assert (loaded.model_version, loaded.obs_spec_version) == ("7", "obs-x")
     fake.package_dir = "/srv/packages/abc"
-    assert loop._learned("model:/srv/packages/abc").model_version == "/srv/packages/abc"
+    assert loop._learned(PolicySpec.parse("model:/srv/packages/abc")).model_version == (
+        "/srv/packages/abc"
+    )
 
 
 # ---------------------------------------------------------------- issue 12
@@ -738,7 +745,10 @@ def test_a_shadow_loop_deciding_the_same_starts_again_logs_them_once(
         state_dir=str(tmp_path / "state"), interval_s=0.01, max_cycles=4, watchdog=False,
     )  # fmt: skip
     metrics = ServeMetrics()
-    guarded = GuardedPolicy(PolicyHolder("fifo", "fifo", metrics=metrics, logger=LOG), metrics, LOG)
+    holder = PolicyHolder(
+        PolicySpec.parse("fifo"), PolicySpec.parse("fifo"), metrics=metrics, logger=LOG
+    )
+    guarded = GuardedPolicy(holder, metrics, LOG)
     backend = ShadowBackend(
         client, TOPO, config, guarded, Recorder(config.db, config.spool_path, logger=LOG),  # type: ignore[arg-type]
         metrics, logger=LOG, sleep=lambda s: None, lease_dir=tmp_path / "leases",

@@ -30,6 +30,7 @@ from linkwise.deployer.observation import (
 from linkwise.deployer.policies import GuardedPolicy, PolicyHolder
 from linkwise.deployer.recorder import Recorder
 from linkwise.deployer.release import sweep
+from linkwise.policies.spec import PolicySpec
 
 LOG = logging.getLogger("test.serve.constraints")
 TOPO = from_spec("4x4")
@@ -84,7 +85,9 @@ def make_backend(tmp_path: Path, client: FakeClient, **cfg: Any) -> SlurmBackend
         state_dir=str(tmp_path / "state"), interval_s=0.01, lease_s=120.0, watchdog=False, **cfg,
     )  # fmt: skip
     metrics = ServeMetrics()
-    holder = PolicyHolder("fifo", "fifo", metrics=metrics, logger=LOG)
+    holder = PolicyHolder(
+        PolicySpec.parse("fifo"), PolicySpec.parse("fifo"), metrics=metrics, logger=LOG
+    )
     recorder = Recorder(config.db, config.spool_path, logger=LOG)
     return SlurmBackend(
         client, TOPO, config, GuardedPolicy(holder, metrics, LOG), recorder, metrics,  # type: ignore[arg-type]

@@ -26,6 +26,7 @@ from linkwise.cluster.slurm.client import SlurmClient, read_env_file
 from linkwise.deployer.holds import HOLD_TAG, RELEASED_TAG
 from linkwise.deployer.lease import lease_dir_for
 from linkwise.deployer.loop import ServeConfig, serve
+from linkwise.policies.spec import PolicySpec
 from linkwise.tests._serve import cycles_run, free_port
 from linkwise.tests._slurm import slurm_argv
 from linkwise.tests._store import read_store
@@ -241,7 +242,7 @@ def test_a_released_job_slurm_cannot_run_there_gets_its_node_list_cleared(
         120, "Slurm to report the job cannot run there",
     )  # fmt: skip
     cfg = ServeConfig(
-        mode="active", partitions=("gpu",), slurm_env=ENV_FILE, policy="fifo",
+        mode="active", partitions=("gpu",), slurm_env=ENV_FILE, policy=PolicySpec.parse("fifo"),
         db=str(tmp_path / "store.duckdb"), state_dir=str(tmp_path / "state"),
         lease_root=str(LEASE_ROOT), interval_s=0.5, lease_s=60.0, max_cycles=3,
     )  # fmt: skip
@@ -323,7 +324,7 @@ def test_max_hold_is_enforced_on_a_full_disk(
     tag(client, wide)
     fill(full_disk)
     cfg = ServeConfig(
-        mode="active", partitions=("gpu",), slurm_env=ENV_FILE, policy="fifo",
+        mode="active", partitions=("gpu",), slurm_env=ENV_FILE, policy=PolicySpec.parse("fifo"),
         db=str(full_disk / "store.duckdb"), state_dir=str(full_disk / "state"),
         lease_root=str(LEASE_ROOT), interval_s=0.5, lease_s=5.0, max_cycles=10,
         max_hold_s=2.0, watchdog=False,

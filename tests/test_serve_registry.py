@@ -61,7 +61,7 @@ def test_relative_paths_resolve_against_the_files_folder(tmp_path: Path, elsewhe
     (etc / "pkg").mkdir(parents=True)
     path = _config(etc, "model:./pkg", 'tracking_uri = "registry/mlflow.db"')
     s = load_service_config(path).serve
-    assert s.policy == f"model:{etc / 'pkg'}"
+    assert s.policy.label == f"model:{etc / 'pkg'}"
     assert s.tracking_uri == f"sqlite:///{etc / 'registry' / 'mlflow.db'}"
     assert (s.slurm_env, s.db, s.state_dir, s.lease_root) == (
         str(etc / "slurm.env"),

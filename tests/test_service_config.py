@@ -62,7 +62,7 @@ def _example(env_file: Path, **subs: str) -> str:
 def test_the_shipped_example_is_a_valid_configuration(env_file: Path) -> None:
     cfg = parse_service_config(_example(env_file), "example.toml")
     s = cfg.serve
-    assert (s.mode, s.partitions, s.policy, s.fallback) == (
+    assert (s.mode, s.partitions, s.policy.label, s.fallback.label) == (
         "shadow",
         ("gpu",),
         "model:shadow",
@@ -89,7 +89,9 @@ def test_a_digest_pins_a_local_package(env_file: Path, tmp_path: Path) -> None:
             '# digest = "<64 hex>"': f'digest = "{digest.upper()}"',
         },
     )
-    assert parse_service_config(text).serve.policy == f"model:{tmp_path}/pkg#sha256={digest}"
+    policy = parse_service_config(text).serve.policy
+    assert policy.label == f"model:{tmp_path}/pkg#sha256={digest}"
+    assert policy.source is not None and policy.source.digest == digest
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,6 @@ import pytest
 
 from linkwise.cli import main
 from linkwise.cluster.contention import AnalyticModel
-from linkwise.cluster.heuristics import make_policy
 from linkwise.cluster.loop import drive
 from linkwise.cluster.profiles import assign_profiles, load_calibration
 from linkwise.cluster.simulator import Simulator
@@ -35,6 +34,8 @@ from linkwise.evaluation.shadow_replay import METRICS, shadow_report
 from linkwise.evaluation.shadow_report import write_shadow_report
 from linkwise.pipelines.history import PARTITION, accounting_jobs, replay_history
 from linkwise.pipelines.sim_shadow import SimShadowBackend
+from linkwise.policies.heuristics import make_policy
+from linkwise.policies.spec import PolicySpec
 
 ROOT = Path(__file__).resolve().parents[1]
 PHILLY = ROOT.parent / "shared" / "data" / "traces" / "philly_2017-09-04_2017-10-15.csv"
@@ -46,12 +47,14 @@ def _shadow_loop(db: Path, since: float, policy: str, root: Path) -> None:
     """The live loop's shadow mode (``SimShadowBackend``: its own DecisionLog) with ``policy``
     over the accounting's jobs from ``since``."""
     cal = load_calibration(None)
+    spec = PolicySpec.parse(policy)
     jobs = accounting_jobs(db, cluster=CLUSTER, since=since, max_gpus=32)
     sim = Simulator(from_spec(TOPO), assign_profiles(jobs, cal, seed=0), AnalyticModel(cal))
-    cfg = ServeConfig(mode="shadow", partitions=(PARTITION,), policy=policy, db=str(db),
+    cfg = ServeConfig(mode="shadow", partitions=(PARTITION,), policy=spec, db=str(db),
                       state_dir=str(root / "serve"), max_cycles=60, watchdog=False)  # fmt: skip
     metrics, log = ServeMetrics(), logging.getLogger("test.shadow_report")
-    guarded = GuardedPolicy(PolicyHolder(policy, "backfill", metrics=metrics, logger=log), metrics)
+    holder = PolicyHolder(spec, PolicySpec.parse("backfill"), metrics=metrics, logger=log)
+    guarded = GuardedPolicy(holder, metrics)
     backend = SimShadowBackend(sim, make_policy("backfill"), cfg, guarded,
                                Recorder(str(db), cfg.spool_path, logger=log), metrics,
                                cluster=CLUSTER)  # fmt: skip
@@ -111,7 +114,7 @@ def test_a_different_policy_is_measured_against_the_same_accounting(
         base = shadow_report(con, topology=from_spec(TOPO), since=since, until=until,
                              n_boot=200)  # fmt: skip
         other = shadow_report(con, topology=from_spec(TOPO), since=since, until=until,
-                              policy="fifo", n_boot=200)  # fmt: skip
+                              policy=PolicySpec.parse("fifo"), n_boot=200)  # fmt: skip
     assert other.policy_spec == "fifo" and other.jobs == base.jobs
     assert other.values["accounting"] == base.values["accounting"]
     assert other.values["backfill"] == base.values["backfill"]
@@ -182,7 +185,7 @@ def test_the_shadow_gate_reads_the_reports_interval(known: tuple[Path, float, fl
 
     db, _, _ = known
     with closing(open_store(db)) as con:
-        ev, info = shadow_evidence(con, "heuristic:backfill", policy="backfill",
+        ev, info = shadow_evidence(con, "heuristic:backfill", policy=PolicySpec.parse("backfill"),
                                    topology=from_spec(TOPO), calibration=load_calibration(None),
                                    n_boot=200)  # fmt: skip
     assert ev.avg_jct_ci is not None and ev.p99_jct_ci is not None

@@ -200,7 +200,7 @@ def test_parse_restart() -> None:
 @pytest.mark.parametrize("spec", ["tiresias_las", "tiresias_las:order=submit", "srtf_oracle"])
 def test_preemptive_policies_run_to_completion_under_the_honest_default(spec: str) -> None:
     from linkwise.cluster.profiles import assign_profiles, load_calibration
-    from linkwise.models.policy_spec import PolicySpec
+    from linkwise.policies.spec import PolicySpec
 
     calibration = load_calibration()
     sizes = [1, 2, 4, 8, 16, 3, 1, 12, 2, 8]

@@ -27,7 +27,6 @@ import pytest
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import ClusterState, Decision
 from linkwise.cluster.fork import fork
-from linkwise.cluster.heuristics import make_policy
 from linkwise.cluster.mdp import MdpConfig, candidates, encode, encode_partial, make_spec
 from linkwise.cluster.mdp.spec import SLOT_FEATURES
 from linkwise.cluster.profiles import assign_profiles, load_calibration
@@ -37,6 +36,7 @@ from linkwise.datasets import synthetic
 from linkwise.datasets.prediction import annotate_state
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.models.residual import Deferral, ResidualPolicy, topology_signature
+from linkwise.policies.heuristics import make_policy
 from linkwise.tests._states import Both, decision_states
 
 TOPO = from_spec("4x8,leaf=2")

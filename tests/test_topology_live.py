@@ -20,6 +20,7 @@ from linkwise.cluster.hostlist import expand
 from linkwise.cluster.slurm.client import SlurmClient, read_env_file
 from linkwise.deployer.holds import HOLD_TAG
 from linkwise.deployer.loop import ServeConfig, serve
+from linkwise.policies.spec import PolicySpec
 from linkwise.tests._slurm import slurm_argv
 from linkwise.tests._store import read_store
 
@@ -98,7 +99,8 @@ def test_the_loop_places_held_jobs_inside_the_topology(
         client.runner.run(["scontrol", "update", f"JobId={job}", f"AdminComment={HOLD_TAG}"])
     ids = list(jobs.values())
     cfg = ServeConfig(
-        mode="active", partitions=("gpu",), slurm_env=str(folder / "env"), policy="fifo",
+        mode="active", partitions=("gpu",), slurm_env=str(folder / "env"),
+        policy=PolicySpec.parse("fifo"),
         db=str(tmp_path / "store.duckdb"), state_dir=str(tmp_path / "state"),
         lease_root=str(tmp_path / "leases"), interval_s=1.0, lease_s=60.0, max_cycles=20,
     )  # fmt: skip

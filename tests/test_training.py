@@ -30,6 +30,7 @@ from linkwise.models.training import (
     split_episodes,
 )
 from linkwise.pipelines.train import TrainResult, train
+from linkwise.policies.spec import PolicySpec
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data"
@@ -48,7 +49,9 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     wins = choose_windows(
         cut_windows(jobs_from_trace(PHILLY), 3600.0, max_gpus=64), n=6, min_jobs=20
     )
-    tasks = make_tasks(wins, ["best_fit"], [0, 1], from_spec(TOPO), config=CONFIG, block_s=600.0)
+    tasks = make_tasks(
+        wins, [PolicySpec.parse("best_fit")], [0, 1], from_spec(TOPO), config=CONFIG, block_s=600.0
+    )
     df = run_rollouts(tasks)
     sources = {
         "rollouts": {"policies": ["best_fit"], "seeds": [0, 1], "trace": "philly"},
@@ -245,7 +248,7 @@ def test_learned_policy_runs_in_the_simulator_without_masked_actions(
     assert seen and any(a != CONFIG.wait_action for a in seen)
     # the same package through the CLI's policy strings (linkwise simulate --policy model:PATH)
     scenario = Scenario(topology=load_topology("4x8,leaf=2"), jobs=tuple(jobs), calibration=cal)
-    run = run_policy(scenario, f"model:{r.package_dir}")
+    run = run_policy(scenario, PolicySpec.parse(f"model:{r.package_dir}"))
     assert run.metrics.jobs == len(jobs)
 
 

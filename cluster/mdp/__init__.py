@@ -19,7 +19,7 @@ one candidate placement or waits (ends the decision point; time advances).
   ``least_contention`` (defined here: among the other generators' placements and a
   best fit inside each leaf switch, the one minimising the job's predicted slowdown plus
   the slowdown it adds to running split jobs) and ``bounded`` (SJF-BCO's consolidated
-  placement, ``heuristics._common.bounded_placement``: None when the job would span more
+  placement, ``cluster.placement.bounded_placement``: None when the job would span more
   than ``ceil(span_lambda x n_min)`` servers, so a policy offered only ``bounded``
   candidates waits for consolidation).
 - Actions: ``K * P + 1``; ``a < K * P`` is (slot ``a // P``, candidate ``a % P``), the

@@ -7,10 +7,10 @@ from collections.abc import Sequence
 
 from linkwise.cluster.contention import ContentionModel
 from linkwise.cluster.domain import ClusterState, Job, Placement
-from linkwise.cluster.heuristics._common import bounded_placement
 from linkwise.cluster.mdp.slowdown import Contention, Prediction, contention_of
 from linkwise.cluster.placement import (
     best_fit,
+    bounded_placement,
     first_fit,
     fragment_first_fit,
     least_busy,

@@ -33,7 +33,6 @@ from linkwise.cluster.topology import DEFAULT_TOPOLOGY
 from linkwise.datasets.job_telemetry import ATTRIBUTION_RULE
 from linkwise.datasets.operator import DEFAULT_STORE, operator_store, parse_time
 from linkwise.models.calibrations import calibration_for_store
-from linkwise.models.policy_spec import split_specs
 from linkwise.pipelines.build_dataset import (
     DEFAULT_EPSILONS,
     DEFAULT_POLICIES,
@@ -42,6 +41,7 @@ from linkwise.pipelines.build_dataset import (
 )
 from linkwise.pipelines.label import label
 from linkwise.pipelines.profiles import format_profiles, profiles_report
+from linkwise.policies.spec import PolicySpec, parse_specs
 
 # ------------------------------------------------------------------------ collect
 
@@ -229,7 +229,7 @@ def cmd_build_dataset(args: argparse.Namespace) -> int:
         args.trace,
         out_dir=args.out,
         rollouts=args.rollouts,
-        policies=split_specs(args.policies or "") or list(DEFAULT_POLICIES),
+        policies=parse_specs(args.policies or "") or DEFAULT_POLICIES,
         epsilons=csv_list(args.epsilons, float) or list(DEFAULT_EPSILONS),
         windows=csv_list(args.windows, int),
         seeds=csv_list(args.seeds, int) or [0],
@@ -293,7 +293,7 @@ def add_build_dataset_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--policies",
         help=f"comma-separated behaviour specs, e.g. sjf_bco:lam=2 or model:PATH "
-        f"(default {','.join(DEFAULT_POLICIES)})",
+        f"(default {','.join(p.label for p in DEFAULT_POLICIES)})",
     )
     p.add_argument("--epsilons", help="comma-separated exploration rates (default 0,0.1)")
     p.add_argument("--seeds", help="comma-separated resampling seeds (default 0)")
@@ -411,7 +411,7 @@ def cmd_label(args: argparse.Namespace) -> int:
         args.calibration, None, slurm_cluster=args.slurm_cluster, tracking_uri=args.tracking_uri
     )
     manifest = label(
-        base=args.base,
+        base=PolicySpec.parse(args.base),
         trace=args.trace,
         trace_format=args.trace_format,
         jobs=args.jobs,

@@ -27,14 +27,12 @@ from linkwise.cli.common import (
     add_window,
     csv_list,
 )
-from linkwise.cluster.heuristics import policy_names
 from linkwise.cluster.metrics import duration_text
 from linkwise.cluster.topology import DEFAULT_TOPOLOGY
 from linkwise.datasets.operator import DEFAULT_STORE, operator_store
 from linkwise.deployer.promote import rollback
 from linkwise.evaluation.gates import load_gates
 from linkwise.models.calibrations import calibration_for_store
-from linkwise.models.policy_spec import split_specs
 from linkwise.models.registry import default_tracking_uri
 from linkwise.pipelines.evaluate import (
     evaluate,
@@ -44,6 +42,8 @@ from linkwise.pipelines.evaluate import (
     promote_from_shadow,
 )
 from linkwise.pipelines.residual import robustness_check
+from linkwise.policies.heuristics import policy_names
+from linkwise.policies.spec import PolicySpec, parse_specs
 
 EXIT_CODES = (
     "exit codes: 0 {done}, 3 refused ({why}; the decision is printed and logged in "
@@ -59,7 +59,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         args.calibration, db, slurm_cluster=args.slurm_cluster, tracking_uri=args.tracking_uri
     )
     report, run_id = evaluate(
-        split_specs(args.policies or "") or policy_names(predictions=args.history is not None),
+        parse_specs(args.policies or ",".join(policy_names(predictions=args.history is not None))),
         trace=args.trace,
         db=db,
         slurm_cluster=args.slurm_cluster,
@@ -146,7 +146,7 @@ def cmd_ope(args: argparse.Namespace) -> int:
         os.environ["MLFLOW_TRACKING_URI"] = args.tracking_uri
     table = ope_estimates(
         args.dataset,
-        split_specs(args.policies),
+        parse_specs(args.policies),
         seeds=tuple(int(x) for x in args.seeds.split(",") if x.strip()),
         holdout=args.holdout,
         split_seed=args.split_seed,
@@ -173,7 +173,7 @@ def cmd_robust(args: argparse.Namespace) -> int:
     robustness gate's verdict (exit 0 passed, 3 refused)."""
     base, rows, report = robustness_check(
         args.package,
-        base=args.base,
+        base=PolicySpec.parse(args.base) if args.base else None,
         cluster=args.cluster,
         oversub=args.oversub,
         jobs=args.jobs,

@@ -55,8 +55,9 @@ from linkwise.deployer.service_config import (
 from linkwise.evaluation.shadow_replay import shadow_report
 from linkwise.evaluation.shadow_report import log_shadow_report, write_shadow_report
 from linkwise.models.calibrations import calibration_for_store
-from linkwise.models.policy_spec import PolicySpec
-from linkwise.models.registry import ModelSource, default_tracking_uri
+from linkwise.models.registry import default_tracking_uri
+from linkwise.policies.source import ModelSource
+from linkwise.policies.spec import PolicySpec
 
 # ------------------------------------------------------------------------ serve
 
@@ -209,13 +210,11 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
     """A ``ServeConfig`` from parsed arguments."""
     items = args.partition or ()
     parts = tuple(p.strip() for item in items for p in item.split(",") if p.strip())
-    if args.policy.strip().startswith("model:"):
-        ModelSource.parse(args.policy)  # an ambiguous or malformed source is refused here
     return ServeConfig(
         mode=args.mode,
         partitions=parts,
-        policy=args.policy,
-        fallback=args.fallback,
+        policy=PolicySpec.parse(args.policy),  # an ambiguous or malformed one is refused here
+        fallback=PolicySpec.parse(args.fallback),
         slurm_env=args.slurm_env,
         transport=args.transport,
         db=args.db or None,
@@ -281,10 +280,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"linkwise serve: refusing to start: {problem}", file=sys.stderr)
         return EXIT_INPUT
     if args.check_config:
-        where = f" (registry {config.tracking_uri})" if config.policy.startswith("model:") else ""
+        where = f" (registry {config.tracking_uri})" if config.policy.is_model else ""
         print(
             f"linkwise serve: {args.config or 'the options'}: good: {config.mode} on "
-            f"{','.join(config.partitions)}, policy {config.policy}{where}"
+            f"{','.join(config.partitions)}, policy {config.policy.label}{where}"
         )
         return EXIT_OK
     configure_logging(log_format)
@@ -353,8 +352,7 @@ def cmd_shadow_report(args: argparse.Namespace) -> int:
     if not db.is_file():
         raise FileNotFoundError(f"{db}: no such store")
     uri = args.tracking_uri or default_tracking_uri()
-    if args.policy:
-        PolicySpec.parse(args.policy)  # refused before any work
+    policy = PolicySpec.parse(args.policy) if args.policy else None  # refused before any work
     since, until = _time(args.since), _time(args.until)
     if since is not None and until is not None and until < since:
         raise ValueError("--until is before --since")
@@ -375,7 +373,7 @@ def cmd_shadow_report(args: argparse.Namespace) -> int:
             con,
             topology=topo,
             calibration=load_calibration(choice.path),
-            policy=args.policy,
+            policy=policy,
             since=since,
             until=until,
             cluster=args.slurm_cluster,

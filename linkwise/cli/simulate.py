@@ -228,14 +228,16 @@ def _finite(row: dict[str, Any]) -> dict[str, Any]:
     return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
 
 
-def _check_predictions(scenario: Any, specs: Sequence[str]) -> None:
-    """Refuse, before any simulation, a policy that needs run-time predictions it would not
-    get (``qssf``, a learned package without a predictor, when there is no ``--history``)."""
+def _build_checked(scenario: Any, specs: Sequence[Any]) -> list[Any]:
+    """The policies, built once each; refuse, before any simulation, one that needs run-time
+    predictions it would not get (``qssf``, a learned package without a predictor, when
+    there is no ``--history``)."""
     from linkwise.evaluation.compare import make_scenario_policy
     from linkwise.evaluation.predictions import check_predictions
 
     policies = [make_scenario_policy(scenario, s) for s in specs]
     check_predictions(specs, policies, scenario.predictor is not None, learned=True)
+    return policies
 
 
 def _predictions_note(rows: Sequence[dict[str, Any]], history: bool) -> None:
@@ -251,13 +253,13 @@ def _predictions_note(rows: Sequence[dict[str, Any]], history: bool) -> None:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from linkwise.evaluation.compare import run_policy
-    from linkwise.models.policy_spec import PolicySpec
     from linkwise.pipelines.console import print_table
+    from linkwise.policies.spec import PolicySpec
 
-    PolicySpec.parse(args.policy)  # a bad spec is refused before the workload is read
+    spec = PolicySpec.parse(args.policy)  # a bad spec is refused before the workload is read
     scenario, info = _scenario(args)
-    _check_predictions(scenario, [args.policy])
-    run = run_policy(scenario, args.policy)
+    (policy,) = _build_checked(scenario, [spec])
+    run = run_policy(scenario, spec, policy)
     out = run.row()
     _predictions_note([out], scenario.predictor is not None)
     if args.json:
@@ -292,17 +294,16 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from linkwise.cluster.heuristics import policy_names
     from linkwise.evaluation.compare import compare, plot_jct_cdf
-    from linkwise.models.policy_spec import PolicySpec, split_specs
     from linkwise.pipelines.console import print_table
+    from linkwise.policies.heuristics import policy_names
+    from linkwise.policies.spec import parse_specs
 
     history = args.history is not None
-    specs = split_specs(args.policies) if args.policies else policy_names(predictions=history)
-    for spec in specs:
-        PolicySpec.parse(spec)  # a bad spec is refused before the workload is read
+    # parsed once: a bad spec is refused before the workload is read
+    specs = parse_specs(args.policies or ",".join(policy_names(predictions=history)))
     scenario, info = _scenario(args)
-    _check_predictions(scenario, specs)
+    built = _build_checked(scenario, specs)
     console = Console(stderr=True, quiet=args.json)
     with Progress(
         TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -315,6 +316,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             workers=args.workers,
             on_done=lambda _: progress.advance(task),
             learned_need_predictions=True,
+            built=built,
         )
     rows = [r.row() for r in runs]
     _predictions_note(rows, history)
@@ -338,9 +340,14 @@ def cmd_topology(args: argparse.Namespace) -> int:
 
 
 def cmd_policies(args: argparse.Namespace) -> int:
-    from linkwise.models.policy_spec import PolicySpec, policy_catalog
+    from linkwise.models.build import pretrained_specs
+    from linkwise.policies.catalog import policy_catalog, policy_info
+    from linkwise.policies.spec import PolicySpec
 
-    infos = [PolicySpec.parse(s).info() for s in args.spec] if args.spec else policy_catalog()
+    if args.spec:
+        infos = [policy_info(PolicySpec.parse(s)) for s in args.spec]
+    else:
+        infos = policy_catalog(pretrained_specs())
     if args.json:
         print(json.dumps([i.to_json() for i in infos]))
         return EXIT_OK

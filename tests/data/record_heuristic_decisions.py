@@ -24,7 +24,7 @@ from linkwise.cluster.profiles import assign_profiles, load_calibration
 from linkwise.cluster.restart import RestartModel
 from linkwise.cluster.simulator import SimConfig, Simulator
 from linkwise.cluster.topology import from_spec
-from linkwise.models.policy_spec import PolicySpec
+from linkwise.policies.spec import PolicySpec
 
 OUT = Path(__file__).with_name("heuristic_decisions.json.gz")
 

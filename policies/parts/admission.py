@@ -5,8 +5,8 @@
 - ``strict``: the scan stops at the first job that cannot be placed (strict FIFO);
 - ``easy``: EASY backfill as Slurm's sched/backfill runs it: the fitting prefix starts, then
   every later job starts only where it delays no reservation of an earlier one, by the time
-  limits (``heuristics.backfill.Backfill``, which keeps the planner; it places with Slurm's
-  select on requested shapes, so it takes ``placement=select`` only).
+  limits (the planner: ``parts.backfill``; it places with Slurm's select on requested
+  shapes, so it takes ``placement=select`` only).
 """
 
 from __future__ import annotations
@@ -15,12 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import ClassVar, Protocol
 
-from linkwise.cluster.compose.placements import PlacementRule, Select, place_greedy
 from linkwise.cluster.domain import ClusterState, Decision, PendingJob, Start
-
-# Backfill's defaults, repeated so that the part's declared defaults read without importing
-# the planner (``heuristics.backfill``: DEFAULT_LIMIT_S, Slurm's bf_max_job_test, ...)
-_DEFAULT_LIMIT_S = 7 * 86400.0
+from linkwise.policies.parts.backfill import DEFAULT_LIMIT_S, plan_backfill
+from linkwise.policies.parts.placements import PlacementRule, Select, place_greedy
 
 
 class Admission(Protocol):
@@ -96,8 +93,8 @@ class Easy:
 
     name: ClassVar[str] = "easy"
     max_job_test: int = 100
-    default_limit_s: float = _DEFAULT_LIMIT_S
-    window_s: float = _DEFAULT_LIMIT_S
+    default_limit_s: float = DEFAULT_LIMIT_S
+    window_s: float = DEFAULT_LIMIT_S
     resolution_s: float = 60.0
 
     def admit(
@@ -110,9 +107,6 @@ class Easy:
     ) -> tuple[Start, ...]:
         if not isinstance(rule, Select):
             raise ValueError("admission=easy places with Slurm's select: use placement=select")
-        # the planner is a heuristic module (imported here: heuristics import this package)
-        from linkwise.cluster.heuristics.backfill import plan_backfill
-
         queue = tuple(ordered)
         view = state if queue == state.pending else replace(state, pending=queue)
         return plan_backfill(

@@ -130,7 +130,8 @@ def _flag(key: str, raw: str) -> bool:
 @dataclass(frozen=True)
 class LookaheadSpec:
     """A parsed ``lookahead:`` spec (see the module docstring); base and alternatives stay
-    spec strings, built by ``models.policy_spec``."""
+    spec text here (``policies.spec.PolicySpec`` parses them once beside it and builds
+    them, handing the built policies to ``make``)."""
 
     base: str
     alternatives: tuple[str, ...] = DEFAULT_ALTERNATIVES

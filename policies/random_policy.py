@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from linkwise.cluster.domain import ClusterState, Decision, Start, fixed_shape, within_request
-from linkwise.cluster.heuristics._common import add_jobs, can_ever_run
 from linkwise.cluster.placement import apply_placement, distinct_placements, slurm_select
+from linkwise.policies.parts.placements import add_busy, can_ever_run
 
 T = TypeVar("T")
 
@@ -77,7 +77,7 @@ class RandomPolicy:
                 first_fitting = Start(p.job.job_id, placement)
                 continue
             apply_placement(free, placement)
-            add_jobs(busy, placement)
+            add_busy(busy, placement)
             total -= gpus
             starts.append(Start(p.job.job_id, placement))
         if not starts and not state.running and first_fitting is not None:

@@ -1,4 +1,5 @@
-"""Backfill as Slurm runs it: sched/backfill over select/cons_tres, jobs in their requested shape.
+"""The planner of ``admission=easy``: Slurm's main scheduler then sched/backfill over
+select/cons_tres, jobs in their requested shape (``heuristics.backfill`` has the rule).
 
 Every job asks for a shape (``domain.requested_shape``: nodes x GPUs per node) and
 starts only in it, on the nodes ``placement.slurm_select`` picks (cons_tres best fit,
@@ -12,10 +13,8 @@ import bisect
 import math
 from dataclasses import dataclass, field
 
-from linkwise.cluster.compose import Composed, compose
 from linkwise.cluster.domain import (
     ClusterState,
-    Decision,
     Job,
     Placement,
     Shape,
@@ -23,13 +22,13 @@ from linkwise.cluster.domain import (
     Topology,
     requested_shape,
 )
-from linkwise.cluster.heuristics._common import can_ever_run
 from linkwise.cluster.placement import (
     apply_placement,
     slurm_select,
     slurm_select_flexible,
     slurm_select_usable,
 )
+from linkwise.policies.parts.placements import can_ever_run
 
 # A job without a time limit gets its partition's limit; traces without limits (Philly)
 # get this one: 7 days, a common MaxTime of GPU partitions. Slurm's bf_window should be
@@ -274,54 +273,6 @@ def _nodes_of(mask: int) -> list[int]:
     return out
 
 
-@dataclass(frozen=True, slots=True)
-class Backfill:
-    """Slurm's scheduling of one partition: the main scheduler, then sched/backfill.
-
-    The main scheduler starts jobs in queue (priority) order while each fits now in its
-    shape, and stops at the first that does not. Backfill then walks the rest of the
-    queue (at most ``max_job_test`` jobs, Slurm's ``bf_max_job_test``) and plans each at
-    its earliest start in the node-space: the GPUs free now, plus those the running jobs
-    release at their expected ends (start + estimate), minus the nodes reserved for the
-    jobs planned before it. A job whose earliest start is now starts; one that must wait
-    reserves its nodes, whole (as Slurm's backfill does), from that start for its
-    estimated run time, both ends rounded down to ``resolution_s`` (``bf_resolution``),
-    if the start is within ``window_s`` (``bf_window``); a job whose run would reach a
-    reservation's start may not use its nodes. So a later job starts only where it delays
-    no earlier one, by the estimates. Estimates come from
-    time limits (``runtime_estimate``, ``default_limit_s`` where a job has none); an
-    overdue job is expected to end within ``OVERDUE_S``. Jobs larger than the whole
-    cluster are ignored.
-
-    The composition ``order=submit, placement=select, admission=easy``: the planner is
-    ``plan_backfill`` (the ``easy`` admission part calls it on the queue in the order's
-    order), kept here whole: its node-space is what Slurm's backfill plans in.
-    """
-
-    name: str = "backfill"
-    max_job_test: int = 100
-    default_limit_s: float = DEFAULT_LIMIT_S
-    window_s: float = DEFAULT_LIMIT_S
-    resolution_s: float = 60.0
-    _policy: Composed = field(init=False, compare=False, repr=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_policy", compose(self.composition, name=self.name))
-
-    @property
-    def composition(self) -> str:
-        """The ``compose:`` spec this heuristic is."""
-        return (
-            "compose:order=submit,placement=select,admission=easy:"
-            f"max_job_test={self.max_job_test},default_limit_s={self.default_limit_s!r},"
-            f"window_s={self.window_s!r},resolution_s={self.resolution_s!r}"
-        )
-
-    def decide(self, state: ClusterState) -> Decision:
-        """Start the fitting queue prefix, then backfill around the planned reservations."""
-        return self._policy.decide(state)
-
-
 def plan_backfill(
     state: ClusterState,
     *,
@@ -331,7 +282,7 @@ def plan_backfill(
     resolution_s: float = 60.0,
 ) -> tuple[Start, ...]:
     """One pass of Slurm's main scheduler then sched/backfill over ``state.pending`` in its
-    order (``Backfill``'s docstring): the jobs that start now, where."""
+    order (``heuristics.backfill``'s docstring): the jobs that start now, where."""
     topo = state.topology
     now = state.time
     node_gpus = topo.max_gpus_per_node

@@ -20,13 +20,14 @@ crossing each link; both are kept up to date as jobs are placed.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 from linkwise.cluster.domain import (
+    ClusterState,
     Job,
+    PendingJob,
     Placement,
     Start,
     Topology,
@@ -36,6 +37,7 @@ from linkwise.cluster.domain import (
 from linkwise.cluster.placement import (
     apply_placement,
     best_fit,
+    bounded_placement,
     first_fit,
     fixed_first_fit,
     fragment_first_fit,
@@ -68,52 +70,9 @@ class PlacementRule(Protocol):
 MEMO_SIZE = 4096  # placements ``Bounded`` remembers (about 1 MB on a 64-node cluster)
 
 
-def min_nodes_for(capacities_desc: Sequence[int], gpus: int) -> int:
-    """Fewest nodes of these capacities (sorted descending) that hold ``gpus`` GPUs (>= 1)."""
-    need = gpus
-    k = 0
-    for cap in capacities_desc:
-        if need <= 0:
-            break
-        need -= cap
-        k += 1
-    return max(k, 1)
-
-
-def bounded_placement(
-    topo: Topology,
-    free: Sequence[int],
-    busy: Sequence[int],
-    gpus: int,
-    kappa: int | None = None,
-    lam: float = 1.0,
-    capacities_desc: Sequence[int] | None = None,
-) -> Placement | None:
-    """SJF-BCO's placement of one job (Yu et al., MobiHoc'22), None if it must wait.
-
-    A job with ``gpus <= kappa`` (None: the GPUs of the largest node) is placed by
-    ``fragment_first_fit`` (FA-FFP), a larger one by ``least_busy`` (LBSGF). ``lam`` bounds
-    the servers a job spans to ``ceil(lam * n_min)``, ``n_min`` being the fewest servers of
-    the cluster that could hold it: when the rule's placement spans more, the consolidated
-    ``best_fit`` placement is tried instead, and when that spans more too there is none (the
-    job waits for consolidation); ``lam = inf`` removes the bound. ``capacities_desc``: the
-    nodes' GPU counts sorted descending (computed when None)."""
-    if kappa is None:
-        kappa = topo.max_gpus_per_node
-    placement: Placement | None
-    if gpus <= kappa:
-        placement = fragment_first_fit(topo, free, gpus, busy)
-    else:
-        placement = least_busy(topo, free, gpus, busy)
-    if placement is None or math.isinf(lam):
-        return placement
-    if capacities_desc is None:
-        capacities_desc = sorted((n.gpus for n in topo.nodes), reverse=True)
-    bound = math.ceil(lam * min_nodes_for(capacities_desc, gpus) - 1e-9)
-    if placement.num_nodes <= bound:
-        return placement
-    placement = best_fit(topo, free, gpus)
-    return placement if placement is not None and placement.num_nodes <= bound else None
+def can_ever_run(state: ClusterState, job: PendingJob) -> bool:
+    """Whether the job fits the cluster at all (a larger one is ignored, never blocks)."""
+    return job.job.num_gpus <= state.topology.total_gpus
 
 
 def check_bco_params(kappa: int | None, lam: float) -> None:

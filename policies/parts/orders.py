@@ -32,7 +32,7 @@ class MissingPredictions(ValueError):
 class Order(Protocol):
     """A ranking of jobs (see the module docstring)."""
 
-    name: str
+    name: ClassVar[str]
     needs_predictions: ClassVar[bool]
     oracle: ClassVar[bool]
     remembers: ClassVar[bool]  # keeps memory between decisions: must see every job

@@ -1,4 +1,4 @@
-"""The parts by name, and ``compose:`` specs.
+"""The parts by name, and ``compose:`` specs (the text of a composition, read and written).
 
     compose:order=pred_remaining,placement=bounded,preempt=priority:margin=1.5,min_run_s=600
 
@@ -9,7 +9,9 @@ and further ``key=value`` items after it belong to the part before them: a key t
 slot name opens the next part, any other key is a parameter of the part last opened (no
 part has a parameter named like a slot, so the reading is unambiguous). Values are parsed
 by the parameter's declared type (``convert_value``). Unknown slots, parts and parameters
-and ill-typed values are refused, naming what is known.
+and ill-typed values are refused, naming what is known. ``ComposeSpec.of`` reads a built
+``Composed`` back as its spec (what ``linkwise policies`` shows as a heuristic's
+composition).
 """
 
 from __future__ import annotations
@@ -21,14 +23,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from linkwise.cluster.compose.admission import ADMISSIONS
-from linkwise.cluster.compose.orders import ORDERS
-from linkwise.cluster.compose.placements import PLACEMENTS
-from linkwise.cluster.compose.policy import Composed
-from linkwise.cluster.compose.preemption import PREEMPTIONS
 from linkwise.cluster.contention import ContentionModel
+from linkwise.policies.composed import Composed
+from linkwise.policies.parts.admission import ADMISSIONS
+from linkwise.policies.parts.orders import ORDERS
+from linkwise.policies.parts.placements import PLACEMENTS
+from linkwise.policies.parts.preemption import PREEMPTIONS
 
-__all__ = ["PARTS", "SLOTS", "ComposeSpec", "compose", "convert_value", "part_parameters"]
+__all__ = ["PARTS", "SLOTS", "ComposeSpec", "convert_value", "part_parameters", "show_value"]
 
 PREFIX = "compose"
 SLOTS: tuple[str, ...] = ("order", "placement", "preempt", "admission")
@@ -98,9 +100,27 @@ def part_parameters(cls: type) -> dict[str, Any]:
     }
 
 
-def _show(value: Any) -> str:
+def _given(part: Any) -> tuple[tuple[str, Any], ...]:
+    """A built part's spec parameters that differ from their declared defaults."""
+    out = []
+    for f in dataclasses.fields(part):
+        if not f.init or f.name in _HIDDEN or f.name.startswith("_"):
+            continue
+        value = getattr(part, f.name)
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = dataclasses.MISSING
+        if value != default:
+            out.append((f.name, value))
+    return tuple(out)
+
+
+def show_value(value: Any) -> str:
     if isinstance(value, tuple):
-        return ";".join(_show(v) for v in value)
+        return ";".join(show_value(v) for v in value)
     if isinstance(value, bool):
         return "true" if value else "false"
     return "none" if value is None else str(value)
@@ -161,6 +181,18 @@ class ComposeSpec:
             parts.append((s, name, _typed(s, name, raw)))
         return cls(tuple(parts))
 
+    @classmethod
+    def of(cls, policy: Composed) -> ComposeSpec:
+        """The spec of a built composition: each slot's part and the parameters it was
+        given that differ from the part's defaults (never parsed to build it)."""
+        built: dict[str, Any] = {
+            "order": policy.order,
+            "placement": policy.placement,
+            "preempt": policy.preemption,
+            "admission": policy.admission,
+        }
+        return cls(tuple((s, built[s].name, _given(built[s])) for s in SLOTS))
+
     def part(self, slot: str) -> tuple[str, dict[str, Any]]:
         """The part in ``slot`` and its parameters."""
         for s, name, params in self.parts:
@@ -174,7 +206,7 @@ class ComposeSpec:
         for s, name, params in self.parts:
             text = f"{s}={name}"
             for i, (k, v) in enumerate(params):
-                text += f"{':' if i == 0 else ','}{k}={_show(v)}"
+                text += f"{':' if i == 0 else ','}{k}={show_value(v)}"
             items.append(text)
         return f"{PREFIX}:{','.join(items)}"
 
@@ -212,14 +244,12 @@ class ComposeSpec:
                 built[s] = cls(**kwargs)
             except ValueError as exc:
                 raise ValueError(f"{PREFIX}: {s}={part}: {exc}") from None
-        text = self.describe()
         return Composed(
-            name=name or text,
+            name=name or self.describe(),
             order=built["order"],
             placement=built["placement"],
             preemption=built["preempt"],
             admission=built["admission"],
-            spec=text,
         )
 
 
@@ -241,8 +271,3 @@ def _typed(slot: str, name: str, raw: Mapping[str, str]) -> tuple[tuple[str, Any
         except ValueError as exc:
             raise ValueError(f"{PREFIX}: {slot}={name}: {key}={value!r}: {exc}") from None
     return tuple(out)
-
-
-def compose(text: str, model: ContentionModel | None = None, *, name: str = "") -> Composed:
-    """Parse ``text`` (``compose:...``) and build the policy."""
-    return ComposeSpec.parse(text).build(model, name=name)

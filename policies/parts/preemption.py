@@ -29,16 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import ClassVar, Protocol
 
-from linkwise.cluster.compose.admission import Admission, Greedy
-from linkwise.cluster.compose.orders import Order
-from linkwise.cluster.compose.placements import (
-    PlacementRule,
-    add_busy,
-    add_flows,
-    min_nodes_for,
-    place_greedy,
-)
-from linkwise.cluster.contention import ContentionModel
+from linkwise.cluster.contention import AnalyticModel, ContentionModel
 from linkwise.cluster.domain import (
     ClusterState,
     Decision,
@@ -47,7 +38,21 @@ from linkwise.cluster.domain import (
     Start,
     within_request,
 )
-from linkwise.cluster.placement import apply_placement, best_fit, release_placement
+from linkwise.cluster.placement import (
+    apply_placement,
+    best_fit,
+    min_nodes_for,
+    release_placement,
+)
+from linkwise.cluster.profiles import load_calibration
+from linkwise.policies.parts.admission import Admission, Greedy
+from linkwise.policies.parts.orders import Order
+from linkwise.policies.parts.placements import (
+    PlacementRule,
+    add_busy,
+    add_flows,
+    place_greedy,
+)
 
 
 class Preemption(Protocol):
@@ -257,9 +262,6 @@ class Migrate:
         if self.mode not in MIGRATE_MODES:
             raise ValueError(f"mode must be one of {MIGRATE_MODES}, got {self.mode!r}")
         if self.model is None:
-            from linkwise.cluster.contention import AnalyticModel
-            from linkwise.cluster.profiles import load_calibration
-
             object.__setattr__(self, "model", AnalyticModel(load_calibration()))
 
     def moves(self, state: ClusterState) -> list[tuple[RunningJob, Start]]:

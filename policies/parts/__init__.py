@@ -1,4 +1,4 @@
-"""Schedulers composed of parts (issue 22; Blox keeps its parts apart the same way).
+"""The parts schedulers are composed of (issue 22; Blox keeps its parts apart the same way).
 
 A policy is ``order x placement x preemption`` plus an admission rule:
 
@@ -8,14 +8,10 @@ A policy is ``order x placement x preemption`` plus an admission rule:
 - ``placements``: where a job goes (first fit, Slurm's select, best fit, SJF-BCO's bounded
   rule, least added contention);
 - ``admission``: how pending jobs are let in without preemption (``strict`` FIFO prefix,
-  ``greedy`` scan, ``easy`` backfill's reservation);
+  ``greedy`` scan, ``easy`` backfill's reservation, planned by ``backfill``);
 - ``preemption``: ``none``, ``priority`` (preempt to admit by priority, with a margin and a
-  minimum run time), ``migrate`` (DeepShare's rule);
-- ``policy``: ``Composed``, the ``Policy`` made of them;
-- ``spec``: the parts by name and ``compose:order=...,placement=...,preempt=...`` specs.
+  minimum run time), ``migrate`` (DeepShare's rule).
+
+``policies.composed.Composed`` is the ``Policy`` made of them; ``policies.compose`` names
+them in ``compose:order=...,placement=...,preempt=...`` specs.
 """
-
-from linkwise.cluster.compose.policy import Composed
-from linkwise.cluster.compose.spec import PARTS, ComposeSpec, compose, convert_value
-
-__all__ = ["PARTS", "ComposeSpec", "Composed", "compose", "convert_value"]

@@ -1,15 +1,15 @@
 """``Composed``: a ``Policy`` made of an order, a placement, an admission rule and a
-preemption rule (``cluster.compose``)."""
+preemption rule (``policies.parts``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from linkwise.cluster.compose.admission import Admission, Greedy
-from linkwise.cluster.compose.orders import Order
-from linkwise.cluster.compose.placements import PlacementRule
-from linkwise.cluster.compose.preemption import NoPreemption, Preemption
 from linkwise.cluster.domain import ClusterState, Decision
+from linkwise.policies.parts.admission import Admission, Greedy
+from linkwise.policies.parts.orders import Order
+from linkwise.policies.parts.placements import PlacementRule
+from linkwise.policies.parts.preemption import NoPreemption, Preemption
 
 
 @dataclass(frozen=True)
@@ -18,8 +18,8 @@ class Composed:
 
     Without preemption the pending jobs, in ``order``, are let in by ``admission`` on
     ``placement``; a preemption rule decides over running and pending jobs together
-    (``preemption``'s module docstring). ``spec``: the ``compose:...`` text it was built
-    from (or that builds it), shown by ``linkwise policies``.
+    (``preemption``'s module docstring). ``policies.compose.ComposeSpec.of`` renders it as
+    the ``compose:...`` text that builds it.
     """
 
     name: str
@@ -27,7 +27,6 @@ class Composed:
     placement: PlacementRule
     preemption: Preemption = field(default_factory=NoPreemption)
     admission: Admission = field(default_factory=Greedy)
-    spec: str = ""
 
     def __post_init__(self) -> None:
         if self.order.name == "las" and not self.preemption.preemptive:
@@ -50,6 +49,16 @@ class Composed:
     def oracle(self) -> bool:
         """Whether its order reads the true run time (an oracle ceiling)."""
         return self.order.oracle
+
+    @property
+    def preemptive(self) -> bool:
+        """Whether it preempts running jobs."""
+        return self.preemption.preemptive
+
+    @property
+    def migrates(self) -> bool:
+        """Whether it moves running jobs."""
+        return self.preemption.migrates
 
     def decide(self, state: ClusterState) -> Decision:
         """The preemption rule's decision (which lets pending jobs in by its own rule or
