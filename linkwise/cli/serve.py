@@ -56,7 +56,6 @@ from linkwise.evaluation.shadow_replay import shadow_report
 from linkwise.evaluation.shadow_report import log_shadow_report, write_shadow_report
 from linkwise.models.calibrations import calibration_for_store
 from linkwise.models.registry import default_tracking_uri
-from linkwise.policies.source import ModelSource
 from linkwise.policies.spec import PolicySpec
 
 # ------------------------------------------------------------------------ serve
