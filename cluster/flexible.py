@@ -5,13 +5,14 @@ Traces without the form of each request (Philly, Helios, the synthetic workload)
 one stated, seeded rule: a multi-GPU job is flexible (``--gpus=N``, any split) when its draw
 ``flexible_draw(job_id, seed)`` is below ``share``, else fixed (``requested_shape``); a
 one-GPU job is fixed (it has one split). Jobs whose trace gives the form keep it. A flexible
-job asks no node count (``Job.nodes`` 0).
+job asks no node count (``Job.nodes`` 0). ``draw_summary``/``summary_text``: what a run
+states of the draw (report, MLflow params).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from linkwise.cluster.domain import Job
@@ -43,3 +44,25 @@ def with_flexible(jobs: Iterable[Job], share: float, seed: int = 0) -> tuple[Job
         else:
             out.append(replace(job, flexible=False))
     return tuple(out)
+
+
+def draw_summary(jobs: Iterable[Job], share: float, seed: int) -> dict[str, object]:
+    """What a run states of a draw over ``jobs`` (``with_flexible``'s output): the share, the
+    seed, how many jobs came out flexible of how many multi-GPU jobs, and the rule."""
+    rows = list(jobs)
+    return {
+        "share": share,
+        "seed": seed,
+        "flexible_jobs": sum(bool(j.flexible) for j in rows),
+        "multi_gpu_jobs": sum(j.num_gpus > 1 for j in rows),
+        "rule": RULE,
+    }
+
+
+def summary_text(summary: Mapping[str, object]) -> str:
+    """``draw_summary`` in one line."""
+    return (
+        f"share {summary['share']:g} of the multi-GPU jobs (seed {summary['seed']}): "
+        f"{summary['flexible_jobs']} of {summary['multi_gpu_jobs']} flexible "
+        "(cluster/flexible.py)"
+    )

@@ -254,6 +254,7 @@ def runs_from_store(
                any_value(name) AS name,
                0 AS nodes,
                coalesce(max(time_limit_s), 0) AS time_limit,
+               CAST(NULL AS BOOLEAN) AS flexible,
                max(end_time) AS last_end
         FROM runs
         WHERE start_time IS NOT NULL AND end_time IS NOT NULL AND end_time > start_time

@@ -213,6 +213,7 @@ JOB_COLUMNS: dict[str, Any] = {
     "name": pl.String,
     "nodes": pl.Int64,
     "time_limit": pl.Float64,
+    "flexible": pl.Boolean,  # the request's form (Job.flexible): null where a source has none
 }
 
 

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from linkwise.cluster.flexible import summary_text
 from linkwise.cluster.metrics import duration_text
 from linkwise.evaluation.benchmark import UNFAIR_SLOWDOWN, Benchmark, save_benchmark
 from linkwise.evaluation.columns import columns_for, left_out, markdown_table
@@ -157,6 +158,9 @@ def render_markdown(
     restart = context.get("restart")
     if isinstance(restart, Mapping):  # cluster/restart.py's RestartModel.to_dict()
         lines.append(f"- **restart cost**: {restart.get('description', restart.get('name'))}")
+    forms = context.get("flexible")
+    if isinstance(forms, Mapping):  # cluster/flexible.py's draw_summary
+        lines.append(f"- **flexible requests**: {summary_text(forms)}; rule: {forms['rule']}")
     ev = context.get("evaluation_windows", [])
     if ev:
         lines += ["", "Evaluation windows (held out):", ""]

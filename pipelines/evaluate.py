@@ -32,8 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import polars as pl
+
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import Topology
+from linkwise.cluster.flexible import draw_summary, summary_text, with_flexible
 from linkwise.cluster.mdp import ObsSpec
 from linkwise.cluster.profiles import load_calibration
 from linkwise.cluster.restart import parse_restart
@@ -45,7 +48,7 @@ from linkwise.datasets.prediction import fit_history, load_history
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.rollouts import cut_windows, jobs_from_store
 from linkwise.datasets.store import open_store
-from linkwise.datasets.traces import jobs_frame, load_trace
+from linkwise.datasets.traces import frame_jobs, jobs_frame, load_trace
 from linkwise.datasets.windows import choose_windows, window_supply
 from linkwise.deployer.promote import (
     CHALLENGER,
@@ -246,6 +249,7 @@ def evaluate(
     wide: bool = False,
     restart_cost: str | float = "sia",
     restart_grace: float | None = None,
+    flexible: float | None = None,
 ) -> tuple[EvaluationReport, str | None]:
     """Benchmark ``policies`` on held-out windows and write the report (module docstring);
     the report and the MLflow run id (None when ``log`` is False). ``warm_start`` (store
@@ -259,7 +263,10 @@ def evaluate(
     in the report's results table (``evaluation.columns``). ``restart_cost``/``restart_grace``:
     what a preemption costs (``cluster.restart.parse_restart``: ``sia`` by default, ``0``
     free, or seconds). ``cluster``: the topology (``evaluation_topology``: default, the cluster
-    a store describes, else ``DEFAULT_TOPOLOGY``); the report says which and from where."""
+    a store describes, else ``DEFAULT_TOPOLOGY``); the report says which and from where.
+    ``flexible``: this share of the workload's multi-GPU jobs without a request form replayed
+    as flexible, by ``cluster.flexible``'s rule under ``seed`` (as ``simulate --flexible``),
+    before windows are cut; the report and the MLflow params state the share and the rule."""
 
     if not policies:
         raise ValueError("no policies to evaluate")
@@ -294,6 +301,9 @@ def evaluate(
         with closing(open_store(db)) as con:  # type: ignore[arg-type]
             jobs = jobs_from_store(con, cluster=slurm_cluster)
         source, workload = f"slurm:{slurm_cluster or ''}", f"store {db} ({slurm_cluster or 'all'})"
+    forms: dict[str, Any] | None = None
+    if flexible is not None:
+        jobs, forms = flexible_frame(jobs, flexible, seed)
     manifests: list[dict[str, Any]] = [json.loads(Path(m).read_text()) for m in holdout_from]
     for ref in refs:
         m = model_manifest(ref.spec, uri)
@@ -396,12 +406,22 @@ def evaluate(
         "predictor": fitted,
         "restart": restart.to_dict(),
         "history_note": shortfall,
+        "flexible": forms,
     }
     report = write_report(
         bench, out_dir, baseline=base, context=context, n_boot=n_boot, seed=seed, wide=wide
     )
     run_id = log_report(report, tracking_uri=uri) if log else None
     return report, run_id
+
+
+def flexible_frame(
+    jobs: pl.DataFrame, share: float, seed: int
+) -> tuple[pl.DataFrame, dict[str, Any]]:
+    """The jobs frame with ``share`` of its multi-GPU jobs flexible (``cluster.flexible``'s
+    rule under ``seed``) and what the report says of it."""
+    drawn = with_flexible(frame_jobs(jobs), share, seed=seed)
+    return jobs_frame(drawn), draw_summary(drawn, share, seed)
 
 
 # ------------------------------------------------------------------------ gates
@@ -627,6 +647,9 @@ def format_evaluation(report: EvaluationReport, run_id: str | None, wide: bool =
     restart = report.context.get("restart")
     if isinstance(restart, dict):
         lines.append(f"  restart cost: {restart.get('description', restart.get('name'))}")
+    forms = report.context.get("flexible")
+    if isinstance(forms, dict):
+        lines.append(f"  flexible requests: {summary_text(forms)}")
     base = report.baseline
     lines += text_table(report.summary, columns_for("evaluation", wide), base)
     left = left_out("evaluation", wide, base)

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,15 +27,18 @@ from linkwise.cluster.domain import (
     Start,
     within_request,
 )
-from linkwise.cluster.flexible import flexible_draw, with_flexible
+from linkwise.cluster.flexible import RULE, flexible_draw, with_flexible
 from linkwise.cluster.placement import fixed_first_fit, slurm_select_flexible, split_job_gpus
 from linkwise.cluster.profiles import assign_profiles, load_calibration
 from linkwise.cluster.simulator import InvalidDecision, Simulator, simulate
 from linkwise.cluster.topology import from_spec
 from linkwise.datasets import synthetic
-from linkwise.datasets.traces import load_trace, write_native
+from linkwise.datasets.rollouts import cut_windows, resample_window
+from linkwise.datasets.traces import jobs_frame, load_trace, write_native
+from linkwise.pipelines.evaluate import evaluate
 from linkwise.policies.heuristics import make_policy, policy_names
 from linkwise.policies.parts.placements import PLACEMENTS
+from linkwise.policies.spec import PolicySpec
 
 CAL = load_calibration(None)
 
@@ -242,3 +246,45 @@ def test_backfill_starts_a_flexible_request_around_a_reservation() -> None:
         state = ClusterState(10.0, topo, (0, 2, 2, 8), runs, pending)
         starts = policy.decide(state).starts
         assert [s.placement.alloc for s in starts] == ([] if started is None else [started])
+
+
+def test_forms_survive_windows_and_the_bootstrap() -> None:
+    jobs = with_flexible(synthetic.generate(300, seed=0), 1.0, seed=0)
+    windows = cut_windows(jobs_frame(jobs), 6 * 3600.0, min_jobs=5)
+    kept = [j for w in windows for j in w.jobs]
+    assert {j.job_id: j.flexible for j in kept} == {j.job_id: j.flexible for j in jobs}
+    resampled = [j for w in windows for j in resample_window(w, seed=1, block_s=1800.0)]
+    assert any(j.flexible for j in resampled)
+    assert all(j.flexible == (j.num_gpus > 1) for j in resampled)
+
+
+def test_evaluate_takes_a_flexible_share(tmp_path: Path) -> None:
+    """``evaluate --flexible``: the report and MLflow params state the share and the rule, and
+    backfill spreads flexible requests (run-time inflation) where fixed shapes never do."""
+    trace = tmp_path / "jobs.csv"
+    write_native(synthetic.generate(400, seed=0, load_scale=0.5), trace)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+    def run(share: float, log: bool) -> tuple[Any, str | None]:
+        return evaluate([PolicySpec.parse("backfill")], trace=trace, cluster="4x8,leaf=2",
+                        n_windows=2, seeds=[0], window_s=12 * 3600.0, block_s=0.0, min_jobs=20,
+                        out_dir=tmp_path / f"r{share}", tracking_uri=uri, log=log, n_boot=50,
+                        flexible=share)  # fmt: skip
+
+    spread, run_id = run(1.0, log=True)
+    fixed, _ = run(0.0, log=False)
+    forms = spread.context["flexible"]
+    assert forms["share"] == 1.0 and forms["rule"] == RULE
+    assert 0 < forms["flexible_jobs"] == forms["multi_gpu_jobs"]
+    assert fixed.context["flexible"]["flexible_jobs"] == 0
+    assert (
+        "flexible requests**: share 1 of the multi-GPU jobs"
+        in Path(spread.files["report"]).read_text()
+    )
+    inflation = {r.context["flexible"]["share"]: r.summary[0]["avg_runtime_inflation"]
+                 for r in (spread, fixed)}  # fmt: skip
+    assert inflation[0.0] == pytest.approx(0.0, abs=1e-9) and inflation[1.0] > 0.001
+    from mlflow.tracking import MlflowClient
+
+    params = MlflowClient(tracking_uri=uri).get_run(str(run_id)).data.params
+    assert json.loads(params["flexible"])["flexible_jobs"] == forms["flexible_jobs"]

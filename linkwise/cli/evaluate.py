@@ -85,6 +85,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         wide=args.wide,
         restart_cost=args.restart_cost,
         restart_grace=args.restart_grace,
+        flexible=args.flexible,
     )
     if args.json:
         doc = {**report.to_json(), "mlflow_run_id": run_id, "calibration_used": choice.to_dict()}
@@ -234,6 +235,15 @@ def add_evaluate_parser(sub: Any) -> None:
         f"cluster the store's nodes table describes; with --trace {DEFAULT_TOPOLOGY})",
     )
     add_window(p)
+    p.add_argument(
+        "--flexible",
+        type=float,
+        metavar="SHARE",
+        help="replay this share (0-1) of the multi-GPU jobs whose workload gives no request "
+        "form as flexible (--gpus=N, any split), the rest as fixed (-N k, GPUs per node); "
+        "chosen by a hash of seed 0 and the job id, before windows are cut (the rule of "
+        "simulate --flexible, cluster/flexible.py); the report and MLflow params state it",
+    )
     p.add_argument("--block", type=float, default=1800.0, help="bootstrap block, s (0: replay)")
     p.add_argument("--min-jobs", type=int, default=10, help="fewest jobs in a picked window")
     p.add_argument(
