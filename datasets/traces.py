@@ -51,6 +51,7 @@ from typing import Any, TypedDict
 import polars as pl
 
 from linkwise.cluster.domain import MAX_JOB_GPUS, Job
+from linkwise.datasets import llm_workload
 
 __all__ = [
     "FORMATS",
@@ -153,7 +154,12 @@ def load_trace(path: str | Path, fmt: str = "auto", *, max_jobs: int | None = No
     ``fmt`` is one of :data:`FORMATS` or ``"auto"`` (see :func:`detect_format`).
     ``max_jobs`` keeps the first jobs by submit time. Raises :class:`TraceFormatError` when
     the file is not of the format (missing columns, unreadable) or holds no valid job.
+    ``synthetic:llm,...`` is no file: the generated LLM-era workload (``llm_workload``).
     """
+    if llm_workload.is_generated(path):
+        spec = llm_workload.parse_spec(path)
+        jobs = llm_workload.generate(spec)[:max_jobs]
+        return Trace(jobs, (), f"{spec.text()} (synthetic)", llm_workload.PREFIX, None)
     path = Path(path)
     if max_jobs is not None and max_jobs <= 0:
         raise ValueError(f"max_jobs must be positive, got {max_jobs}")

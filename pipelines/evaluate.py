@@ -44,6 +44,7 @@ from linkwise.cluster.topology import DEFAULT_TOPOLOGY, load_topology
 from linkwise.datasets.backlog import Backlog, backlog_from_store
 from linkwise.datasets.decisions import store_cluster, topology_from_store
 from linkwise.datasets.export import file_sha256, read_dataset
+from linkwise.datasets.llm_workload import is_generated, parse_spec, spec_sha256
 from linkwise.datasets.prediction import fit_history, load_history
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.rollouts import cut_windows, jobs_from_store
@@ -292,7 +293,7 @@ def evaluate(
     traces: dict[str, str | Path] = {}
     origin: float | None = 0.0  # a store's times are Unix seconds
     if trace is not None:
-        sha = file_sha256(trace)
+        sha = spec_sha256(parse_spec(trace)) if is_generated(trace) else file_sha256(trace)
         loaded = load_trace(trace)
         source, jobs, origin = trace_source(sha), jobs_frame(loaded.jobs), loaded.origin_epoch
         traces[sha] = trace

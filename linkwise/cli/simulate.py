@@ -135,7 +135,7 @@ def _scenario(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
         trace = load_trace(args.trace, args.trace_format, max_jobs=args.max_jobs)
         jobs = trace.jobs
         origin = trace.origin_epoch
-        info.update(trace=str(args.trace), format=trace.format, rejected_rows=len(trace.rejected))
+        info.update(trace=trace.source, format=trace.format, rejected_rows=len(trace.rejected))
         if args.rejected_out is not None:
             from linkwise.datasets.traces import write_rejected
 
@@ -263,8 +263,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     out = run.row()
     _predictions_note([out], scenario.predictor is not None)
     if args.json:
-        counts = {"rejected_rows": 0, "left_out_too_big": 0}
-        counts |= {k: info[k] for k in (*counts, "rejected_rows_file") if k in info}
+        counts: dict[str, Any] = {"rejected_rows": 0, "left_out_too_big": 0}
+        counts |= {k: info[k] for k in (*counts, "rejected_rows_file", "trace") if k in info}
         counts |= {
             k: v for k, v in info.items() if k.startswith(("history", "predictor", "flexible"))
         }
