@@ -12,6 +12,8 @@ spread's and the sharing's. Profiles are drawn from the calibration's mix (Phill
 model names; seeded). Each run is a separate process (``--workers``).
 
     nice .venv/bin/python benchmarks/contention.py [--nodes 88] [--days 7] [--workers 2] [--json]
+    nice .venv/bin/python benchmarks/contention.py --trace synthetic:llm,jobs=N,... \
+        --cluster ../shared/data/topology/alibaba_lingjun_2023_topo.csv --ecmp 0
     .venv/bin/python benchmarks/contention.py --table results/a.json results/b.json
 
 Columns: avg JCT h; contention's cost (avg JCT / the same policy's with no contention - 1);
@@ -37,7 +39,7 @@ from linkwise.cluster.domain import Job, Placement, Topology
 from linkwise.cluster.flexible import RULE, with_flexible
 from linkwise.cluster.profiles import assign_profiles, load_calibration
 from linkwise.cluster.simulator import JobRecord, SimConfig, simulate
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology import load_topology
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.traces import load_trace
 from linkwise.policies.heuristics import make_policy
@@ -81,7 +83,7 @@ def workload(case: Case) -> tuple[Any, ...]:
     """The evaluated jobs: profiles drawn, predictions fit on the history days only, the
     request forms drawn by the stated rule."""
     cal = load_calibration(None)
-    jobs = assign_profiles(load_trace(Path(case.trace), "philly").jobs, cal, seed=case.seed)
+    jobs = assign_profiles(load_trace(case.trace).jobs, cal, seed=case.seed)
     cut = case.history_days * 86400.0
     predictor = RuntimePredictor.fit(jobs, until=cut)
     window = [j for j in jobs if cut <= j.submit_time < cut + case.days * 86400.0]
@@ -109,7 +111,7 @@ def summary(records: tuple[JobRecord, ...]) -> dict[str, float]:
 
 def run_case(case: Case) -> dict[str, Any]:
     """Simulate one case in this process; its figures and CPU seconds."""
-    topo = from_spec(case.cluster)
+    topo = load_topology(case.cluster)
     jobs = workload(case)
     analytic = AnalyticModel(load_calibration(None))
     models: dict[str, ContentionModel] = {
@@ -134,7 +136,7 @@ def cases(args: argparse.Namespace) -> list[Case]:
     """Every (share, oversubscription, fabric, policy) with the model, and every (share,
     policy) without it (the fabric does not matter without contention: one pooled 1:1 run)."""
     out: list[Case] = []
-    base = f"{args.nodes}x8,leaf={args.leaf}"
+    base = args.cluster or f"{args.nodes}x8,leaf={args.leaf}"
     policies = split_specs(args.policies)
     shares = [float(s) for s in args.shares.split(",")]
     for share in shares:
@@ -144,7 +146,7 @@ def cases(args: argparse.Namespace) -> list[Case]:
                 out.append(Case(common[0], base, share, policy, ideal, args.history_days,
                                 args.days, args.seed))  # fmt: skip
             for oversub in args.oversubs.split(","):
-                for ecmp in (False, True) if args.fabrics else ():
+                for ecmp in [e == "1" for e in args.ecmp.split(",")] if args.fabrics else ():
                     spec = f"{base},oversub={oversub}" + (",ecmp=1" if ecmp else "")
                     out.append(Case(common[0], spec, share, policy, "analytic",
                                     args.history_days, args.days, args.seed))  # fmt: skip
@@ -188,6 +190,8 @@ def main() -> int:
     p.add_argument("--trace", default=str(DEFAULT_TRACE))
     p.add_argument("--nodes", type=int, default=88)
     p.add_argument("--leaf", type=int, default=16)
+    p.add_argument("--cluster", help="a topology (load_topology) instead of NODESx8,leaf=LEAF")
+    p.add_argument("--ecmp", default="0,1", help="pooled (0) and/or ECMP (1) uplinks")
     p.add_argument("--history-days", type=float, default=14.0)
     p.add_argument("--days", type=float, default=7.0)
     p.add_argument("--shares", default="1,0.5")
