@@ -26,12 +26,13 @@ from collections.abc import Iterable
 from pathlib import Path
 from types import FrameType
 
-__all__ = ["Stopped", "descendants", "end_processes", "exit_code", "supervise"]
+__all__ = ["Stopped", "descendants", "die_with_parent", "end_processes", "exit_code", "supervise"]
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 GRACE_S = 3.0
 LEAD_S = 0.5
 _PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_PDEATHSIG = 1
 
 
 class Stopped(Exception):
@@ -160,6 +161,19 @@ def _become_subreaper() -> bool:
         return bool(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
     except (OSError, AttributeError):
         return False
+
+
+def die_with_parent(parent: int) -> None:
+    """Have the kernel kill this process when ``parent``, the process that started it, ends
+    (Linux ``PR_SET_PDEATHSIG``; elsewhere nothing): a process-pool worker's initializer
+    (``linkwise.parallel``), so no worker outlives its command, even one killed outright."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # it ended before the line above took effect
+        os._exit(1)
 
 
 def _raise_stopped(signum: int, _frame: FrameType | None) -> None:
