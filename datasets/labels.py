@@ -19,22 +19,19 @@ random numbers). The label is the move's jobs-in-system seconds minus the base a
 The task carries its base as a built ``Policy`` (resolved from a spec at the pipeline's
 edge, ``pipelines.label``), so ``datasets/`` never imports ``models/``.
 
-``run_labels`` maps ``label_task`` over tasks: here (``"serial"``), in a local process pool
-(``"local"`` or ``"local:N"``, the default) or on a Dask cluster (``"dask://HOST:PORT"``);
-rows come back in task order. ``write_labels`` writes a content-hashed Parquet label set
-and its manifest.
+``run_labels`` maps ``label_task`` over tasks with ``linkwise.parallel.map_tasks``: here
+(``"serial"``), in a local process pool (``"local"`` or ``"local:N"``, the default) or on a
+Dask cluster (``"dask://HOST:PORT"``); rows come back in task order. ``write_labels`` writes
+a content-hashed Parquet label set and its manifest.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import multiprocessing
-import os
 import time
 import zlib
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,6 +57,7 @@ from linkwise.cluster.simulator import SimConfig, Simulator
 from linkwise.datasets.backlog import Backlog
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.rollouts import Window, window_workload
+from linkwise.parallel import map_tasks
 from linkwise.policies.lookahead import decision_key
 
 __all__ = [
@@ -277,39 +275,17 @@ def _label_point(
     ]
 
 
-def _batch(tasks: Sequence[LabelTask]) -> pl.DataFrame:
-    return pl.concat(
-        [pl.DataFrame(schema=dict(LABEL_SCHEMA)), *(label_task(t) for t in tasks)],
-        how="vertical",
-    )
+def _episode(task: LabelTask) -> str:
+    return task.episode
 
 
 def run_labels(tasks: Sequence[LabelTask], executor: str = "local") -> pl.DataFrame:
-    """Every task's label rows, in task order: ``"serial"`` here, ``"local[:N]"`` a local
-    process pool (default: the CPU count), ``"dask://HOST:PORT"`` a running Dask scheduler
-    (``tcp://`` is accepted too)."""
-    if not tasks:
-        return pl.DataFrame(schema=dict(LABEL_SCHEMA))
-    name, _, arg = executor.partition(":")
-    if executor == "serial":
-        frames = [label_task(t) for t in tasks]
-    elif name == "local":
-        workers = int(arg) if arg else os.cpu_count() or 1
-        if workers < 1:
-            raise ValueError(f"executor {executor!r}: at least one worker")
-        # spawn, not fork: a forked child of a process whose Polars threads hold locks hangs
-        spawn = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=min(workers, len(tasks)), mp_context=spawn) as pool:
-            frames = list(pool.map(label_task, tasks))
-    elif executor.startswith(("dask://", "tcp://")):
-        from dask.distributed import Client
-
-        address = executor.removeprefix("dask://")
-        address = address if "://" in address else f"tcp://{address}"
-        with Client(address) as client:  # type: ignore[no-untyped-call]
-            frames = client.gather(client.map(label_task, list(tasks), pure=False))
-    else:
-        raise ValueError(f"unknown executor {executor!r}: serial, local[:N] or dask://HOST:PORT")
+    """Every task's label rows, in task order, on ``executor``
+    (``linkwise.parallel.map_tasks``: ``"serial"`` here, ``"local[:N]"`` a local process pool
+    (default: the CPU count), ``"threads[:N]"``, ``"dask"`` or ``"dask://HOST:PORT"`` a
+    running Dask scheduler; Prefect task runs named ``labels`` only where a Prefect API is
+    configured or inside a flow run)."""
+    frames = map_tasks(label_task, tasks, executor, name="labels", label=_episode)
     return pl.concat([pl.DataFrame(schema=dict(LABEL_SCHEMA)), *frames], how="vertical")
 
 

@@ -36,23 +36,22 @@ predictor for every task of a dataset (``make_tasks`` fits one on the windows' j
 is given none), never the true run time.
 
 ``rollout(task)`` is deterministic for a task (seeded RNGs only; the simulator has no
-randomness of its own). ``run_rollouts`` maps it over many tasks: in this process
-(``"serial"``), in a local process pool through Prefect's ``ProcessPoolTaskRunner``
-(``"local"`` or ``"local:N"``), or on a Dask cluster through ``prefect_dask.DaskTaskRunner``
-(``"dask"`` for a temporary local cluster, ``"dask://HOST:PORT"`` for a running scheduler).
-The frames come back in task order, whatever the executor.
+randomness of its own). ``run_rollouts`` maps it over many tasks with
+``linkwise.parallel.map_tasks``: in this process (``"serial"``), in a local process pool
+(``"local"`` or ``"local:N"``), on threads, or on a Dask cluster (``"dask"`` for a temporary
+local cluster, ``"dask://HOST:PORT"`` for a running scheduler); through a Prefect task runner
+only where a Prefect API is configured or inside a flow run. The frames come back in task
+order, whatever the executor.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import zlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import duckdb
 import numpy as np
@@ -75,6 +74,7 @@ from linkwise.datasets.prediction import ensure_predicted
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.traces import JOB_COLUMNS, frame_jobs, jobs_frame, load_trace
 from linkwise.datasets.transitions import TransitionBuffer, empty_frame
+from linkwise.parallel import map_tasks
 from linkwise.policies.heuristics import make_policy, policy_names
 from linkwise.policies.spec import PolicySpec
 
@@ -89,13 +89,10 @@ __all__ = [
     "cut_windows",
     "jobs_from_store",
     "jobs_from_trace",
-    "make_task_runner",
     "make_tasks",
     "policy_label",
     "resample_window",
     "rollout",
-    "rollout_batch",
-    "rollouts_flow",
     "run_rollouts",
     "runs_from_store",
     "window_workload",
@@ -542,109 +539,16 @@ def windows_predictor(windows: Sequence[Window]) -> RuntimePredictor:
 # ------------------------------------------------------------------------ in parallel
 
 
-EPHEMERAL_STARTUP_S = 120
-"""How long a flow waits for Prefect's ephemeral API server to start. Prefect's default, 20
-s, is exceeded on a loaded 2-core machine, and a benchmark then fails after its labelling."""
-
-
-@contextmanager
-def patient_prefect_server() -> Iterator[None]:
-    """Run flows inside this to give Prefect's ephemeral API server ``EPHEMERAL_STARTUP_S``
-    to start, unless the operator set ``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS``,
-    and to keep that temporary server's analytics off unless the operator set
-    ``PREFECT_SERVER_ANALYTICS_ENABLED`` (from an offline host it logged ``ERROR ... Failed
-    to send telemetry`` at every build-dataset and evaluate; the server takes its settings
-    from these). A context, not an environment variable: Prefect reads its settings once,
-    at import."""
-    from prefect.settings import (
-        PREFECT_SERVER_ANALYTICS_ENABLED as ANALYTICS,
-    )
-    from prefect.settings import (
-        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS as STARTUP,
-    )
-    from prefect.settings import temporary_settings
-
-    updates: dict[Any, Any] = {}
-    if os.environ.get("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS") is None:
-        updates[STARTUP] = max(int(STARTUP.value()), EPHEMERAL_STARTUP_S)
-    if os.environ.get("PREFECT_SERVER_ANALYTICS_ENABLED") is None:
-        updates[ANALYTICS] = False
-    with temporary_settings(updates):
-        yield
-
-
-def make_task_runner(executor: str) -> Any:
-    """The Prefect task runner an executor string names: ``"local"`` / ``"local:N"`` (a
-    process pool of N workers, default the CPU count), ``"threads"``, ``"dask"`` (a temporary
-    local Dask cluster) or ``"dask://HOST:PORT"`` (a running Dask scheduler; ``tcp://`` is
-    assumed when no scheme follows)."""
-    from prefect.task_runners import ProcessPoolTaskRunner, ThreadPoolTaskRunner
-
-    name, _, arg = executor.partition(":")
-    if name == "local":
-        return ProcessPoolTaskRunner(max_workers=int(arg) if arg else None)
-    if name == "threads":
-        return ThreadPoolTaskRunner(max_workers=int(arg) if arg else None)
-    if name == "dask":
-        from prefect_dask.task_runners import DaskTaskRunner
-
-        if not arg:
-            return DaskTaskRunner(cluster_kwargs={"dashboard_address": None})
-        address = executor.removeprefix("dask://")
-        if not arg.startswith("//") or not address:
-            raise ValueError(f"executor {executor!r}: use dask://HOST:PORT")
-        if "://" not in address:
-            address = "tcp://" + address
-        return DaskTaskRunner(address=address)
-    raise ValueError(
-        f"unknown executor {executor!r}: serial, local[:N], threads[:N], dask or dask://HOST:PORT"
-    )
-
-
-def rollout_batch(tasks: Sequence[RolloutTask], label: str = "") -> pl.DataFrame:
-    """Several rollouts in one call, concatenated in order (``label`` names the Prefect task
-    run)."""
-    return pl.concat([empty_frame(), *(rollout(t) for t in tasks)], how="vertical")
-
-
-def _batches(tasks: Sequence[RolloutTask], batch: int) -> list[tuple[RolloutTask, ...]]:
-    if batch <= 0:
-        raise ValueError("batch must be positive")
-    return [tuple(tasks[i : i + batch]) for i in range(0, len(tasks), batch)]
-
-
-def rollouts_flow(tasks: Sequence[RolloutTask], executor: str = "local", batch: int = 1) -> Any:
-    """A Prefect flow (call it with no argument) mapping ``rollout_batch`` over the tasks,
-    ``batch`` rollouts per task run, with ``executor``'s task runner; it returns the frames.
-
-    The tasks are closed over, not flow parameters: Prefect sends flow-run parameters to its
-    API (limited to 512 KB) while task-run inputs only travel to the workers."""
-    from prefect import flow, task
-    from prefect.cache_policies import NO_CACHE
-
-    chunks = _batches(tasks, batch)
-    labels = [c[0].episode + (f" (+{len(c) - 1})" if len(c) > 1 else "") for c in chunks]
-    run_batch = task(name="rollouts", task_run_name="{label}", cache_policy=NO_CACHE)(rollout_batch)
-
-    def rollouts() -> list[pl.DataFrame]:
-        futures = run_batch.map(chunks, label=labels)
-        return [f.result() for f in futures]
-
-    return flow(name="rollouts", task_runner=make_task_runner(executor), validate_parameters=False)(
-        rollouts
-    )
+def _episode(task: RolloutTask) -> str:
+    return task.episode
 
 
 def run_rollouts(
     tasks: Sequence[RolloutTask], executor: str = "serial", *, batch: int = 1
 ) -> pl.DataFrame:
-    """All tasks' transitions, concatenated in task order (``"serial"`` runs them here,
-    without Prefect; any other executor goes through ``rollouts_flow``, ``batch`` rollouts per
-    Prefect task run)."""
-    if not tasks:
-        return empty_frame()
-    if executor == "serial":
-        return rollout_batch(tasks)
-    with patient_prefect_server():
-        frames: list[pl.DataFrame] = rollouts_flow(tasks, executor, batch)()
+    """All tasks' transitions, concatenated in task order, on ``executor``
+    (``linkwise.parallel.map_tasks``: ``"serial"`` here, a process pool, threads or Dask;
+    Prefect task runs named ``rollouts`` only where a Prefect API is configured or inside a
+    flow run), ``batch`` rollouts to a worker at a time."""
+    frames = map_tasks(rollout, tasks, executor, batch=batch, name="rollouts", label=_episode)
     return pl.concat([empty_frame(), *frames], how="vertical")

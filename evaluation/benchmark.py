@@ -52,9 +52,10 @@ pending, or asks for an impossible start) is recorded as a ``CaseFailure`` and t
 goes on; a policy with any failed case is left out of the comparison (``Benchmark.policies``)
 and listed with its failures, so one bad policy never aborts the others.
 
-``run_benchmark`` maps ``run_task`` over every (policy, case): in this process
-(``"serial"``) or through a Prefect task runner (``"local[:N]"``, ``"threads[:N]"``,
-``"dask"``, ``"dask://HOST:PORT"``; ``datasets.rollouts.make_task_runner``), results in
+``run_benchmark`` maps ``run_task`` over every (policy, case) with
+``linkwise.parallel.map_tasks``: in this process (``"serial"``), a process pool
+(``"local[:N]"``), threads (``"threads[:N]"``) or Dask (``"dask"``, ``"dask://HOST:PORT"``),
+as Prefect task runs only where a Prefect API is configured or inside a flow run; results in
 task order whatever the executor.
 """
 
@@ -87,15 +88,11 @@ from linkwise.cluster.simulator import (
 from linkwise.datasets.backlog import Backlog
 from linkwise.datasets.prediction import ensure_predicted
 from linkwise.datasets.predictor import RuntimePredictor
-from linkwise.datasets.rollouts import (
-    Window,
-    make_task_runner,
-    patient_prefect_server,
-    window_workload,
-)
+from linkwise.datasets.rollouts import Window, window_workload
 from linkwise.evaluation.compare import UNFAIR_SLOWDOWN, Scenario, bounded_slowdown, job_metrics
 from linkwise.evaluation.predictions import check_predictions, package_predictor
 from linkwise.models.build import build_policy
+from linkwise.parallel import map_tasks
 from linkwise.policies.spec import PolicySpec
 
 __all__ = [
@@ -409,11 +406,6 @@ def try_task(task: BenchTask) -> CaseResult | CaseFailure:
         )
 
 
-def run_batch(tasks: Sequence[BenchTask], label: str = "") -> list[CaseResult | CaseFailure]:
-    """Several runs in one call, in order (``label`` names the Prefect task run)."""
-    return [try_task(t) for t in tasks]
-
-
 # ------------------------------------------------------------------------ the grid
 
 
@@ -586,18 +578,14 @@ def run_benchmark(
         learned=learned_need_predictions,
     )
     tasks = [BenchTask(ref, case, tracking_uri) for ref in refs for case in cases]
-    if executor == "serial":
-        outcomes: list[CaseResult | CaseFailure] = []
-        for t in tasks:
-            outcomes.append(try_task(t))
-            if on_done and isinstance(outcomes[-1], CaseResult):
-                on_done(outcomes[-1])
-    else:
-        outcomes = _run_prefect(tasks, executor, batch)
-        if on_done:
-            for r in outcomes:
-                if isinstance(r, CaseResult):
-                    on_done(r)
+
+    def done(outcome: CaseResult | CaseFailure) -> None:
+        if on_done is not None and isinstance(outcome, CaseResult):
+            on_done(outcome)
+
+    outcomes = map_tasks(
+        try_task, tasks, executor, batch=batch, name="benchmark", label=_task_label, on_result=done
+    )
     failures = tuple(r for r in outcomes if isinstance(r, CaseFailure))
     failed = {f.policy for f in failures}
     return Benchmark(
@@ -611,26 +599,8 @@ def run_benchmark(
     )
 
 
-def _run_prefect(
-    tasks: Sequence[BenchTask], executor: str, batch: int
-) -> list[CaseResult | CaseFailure]:
-    from prefect import flow, task
-    from prefect.cache_policies import NO_CACHE
-
-    if batch <= 0:
-        raise ValueError("batch must be positive")
-    chunks = [tuple(tasks[i : i + batch]) for i in range(0, len(tasks), batch)]
-    labels = [f"{c[0].policy.label} {c[0].case.case_id}" for c in chunks]
-    run = task(name="benchmark", task_run_name="{label}", cache_policy=NO_CACHE)(run_batch)
-
-    def benchmark() -> list[list[CaseResult | CaseFailure]]:
-        futures = run.map(chunks, label=labels)
-        return [f.result() for f in futures]
-
-    fl = flow(name="benchmark", task_runner=make_task_runner(executor), validate_parameters=False)
-    with patient_prefect_server():
-        out: list[list[CaseResult | CaseFailure]] = fl(benchmark)()
-    return [r for part in out for r in part]
+def _task_label(task: BenchTask) -> str:
+    return f"{task.policy.label} {task.case.case_id}"
 
 
 # ------------------------------------------------------------------------ on disk

@@ -76,6 +76,7 @@ from linkwise.datasets.transitions import empty_frame
 from linkwise.datasets.windows import choose_windows, window_supply
 from linkwise.models.learned import LearnedPolicy
 from linkwise.models.registry import load_source, open_registry
+from linkwise.parallel import patient_prefect_server
 from linkwise.policies.spec import PolicySpec
 
 __all__ = [
@@ -397,8 +398,6 @@ def _flow() -> Any:
 
 def build_dataset_flow(**kwargs: Any) -> dict[str, Any]:
     """``build_dataset`` as a Prefect flow run (same keyword arguments)."""
-    from linkwise.datasets.rollouts import patient_prefect_server
-
     with patient_prefect_server():
         result: dict[str, Any] = _flow()(**kwargs)
     return result

@@ -96,6 +96,7 @@ from linkwise.models.registry import (
     resolve_version,
 )
 from linkwise.models.training import split_episodes
+from linkwise.parallel import patient_prefect_server
 from linkwise.pipelines.evidence import challenger_fqe
 from linkwise.pipelines.experiment import EvaluationPlan
 from linkwise.policies.source import MODEL_NAME
@@ -621,8 +622,6 @@ def evaluate_and_promote(
 def evaluate_flow(policies: Sequence[PolicySpec], **kwargs: Any) -> dict[str, Any]:
     """``evaluate_and_promote`` as a Prefect flow run (same arguments)."""
     from prefect import flow
-
-    from linkwise.datasets.rollouts import patient_prefect_server
 
     fl = flow(name="evaluate", validate_parameters=False, log_prints=False)(evaluate_and_promote)
     with patient_prefect_server():

@@ -56,6 +56,7 @@ from linkwise.models.training import (
     quiet_d3rlpy,
     split_episodes,
 )
+from linkwise.parallel import patient_prefect_server
 from linkwise.pipelines._run import summary_footer, training_run
 from linkwise.pipelines.build_dataset import build_dataset
 from linkwise.policies.spec import PolicySpec
@@ -374,8 +375,6 @@ def _flow() -> Any:
 
 def train_flow(config: str | Path, **kwargs: Any) -> TrainResult:
     """``train`` as a Prefect flow run (same arguments)."""
-    from linkwise.datasets.rollouts import patient_prefect_server
-
     with patient_prefect_server():
         result: TrainResult = _flow()(config, **kwargs)
     return result

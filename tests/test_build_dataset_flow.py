@@ -1,5 +1,7 @@
 """The dataset build under Prefect: rollouts on a local process pool and on a Dask cluster of
-two workers give the serial frame; the build flow (logs + rollouts) and its CLI."""
+two workers, as Prefect task runs (the suite's Prefect API is configured), give the serial
+frame; the build flow (logs + rollouts) and its CLI. The executor strings themselves:
+``tests/test_parallel.py``."""
 
 from __future__ import annotations
 
@@ -18,16 +20,9 @@ from linkwise.datasets.export import read_dataset
 from linkwise.datasets.ingest import ingest_job_runs
 from linkwise.datasets.prediction import predictor_digest, predictor_from_manifest
 from linkwise.datasets.predictor import RuntimePredictor
-from linkwise.datasets.rollouts import (
-    cut_windows,
-    jobs_from_trace,
-    make_task_runner,
-    make_tasks,
-    patient_prefect_server,
-    rollouts_flow,
-    run_rollouts,
-)
+from linkwise.datasets.rollouts import cut_windows, jobs_from_trace, make_tasks, run_rollouts
 from linkwise.datasets.store import open_store
+from linkwise.parallel import patient_prefect_server
 from linkwise.pipelines.build_dataset import (
     build_dataset,
     build_dataset_flow,
@@ -60,20 +55,12 @@ def tasks() -> list:
     )
 
 
-def test_executor_strings_select_task_runners() -> None:
-    from prefect.task_runners import ProcessPoolTaskRunner
-    from prefect_dask import DaskTaskRunner
-
-    local = make_task_runner("local:2")
-    assert isinstance(local, ProcessPoolTaskRunner) and local._max_workers == 2
-    dask = make_task_runner("dask://10.0.0.5:8786")
-    assert isinstance(dask, DaskTaskRunner) and dask.address == "tcp://10.0.0.5:8786"
-    assert make_task_runner("dask://tls://h:1").address == "tls://h:1"
+def test_bad_executors_and_batches_are_refused(tasks: list) -> None:
     for bad in ("pool", "dask:x", "dask://"):
         with pytest.raises(ValueError, match="executor"):
-            make_task_runner(bad)
+            run_rollouts(tasks, bad)
     with pytest.raises(ValueError, match="batch"):
-        rollouts_flow([], "threads", batch=0)
+        run_rollouts(tasks, "threads", batch=0)
 
 
 def test_process_pool_and_dask_give_the_serial_frame(prefect_harness: None, tasks: list) -> None:

@@ -95,7 +95,9 @@ def add_executor(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--executor",
         default="local",
-        help="serial, local[:N] (process pool), dask, or dask://HOST:PORT",
+        help="serial, local[:N] (a process pool of N workers; no N: one per CPU), "
+        "threads[:N], dask (a temporary local cluster) or dask://HOST:PORT; Prefect task "
+        "runs only when PREFECT_API_URL names a Prefect server (none is started)",
     )
 
 

@@ -316,7 +316,9 @@ def add_build_dataset_parser(subparsers: Any) -> argparse.ArgumentParser:
         help=f"which queued jobs fill the slots (default {MdpConfig.slot_order})",
     )
     add_executor(p)
-    p.add_argument("--batch", type=int, default=4, help="rollouts per Prefect task run")
+    p.add_argument(
+        "--batch", type=int, default=4, help="rollouts sent to a worker together (a task run)"
+    )
     p.add_argument("--max-steps", type=int, help="cut rollout episodes after so many steps")
     p.add_argument(
         "--warm-start",
@@ -486,11 +488,7 @@ def add_label_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     add_tracking_uri(p, "MLflow tracking URI to find it in (default: $MLFLOW_TRACKING_URI)")
     p.add_argument("--restart-cost", default="sia", help="sia (default), 0 or seconds")
-    p.add_argument(
-        "--executor",
-        default="local",
-        help="serial, local[:N] (a local process pool, the default) or dask://HOST:PORT",
-    )
+    add_executor(p)
     p.add_argument("--dask-address", help="a running Dask scheduler (HOST:PORT)")
     p.add_argument("--out", type=Path, default=Path("linkwise-out/labels"), help="output folder")
     add_json(p, "print the manifest as JSON")
