@@ -1,15 +1,17 @@
 """The live scheduling loop over a real Slurm: ``SlurmBackend`` (active), ``ShadowBackend``.
 
 Both are ``Backend``s for ``linkwise.cluster.loop.drive``, composed of parts that each hold
-one concern: the Slurm adapter here (``observe`` reads the queue and the nodes through
-``SlurmClient``, retrying while Slurm does not answer, and builds the state with
-``observation.build_observation``, every job annotated with the run-time predictor of the
-package about to decide; ``apply`` acts in active mode only: it validates each
-start against the free GPUs and the job's shape, audits the ``scontrol`` argument lists,
-then sets ``ReqNodeList``/``NumNodes`` and releases the job), the decision log
-(``decision_log.DecisionLog``: rows, joins with what Slurm did, metrics; it takes a clock),
-the lease (``lease_keeper.LeaseKeeper``: locks, renewals, watchdog, hand-back) and the
-policy (``policies``). ``ShadowBackend`` changes nothing in Slurm.
+one concern: reading Slurm here (``observe`` reads the queue and the nodes through
+``SlurmClient``, retrying while Slurm does not answer (``slurm_reads``), and builds the state
+with ``observation.build_observation``, every job annotated with the run-time predictor of
+the package about to decide); the starts (``starts``: ``apply`` acts in active mode only: it
+validates each start against the free GPUs and the job's shape, audits the ``scontrol``
+argument lists, then sets ``ReqNodeList``/``NumNodes`` and releases the job); the hand-backs
+(``hand_backs.HandBacks``); the moves of running jobs (``migration``); the decision log
+(``decision_log.DecisionLog``: rows, joins with what Slurm did, metrics; it takes a clock);
+the lease (``lease_keeper.LeaseKeeper``: locks, renewals, watchdog, hand-back); the policy
+(``policies``); which cycles are logged (``cycle_lines``). ``ShadowBackend`` changes nothing
+in Slurm.
 
 Active mode manages only jobs of the named partitions held for it (``holds.held_for_loop``:
 held by the shipped ``job_submit.lua``, which tags them ``linkwise:held``); an
@@ -18,58 +20,41 @@ GPUs, held requests that can never fit (reported) and jobs held longer than ``ma
 are released unchanged to Slurm. A tagged job found no longer held that the loop did not
 release was bypassed (released by someone else): counted, logged and untagged.
 
-A Slurm read that fails (``READ_FAULTS``: a ``SlurmError``, or a ``KeyError``/``TypeError``/
-``ValueError`` out of parsing what Slurm printed) is counted by kind
-(``linkwise_slurm_read_errors_total{kind}``, ``read_fault_kind``) and logged as one
-``slurm_read_failed`` line; in active mode the jobs the last good read showed held for the
-loop in its own partitions are handed back once (``handed_back{slurm_fault}``; not while
-Slurm cannot be reached), the lease is not renewed until a read succeeds again, and the
-read is retried after a backoff from ``min(1, interval)`` doubling up to ``backoff_max_s``;
-a stop requested meanwhile ends it within 0.2 s (``LoopStopped``; ``serve`` then shuts
-down as usual, handing back what it holds).
-
-A cycle is logged (``cycle``) when it did or met something: a start applied or refused, a
-move, a hand-back, a read fault before it, or a change in what it saw or decided (the policy,
-the pending jobs, the decision: a shadow loop deciding the same starts again is not news,
-where its records went); the first cycle always is. An idle cycle is silent, and an idle
-loop says it is alive at most once a minute (``idle``, with the cycles since the last line;
-``CycleLines``). What counts cycles is ``linkwise_serve_cycles_total`` on ``/metrics`` and
-``serve_stop``'s ``cycles``, never the log lines.
+A Slurm read that fails is counted by kind (``linkwise_slurm_read_errors_total{kind}``,
+``slurm_reads.read_fault_kind``) and logged as one ``slurm_read_failed`` line; in active mode
+the jobs the last good read showed held for the loop in its own partitions are handed back
+once (``handed_back{slurm_fault}``; not while Slurm cannot be reached), the lease is not
+renewed until a read succeeds again, and the read is retried after a backoff from
+``min(1, interval)`` doubling up to ``backoff_max_s``; a stop requested meanwhile ends it
+within 0.2 s (``LoopStopped``; ``serve`` then shuts down as usual, handing back what it
+holds).
 """
 
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any, Literal
 
-from linkwise.cluster.domain import (
-    ClusterState,
-    Decision,
-    Placement,
-    Topology,
-)
-from linkwise.cluster.hostlist import compress, expand
+from linkwise.cluster.domain import ClusterState, Decision, Placement, Topology
 from linkwise.cluster.loop import drive
 from linkwise.cluster.profiles import Calibration, load_calibration
 from linkwise.cluster.slurm.client import SlurmClient, read_env_file
-from linkwise.cluster.slurm.errors import SlurmError, SlurmTimeout, SlurmUnavailable
 from linkwise.cluster.slurm.records import QueuedJob
-from linkwise.cluster.slurm.request import widens
-from linkwise.cluster.slurm.schema import SlurmSchemaError
 from linkwise.datasets.predictor import RuntimePredictor
+from linkwise.deployer.cycle_lines import CycleLines, log_cycle
 from linkwise.deployer.decision_log import DecisionLog
 from linkwise.deployer.events import log_event
-from linkwise.deployer.holds import HOLD_TAG, held_for_loop
+from linkwise.deployer.hand_backs import HandBacks, fault_hand_back
+from linkwise.deployer.holds import held_for_loop
 from linkwise.deployer.lease import lease_dir_for
 from linkwise.deployer.lease_keeper import LeaseKeeper
 from linkwise.deployer.locks import valid_name
@@ -78,14 +63,8 @@ from linkwise.deployer.migration import MigrationConfig, MigrationExecutor, move
 from linkwise.deployer.observation import (
     Observation,
     build_observation,
-    check_flexible_start,
-    check_start,
-    job_request,
-    place_flexible_within,
-    place_within,
     read_link_load,
     slurm_topology,
-    take_room,
 )
 from linkwise.deployer.policies import GuardedPolicy, LoadedPolicy, PolicyHolder
 from linkwise.deployer.profiles import (
@@ -94,96 +73,30 @@ from linkwise.deployer.profiles import (
     resolve_profiles,
     undeclared,
 )
-from linkwise.deployer.recorder import Recorder, RecordError, new_id
-from linkwise.deployer.release import release_held
-from linkwise.deployer.scontrol import clear_nodes_command, untag_command
+from linkwise.deployer.recorder import Recorder, new_id
+from linkwise.deployer.slurm_reads import (
+    READ_FAULTS,
+    UNREACHABLE,
+    LoopStopped,
+    next_backoff,
+    read_fault_kind,
+    sacct_joins,
+)
+from linkwise.deployer.starts import apply_starts, plan_starts
 from linkwise.deployer.systemd import SystemdNotify
 from linkwise.policies.spec import PolicySpec
 
 __all__ = [
     "DEFAULT_LEASE_ROOT",
-    "IDLE_LOG_S",
-    "READ_FAULTS",
-    "CycleLines",
-    "LoopStopped",
     "ServeConfig",
     "ShadowBackend",
     "SlurmBackend",
-    "fault_hand_back",
-    "next_backoff",
-    "read_fault_kind",
     "serve",
 ]
 
 Mode = Literal["shadow", "active"]
 LOG = logging.getLogger("linkwise.serve")
-# what a failed Slurm read raises: the client's errors, and what parsing Slurm's output may
-READ_FAULTS: tuple[type[Exception], ...] = (SlurmError, KeyError, TypeError, ValueError)
-_UNREACHABLE = frozenset({"unavailable", "timeout"})  # no hand-back: it could not be done
-
-
-class LoopStopped(RuntimeError):
-    """A stop (SIGINT/SIGTERM) came while the loop waited to read Slurm again."""
-
-
-def read_fault_kind(exc: BaseException) -> str:
-    """The kind of a failed Slurm read: unavailable, timeout, schema (JSON this client does not
-    read), command (any other Slurm error) or parse (a value parsing could not take)."""
-    if isinstance(exc, SlurmUnavailable):
-        return "unavailable"
-    if isinstance(exc, SlurmTimeout):
-        return "timeout"
-    if isinstance(exc, SlurmSchemaError):
-        return "schema"
-    return "command" if isinstance(exc, SlurmError) else "parse"
-
-
-def next_backoff(delay: float, max_s: float) -> float:
-    """The wait after ``delay`` when the next read fails too: doubled, at most ``max_s``."""
-    return min(delay * 2, max_s)
-
-
-def fault_hand_back(
-    queue: Sequence[QueuedJob], partitions: Sequence[str], released: Collection[int]
-) -> list[QueuedJob]:
-    """The jobs a Slurm read fault hands back: held for the loop in the last good read,
-    every partition of theirs one of the loop's, and not released by the loop already."""
-    mine = set(partitions)
-    return [
-        q
-        for q in queue
-        if held_for_loop(q) and set(q.partition.split(",")) <= mine and q.job_id not in released
-    ]
-
-
-DEFAULT_DURATION_S = 3600.0
 DEFAULT_LEASE_ROOT = "/var/lib/linkwise/leases"
-IDLE_LOG_S = 60.0  # an idle loop logs that it is alive at most this often
-
-
-@dataclass
-class CycleLines:
-    """Which cycles get a log line: every cycle that did something or saw a change (``busy``,
-    or ``seen`` unlike the last cycle's), and for idle ones one ``idle`` line at most every
-    ``every_s`` seconds since the last line (``now`` on a monotonic clock)."""
-
-    every_s: float = IDLE_LOG_S
-    last_seen: tuple[object, ...] | None = None
-    last_line: float = 0.0  # when the last line was written
-    quiet: int = 0  # idle cycles since then
-
-    def note(self, seen: tuple[object, ...], busy: bool, now: float) -> tuple[str, int]:
-        """(``"cycle"``, 0) to log this cycle, (``"idle"``, idle cycles since the last line)
-        for a heartbeat, (``""``, idle cycles so far) to stay silent."""
-        changed, self.last_seen = seen != self.last_seen, seen
-        if busy or changed:
-            self.last_line, self.quiet = now, 0
-            return "cycle", 0
-        self.quiet += 1
-        if now - self.last_line < self.every_s:
-            return "", self.quiet
-        idle, self.last_line, self.quiet = self.quiet, now, 0
-        return "idle", idle
 
 
 # ------------------------------------------------------------------------ configuration
@@ -296,7 +209,7 @@ class SlurmBackend:
             self.cluster,
             config.partitions,
             logger,
-            finished=self._sacct_joins,
+            finished=lambda ids: sacct_joins(client, ids, logger),
         )
         folder = Path(lease_dir) if lease_dir is not None else Path(config.lease_root) / "_"
         self.keeper = LeaseKeeper(
@@ -310,7 +223,9 @@ class SlurmBackend:
             watchdog=config.watchdog,
             sleep=sleep,
         )
-        self.released_ids: set[int] = set()  # released by this loop (not bypasses)
+        self.hand_backs = HandBacks(
+            client, recorder, metrics, logger, self.run_id, config.max_hold_s
+        )
         self.first_seen: dict[int, float] = {}
         self.inflight: dict[int, tuple[Placement, float]] = {}  # released, not started
         self.cycles_ok = 0
@@ -320,9 +235,6 @@ class SlurmBackend:
         self.migration = MigrationExecutor(
             client, recorder, metrics.registry, config.migration, run_id=self.run_id, logger=logger
         )
-        self.partition_of: dict[int, str] = {}  # held for the loop -> its partition when seen
-        self.moved: list[QueuedJob] = []  # tagged held jobs whose partition changed (a cycle)
-        self.moved_ids: set[int] = set()  # counted already
         self.calibration = load_calibration(None)  # profiles for a policy without its own
         self.profile_history = ProfileHistory(recorder)
         self.read_failing = False  # the last Slurm read failed: the lease is not renewed
@@ -387,7 +299,7 @@ class SlurmBackend:
         )
         self._forget_inflight(queue, now)
         self.queue = list(queue)
-        self.moved = self._partition_changes(queue, self.obs)
+        self.acted += self.hand_backs.partition_changes(queue, self.obs)
         self._renew()
         self.metrics.pending_jobs.set(len(self.obs.state.pending))
         self.metrics.held_jobs.set(self.obs.held_total)
@@ -424,34 +336,20 @@ class SlurmBackend:
         self.metrics.cycle_seconds.observe(elapsed)
         self.metrics.cycles.labels("ok").inc()
         self.cycles_ok += 1
-        pending = tuple(p.job.job_id for p in obs.state.pending)
-        decided = (
-            tuple((s.job_id, s.placement.nodes) for s in decision.starts),
-            tuple(decision.preempt),
-            tuple((s.job_id, s.placement.nodes) for s in decision.migrate),
-        )
-        seen = (info.get("policy"), info.get("model_version"), pending, decided, where)
         busy = bool(results or moved or self.acted)  # active mode: every start has a result
-        line, idle = self.lines.note(seen, busy, time.monotonic())
-        if line == "idle":
-            log_event(
-                self.log, "idle", cycles=idle, cycle=self.cycle_id, mode=self.mode,
-                policy=info.get("policy"), pending=len(pending), records=where,
-            )  # fmt: skip
-        elif line == "cycle":
-            log_event(
-                self.log,
-                "cycle",
-                cycle=self.cycle_id,
-                mode=self.mode,
-                policy=info.get("policy"),
-                pending=len(pending),
-                starts=len(decision.starts),
-                latency_ms=round(float(info.get("latency_ms", 0.0)), 3),
-                explain_ms=round(float(info.get("explain_ms", 0.0)), 3),
-                cycle_ms=round(elapsed * 1e3, 3),
-                records=where,
-            )
+        log_cycle(
+            self.log,
+            self.lines,
+            cycle_id=self.cycle_id,
+            mode=self.mode,
+            state=obs.state,
+            decision=decision,
+            info=info,
+            where=where,
+            busy=busy,
+            elapsed=elapsed,
+            now=time.monotonic(),
+        )
 
     def advance(self) -> bool:
         """Wait for the next cycle; False once stopped or out of cycles."""
@@ -513,9 +411,9 @@ class SlurmBackend:
         self.metrics.cycles.labels("slurm_error").inc()
         self.metrics.slurm_read_errors.labels(kind).inc()
         released: list[int] = []
-        if self.mode == "active" and kind not in _UNREACHABLE:
-            jobs = fault_hand_back(self.queue, self.cfg.partitions, self.released_ids)
-            released = self._release_on_fault(jobs, kind) if jobs else []
+        if self.mode == "active" and kind not in UNREACHABLE:
+            jobs = fault_hand_back(self.queue, self.cfg.partitions, self.hand_backs.released_ids)
+            released = self.hand_backs.on_fault(jobs, kind, self.cycle_id) if jobs else []
         log_event(
             self.log,
             "slurm_read_failed",
@@ -527,27 +425,6 @@ class SlurmBackend:
             released=released,
             retry_in_s=delay,
         )
-
-    def _release_on_fault(self, jobs: Sequence[QueuedJob], kind: str) -> list[int]:
-        """Release ``jobs`` unchanged; each one released is counted once."""
-        for q in jobs:
-            log_event(
-                self.log, "handing_to_slurm", job_id=q.job_id, reason=f"slurm {kind} fault",
-                kind="slurm_fault",
-            )  # fmt: skip
-        released = release_held(
-            self.client,
-            jobs,
-            recorder=self.recorder,
-            run_id=self.run_id,
-            cycle_id=self.cycle_id,
-            actor="loop:slurm_fault",
-            model_version="",
-            logger=self.log,
-        )
-        self.metrics.handed_back.labels("slurm_fault").inc(len(released))
-        self.released_ids.update(released)
-        return released
 
     def _sleep(self, seconds: float) -> None:
         end = time.monotonic() + seconds
@@ -570,40 +447,6 @@ class SlurmBackend:
         except OSError as exc:  # e.g. a full disk: the loop goes on; ``ok()`` stops acting
             log_event(self.log, "lease_renew_failed", logging.ERROR, error=_os_error(exc))
 
-    def _partition_changes(self, queue: Sequence[QueuedJob], obs: Observation) -> list[QueuedJob]:
-        """Jobs held for the loop whose partition someone changed since the loop saw them
-        (a way out of the loop's hold that job_submit.lua refuses while a loop is live):
-        counted as bypasses once, then handed back (still held) or untagged."""
-        found = {q.job_id: q for q in obs.partition_moved}
-        for q in queue:
-            was = self.partition_of.get(q.job_id)
-            if was is not None and q.partition != was and q.admin_comment == HOLD_TAG:
-                found.setdefault(q.job_id, q)
-        self.acted += len(found)
-        for q in found.values():
-            self.partition_of.pop(q.job_id, None)
-            if q.job_id in self.moved_ids:
-                continue
-            self.moved_ids.add(q.job_id)
-            self.metrics.hold_bypasses.inc()
-            self.metrics.partition_changes.inc()
-            log_event(
-                self.log,
-                "hold_bypassed",
-                logging.WARNING,
-                job_id=q.job_id,
-                user=q.user,
-                how="partition changed",
-                partition=q.partition,
-            )
-        for j, q in obs.managed.items():
-            self.partition_of[j] = q.partition
-        in_queue = {q.job_id for q in queue}
-        for j in [j for j in self.partition_of if j not in in_queue]:
-            del self.partition_of[j]
-        self.moved_ids &= in_queue
-        return [q for q in found.values() if q.state in ("PENDING", "RUNNING")]
-
     def _act(self, decision: Decision, obs: Observation, info: Mapping[str, Any]) -> dict[int, str]:
         """Validate each start (moved onto nodes Slurm accepts for the job, in the shape it
         asked, when the policy's break its constraints or give another shape), hand back what
@@ -616,243 +459,41 @@ class SlurmBackend:
         for j in obs.managed:
             self.first_seen.setdefault(j, now)
         version = str(info.get("model_version", ""))
-        results: dict[int, str] = {}
-        free = list(obs.state.free_gpus)
-        rooms = list(obs.rooms)
-        plan: list[tuple[int, list[list[str]], Placement]] = []
-        seen: set[int] = set()
-        reshaped: list[tuple[QueuedJob, str]] = []
-        widened: list[tuple[QueuedJob, str]] = []  # refused by the last guard (``widens``)
         # over max-hold: handed back whatever the policy says now (a start that is never
         # applied, e.g. for want of an audit, must not keep a job held)
         over = {j for j in obs.managed if now - self.first_seen[j] > self.cfg.max_hold_s}
-        for start in decision.starts:
-            job = obs.managed.get(start.job_id)
-            placement = start.placement
-            moved = ""
-            if start.job_id in over:
-                why = f"max_hold: held over {self.cfg.max_hold_s:g} s, handed back to Slurm"
-            elif job is None or start.job_id in seen:
-                why = "not a held job of the managed partitions"
-            elif job.job_id not in obs.shapes:  # flexible: a GPU count in any split
-                why = check_flexible_start(placement, job, free, self.topo, rooms) or ""
-                if why.startswith("constraint"):  # Slurm's own choice on nodes it accepts
-                    other = place_flexible_within(job, free, self.topo, rooms)
-                    if other is not None:
-                        moved, placement, why = why, other, ""
-            else:
-                shape = obs.shapes[job.job_id]
-                why = check_start(placement, shape, free, self.topo, job, rooms) or ""
-                if why.startswith(("constraint", "shape")):
-                    # the requested shape on nodes the job accepts, the policy's first
-                    other = place_within(job, shape, free, self.topo, rooms, placement.nodes)
-                    if other is not None:
-                        moved, placement, why = why, other, ""
-            if why:
-                results[start.job_id] = f"rejected: {why}"
-                self.metrics.rejected.labels(why.split(":")[0]).inc()
-                log_event(self.log, "start_rejected", job_id=start.job_id, reason=why)
-                if (
-                    job is not None
-                    and why.startswith(("shape", "split"))
-                    and start.job_id not in seen
-                ):
-                    seen.add(start.job_id)
-                    reshaped.append((job, why))
-                    results[start.job_id] += "; handed back to Slurm"
-                continue
-            assert job is not None
-            seen.add(start.job_id)
-            fixed = obs.shapes.get(start.job_id)
-            if fixed is not None:  # Slurm gives each node the shape's GPUs
-                placement = Placement.of([(n, fixed.gpus_per_node) for n in placement.nodes])
-            # the last guard before NumNodes/ReqNodeList: exactly what the job asked, no more
-            widen = widens(job_request(job), [g for _, g in placement.alloc])
-            if widen is not None:
-                results[start.job_id] = f"rejected: widen: {widen}; handed back to Slurm"
-                self.metrics.rejected.labels("widen").inc()
-                log_event(self.log, "start_widens", logging.ERROR, job_id=job.job_id, reason=widen)
-                widened.append((job, widen))
-                continue
-            for n, g in placement.alloc:
-                free[n] = 0 if job.exclusive else free[n] - g
-                rooms[n] = take_room(rooms[n], job)
-            names = [self.topo.nodes[n].name for n in placement.nodes]
-            if moved:
-                self.metrics.moved_starts.inc()
-                log_event(self.log, "start_moved", job_id=job.job_id, reason=moved, nodes=names)
-            cmds = [
-                [
-                    "scontrol",
-                    "update",
-                    f"JobId={start.job_id}",
-                    f"ReqNodeList={','.join(names)}",
-                    f"NumNodes={len(names)}",
-                ],
-                ["scontrol", "release", str(start.job_id)],
-            ]
-            plan.append((start.job_id, cmds, placement))
-        self._hand_back(obs, over, reshaped, version, widened)
-        self._unstrand(obs, version)
-        self._untag(obs, version)
+        plan = plan_starts(
+            decision, obs, self.topo, over, self.cfg.max_hold_s, self.metrics, self.log
+        )
+        results = plan.results
+        self.acted += self.hand_backs.unplaced(
+            obs, over, plan.reshaped, version, self.cycle_id, plan.widened
+        )
+        self.acted += self.hand_backs.unstrand(obs, version, self.cycle_id)
+        self.acted += self.hand_backs.untag(obs, version, self.cycle_id)
         if not self.keeper.ok():
             log_event(self.log, "lease_lapsed_not_acting", logging.ERROR, cycle=self.cycle_id)
-            return results | {job_id: "skipped: lease lapsed" for job_id, _, _ in plan}
-        if not plan:
+            return results | {p.job_id: "skipped: lease lapsed" for p in plan.planned}
+        if not plan.planned:
             return results
-        audits = [
-            {
-                "audit_id": new_id(),
-                "ts": now,
-                "run_id": self.run_id,
-                "cycle_id": self.cycle_id,
-                "actor": "loop",
-                "job_id": job_id,
-                "command": json.dumps(cmd),
-                "model_version": version,
-                "outcome": "pending",
-            }
-            for job_id, cmds, _ in plan
-            for cmd in cmds
-        ]
-        try:
-            self.recorder.write(audits=audits, must_persist=True)
-        except RecordError as exc:
-            log_event(self.log, "audit_failed_not_acting", logging.ERROR, error=str(exc)[:300])
-            return results | {job_id: "skipped: audit not persisted" for job_id, *_ in plan}
-        outcomes: list[tuple[str, str, float]] = []
-        rows = iter(audits)
-        for job_id, cmds, placed in plan:
-            result = "applied"
-            for cmd in cmds:
-                row = next(rows)
-                if result != "applied":
-                    outcomes.append((str(row["audit_id"]), "skipped", time.time()))
-                    continue
-                try:
-                    self.client.runner.run(cmd)
-                    outcome = "ok"
-                except SlurmError as exc:
-                    outcome = f"error: {str(exc)[:200]}"
-                    result = f"failed: {cmd[1]}: {str(exc)[:150]}"
-                self.metrics.actions.labels(cmd[1], "ok" if outcome == "ok" else "error").inc()
-                outcomes.append((str(row["audit_id"]), outcome, time.time()))
-            results[job_id] = result
-            if result == "applied":
-                self.inflight[job_id] = (placed, time.time())
-                self.released_ids.add(job_id)
-            log_event(self.log, "start", job_id=job_id, command=cmds[0], outcome=result)
-        self.recorder.write(outcomes=outcomes)
-        return results
-
-    def _hand_back(
-        self,
-        obs: Observation,
-        over: set[int],
-        reshaped: Sequence[tuple[QueuedJob, str]],
-        version: str,
-        widened: Sequence[tuple[QueuedJob, str]] = (),
-    ) -> None:
-        """Release unchanged (no node list) the held jobs the loop will not place, each with
-        its reason logged and counted (``linkwise_serve_handed_back{reason}``)."""
-        out: dict[int, tuple[QueuedJob, str, str]] = {}
-        for q in obs.no_gpu:
-            if q.job_id in obs.refused:
-                kind = obs.kinds.get(q.job_id, "never_fits")
-                label = "can never fit" if kind == "never_fits" else "left to Slurm"
-                out[q.job_id] = (q, kind, f"{label}: {obs.refused[q.job_id]}")
-            else:
-                out[q.job_id] = (q, "no_gpu", "no GPUs requested")
-        for q, why in reshaped:
-            if why.startswith("split"):  # Slurm would split its GPUs otherwise on those nodes
-                out[q.job_id] = (q, "split", f"Slurm would not give the policy's split ({why})")
-            else:
-                out[q.job_id] = (q, "shape", f"the policy did not give its shape ({why})")
-        for q, why in widened:
-            out[q.job_id] = (q, "widen", f"the start would change its request ({why})")
-        for j in sorted(over):
-            out.setdefault(j, (obs.managed[j], "max_hold", f"held over {self.cfg.max_hold_s:g} s"))
-        for q in self.moved:
-            if q.held and q.job_id not in out:
-                out[q.job_id] = (q, "partition_changed", f"partition changed to {q.partition}")
-        if not out:
-            return
-        self.acted += len(out)
-        for q, kind, reason in out.values():
-            self.metrics.handed_back.labels(kind).inc()
-            log_event(self.log, "handing_to_slurm", job_id=q.job_id, reason=reason, kind=kind)
-        self.released_ids.update(out)
-        release_held(
-            self.client,
-            [q for q, _, _ in out.values()],
+        done, applied = apply_starts(
+            plan.planned,
+            client=self.client,
             recorder=self.recorder,
-            run_id=self.run_id,
-            cycle_id=self.cycle_id,
-            actor="loop:unmanaged",
-            model_version=version,
-            logger=self.log,
+            metrics=self.metrics,
+            log=self.log,
+            ids=(self.run_id, self.cycle_id),
+            version=version,
+            now=now,
         )
-
-    def _unstrand(self, obs: Observation, version: str) -> None:
-        """Clear the node list of jobs the loop released that Slurm reports it cannot run
-        there (BadConstraints, ReqNodeNotAvail, ...): Slurm then places them itself."""
-        if not obs.stranded:
-            return
-        self.acted += len(obs.stranded)
-        for q in obs.stranded:
-            self.metrics.unstranded.inc()
-            log_event(
-                self.log,
-                "unstranding",
-                logging.WARNING,
-                job_id=q.job_id,
-                reason=q.reason,
-                nodes=compress(q.req_nodes),
-            )
-        release_held(
-            self.client,
-            obs.stranded,
-            recorder=self.recorder,
-            run_id=self.run_id,
-            cycle_id=self.cycle_id,
-            actor="loop:unstrand",
-            model_version=version,
-            logger=self.log,
-            command=clear_nodes_command,
-        )
-
-    def _untag(self, obs: Observation, model_version: str) -> None:
-        """End the claim on tagged jobs no longer held; count those the loop did not release
-        (bypasses: released by someone else, e.g. by their user while no live loop held)."""
-        known = {q.job_id for q in obs.bypassed}
-        # moved out of the managed partitions and released there: counted when seen moved
-        gone = [*obs.bypassed, *(q for q in self.moved if not q.held and q.job_id not in known)]
-        if not gone:
-            return
-        self.acted += len(gone)
-        others = [
-            q
-            for q in obs.bypassed
-            if q.job_id not in self.released_ids and q.job_id not in self.moved_ids
-        ]
-        for q in others:
-            self.metrics.hold_bypasses.inc()
-            log_event(self.log, "hold_bypassed", logging.WARNING, job_id=q.job_id, user=q.user)
-        release_held(
-            self.client,
-            gone,
-            recorder=self.recorder,
-            run_id=self.run_id,
-            cycle_id=self.cycle_id,
-            actor="loop:untag",
-            model_version=model_version,
-            logger=self.log,
-            command=untag_command,
-        )
+        for p in applied:
+            self.inflight[p.job_id] = (p.placement, time.time())
+            self.hand_backs.released_ids.add(p.job_id)
+        return results | done
 
     def _forget_inflight(self, queue: Sequence[QueuedJob], now: float) -> None:
         in_queue = {q.job_id for q in queue}
-        self.released_ids &= in_queue
+        self.hand_backs.released_ids &= in_queue
         pending = {q.job_id for q in queue if q.state == "PENDING"}
         for j in list(self.inflight):
             if j not in pending or now - self.inflight[j][1] > 60:
@@ -860,33 +501,6 @@ class SlurmBackend:
         for j in list(self.first_seen):
             if j not in pending:
                 del self.first_seen[j]
-
-    def _sacct_joins(self, ids: Sequence[int]) -> list[tuple[int, float, str]]:
-        """(job, start, nodes) from ``sacct`` for jobs that left the queue unseen."""
-        args = ["sacct", "-a", "-X", "-P", "-n", "-o", "JobIDRaw,Start,End,NNodes,NodeList"]
-        args += ["-j", ",".join(str(i) for i in ids)]
-        try:
-            text = self.client.runner.run(args, extra_env={"SLURM_TIME_FORMAT": "%s"})
-        except SlurmError as exc:
-            log_event(self.log, "join_failed", logging.WARNING, error=str(exc)[:200])
-            return []
-        out: list[tuple[int, float, str]] = []
-        now = time.time()
-        for line in text.splitlines():
-            parts = line.split("|")
-            if len(parts) != 5 or not parts[0].isdigit():
-                continue
-            job, start, end, nnodes, nodelist = parts
-            if not start.isdigit() or nodelist in ("", "None assigned"):
-                continue
-            try:
-                hosts = expand(nodelist)
-            except ValueError:
-                continue
-            settled = end.isdigit() and now - int(end) > 5 and str(len(hosts)) == nnodes
-            if settled:
-                out.append((int(job), float(start), compress(hosts)))
-        return out
 
 
 class ShadowBackend(SlurmBackend):

@@ -1,6 +1,6 @@
 """For tests that run ``linkwise serve`` as a process: a free port for its ``/metrics`` and
 the cycles it has run, read there (``linkwise_serve_cycles_total{outcome="ok"}``). Idle
-cycles write no log line (``deployer.loop.CycleLines``): the log does not count cycles."""
+cycles write no log line (``deployer.cycle_lines.CycleLines``): the log does not count cycles."""
 
 from __future__ import annotations
 

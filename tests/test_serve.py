@@ -25,23 +25,18 @@ from linkwise.cluster.slurm.schema import SlurmSchemaError
 from linkwise.cluster.topology import from_spec
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.store import open_store
+from linkwise.deployer.cycle_lines import CycleLines
 from linkwise.deployer.holds import HOLD_TAG
 from linkwise.deployer.lease import Lease, lease_dir_for, lease_expired, read_lease, write_lease
 from linkwise.deployer.locks import WATCHDOG_HOLDER, LeaseTaken, lock_partitions
-from linkwise.deployer.loop import (
-    CycleLines,
-    ServeConfig,
-    ShadowBackend,
-    SlurmBackend,
-    read_fault_kind,
-    serve,
-)
+from linkwise.deployer.loop import ServeConfig, ShadowBackend, SlurmBackend, serve
 from linkwise.deployer.metrics import ServeMetrics
 from linkwise.deployer.observation import build_observation, check_start
 from linkwise.deployer.policies import GuardedPolicy, LoadedPolicy, PolicyHolder
 from linkwise.deployer.recorder import Recorder
 from linkwise.deployer.release import hand_back
 from linkwise.deployer.scontrol import untag_command
+from linkwise.deployer.slurm_reads import read_fault_kind
 from linkwise.deployer.watchdog import _tools
 from linkwise.policies.heuristics import make_policy
 from linkwise.policies.spec import PolicySpec
@@ -491,7 +486,7 @@ def test_a_bypassed_hold_is_counted_and_untagged(tmp_path: Path) -> None:
     backend.apply(Decision())
     assert runner.commands == [untag_command(5)]
     assert "linkwise_serve_hold_bypasses_total 1.0" in backend.metrics.text()
-    backend.released_ids.add(6)  # one the loop released itself: untagged, not counted
+    backend.hand_backs.released_ids.add(6)  # one the loop released itself: untagged, not counted
     client._queue = [replace(gone, job_id=6)]
     backend.observe()
     backend.apply(Decision())
