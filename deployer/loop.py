@@ -57,15 +57,11 @@ from linkwise.deployer.hand_backs import HandBacks, fault_hand_back
 from linkwise.deployer.holds import held_for_loop
 from linkwise.deployer.lease import lease_dir_for
 from linkwise.deployer.lease_keeper import LeaseKeeper
+from linkwise.deployer.link_load import read_link_load
 from linkwise.deployer.locks import valid_name
 from linkwise.deployer.metrics import ServeMetrics
 from linkwise.deployer.migration import MigrationConfig, MigrationExecutor, moves_of
-from linkwise.deployer.observation import (
-    Observation,
-    build_observation,
-    read_link_load,
-    slurm_topology,
-)
+from linkwise.deployer.observation import Observation, build_observation, slurm_topology
 from linkwise.deployer.policies import GuardedPolicy, LoadedPolicy, PolicyHolder
 from linkwise.deployer.profiles import (
     ProfileHistory,

@@ -2,7 +2,7 @@
 
 ``plan_starts`` checks every start against the free GPUs, the job's shape (or a flexible
 request's split) and the nodes it accepts: a start on nodes the job refuses, or in another
-shape than it asked, is moved onto nodes that accept it (``observation.place_within``,
+shape than it asked, is moved onto nodes that accept it (``start_checks.place_within``,
 ``place_flexible_within``) where there is room, else refused, and a job whose shape or split
 the policy did not give is handed back; the last guard before ``NumNodes``/``ReqNodeList``
 (``widens``) refuses a start that would change what the job asked. ``apply_starts`` writes
@@ -24,18 +24,17 @@ from linkwise.cluster.slurm.errors import SlurmError
 from linkwise.cluster.slurm.records import QueuedJob
 from linkwise.cluster.slurm.request import widens
 from linkwise.deployer.events import log_event
+from linkwise.deployer.job_requests import job_request
 from linkwise.deployer.metrics import ServeMetrics
-from linkwise.deployer.observation import (
-    NodeRoom,
-    Observation,
+from linkwise.deployer.node_rooms import NodeRoom, take_room
+from linkwise.deployer.observation import Observation
+from linkwise.deployer.recorder import Recorder, RecordError, new_id
+from linkwise.deployer.start_checks import (
     check_flexible_start,
     check_start,
-    job_request,
     place_flexible_within,
     place_within,
-    take_room,
 )
-from linkwise.deployer.recorder import Recorder, RecordError, new_id
 
 __all__ = ["PlannedStart", "StartPlan", "apply_starts", "plan_starts", "start_commands"]
 

@@ -28,7 +28,7 @@ from linkwise.datasets.store import open_store
 from linkwise.deployer.loop import ServeConfig, ShadowBackend, SlurmBackend
 from linkwise.deployer.metrics import ServeMetrics
 from linkwise.deployer.migration import InTransit, MigrationConfig, MigrationExecutor
-from linkwise.deployer.observation import build_observation, check_start
+from linkwise.deployer.observation import build_observation
 from linkwise.deployer.policies import GuardedPolicy, PolicyHolder
 from linkwise.deployer.profiles import (
     ProfileHistory,
@@ -38,6 +38,7 @@ from linkwise.deployer.profiles import (
     resolve_profiles,
 )
 from linkwise.deployer.recorder import Recorder
+from linkwise.deployer.start_checks import check_start
 from linkwise.policies.spec import PolicySpec
 
 LOG = logging.getLogger("test.observation")

@@ -29,9 +29,10 @@ from linkwise.cluster.slurm.request import (
 )
 from linkwise.cluster.topology import from_spec
 from linkwise.deployer.holds import HOLD_TAG
+from linkwise.deployer.job_requests import job_request, job_shape
 from linkwise.deployer.loop import ServeConfig, SlurmBackend
 from linkwise.deployer.metrics import ServeMetrics
-from linkwise.deployer.observation import build_observation, job_request, job_shape
+from linkwise.deployer.observation import build_observation
 from linkwise.deployer.policies import GuardedPolicy, PolicyHolder
 from linkwise.deployer.recorder import Recorder
 from linkwise.policies.spec import PolicySpec

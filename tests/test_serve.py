@@ -31,12 +31,13 @@ from linkwise.deployer.lease import Lease, lease_dir_for, lease_expired, read_le
 from linkwise.deployer.locks import WATCHDOG_HOLDER, LeaseTaken, lock_partitions
 from linkwise.deployer.loop import ServeConfig, ShadowBackend, SlurmBackend, serve
 from linkwise.deployer.metrics import ServeMetrics
-from linkwise.deployer.observation import build_observation, check_start
+from linkwise.deployer.observation import build_observation
 from linkwise.deployer.policies import GuardedPolicy, LoadedPolicy, PolicyHolder
 from linkwise.deployer.recorder import Recorder
 from linkwise.deployer.release import hand_back
 from linkwise.deployer.scontrol import untag_command
 from linkwise.deployer.slurm_reads import read_fault_kind
+from linkwise.deployer.start_checks import check_start
 from linkwise.deployer.watchdog import _tools
 from linkwise.policies.heuristics import make_policy
 from linkwise.policies.spec import PolicySpec

@@ -19,17 +19,14 @@ from linkwise.cluster.topology import from_spec
 from linkwise.datasets.store import open_store
 from linkwise.deployer.holds import HOLD_TAG, RELEASED_TAG
 from linkwise.deployer.lease import Lease
+from linkwise.deployer.link_load import read_link_load
 from linkwise.deployer.loop import ServeConfig, SlurmBackend
 from linkwise.deployer.metrics import ServeMetrics
-from linkwise.deployer.observation import (
-    build_observation,
-    check_start,
-    place_within,
-    read_link_load,
-)
+from linkwise.deployer.observation import build_observation
 from linkwise.deployer.policies import GuardedPolicy, PolicyHolder
 from linkwise.deployer.recorder import Recorder
 from linkwise.deployer.release import sweep
+from linkwise.deployer.start_checks import check_start, place_within
 from linkwise.policies.spec import PolicySpec
 
 LOG = logging.getLogger("test.serve.constraints")

@@ -29,12 +29,9 @@ from linkwise.cluster.topology import (
     topology_differences,
 )
 from linkwise.deployer.holds import HOLD_TAG
-from linkwise.deployer.observation import (
-    build_observation,
-    check_start,
-    never_fits,
-    place_within,
-)
+from linkwise.deployer.job_requests import never_fits
+from linkwise.deployer.observation import build_observation
+from linkwise.deployer.start_checks import check_start, place_within
 from linkwise.tests._slurm import SHARED_SLURM_DATA
 
 ROOT = Path(__file__).resolve().parents[1]
