@@ -23,7 +23,15 @@ class ServeMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self._serving: set[tuple[str, str]] = set()
-        r = self.registry
+        self._cycle_metrics(self.registry)
+        self._start_metrics(self.registry)
+        self._hold_metrics(self.registry)
+        self._io_metrics(self.registry)
+        self._policy_metrics(self.registry)
+        self._known_labels()
+
+    def _cycle_metrics(self, r: CollectorRegistry) -> None:
+        """Cycles, the policy's decisions and their latency, fallbacks, deviations."""
         self.cycle_seconds = Histogram(
             "linkwise_serve_cycle_seconds",
             "Wall time of one cycle",
@@ -46,15 +54,37 @@ class ServeMetrics:
             ["reason"],
             registry=r,
         )
+        self.deviations = Counter(
+            "linkwise_serve_deviations",
+            "Decision rows where the policy departed from its base heuristic (deployer.explain)",
+            registry=r,
+        )
+
+    def _start_metrics(self, r: CollectorRegistry) -> None:
+        """What became of the starts: refused, moved, applied, node lists cleared."""
         self.rejected = Counter(
             "linkwise_serve_rejected_starts",
             "Starts refused by validation",
             ["reason"],
             registry=r,
         )
+        self.moved_starts = Counter(
+            "linkwise_serve_moved_starts",
+            "Starts moved off nodes the job's constraints refuse onto nodes that accept it",
+            registry=r,
+        )
         self.actions = Counter(
             "linkwise_serve_actions", "Slurm actions applied", ["command", "outcome"], registry=r
         )
+        self.unstranded = Counter(
+            "linkwise_serve_unstranded",
+            "Released jobs Slurm could not run on the loop's node list: the list was cleared",
+            registry=r,
+        )
+
+    def _hold_metrics(self, r: CollectorRegistry) -> None:
+        """The queue and the holds: held (the loop's and others'), pending, infeasible, bypasses,
+        partition changes, hand-backs, the oldest hold against the max-hold."""
         self.held_jobs = Gauge(
             "linkwise_serve_held_jobs", "Held jobs of the managed partitions", registry=r
         )
@@ -63,6 +93,9 @@ class ServeMetrics:
             "linkwise_serve_foreign_held_jobs",
             "Held jobs of the managed partitions not held for the loop (left alone)",
             registry=r,
+        )
+        self.infeasible_jobs = Gauge(
+            "linkwise_serve_infeasible_jobs", "Held requests that can never fit", registry=r
         )
         self.hold_bypasses = Counter(
             "linkwise_serve_hold_bypasses",
@@ -82,20 +115,23 @@ class ServeMetrics:
             ["reason"],
             registry=r,
         )
+        self.oldest_hold = Gauge(
+            "linkwise_serve_oldest_hold_seconds",
+            "Age (since submission) of the oldest job held for the loop; 0 when none",
+            registry=r,
+        )
+        self.max_hold = Gauge(
+            "linkwise_serve_max_hold_seconds",
+            "The loop's max-hold: held jobs older than this are released unchanged",
+            registry=r,
+        )
+
+    def _io_metrics(self, r: CollectorRegistry) -> None:
+        """Slurm reads that failed, bad store rows, records spooled or lost, the lease."""
         self.slurm_read_errors = Counter(
             "linkwise_slurm_read_errors",
             "Slurm reads that failed, by kind (unavailable, timeout, schema, command, parse)",
             ["kind"],
-            registry=r,
-        )
-        self.unstranded = Counter(
-            "linkwise_serve_unstranded",
-            "Released jobs Slurm could not run on the loop's node list: the list was cleared",
-            registry=r,
-        )
-        self.moved_starts = Counter(
-            "linkwise_serve_moved_starts",
-            "Starts moved off nodes the job's constraints refuse onto nodes that accept it",
             registry=r,
         )
         self.bad_rows = Counter(
@@ -109,9 +145,6 @@ class ServeMetrics:
             "Audit records that could be neither stored nor spooled (logged on stderr)",
             registry=r,
         )
-        self.infeasible_jobs = Gauge(
-            "linkwise_serve_infeasible_jobs", "Held requests that can never fit", registry=r
-        )
         self.spooled_records = Gauge(
             "linkwise_serve_spooled_records",
             "Records waiting in the spool for the store",
@@ -122,15 +155,17 @@ class ServeMetrics:
             "Records that could be neither stored nor spooled",
             registry=r,
         )
-        self.model_reloads = Counter(
-            "linkwise_serve_model_reloads", "Model (re)loads", ["outcome"], registry=r
-        )
         self.lease_expires = Gauge(
             "linkwise_serve_lease_expires_timestamp",
             "When the lease expires (epoch s; 0: no lease, shadow mode)",
             registry=r,
         )
-        # for the dashboard and the alerts (ops/grafana, ops/prometheus)
+
+    def _policy_metrics(self, r: CollectorRegistry) -> None:
+        """The deciding policy (for the dashboard and the alerts, ``ops/``) and its reloads."""
+        self.model_reloads = Counter(
+            "linkwise_serve_model_reloads", "Model (re)loads", ["outcome"], registry=r
+        )
         self.model_info = Gauge(
             "linkwise_serve_model_info",
             "1 for the policy deciding now and its registry version",
@@ -142,22 +177,9 @@ class ServeMetrics:
             "1 while the fallback heuristic decides instead of the configured policy",
             registry=r,
         )
-        self.oldest_hold = Gauge(
-            "linkwise_serve_oldest_hold_seconds",
-            "Age (since submission) of the oldest job held for the loop; 0 when none",
-            registry=r,
-        )
-        self.deviations = Counter(
-            "linkwise_serve_deviations",
-            "Decision rows where the policy departed from its base heuristic (deployer.explain)",
-            registry=r,
-        )
-        self.max_hold = Gauge(
-            "linkwise_serve_max_hold_seconds",
-            "The loop's max-hold: held jobs older than this are released unchanged",
-            registry=r,
-        )
-        # the label values known in advance start at 0, so their series exist from the start
+
+    def _known_labels(self) -> None:
+        """The label values known in advance start at 0, so their series exist from the start."""
         for outcome in ("ok", "slurm_error"):
             self.cycles.labels(outcome)
         for action in ("start", "wait"):
