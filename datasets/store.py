@@ -255,7 +255,7 @@ _V_JOB_TELEMETRY = (
 
 # A rejected accounting record is kept once per (source, job id, field, reason, raw): a read
 # that rejects it again counts it (``seen``, ``last_seen``), and a later read that stores
-# its job resolves it (``resolved_at``); datasets/ingest.py, pipelines/collect.py.
+# its job resolves it (``resolved_at``); datasets/ingest.py, pipelines/collect_accounting.py.
 _V_REJECT_ONCE = (
     "ALTER TABLE rejected_rows ADD COLUMN seen INTEGER DEFAULT 1",
     "ALTER TABLE rejected_rows ADD COLUMN last_seen DOUBLE",

@@ -1,8 +1,8 @@
 """The demo with the history from a real local Slurm (``make demo-slurm``; root only):
 ``run_demo_slurm`` submits a burst of GPU sleep jobs to the cluster ``scripts/local-slurm
-start`` runs, waits for them, collects the accounting with ``pipelines.collect``, then runs
-the demo's steps 2-7 (``pipelines.demo.run_pipeline``) on it. No PPO: there is no trace to
-replay."""
+start`` runs, waits for them, collects the accounting with ``pipelines.collect_accounting``,
+then runs the demo's steps 2-7 (``pipelines.demo.run_pipeline``) on it. No PPO: there is no
+trace to replay."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from linkwise.cluster.slurm.client import SlurmClient, read_env_file
 from linkwise.datasets.rollouts import jobs_from_store
 from linkwise.datasets.store import open_store
 from linkwise.deployer.observation import slurm_topology
-from linkwise.pipelines.collect import collect_accounting
+from linkwise.pipelines.collect_accounting import collect_accounting
 from linkwise.pipelines.console import Stages
 from linkwise.pipelines.demo import DemoResult, run_pipeline, workspace
 from linkwise.pipelines.experiment import Experiment, Windows, get_experiment
@@ -65,8 +65,8 @@ def run_demo_slurm(
 ) -> DemoResult:
     """The demo's pipeline with the history from the real local Slurm (``scripts/local-slurm
     start`` first; root only): submit a burst of ``jobs`` sleep jobs, wait for them, collect
-    the accounting with ``pipelines.collect.collect_accounting``, then steps 2-7 on it (the
-    cluster's topology from its slurm.conf, the experiment's budgets)."""
+    the accounting with ``pipelines.collect_accounting.collect_accounting``, then steps 2-7
+    on it (the cluster's topology from its slurm.conf, the experiment's budgets)."""
     exp = get_experiment(experiment)
     ws = workspace(out_dir, tracking_uri, progress)
     env = read_env_file(slurm_env)

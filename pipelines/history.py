@@ -1,7 +1,7 @@
 """A cluster's history, replayed: a workload scheduled by a Slurm-like heuristic in the
 simulator, stored as that cluster's accounting exactly where real accounting goes
-(``datasets.ingest``, as ``pipelines.collect`` does): every job as a settled ``JobRun`` with
-the node names and GPUs per node it ran on, the nodes as ``NodeInfo``."""
+(``datasets.ingest``, as ``pipelines.collect_accounting`` does): every job as a settled
+``JobRun`` with the node names and GPUs per node it ran on, the nodes as ``NodeInfo``."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from linkwise.datasets.rollouts import jobs_from_store
 from linkwise.datasets.store import open_store
 from linkwise.datasets.synthetic import generate
 from linkwise.datasets.traces import frame_jobs, load_trace
+from linkwise.pipelines.collect_accounting import accounting_source_name
 from linkwise.policies.heuristics import make_policy
 
 __all__ = [
@@ -122,10 +123,6 @@ def replay_history(
 ) -> HistoryReport:
     """Replay ``jobs`` under the heuristic ``scheduler`` in the simulator and store the result
     as the cluster's accounting (``ingest_job_runs``, ``ingest_nodes``, the watermark)."""
-    # pipelines.collect imports prefect at module level (over 1 s): only when a history is
-    # stored, not whenever the CLI that offers ``linkwise demo`` starts
-    from linkwise.pipelines.collect import accounting_source_name
-
     t0 = time.perf_counter()
     cal = load_calibration(calibration)
     profiled = assign_profiles(jobs, cal, seed=seed)

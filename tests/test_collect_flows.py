@@ -40,7 +40,8 @@ def server() -> Iterator[str]:
 def test_telemetry_flow_stores_the_served_fixtures(
     prefect_harness: None, server: str, tmp_path: Path
 ) -> None:
-    from linkwise.pipelines.collect import CollectError, collect_telemetry_flow
+    from linkwise.pipelines.collect import collect_telemetry_flow
+    from linkwise.pipelines.collect_common import CollectError
 
     db = tmp_path / "t.duckdb"
     a100 = f"{server}/dcgm_exporter_metrics_a100_mig.prom"
@@ -123,7 +124,7 @@ class Recorded:
 def test_known_exit_code_is_not_forgotten_and_unsettled_holds_the_watermark(
     tmp_path: Path,
 ) -> None:
-    from linkwise.pipelines.collect import collect_accounting
+    from linkwise.pipelines.collect_accounting import collect_accounting
 
     runs = _fixture_runs()
     failed = next(r for r in runs if r.state == "FAILED" and r.exit_code == 3)
@@ -157,7 +158,8 @@ def test_known_exit_code_is_not_forgotten_and_unsettled_holds_the_watermark(
 
 
 def test_bad_arguments_are_value_errors(tmp_path: Path) -> None:
-    from linkwise.pipelines.collect import collect_accounting, collect_telemetry
+    from linkwise.pipelines.collect_accounting import collect_accounting
+    from linkwise.pipelines.collect_telemetry import collect_telemetry
 
     with pytest.raises(ValueError, match="not before"):
         collect_accounting(Recorded([]), tmp_path / "x.duckdb", cluster="c", since=10, until=5)

@@ -22,7 +22,8 @@ from linkwise.cli import main
 from linkwise.cluster.slurm.cli_transport import CliTransport, CommandRunner
 from linkwise.cluster.slurm.client import SlurmClient, read_env_file
 from linkwise.cluster.slurm.records import AccountingBatch, NodeInfo
-from linkwise.pipelines.collect import CollectError, collect_accounting
+from linkwise.pipelines.collect_accounting import collect_accounting
+from linkwise.pipelines.collect_common import CollectError
 
 pytestmark = pytest.mark.services
 

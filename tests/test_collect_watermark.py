@@ -16,7 +16,7 @@ import duckdb
 import pytest
 
 from linkwise.cluster.slurm.records import AccountingBatch, JobRun, NodeInfo, RejectedRecord
-from linkwise.pipelines.collect import (
+from linkwise.pipelines.collect_accounting import (
     AccountingReport,
     WindowRejects,
     collect_accounting,

@@ -22,7 +22,7 @@ from linkwise.datasets.store import open_store
 from linkwise.datasets.telemetry.prometheus import NON_FINITE_REASON
 from linkwise.datasets.telemetry.scrape import ScrapeError, scrape_http
 from linkwise.datasets.telemetry.store import derive_ib_link_load, ingest_prometheus
-from linkwise.pipelines.collect import collect_telemetry
+from linkwise.pipelines.collect_telemetry import collect_telemetry
 
 IB = "node_infiniband_legacy_data_transmitted_bytes_total"
 IB_PORT = "node_infiniband_port_data_received_bytes_total"

@@ -51,7 +51,8 @@ def cmd_collect_accounting(args: argparse.Namespace) -> int:
     from linkwise.cluster.slurm.errors import SlurmError
     from linkwise.datasets.operator import parse_time
     from linkwise.datasets.store import StoreLockedError
-    from linkwise.pipelines.collect import CollectError, collect_accounting
+    from linkwise.pipelines.collect_accounting import collect_accounting
+    from linkwise.pipelines.collect_common import CollectError
 
     since = parse_time(args.since, "--since")
     until = parse_time(args.until, "--until")
@@ -103,7 +104,7 @@ def cmd_collect_accounting(args: argparse.Namespace) -> int:
 
 def cmd_collect_telemetry(args: argparse.Namespace) -> int:
     from linkwise.datasets.store import StoreLockedError
-    from linkwise.pipelines.collect import collect_telemetry
+    from linkwise.pipelines.collect_telemetry import collect_telemetry
 
     try:
         report = collect_telemetry(
