@@ -102,7 +102,7 @@ def headline_setting(
     from linkwise.datasets.decisions import store_predictor
     from linkwise.datasets.rollouts import cut_windows, jobs_from_store
     from linkwise.datasets.store import open_store
-    from linkwise.pipelines.demo import split_time
+    from linkwise.pipelines.demo_data import split_time
     from linkwise.pipelines.experiment import get_experiment
     from linkwise.pipelines.history import replay_history, workload_jobs
     from linkwise.pipelines.selection import validation_windows as validation

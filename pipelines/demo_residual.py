@@ -24,6 +24,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 from rich.console import Console
 
 from linkwise.cluster.contention import AnalyticModel
@@ -36,12 +37,13 @@ from linkwise.datasets.labels import LabelTask, run_labels, write_labels
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.rollouts import Window, cut_windows, jobs_from_store
 from linkwise.datasets.store import open_store
-from linkwise.evaluation.benchmark import load_benchmark, make_cases
+from linkwise.evaluation.benchmark import EvalCase, load_benchmark, make_cases
 from linkwise.evaluation.gates import GateConfig, GateReport, check_challenger
-from linkwise.models.residual import topology_signature
+from linkwise.models.residual import Deferral, topology_signature
 from linkwise.models.training import AlgoConfig
 from linkwise.pipelines.experiment import Experiment, ResidualPlan
 from linkwise.pipelines.residual import (
+    BaseChoice,
     choose_base,
     choose_margin,
     label_deferral,
@@ -49,7 +51,15 @@ from linkwise.pipelines.residual import (
 )
 from linkwise.pipelines.selection import validation_windows
 
-__all__ = ["LEARNERS", "build_residuals", "gate_residual", "residual_label", "residual_windows"]
+__all__ = [
+    "LEARNERS",
+    "build_residuals",
+    "gate_residual",
+    "residual_heldout",
+    "residual_label",
+    "residual_summary",
+    "residual_windows",
+]
 
 LEARNERS: tuple[str, ...] = ("bc", "cql")
 # the challenger gate's checks that apply to a residual (FQE and the champion do not)
@@ -127,14 +137,7 @@ def build_residuals(
         val, (seed,), topo, calibration=cal, block_s=exp.windows.block_s,
         backlogs=backlogs, predictor=predictor,
     )  # fmt: skip
-    base = choose_base(val_cases)
-    ranked = sorted(base.figures.items(), key=lambda kv: math.inf if kv[1] is None else kv[1])
-    console.print(
-        f"base {base.spec.label}: the lowest avg JCT of {len(base.figures)} same-information "
-        f"heuristics on {len(val)} validation windows ("
-        + ", ".join(f"{k} {'-' if v is None else duration_text(v)}" for k, v in ranked[:4])
-        + ", ...)"
-    )
+    base = _choose_base(val_cases, len(val), console)
     cfg: MdpConfig = exp.mdp
     policy = base.spec.build(AnalyticModel(cal))
     tasks = [
@@ -156,14 +159,7 @@ def build_residuals(
         )
         for w in label_ws
     ]
-    labels = run_labels(tasks, plan.executor)
-    manifest = write_labels(
-        labels,
-        cfg,
-        {"base": base.spec.label, "horizon_s": plan.horizon_s, "n": plan.n,
-         "windows": [w.window_id for w in label_ws], "seed": seed},
-        out / "residual" / "labels",
-    )  # fmt: skip
+    labels, manifest = _labels(tasks, plan, cfg, base.spec.label, seed, out / "residual" / "labels")
     points = labels.select("episode", "point").unique().height
     better = manifest["counts"]["points_with_a_better_move"]
     console.print(
@@ -172,44 +168,13 @@ def build_residuals(
     )
     sig = [topology_signature(topo)]
     deferral = label_deferral(labels, make_spec(cfg), sig, min_support=3)
-    params = AlgoConfig(
-        n_steps=plan.steps, n_steps_per_epoch=plan.steps, batch_size=64,
-        hidden_units=(128, 128), alpha=1.0, gamma=0.0, target_update_interval=100,
-    )  # fmt: skip
+    chosen_on = (base, deferral, val_cases)
     learners: dict[str, Any] = {}
     for algo in LEARNERS:
-        trained = train_on_labels(
-            labels, manifest, algo, params, out / "residual" / "packages",
-            predictor=predictor, tracking_uri=uri, seed=seed,
+        learners[algo] = _learner(
+            algo, labels, manifest, chosen_on, plan,
+            predictor=predictor, out=out, uri=uri, seed=seed, console=console,
         )  # fmt: skip
-        m = choose_margin(
-            trained.package_dir, base, deferral, val_cases, out / "residual" / algo,
-            plan.margins,
-        )  # fmt: skip
-        chosen = m.figures[f"margin-{m.to_json()['margin']}"]
-        learners[algo] = {
-            "label": residual_label(algo),
-            "package": m.package_dir,
-            "spec": f"model:{m.package_dir}",
-            "margin": m.to_json()["margin"],
-            "validation_avg_jct_s": chosen["avg_jct_s"],
-            "validation_deviations_per_1000": chosen["deviations_per_1000"],
-            "margins": m.figures,
-            "run_id": trained.run_id,
-            "label_match": trained.label_match,
-            "steps": trained.steps,
-        }
-        console.print(
-            f"{residual_label(algo)}: label match {trained.label_match:.2f}, margin "
-            f"{m.to_json()['margin']} chosen on validation ("
-            + ", ".join(
-                f"{k.removeprefix('margin-')}: "
-                + ("-" if f["avg_jct_s"] is None else duration_text(f["avg_jct_s"]))
-                + f" {_dev(f['deviations_per_1000'])}/1k"
-                for k, f in m.figures.items()
-            )
-            + ")"
-        )
     finite = [a for a in LEARNERS if learners[a]["validation_avg_jct_s"] is not None]
     promoted = min(finite, key=lambda a: learners[a]["validation_avg_jct_s"]) if finite else None
     return {
@@ -229,6 +194,93 @@ def build_residuals(
         },
         "learners": learners,
         "promoted": promoted,
+    }
+
+
+def _choose_base(val_cases: Sequence[EvalCase], n_windows: int, console: Console) -> BaseChoice:
+    """The same-information heuristic with the lowest avg JCT on the validation cases."""
+    base = choose_base(val_cases)
+    ranked = sorted(base.figures.items(), key=lambda kv: math.inf if kv[1] is None else kv[1])
+    console.print(
+        f"base {base.spec.label}: the lowest avg JCT of {len(base.figures)} same-information "
+        f"heuristics on {n_windows} validation windows ("
+        + ", ".join(f"{k} {'-' if v is None else duration_text(v)}" for k, v in ranked[:4])
+        + ", ...)"
+    )
+    return base
+
+
+def _labels(
+    tasks: Sequence[LabelTask],
+    plan: ResidualPlan,
+    cfg: MdpConfig,
+    base: str,
+    seed: int,
+    folder: Path,
+) -> tuple[pl.DataFrame, dict[str, Any]]:
+    """The counterfactual labels of ``tasks``, written to ``folder``; (labels, manifest)."""
+    labels = run_labels(tasks, plan.executor)
+    manifest = write_labels(
+        labels,
+        cfg,
+        {"base": base, "horizon_s": plan.horizon_s, "n": plan.n,
+         "windows": [t.window.window_id for t in tasks], "seed": seed},
+        folder,
+    )  # fmt: skip
+    return labels, manifest
+
+
+def _learner(
+    algo: str,
+    labels: pl.DataFrame,
+    manifest: Mapping[str, Any],
+    chosen_on: tuple[BaseChoice, Deferral, Sequence[EvalCase]],
+    plan: ResidualPlan,
+    *,
+    predictor: RuntimePredictor,
+    out: Path,
+    uri: str,
+    seed: int,
+    console: Console,
+) -> dict[str, Any]:
+    """One learner on the labels and its margin chosen on the validation cases (``chosen_on``:
+    the base, the deferral, the validation cases); its summary."""
+    base, deferral, val_cases = chosen_on
+    params = AlgoConfig(
+        n_steps=plan.steps, n_steps_per_epoch=plan.steps, batch_size=64,
+        hidden_units=(128, 128), alpha=1.0, gamma=0.0, target_update_interval=100,
+    )  # fmt: skip
+    trained = train_on_labels(
+        labels, manifest, algo, params, out / "residual" / "packages",
+        predictor=predictor, tracking_uri=uri, seed=seed,
+    )  # fmt: skip
+    m = choose_margin(
+        trained.package_dir, base, deferral, val_cases, out / "residual" / algo,
+        plan.margins,
+    )  # fmt: skip
+    chosen = m.figures[f"margin-{m.to_json()['margin']}"]
+    console.print(
+        f"{residual_label(algo)}: label match {trained.label_match:.2f}, margin "
+        f"{m.to_json()['margin']} chosen on validation ("
+        + ", ".join(
+            f"{k.removeprefix('margin-')}: "
+            + ("-" if f["avg_jct_s"] is None else duration_text(f["avg_jct_s"]))
+            + f" {_dev(f['deviations_per_1000'])}/1k"
+            for k, f in m.figures.items()
+        )
+        + ")"
+    )
+    return {
+        "label": residual_label(algo),
+        "package": m.package_dir,
+        "spec": f"model:{m.package_dir}",
+        "margin": m.to_json()["margin"],
+        "validation_avg_jct_s": chosen["avg_jct_s"],
+        "validation_deviations_per_1000": chosen["deviations_per_1000"],
+        "margins": m.figures,
+        "run_id": trained.run_id,
+        "label_match": trained.label_match,
+        "steps": trained.steps,
     }
 
 
@@ -276,3 +328,57 @@ def gate_residual(
         "base": residual["base"]["base"],
         "text": report.format(),
     }
+
+
+def residual_heldout(
+    residual: Mapping[str, Any], table: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """The residual summary with each residual's held-out figures from the table: avg JCT,
+    ratio to its base's, deviations per 1,000 decisions (None: it failed its cases)."""
+    rows = {r["spec"]: r for r in table}
+    base = rows.get(residual["base"]["base"], {})
+    heldout: dict[str, Any] = {}
+    for algo, r in residual["learners"].items():
+        row = rows.get(r["spec"])
+        if row is None:
+            heldout[algo] = None
+            continue
+        jct, base_jct = row["avg_jct_s"], base.get("avg_jct_s")
+        heldout[algo] = {
+            "avg_jct_s": jct,
+            "ratio_to_base": jct / base_jct if jct is not None and base_jct else None,
+            "avg_ratio_to_best_heuristic": row["avg_ratio_to_best_heuristic"],
+            "deviations_per_1000": row.get("deviations_per_1000"),
+        }
+    return {**residual, "heldout": heldout}
+
+
+def residual_summary(residual: Mapping[str, Any], gate: Mapping[str, Any] | None) -> str:
+    """The residual's lines under the table: the base and how it was chosen, each residual's
+    margin and deviations per 1,000 decisions, and the gate's verdict with its reasons."""
+    base = residual["base"]
+    lines = [
+        f"residual base: {base['base']} "
+        f"({residual['base_rule']}: {duration_text(base['avg_jct_s'])})"
+    ]
+    for algo, r in residual["learners"].items():
+        held = residual.get("heldout", {}).get(algo)
+        if held is None:
+            lines.append(f"  {r['label']}: margin {r['margin']}, failed its held-out cases")
+            continue
+        dev = held["deviations_per_1000"]
+        ratio = held["ratio_to_base"]
+        lines.append(
+            f"  {r['label']}: margin {r['margin']}, "
+            f"{'-' if dev is None else f'{dev:.1f}'} deviations per 1,000 decisions on the "
+            f"held-out days, avg JCT {'-' if ratio is None else f'{ratio:.3f}'}x its base"
+        )
+    if gate is not None:
+        verdict = "PASSED" if gate["passed"] else "REFUSED"
+        ref = gate.get("reference")
+        lines.append(
+            f"gate {gate['subject']} vs the best same-information heuristic"
+            f"{f' ({ref})' if ref else ''}: {verdict}"
+        )
+        lines += [f"  {x}" for x in gate["reasons"]]
+    return "\n".join(lines)

@@ -21,9 +21,10 @@ from linkwise.datasets.store import open_store
 from linkwise.deployer.observation import slurm_topology
 from linkwise.pipelines.collect_accounting import collect_accounting
 from linkwise.pipelines.console import Stages
-from linkwise.pipelines.demo import DemoResult, run_pipeline, workspace
+from linkwise.pipelines.demo import DemoResult, run_pipeline
 from linkwise.pipelines.experiment import Experiment, Windows, get_experiment
 from linkwise.pipelines.history import PARTITION, HistoryReport
+from linkwise.pipelines.workspace import workspace
 
 __all__ = ["run_demo_slurm", "submit_burst"]
 

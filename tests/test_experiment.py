@@ -13,7 +13,8 @@ import pytest
 
 from linkwise.cli import build_parser
 from linkwise.pipelines.console import quiet_libraries
-from linkwise.pipelines.demo import run_demo, split_time, training_plan
+from linkwise.pipelines.demo import run_demo
+from linkwise.pipelines.demo_data import split_time, training_plan
 from linkwise.pipelines.experiment import DAILY, EXPERIMENTS, HEADLINE, get_experiment
 from linkwise.pipelines.tables import format_ratio
 
