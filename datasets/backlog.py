@@ -4,7 +4,7 @@ An evaluation window that starts from an empty cluster hides what a scheduler fa
 production: GPUs held by jobs started earlier and a queue of jobs submitted earlier. A
 ``Backlog`` is that state at a time ``t``, read from the accounting in the DuckDB store
 (``jobs`` + ``job_nodes``, the same usable runs as the log builder,
-``datasets.decisions.load_log_jobs``):
+``datasets.log_jobs.load_log_jobs``):
 
 - **running**: runs started before ``t`` and ending after it, on their real placements, with
   the run time they had left (``end - t``) as their remaining work. Accounting has only the
@@ -35,7 +35,7 @@ import duckdb
 import polars as pl
 
 from linkwise.cluster.domain import Job, Placement, Topology, requested_nodes
-from linkwise.datasets.decisions import _resolve_cluster, load_log_jobs
+from linkwise.datasets.log_jobs import load_log_jobs, resolve_cluster
 from linkwise.datasets.prediction import shift_running
 from linkwise.datasets.predictor import RuntimePredictor
 
@@ -77,7 +77,7 @@ def backlog_from_store(
     """The store's cluster ``cluster`` (None: the only one it holds) at time ``t`` on
     ``topology``, its jobs annotated by ``predictor`` when given (module docstring)."""
 
-    name = _resolve_cluster(con, "jobs", cluster)
+    name = resolve_cluster(con, "jobs", cluster)
     runs, skipped = load_log_jobs(con, topology, name, since=t, until=t)
     return _backlog(runs, float(t), dict(skipped), topology, predictor)
 

@@ -160,13 +160,13 @@ def shadow_report(
     learned policy's package brings its own)."""
     from linkwise.cluster.profiles import load_calibration
     from linkwise.datasets.backlog import backlog_from_store
-    from linkwise.datasets.decisions import _resolve_cluster, load_log_jobs
+    from linkwise.datasets.log_jobs import load_log_jobs, resolve_cluster
     from linkwise.datasets.rollouts import Window
     from linkwise.datasets.traces import JOB_COLUMNS, frame_jobs
     from linkwise.evaluation.benchmark import BenchTask, EvalCase, PolicyRef, run_task
 
     cal = calibration if calibration is not None else load_calibration(None)
-    name = _resolve_cluster(con, "jobs", cluster)
+    name = resolve_cluster(con, "jobs", cluster)
     win, skipped = pick_shadow_window(
         con, since=since, until=until, model_version=model_version, cluster=name
     )

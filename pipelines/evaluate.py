@@ -42,9 +42,9 @@ from linkwise.cluster.profiles import load_calibration
 from linkwise.cluster.restart import parse_restart
 from linkwise.cluster.topology import DEFAULT_TOPOLOGY, load_topology
 from linkwise.datasets.backlog import Backlog, backlog_from_store
-from linkwise.datasets.decisions import store_cluster, topology_from_store
 from linkwise.datasets.export import file_sha256, read_dataset
 from linkwise.datasets.llm_workload import is_generated, parse_spec, spec_sha256
+from linkwise.datasets.log_jobs import store_cluster, topology_from_store
 from linkwise.datasets.prediction import fit_history, load_history
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.rollouts import cut_windows, jobs_from_store

@@ -342,7 +342,7 @@ def test_requeued_records_of_one_submit_time_collapse_to_one() -> None:
 def test_readers_of_the_jobs_table_tell_a_reused_id_apart() -> None:
     """Issue 21 (9): the readers of ``jobs`` (the runs for rollouts and the log builder's
     replay) see two jobs where Slurm reused an id, each with its own allocation and id."""
-    from linkwise.datasets.decisions import load_log_jobs, topology_from_store
+    from linkwise.datasets.log_jobs import load_log_jobs, topology_from_store
     from linkwise.datasets.rollouts import runs_from_store
 
     con = _store()

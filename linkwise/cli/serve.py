@@ -36,7 +36,7 @@ from linkwise.cli.common import (
 )
 from linkwise.cluster.profiles import load_calibration
 from linkwise.cluster.topology import load_topology
-from linkwise.datasets.decisions import topology_from_store
+from linkwise.datasets.log_jobs import topology_from_store
 from linkwise.datasets.operator import DEFAULT_STORE, operator_store
 from linkwise.datasets.store import open_store
 from linkwise.deployer.explain import explain_lines, job_decisions
