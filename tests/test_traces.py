@@ -9,14 +9,8 @@ import polars as pl
 import pytest
 
 from linkwise.cluster.domain import Job
-from linkwise.datasets.traces import (
-    RejectedRow,
-    Trace,
-    TraceFormatError,
-    detect_format,
-    load_trace,
-    write_native,
-)
+from linkwise.datasets.trace_formats.tables import TraceFormatError
+from linkwise.datasets.traces import RejectedRow, Trace, detect_format, load_trace, write_native
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 PHILLY = DATA / "traces" / "philly_2017-09-04_2017-10-15.csv"
@@ -369,7 +363,7 @@ def test_a_file_without_valid_jobs_is_an_error(tmp_path: Path) -> None:
 def test_a_huge_header_line_is_refused_without_reading_the_file_whole(tmp_path: Path) -> None:
     import resource
 
-    from linkwise.datasets.traces import MAX_LINE_BYTES
+    from linkwise.datasets.trace_formats.tables import MAX_LINE_BYTES
 
     path = tmp_path / "huge.csv"
     with path.open("wb") as f:
