@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from linkwise.cluster.profiles import Calibration
-from linkwise.datasets.decisions import store_cluster
+from linkwise.datasets.log_jobs import store_cluster
 from linkwise.datasets.store import open_store
 from linkwise.models.registry import ensure_experiment, registry_client
 

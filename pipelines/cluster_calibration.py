@@ -24,12 +24,12 @@ from linkwise.datasets.contention_fit import (
     ClusterFit,
     fit_cluster_calibration,
 )
-from linkwise.datasets.decisions import store_cluster, topology_from_store
 from linkwise.datasets.job_telemetry import (
     JobTelemetryReport,
     build_job_telemetry,
     read_job_telemetry,
 )
+from linkwise.datasets.log_jobs import store_cluster, topology_from_store
 from linkwise.datasets.store import open_store
 
 __all__ = ["MIN_FIT_RUNS", "StoreCalibration", "calibrate_store", "usable_runs"]
