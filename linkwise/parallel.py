@@ -13,8 +13,8 @@ process runs inside a flow run (the deployments of ``pipelines.deployments``). T
 run as task runs of a flow named after them, on the executor's Prefect task runner, and show
 in the Prefect UI. Anywhere else they run on plain ``concurrent.futures`` or Dask: Prefect 3
 has no server-less mode, and a flow with no API starts a temporary server, in the command and
-again in every process-pool worker (7-18 s per ``build-dataset`` or ``evaluate`` on a loaded
-machine). ``serial`` never uses Prefect.
+again in every process-pool worker (15-21 s per ``build-dataset`` or ``evaluate`` at load 7-9,
+``benchmarks/README.md``). ``serial`` never uses Prefect.
 
 A process pool uses the spawn context (a forked child of a process whose Polars threads hold
 locks hangs), and its workers die with the process that started them: the kernel kills each
