@@ -21,20 +21,17 @@ from typing import Any
 
 import numpy as np
 
-from linkwise.cluster.calibration import (
-    cross_validate,
-    fit_alpha,
-    fit_calibration,
-    fit_deepshare_profiles,
+from linkwise.cluster.calibration.fit import fit_calibration
+from linkwise.cluster.calibration.isolated import fit_deepshare_profiles
+from linkwise.cluster.calibration.measurements import (
     load_deepshare,
     load_pollux,
-    pair_terms,
-    pollux_spread_checks,
-    predict_pair_ratios,
     ratio_matrix,
-    score,
     table_types,
 )
+from linkwise.cluster.calibration.pairs import fit_alpha, pair_terms, predict_pair_ratios
+from linkwise.cluster.calibration.pollux import pollux_spread_checks
+from linkwise.cluster.calibration.validation import cross_validate, score
 from linkwise.cluster.contention import AnalyticModel
 
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"

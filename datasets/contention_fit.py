@@ -55,14 +55,9 @@ import numpy.typing as npt
 import polars as pl
 from scipy.optimize import least_squares
 
-from linkwise.cluster.calibration import (
-    ALPHA_BOUNDS,
-    OVERHEAD_BOUNDS,
-    PROFILE_BOUNDS,
-    PairScore,
-    parameter_entry,
-    score,
-)
+from linkwise.cluster.calibration.bounds import ALPHA_BOUNDS, OVERHEAD_BOUNDS, PROFILE_BOUNDS
+from linkwise.cluster.calibration.report import parameter_entry
+from linkwise.cluster.calibration.validation import PairScore, score
 from linkwise.cluster.contention import min_nodes
 from linkwise.cluster.domain import Placement, Topology
 from linkwise.cluster.profiles import Calibration, CommProfile, load_calibration

@@ -146,8 +146,8 @@ class Scenario:
                 raise ValueError(
                     "the empirical contention model needs --data pointing at shared/data"
                 )
-            # cluster.calibration imports scipy (about 1 s): only the empirical model needs it
-            from linkwise.cluster.calibration import load_deepshare
+            # cluster.calibration.measurements imports polars: only the empirical model needs it
+            from linkwise.cluster.calibration.measurements import load_deepshare
 
             return EmpiricalModel(load_deepshare(Path(self.data_dir)))
         raise ValueError(

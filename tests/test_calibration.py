@@ -10,22 +10,18 @@ import numpy as np
 import pytest
 
 from linkwise.cli.calibrate import main
-from linkwise.cluster.calibration import (
+from linkwise.cluster.calibration.fit import fit_calibration, write_calibration
+from linkwise.cluster.calibration.isolated import fit_deepshare_profiles, isolated_throughput
+from linkwise.cluster.calibration.measurements import (
     DEEPSHARE_MODELS,
     POLLUX_MODELS,
     calibration_dir,
-    fit_calibration,
-    fit_deepshare_profiles,
-    isolated_throughput,
     load_deepshare,
     load_pollux,
-    pair_placement,
-    pair_terms,
-    predict_pair_ratios,
     ratio_matrix,
     table_types,
-    write_calibration,
 )
+from linkwise.cluster.calibration.pairs import pair_placement, pair_terms, predict_pair_ratios
 from linkwise.cluster.contention import AnalyticModel, PairwiseTable
 from linkwise.cluster.profiles import Calibration, CommProfile, load_calibration
 

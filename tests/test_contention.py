@@ -9,7 +9,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from linkwise.cluster.calibration import load_deepshare, table_types
+from linkwise.cluster.calibration.measurements import load_deepshare, table_types
 from linkwise.cluster.contention import (
     AnalyticModel,
     EmpiricalModel,

@@ -27,7 +27,7 @@ from linkwise.cli.common import (
 def cmd_calibrate_store(args: argparse.Namespace) -> int:
     """``linkwise calibrate --db``: fit on the store, print, write, log."""
     # scipy, DuckDB, polars and MLflow: only when the command runs
-    from linkwise.cluster.calibration import write_calibration
+    from linkwise.cluster.calibration.fit import write_calibration
     from linkwise.datasets.contention_fit import render_fit_text
     from linkwise.datasets.operator import parse_time
     from linkwise.models.calibrations import log_cluster_calibration
@@ -84,8 +84,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         return cmd_calibrate_store(args)
     if args.out is None:
         raise ValueError("--out is required without --db (the calibration JSON to write)")
-    # cluster.calibration imports scipy (about 1 s): only when the command runs
-    from linkwise.cluster.calibration import fit_calibration, write_calibration
+    # cluster.calibration.fit imports scipy (about 1 s): only when the command runs
+    from linkwise.cluster.calibration.fit import fit_calibration, write_calibration
 
     data_dir = args.data or default_data_dir()
     if data_dir is None:
@@ -143,8 +143,8 @@ def add_calibrate_parser(sub: Any) -> None:
 
 def main(argv: Sequence[str] | None = None, *, printer: Callable[[str], None] = print) -> int:
     """Refit and write the calibration (default: the one shipped in cluster/data)."""
-    # cluster.calibration imports scipy (about 1 s): only when the program runs
-    from linkwise.cluster.calibration import (
+    # cluster.calibration.fit imports scipy (about 1 s): only when the program runs
+    from linkwise.cluster.calibration.fit import (
         SHIPPED_CALIBRATION,
         fit_calibration,
         write_calibration,

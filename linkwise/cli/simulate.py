@@ -160,7 +160,7 @@ def _scenario(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     data_dir = args.data or default_data_dir()
     mix = None
     if args.contention == "empirical":
-        from linkwise.cluster.calibration import load_deepshare
+        from linkwise.cluster.calibration.measurements import load_deepshare
 
         if data_dir is None:
             raise ValueError("--contention empirical needs --data (the shared/data folder)")
