@@ -22,7 +22,7 @@ BF_INTERVAL_S = 2.0
 
 def main() -> int:
     from linkwise.cluster.slurm.client import SlurmClient, read_env_file
-    from linkwise.cluster.topology import load_topology
+    from linkwise.cluster.topology.load import load_topology
     from linkwise.evaluation.slurm_replay import (
         check_instants,
         compare,

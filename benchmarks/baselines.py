@@ -61,7 +61,7 @@ def run_one(
     predictions fit on the jobs before it (none for a ``nopred:`` spec). ``restart_cost``,
     ``restart_grace``: the restart model (``cluster.restart.parse_restart``)."""
     from linkwise.cluster.profiles import assign_profiles, load_calibration
-    from linkwise.cluster.topology import load_topology
+    from linkwise.cluster.topology.load import load_topology
     from linkwise.datasets.traces import load_trace
     from linkwise.evaluation.compare import Scenario, run_policy
 

@@ -39,7 +39,7 @@ from linkwise.cluster.domain import Job, Placement, Topology
 from linkwise.cluster.flexible import RULE, with_flexible
 from linkwise.cluster.profiles import assign_profiles, load_calibration
 from linkwise.cluster.simulator import JobRecord, SimConfig, simulate
-from linkwise.cluster.topology import load_topology
+from linkwise.cluster.topology.load import load_topology
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.traces import load_trace
 from linkwise.policies.heuristics import make_policy

@@ -21,7 +21,7 @@ from pathlib import Path
 def main() -> int:
     from linkwise.cluster.domain import Placement
     from linkwise.cluster.slurm.client import SlurmClient, read_env_file
-    from linkwise.cluster.topology import load_topology
+    from linkwise.cluster.topology.load import load_topology
     from linkwise.evaluation.slurm_flexible import FORMS, HANDPICKED, FlexCase, cases, run_cases
 
     p = argparse.ArgumentParser(description=__doc__)

@@ -98,7 +98,7 @@ def headline_setting(
 ) -> HeadlineSetting:
     """Replay the experiment's history into ``out/linkwise.duckdb`` and cut its windows (the
     frontier's and the residual's cases)."""
-    from linkwise.cluster.topology import load_topology
+    from linkwise.cluster.topology.load import load_topology
     from linkwise.datasets.decisions import store_predictor
     from linkwise.datasets.rollouts import cut_windows, jobs_from_store
     from linkwise.datasets.store import open_store

@@ -34,7 +34,7 @@ def main() -> int:
     args = p.parse_args()
 
     from linkwise.cluster.simulator import simulate
-    from linkwise.cluster.topology import load_topology
+    from linkwise.cluster.topology.load import load_topology
     from linkwise.datasets.backlog import backlog_from_store
     from linkwise.datasets.prediction import read_predictor
     from linkwise.datasets.rollouts import cut_windows, jobs_from_store

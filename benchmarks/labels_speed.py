@@ -19,7 +19,8 @@ import platform
 import time
 
 from linkwise.cluster.mdp import MdpConfig
-from linkwise.cluster.topology import DEFAULT_TOPOLOGY, load_topology
+from linkwise.cluster.topology.load import load_topology
+from linkwise.cluster.topology.spec import DEFAULT_TOPOLOGY
 from linkwise.datasets import synthetic
 from linkwise.datasets.labels import LabelTask, run_labels
 from linkwise.datasets.predictor import RuntimePredictor

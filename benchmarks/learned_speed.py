@@ -203,7 +203,8 @@ def build_residual(
     from linkwise.cluster.contention import AnalyticModel
     from linkwise.cluster.mdp import MdpConfig, make_spec
     from linkwise.cluster.profiles import load_calibration
-    from linkwise.cluster.topology import from_spec, load_topology
+    from linkwise.cluster.topology.load import load_topology
+    from linkwise.cluster.topology.spec import from_spec
     from linkwise.datasets import synthetic
     from linkwise.datasets.labels import LabelTask, run_labels, write_labels
     from linkwise.datasets.predictor import RuntimePredictor
@@ -274,7 +275,7 @@ def build_residual(
 def load_jobs(trace: Path, cluster: str, max_jobs: int | None, seed: int) -> tuple[Any, Any]:
     """The slice's jobs on ``cluster``, annotated as ``simulator_speed`` annotates them."""
     from linkwise.cluster.profiles import assign_profiles, load_calibration
-    from linkwise.cluster.topology import load_topology
+    from linkwise.cluster.topology.load import load_topology
     from linkwise.datasets.predictor import RuntimePredictor
     from linkwise.datasets.traces import load_trace
 

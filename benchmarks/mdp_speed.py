@@ -55,7 +55,7 @@ def latency(
     from linkwise.cluster.contention import AnalyticModel
     from linkwise.cluster.profiles import assign_profiles, load_calibration
     from linkwise.cluster.simulator import Simulator
-    from linkwise.cluster.topology import from_spec
+    from linkwise.cluster.topology.spec import from_spec
     from linkwise.datasets.synthetic import generate
     from linkwise.policies.heuristics import make_policy
 
@@ -120,7 +120,7 @@ def env_speed(
     from linkwise.cluster.contention import AnalyticModel
     from linkwise.cluster.env import ClusterEnv, Workload
     from linkwise.cluster.profiles import assign_profiles, load_calibration
-    from linkwise.cluster.topology import from_spec
+    from linkwise.cluster.topology.spec import from_spec
     from linkwise.datasets.synthetic import generate
 
     cal = load_calibration()

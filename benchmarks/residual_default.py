@@ -27,7 +27,7 @@ from typing import Any
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.mdp import MdpConfig
 from linkwise.cluster.profiles import load_calibration
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets import synthetic
 from linkwise.datasets.labels import LabelTask, read_labels, run_labels, write_labels
 from linkwise.datasets.predictor import RuntimePredictor

@@ -52,7 +52,7 @@ def _hermetic() -> None:
 
 
 def _tasks(n_windows: int) -> list[Any]:
-    from linkwise.cluster.topology import from_spec
+    from linkwise.cluster.topology.spec import from_spec
     from linkwise.datasets.rollouts import cut_windows, jobs_from_trace, make_tasks
     from linkwise.datasets.windows import choose_windows
 

@@ -33,7 +33,7 @@ def run_one(
     from linkwise.cluster.profiles import assign_profiles, load_calibration
     from linkwise.cluster.restart import parse_restart
     from linkwise.cluster.simulator import SimConfig
-    from linkwise.cluster.topology import load_topology
+    from linkwise.cluster.topology.load import load_topology
     from linkwise.datasets.predictor import RuntimePredictor
     from linkwise.datasets.traces import load_trace
     from linkwise.evaluation.compare import Scenario, run_policy

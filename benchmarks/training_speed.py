@@ -42,7 +42,7 @@ def training_speed(steps: int, batches: list[int]) -> list[dict[str, Any]]:
     from d3rlpy.logging import NoopAdapterFactory
 
     from linkwise.cluster.mdp import MdpConfig, make_spec
-    from linkwise.cluster.topology import from_spec
+    from linkwise.cluster.topology.spec import from_spec
     from linkwise.datasets.export import to_mdp_dataset
     from linkwise.datasets.rollouts import cut_windows, jobs_from_trace, make_tasks, run_rollouts
     from linkwise.datasets.windows import choose_windows
@@ -129,7 +129,7 @@ def latency(points: int, min_pending: int, seed: int, threads: int) -> dict[str,
     from linkwise.cluster.contention import AnalyticModel
     from linkwise.cluster.profiles import assign_profiles, load_calibration
     from linkwise.cluster.simulator import Simulator
-    from linkwise.cluster.topology import from_spec
+    from linkwise.cluster.topology.spec import from_spec
     from linkwise.datasets.synthetic import generate
     from linkwise.policies.heuristics import make_policy
 

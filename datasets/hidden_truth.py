@@ -62,7 +62,7 @@ from linkwise.cluster.restart import RestartModel
 from linkwise.cluster.simulator import SimConfig, Simulator
 from linkwise.cluster.slurm.parse import even_split
 from linkwise.cluster.slurm.records import JobRun
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets.comm_profiles import PROFILE_PREFIX
 from linkwise.datasets.ingest import ingest_job_runs
 from linkwise.datasets.synthetic import load_stats

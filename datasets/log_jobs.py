@@ -12,7 +12,7 @@ import polars as pl
 
 from linkwise.cluster.domain import Node, Topology
 from linkwise.cluster.hostlist import natural_key
-from linkwise.cluster.topology import DEFAULT_INTRA_GBPS, DEFAULT_NIC_GBPS
+from linkwise.cluster.topology.spec import DEFAULT_INTRA_GBPS, DEFAULT_NIC_GBPS
 
 __all__ = ["load_log_jobs", "resolve_cluster", "store_cluster", "topology_from_store"]
 

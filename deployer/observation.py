@@ -37,7 +37,7 @@ from linkwise.cluster.domain import (
 )
 from linkwise.cluster.hostlist import compress
 from linkwise.cluster.slurm.records import NodeInfo, QueuedJob
-from linkwise.cluster.topology import load_topology
+from linkwise.cluster.topology.load import load_topology
 from linkwise.datasets.prediction import ensure_predicted
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.deployer.holds import bypassed, held_for_loop, in_partitions
@@ -85,7 +85,7 @@ class Observation:
 
 def slurm_topology(slurm_conf: str | os.PathLike[str], name: str = "slurm") -> Topology:
     """The topology of a slurm.conf (and a topology.conf beside it, if any), named ``name``
-    (``cluster.topology.load_topology``)."""
+    (``cluster.topology.load.load_topology``)."""
     return dataclasses.replace(load_topology(os.fspath(slurm_conf)), name=name)
 
 

@@ -48,7 +48,8 @@ from linkwise.cluster.env import ClusterEnv, Workload
 from linkwise.cluster.mdp import MdpConfig, ObsSpec, StepPolicyAdapter
 from linkwise.cluster.profiles import Calibration, assign_profiles, load_calibration
 from linkwise.cluster.simulator import SimConfig
-from linkwise.cluster.topology import DEFAULT_TOPOLOGY, load_topology
+from linkwise.cluster.topology.load import load_topology
+from linkwise.cluster.topology.spec import DEFAULT_TOPOLOGY
 from linkwise.datasets.export import file_sha256
 from linkwise.datasets.prediction import ensure_predicted, predictor_record, read_predictor
 from linkwise.datasets.predictor import RuntimePredictor

@@ -47,7 +47,8 @@ from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import Topology
 from linkwise.cluster.mdp import MdpConfig, ObsSpec, make_spec
 from linkwise.cluster.profiles import Calibration, load_calibration
-from linkwise.cluster.topology import DEFAULT_TOPOLOGY, load_topology
+from linkwise.cluster.topology.load import load_topology
+from linkwise.cluster.topology.spec import DEFAULT_TOPOLOGY
 from linkwise.datasets.backlog import Backlog, backlog_from_store
 from linkwise.datasets.comm_profiles import (
     EMPTY_BOOK,

@@ -18,7 +18,7 @@ from pathlib import Path
 import polars as pl
 
 from linkwise.cluster.domain import Topology
-from linkwise.cluster.topology import load_topology
+from linkwise.cluster.topology.load import load_topology
 from linkwise.datasets.contention_fit import (
     MIN_ACTIVITY_GPU_S,
     ClusterFit,

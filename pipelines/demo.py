@@ -45,7 +45,7 @@ from typing import Any
 
 from linkwise.cluster.domain import Job, Topology
 from linkwise.cluster.metrics import duration_text
-from linkwise.cluster.topology import load_topology
+from linkwise.cluster.topology.load import load_topology
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.rollouts import Window
 from linkwise.datasets.traces import write_native

@@ -40,7 +40,8 @@ from linkwise.cluster.flexible import draw_summary, summary_text, with_flexible
 from linkwise.cluster.mdp import ObsSpec
 from linkwise.cluster.profiles import load_calibration
 from linkwise.cluster.restart import parse_restart
-from linkwise.cluster.topology import DEFAULT_TOPOLOGY, load_topology
+from linkwise.cluster.topology.load import load_topology
+from linkwise.cluster.topology.spec import DEFAULT_TOPOLOGY
 from linkwise.datasets.backlog import Backlog, backlog_from_store
 from linkwise.datasets.export import file_sha256, read_dataset
 from linkwise.datasets.llm_workload import is_generated, parse_spec, spec_sha256

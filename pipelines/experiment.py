@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from linkwise.cluster.mdp import MdpConfig
-from linkwise.cluster.topology import DEFAULT_TOPOLOGY
+from linkwise.cluster.topology.spec import DEFAULT_TOPOLOGY
 
 __all__ = [
     "DAILY",

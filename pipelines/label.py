@@ -19,7 +19,7 @@ from typing import Any
 from linkwise.cluster.mdp import MdpConfig
 from linkwise.cluster.profiles import load_calibration
 from linkwise.cluster.restart import parse_restart
-from linkwise.cluster.topology import load_topology
+from linkwise.cluster.topology.load import load_topology
 from linkwise.datasets import synthetic
 from linkwise.datasets.labels import LabelTask, run_labels, write_labels
 from linkwise.datasets.prediction import predictor_record

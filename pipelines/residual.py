@@ -39,7 +39,7 @@ import numpy as np
 import polars as pl
 
 from linkwise.cluster.mdp import ObsSpec, make_spec
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets.labels import LabelTask, run_labels
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.rollouts import Window

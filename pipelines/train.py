@@ -37,7 +37,7 @@ import numpy as np
 import polars as pl
 
 from linkwise.cluster.mdp import ObsSpec
-from linkwise.cluster.topology import DEFAULT_TOPOLOGY
+from linkwise.cluster.topology.spec import DEFAULT_TOPOLOGY
 from linkwise.datasets.export import read_dataset, to_mdp_dataset
 from linkwise.datasets.rollouts import jobs_from_store
 from linkwise.datasets.store import open_store

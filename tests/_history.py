@@ -12,7 +12,7 @@ from linkwise.cluster.loop import drive
 from linkwise.cluster.profiles import assign_profiles, load_calibration
 from linkwise.cluster.simulator import Simulator
 from linkwise.cluster.slurm.records import JobRun
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets.synthetic import generate
 from linkwise.policies.heuristics import make_policy
 

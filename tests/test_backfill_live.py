@@ -30,7 +30,7 @@ import pytest
 from linkwise.cluster.domain import Topology
 from linkwise.cluster.slurm.client import SlurmClient, read_env_file
 from linkwise.cluster.slurm.records import JobRun
-from linkwise.cluster.topology import load_topology
+from linkwise.cluster.topology.load import load_topology
 from linkwise.evaluation.slurm_replay import (
     check_instants,
     compare,

@@ -13,7 +13,7 @@ from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import Decision, Job, Placement
 from linkwise.cluster.profiles import load_calibration
 from linkwise.cluster.simulator import simulate
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets.backlog import Backlog, backlog_from_store, warm_jobs
 from linkwise.datasets.ingest import ingest_job_runs
 from linkwise.datasets.rollouts import Window

@@ -13,7 +13,7 @@ from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import Job
 from linkwise.cluster.profiles import assign_profiles, load_calibration
 from linkwise.cluster.simulator import simulate
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 from linkwise.policies.heuristics import make_policy, policy_names
 
 

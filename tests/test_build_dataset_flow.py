@@ -15,7 +15,7 @@ import pytest
 from linkwise.cli.data import add_build_dataset_parser
 from linkwise.cluster.domain import Job
 from linkwise.cluster.mdp import MdpConfig
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets.export import read_dataset
 from linkwise.datasets.ingest import ingest_job_runs
 from linkwise.datasets.prediction import predictor_digest, predictor_from_manifest

@@ -18,7 +18,7 @@ from linkwise.cluster.domain import (
     RunningJob,
     Topology,
 )
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 from linkwise.policies import heuristics as heur
 from linkwise.policies.catalog import policy_info
 from linkwise.policies.compose import ComposeSpec

@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 
 from linkwise.cluster.domain import ClusterState, Job, PendingJob, Placement, RunningJob
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 from linkwise.policies import heuristics as heur
 from linkwise.policies.parts.orders import Las
 from linkwise.policies.parts.placements import MEMO_SIZE, Bounded, bounded_placement

@@ -33,7 +33,7 @@ from linkwise.cluster.domain import (
     Start,
     Topology,
 )
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 from linkwise.policies.spec import PolicySpec
 
 FIXTURE = Path(__file__).parent / "data" / "heuristic_decisions.json.gz"

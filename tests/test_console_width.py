@@ -14,7 +14,7 @@ from rich.console import Console
 
 from linkwise.cli import main
 from linkwise.cluster.domain import Job
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets.rollouts import Window
 from linkwise.evaluation.columns import COLUMNS, DEFAULT, MAX_WIDTH, TABLES, columns_for
 from linkwise.pipelines.console import print_table

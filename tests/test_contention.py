@@ -19,7 +19,7 @@ from linkwise.cluster.contention import (
 )
 from linkwise.cluster.domain import Job, Placement, Topology
 from linkwise.cluster.profiles import Calibration, CommProfile, load_calibration
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 SHIPPED = load_calibration()

@@ -32,7 +32,7 @@ from linkwise.cluster.mdp import MdpConfig, candidates
 from linkwise.cluster.mdp.features import _running_features, _running_terms
 from linkwise.cluster.mdp.slowdown import Contention, contention_of, split_key
 from linkwise.cluster.profiles import assign_profiles, load_calibration
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets import synthetic
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.policies.heuristics import make_policy

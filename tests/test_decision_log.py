@@ -19,7 +19,7 @@ from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import ClusterState
 from linkwise.cluster.profiles import assign_profiles, load_calibration
 from linkwise.cluster.simulator import Simulator
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets.store import MIGRATIONS, apply_migrations, open_store, schema_version
 from linkwise.datasets.synthetic import generate
 from linkwise.deployer.decision_log import DecisionLog

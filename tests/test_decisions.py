@@ -19,7 +19,7 @@ from linkwise.cluster.mdp import MdpConfig, ObsSpec, make_spec
 from linkwise.cluster.profiles import assign_profiles, load_calibration
 from linkwise.cluster.simulator import JobRecord, Simulator
 from linkwise.cluster.slurm.records import JobRun, NodeInfo
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets.decisions import build_log_transitions, store_predictor
 from linkwise.datasets.ingest import ingest_job_runs, ingest_nodes
 from linkwise.datasets.log_jobs import topology_from_store

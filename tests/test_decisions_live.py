@@ -15,7 +15,7 @@ from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.mdp import MdpConfig, make_spec
 from linkwise.cluster.profiles import load_calibration
 from linkwise.cluster.slurm.client import SlurmClient, read_env_file
-from linkwise.cluster.topology import parse_slurm_nodes
+from linkwise.cluster.topology.slurm_conf import parse_slurm_nodes
 from linkwise.datasets.decisions import build_log_transitions
 from linkwise.datasets.ingest import ingest_job_runs, ingest_nodes
 from linkwise.datasets.log_jobs import load_log_jobs, topology_from_store

@@ -14,7 +14,7 @@ from linkwise.cluster.domain import Job
 from linkwise.cluster.env import ClusterEnv, Workload
 from linkwise.cluster.profiles import Calibration, CommProfile
 from linkwise.cluster.simulator import SimConfig
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 from linkwise.policies.heuristics import make_policy
 
 CAL = Calibration(

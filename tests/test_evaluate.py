@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets.export import file_sha256
 from linkwise.datasets.rollouts import cut_windows, jobs_from_trace
 from linkwise.evaluation.benchmark import (

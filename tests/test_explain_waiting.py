@@ -23,7 +23,7 @@ from linkwise.cluster.domain import (
     Start,
 )
 from linkwise.cluster.profiles import load_calibration
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets.store import open_store
 from linkwise.deployer.decision_log import DecisionLog
 from linkwise.deployer.explain import duration_words, explain_cycle, explain_lines, job_decisions

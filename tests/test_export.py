@@ -10,7 +10,7 @@ import polars as pl
 import pytest
 
 from linkwise.cluster.mdp import MdpConfig, make_spec
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets.export import (
     canonical_frame,
     content_hash,

@@ -36,7 +36,7 @@ from linkwise.cluster.placement import (
 )
 from linkwise.cluster.restart import RestartModel
 from linkwise.cluster.simulator import SimConfig, Simulator
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 from linkwise.policies import heuristics as heur
 from linkwise.policies.composed import Composed
 from linkwise.policies.heuristics import (

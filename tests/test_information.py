@@ -23,7 +23,7 @@ from linkwise.cluster import mdp
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import ClusterState, Job, PendingJob, Placement, RunningJob
 from linkwise.cluster.profiles import load_calibration
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets.prediction import predictor_digest, predictor_record
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.models.learned import PREDICTOR, LearnedPolicy, PackageError, load_package

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from linkwise.cluster.mdp import make_spec
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets.export import export_dataset, read_dataset
 from linkwise.datasets.prediction import predictor_record
 from linkwise.datasets.rollouts import cut_windows, make_tasks, run_rollouts

@@ -11,7 +11,7 @@ import pytest
 
 from linkwise.cluster.mdp import MdpConfig, make_spec
 from linkwise.cluster.restart import RestartModel
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets import synthetic
 from linkwise.datasets.labels import LabelTask, read_labels, run_labels, write_labels
 from linkwise.datasets.predictor import RuntimePredictor

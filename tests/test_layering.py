@@ -82,7 +82,7 @@ def test_learned_behaviours_are_resolved_at_the_pipelines_edge(tmp_path: Path) -
 
     import numpy as np
 
-    from linkwise.cluster.topology import load_topology
+    from linkwise.cluster.topology.load import load_topology
     from linkwise.datasets.rollouts import RolloutTask, Window
     from linkwise.pipelines.build_dataset import resolve_learned
     from linkwise.policies.spec import PolicySpec

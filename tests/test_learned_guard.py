@@ -17,7 +17,7 @@ from linkwise.cluster.domain import ClusterState, Job, PendingJob, Placement, Ru
 from linkwise.cluster.mdp import MdpConfig, MdpPolicy, action_mask, candidates, make_spec
 from linkwise.cluster.profiles import load_calibration
 from linkwise.cluster.simulator import SimulationStalled, Simulator, simulate
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 from linkwise.models.learned import GUARDS, STARVE_S, LearnedPolicy
 
 SPEC = make_spec(MdpConfig(k_slots=4))

@@ -28,7 +28,7 @@ from linkwise.cluster.mdp import (
 )
 from linkwise.cluster.profiles import assign_profiles, load_calibration
 from linkwise.cluster.simulator import simulate
-from linkwise.cluster.topology import load_topology
+from linkwise.cluster.topology.load import load_topology
 from linkwise.datasets.prediction import annotate_state
 from linkwise.datasets.traces import load_trace
 from linkwise.models.learned import LearnedPolicy, load_package

@@ -14,7 +14,7 @@ from linkwise.cluster.domain import ClusterState, Job, PendingJob, Placement, Ru
 from linkwise.cluster.fork import RunTimeBelief
 from linkwise.cluster.profiles import load_calibration
 from linkwise.cluster.simulator import simulate
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 from linkwise.policies.catalog import policy_info
 from linkwise.policies.heuristics import make_policy
 from linkwise.policies.lookahead import (

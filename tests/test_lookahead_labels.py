@@ -9,7 +9,7 @@ from dataclasses import replace
 import polars as pl
 
 from linkwise.cluster.mdp import MdpConfig
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets import synthetic
 from linkwise.datasets.labels import LabelTask, run_labels
 from linkwise.datasets.predictor import RuntimePredictor

@@ -25,7 +25,7 @@ from linkwise.cluster.placement import (
 )
 from linkwise.cluster.profiles import Calibration, CommProfile
 from linkwise.cluster.simulator import Simulator, simulate
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 from linkwise.policies.heuristics import make_policy
 
 CAL = Calibration(

@@ -15,7 +15,7 @@ from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import ClusterState, Job, PendingJob, Placement, RunningJob
 from linkwise.cluster.mdp.features import log_time
 from linkwise.cluster.profiles import load_calibration
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 from linkwise.policies import heuristics as heur
 
 MODEL = AnalyticModel(load_calibration(None))

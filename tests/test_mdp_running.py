@@ -29,7 +29,7 @@ from linkwise.cluster.env import ClusterEnv, Workload
 from linkwise.cluster.profiles import load_calibration
 from linkwise.cluster.restart import RestartModel
 from linkwise.cluster.simulator import SimConfig, Simulator
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets.rollouts import RolloutTask, Window, rollout
 from linkwise.models.learned import LearnedPolicy
 from linkwise.policies.spec import PolicySpec

@@ -62,7 +62,7 @@ def test_benchmark_cases_default_to_the_honest_model() -> None:
 
 def test_benchmark_runs_and_summary_carry_the_restart_cost(tmp_path: Path) -> None:
     from linkwise.cluster.domain import Job
-    from linkwise.cluster.topology import from_spec
+    from linkwise.cluster.topology.spec import from_spec
     from linkwise.datasets.rollouts import Window
     from linkwise.evaluation.benchmark import load_benchmark, make_cases, run_benchmark
     from linkwise.evaluation.report import write_report

@@ -20,7 +20,7 @@ from linkwise.cluster.domain import ClusterState, Decision, Job, Placement, Star
 from linkwise.cluster.loop import drive
 from linkwise.cluster.profiles import load_calibration
 from linkwise.cluster.simulator import NoProgress, SimConfig, Simulator, simulate
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets.rollouts import Window
 from linkwise.policies.heuristics import make_policy
 from linkwise.policies.spec import PolicySpec

@@ -23,7 +23,7 @@ from linkwise.cluster.domain import ClusterState, Decision
 from linkwise.cluster.mdp import MdpConfig, candidates, encode, make_spec, nothing_fits
 from linkwise.cluster.profiles import assign_profiles, load_calibration
 from linkwise.cluster.simulator import SimConfig, simulate
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets import synthetic
 from linkwise.datasets.prediction import annotate_state
 from linkwise.models import numpy_net

@@ -22,7 +22,7 @@ from linkwise.cluster.mdp.running import eligible
 from linkwise.cluster.profiles import load_calibration
 from linkwise.cluster.slurm.client import SlurmClient, parse_show_job
 from linkwise.cluster.slurm.records import JobRun, NodeInfo, QueuedJob
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets.ingest import ingest_job_runs
 from linkwise.datasets.store import open_store
 from linkwise.deployer.loop import ServeConfig, ShadowBackend, SlurmBackend

@@ -15,7 +15,7 @@ import pytest
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.mdp import MdpConfig, make_spec
 from linkwise.cluster.profiles import load_calibration
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets.export import export_dataset
 from linkwise.datasets.rollouts import cut_windows, jobs_from_trace, make_tasks, run_rollouts
 from linkwise.datasets.windows import choose_windows

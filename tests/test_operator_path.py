@@ -17,7 +17,7 @@ import yaml  # type: ignore[import-untyped]
 
 from linkwise.cli import main
 from linkwise.cluster.metrics import duration_text
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets import synthetic
 from linkwise.datasets.operator import DEFAULT_STORE
 from linkwise.pipelines.history import replay_history

@@ -23,7 +23,7 @@ from linkwise.cluster.placement import (
     same_leaf,
     slurm_select,
 )
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 
 Case = tuple[Topology, list[int], int, list[int]]
 

@@ -16,7 +16,7 @@ import pytest
 
 from linkwise.cluster.env import ClusterEnv
 from linkwise.cluster.mdp import MdpConfig, make_spec
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 from linkwise.models.learned import load_package, verify_checksums
 from linkwise.models.ppo import (
     PpoConfig,

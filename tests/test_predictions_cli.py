@@ -10,7 +10,7 @@ import pytest
 
 from linkwise.cluster.domain import Job
 from linkwise.cluster.profiles import load_calibration
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets.prediction import History, fit_history
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.evaluation.compare import Scenario

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from linkwise.cli import main
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets import synthetic
 from linkwise.datasets.prediction import read_predictor
 from linkwise.datasets.rollouts import cut_windows

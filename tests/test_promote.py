@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from linkwise.cluster.mdp import MdpConfig, make_spec
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets.export import export_dataset, read_dataset, to_mdp_dataset
 from linkwise.datasets.rollouts import cut_windows, jobs_from_trace, make_tasks, run_rollouts
 from linkwise.datasets.store import open_store

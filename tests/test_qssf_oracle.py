@@ -13,7 +13,7 @@ from linkwise.cluster.placement import apply_placement
 from linkwise.cluster.profiles import assign_profiles, load_calibration
 from linkwise.cluster.restart import RestartModel
 from linkwise.cluster.simulator import SimConfig, simulate
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 from linkwise.policies import heuristics as heur
 from linkwise.policies.heuristics import (
     ORACLE_POLICIES,

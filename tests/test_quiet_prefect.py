@@ -17,7 +17,7 @@ import pytest
 from prefect.settings import get_current_settings
 
 from linkwise.cli import main
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets import synthetic
 from linkwise.parallel import EPHEMERAL_STARTUP_S, patient_prefect_server
 from linkwise.pipelines.history import replay_history

@@ -30,7 +30,8 @@ from linkwise.cluster.mdp import (
     make_spec,
 )
 from linkwise.cluster.profiles import assign_profiles, load_calibration
-from linkwise.cluster.topology import from_spec, load_topology
+from linkwise.cluster.topology.load import load_topology
+from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets.export import export_dataset, file_sha256, read_dataset, to_mdp_dataset
 from linkwise.datasets.rollouts import (
     cut_windows,

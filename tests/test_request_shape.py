@@ -27,7 +27,7 @@ from linkwise.cluster.slurm.request import (
     read_request,
     widens,
 )
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 from linkwise.deployer.holds import HOLD_TAG
 from linkwise.deployer.job_requests import job_request, job_shape
 from linkwise.deployer.loop import ServeConfig, SlurmBackend

@@ -20,7 +20,7 @@ from linkwise.cluster.fork import fresh
 from linkwise.cluster.mdp import MdpConfig, make_spec
 from linkwise.cluster.profiles import assign_profiles, load_calibration
 from linkwise.cluster.simulator import SimConfig, simulate
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets import synthetic
 from linkwise.datasets.labels import LabelTask, run_labels, write_labels
 from linkwise.datasets.predictor import RuntimePredictor

@@ -19,7 +19,7 @@ from linkwise.cluster.domain import Decision
 from linkwise.cluster.mdp import MdpConfig, make_spec
 from linkwise.cluster.profiles import assign_profiles, load_calibration
 from linkwise.cluster.simulator import SimConfig, simulate
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets import synthetic
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.models.learned import masked_argmax

@@ -12,7 +12,7 @@ import pytest
 
 from linkwise.cli import main
 from linkwise.cluster.mdp import MdpConfig, make_spec
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets import synthetic
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.rollouts import cut_windows

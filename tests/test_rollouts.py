@@ -14,7 +14,7 @@ from linkwise.cluster.domain import Job, Placement
 from linkwise.cluster.mdp import MdpConfig, make_spec
 from linkwise.cluster.profiles import load_calibration
 from linkwise.cluster.slurm.records import JobRun
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets.backlog import Backlog, backlog_from_store
 from linkwise.datasets.ingest import ingest_job_runs
 from linkwise.datasets.predictor import RuntimePredictor

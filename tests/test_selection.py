@@ -14,7 +14,7 @@ import pytest
 from rich.console import Console
 
 from linkwise.cluster.mdp import make_spec
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets.export import export_dataset
 from linkwise.datasets.prediction import predictor_record
 from linkwise.datasets.rollouts import (

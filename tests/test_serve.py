@@ -22,7 +22,7 @@ from linkwise.cluster.loop import drive
 from linkwise.cluster.slurm.errors import SlurmError, SlurmTimeout, SlurmUnavailable
 from linkwise.cluster.slurm.records import NodeInfo, QueuedJob
 from linkwise.cluster.slurm.schema import SlurmSchemaError
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.store import open_store
 from linkwise.deployer.cycle_lines import CycleLines

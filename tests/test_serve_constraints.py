@@ -15,7 +15,7 @@ from typing import Any
 from linkwise.cluster.domain import Decision, Placement, Start
 from linkwise.cluster.slurm.parse import parse_nodes, parse_queue
 from linkwise.cluster.slurm.records import NodeInfo, QueuedJob
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets.store import open_store
 from linkwise.deployer.holds import HOLD_TAG, RELEASED_TAG
 from linkwise.deployer.lease import Lease

@@ -21,7 +21,7 @@ from linkwise.cluster.simulator import (
     Simulator,
     simulate,
 )
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 
 CAL = Calibration(
     profiles={

@@ -17,7 +17,7 @@ from linkwise.cluster.restart import (
     parse_restart,
 )
 from linkwise.cluster.simulator import InvalidDecision, SimConfig, Simulator, simulate
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 
 CAL = Calibration(
     profiles={

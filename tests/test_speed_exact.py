@@ -31,7 +31,7 @@ from linkwise.cluster.mdp import MdpConfig, candidates, encode, encode_partial, 
 from linkwise.cluster.mdp.spec import SLOT_FEATURES
 from linkwise.cluster.profiles import assign_profiles, load_calibration
 from linkwise.cluster.simulator import SimConfig, Simulator, simulate
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets import synthetic
 from linkwise.datasets.prediction import annotate_state
 from linkwise.datasets.predictor import RuntimePredictor

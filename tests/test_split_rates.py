@@ -24,7 +24,7 @@ from linkwise.cluster.fork import fork
 from linkwise.cluster.profiles import load_calibration
 from linkwise.cluster.restart import RestartModel
 from linkwise.cluster.simulator import SimConfig, Simulator
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 
 CAL = load_calibration(None)
 PROFILES = sorted(CAL.profiles)

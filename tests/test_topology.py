@@ -10,17 +10,10 @@ import pytest
 
 from linkwise.cluster.domain import LinkKind, Topology
 from linkwise.cluster.hostlist import compress
-from linkwise.cluster.topology import (
-    DEFAULT_NIC_GBPS,
-    PCIE_GBPS,
-    describe,
-    from_alibaba_csv,
-    from_slurm_conf,
-    from_spec,
-    gpus_from_gres,
-    load_topology,
-    read_alibaba_hosts,
-)
+from linkwise.cluster.topology.lingjun import from_alibaba_csv, read_alibaba_hosts
+from linkwise.cluster.topology.load import describe, load_topology
+from linkwise.cluster.topology.slurm_conf import from_slurm_conf, gpus_from_gres
+from linkwise.cluster.topology.spec import DEFAULT_NIC_GBPS, PCIE_GBPS, from_spec
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 ALIBABA = DATA / "topology" / "alibaba_lingjun_2023_topo.csv"

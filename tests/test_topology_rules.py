@@ -21,13 +21,9 @@ from linkwise.cluster.slurm.topology_rules import (
     place,
     topology_request,
 )
-from linkwise.cluster.topology import (
-    from_slurm_conf,
-    load_topology,
-    parse_scontrol_topology,
-    slurm_topology_plugin,
-    topology_differences,
-)
+from linkwise.cluster.topology.load import load_topology
+from linkwise.cluster.topology.scontrol import parse_scontrol_topology, topology_differences
+from linkwise.cluster.topology.slurm_conf import from_slurm_conf, slurm_topology_plugin
 from linkwise.deployer.holds import HOLD_TAG
 from linkwise.deployer.job_requests import never_fits
 from linkwise.deployer.observation import build_observation

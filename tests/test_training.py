@@ -16,7 +16,8 @@ import pytest
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.mdp import MdpConfig, MdpPolicy, make_spec
 from linkwise.cluster.profiles import assign_profiles, load_calibration
-from linkwise.cluster.topology import from_spec, load_topology
+from linkwise.cluster.topology.load import load_topology
+from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets.export import export_dataset
 from linkwise.datasets.prediction import predictor_record
 from linkwise.datasets.rollouts import cut_windows, jobs_from_trace, make_tasks, run_rollouts

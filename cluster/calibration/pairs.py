@@ -23,7 +23,7 @@ from linkwise.cluster.contention import (
 )
 from linkwise.cluster.domain import Job, Placement, Topology
 from linkwise.cluster.profiles import Calibration, CommProfile
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 
 
 def pair_placement(a: JobType, b: JobType) -> tuple[Topology, Placement, Placement]:

@@ -29,7 +29,7 @@ from linkwise.cli.common import (
     csv_list,
 )
 from linkwise.cluster.mdp import SLOT_ORDERS, MdpConfig
-from linkwise.cluster.topology import DEFAULT_TOPOLOGY
+from linkwise.cluster.topology.spec import DEFAULT_TOPOLOGY
 from linkwise.datasets.job_telemetry import ATTRIBUTION_RULE
 from linkwise.datasets.operator import DEFAULT_STORE, operator_store, parse_time
 from linkwise.models.calibrations import calibration_for_store

@@ -28,7 +28,7 @@ from linkwise.cli.common import (
     csv_list,
 )
 from linkwise.cluster.metrics import duration_text
-from linkwise.cluster.topology import DEFAULT_TOPOLOGY
+from linkwise.cluster.topology.spec import DEFAULT_TOPOLOGY
 from linkwise.datasets.operator import DEFAULT_STORE, operator_store
 from linkwise.deployer.promote import rollback
 from linkwise.evaluation.gates import load_gates

@@ -35,7 +35,7 @@ from linkwise.cli.common import (
     add_json,
 )
 from linkwise.cluster.profiles import load_calibration
-from linkwise.cluster.topology import load_topology
+from linkwise.cluster.topology.load import load_topology
 from linkwise.datasets.log_jobs import topology_from_store
 from linkwise.datasets.operator import DEFAULT_STORE, operator_store
 from linkwise.datasets.store import open_store

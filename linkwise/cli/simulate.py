@@ -25,7 +25,7 @@ from linkwise.cli.common import (
     add_wide,
     default_data_dir,
 )
-from linkwise.cluster.topology import DEFAULT_TOPOLOGY
+from linkwise.cluster.topology.spec import DEFAULT_TOPOLOGY
 
 DEFAULT_SYNTHETIC_JOBS = 2000
 
@@ -116,7 +116,7 @@ def _scenario(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     from linkwise.cluster.profiles import assign_profiles, load_calibration
     from linkwise.cluster.restart import parse_restart
     from linkwise.cluster.simulator import SimConfig
-    from linkwise.cluster.topology import load_topology
+    from linkwise.cluster.topology.load import load_topology
     from linkwise.datasets import synthetic
     from linkwise.datasets.traces import load_trace
     from linkwise.evaluation.compare import Scenario
@@ -332,7 +332,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_topology(args: argparse.Namespace) -> int:
-    from linkwise.cluster.topology import describe, load_topology
+    from linkwise.cluster.topology.load import describe, load_topology
 
     info = describe(load_topology(args.cluster))
     print(json.dumps(info, indent=None if args.json else 2, default=str))

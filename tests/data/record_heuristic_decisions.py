@@ -23,7 +23,7 @@ from linkwise.cluster.loop import drive
 from linkwise.cluster.profiles import assign_profiles, load_calibration
 from linkwise.cluster.restart import RestartModel
 from linkwise.cluster.simulator import SimConfig, Simulator
-from linkwise.cluster.topology import from_spec
+from linkwise.cluster.topology.spec import from_spec
 from linkwise.policies.spec import PolicySpec
 
 OUT = Path(__file__).with_name("heuristic_decisions.json.gz")
