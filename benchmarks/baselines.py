@@ -87,7 +87,7 @@ def run_one(
     config: dict[str, object] = {}
     try:
         from linkwise.cluster.restart import parse_restart
-        from linkwise.cluster.simulator import SimConfig
+        from linkwise.cluster.simulator.config import SimConfig
 
         restart = parse_restart(restart_cost, restart_grace)
         config["config"] = SimConfig(restart=restart)

@@ -38,7 +38,9 @@ from linkwise.cluster.contention import AnalyticModel, ContentionModel, NoConten
 from linkwise.cluster.domain import Job, Placement, Topology
 from linkwise.cluster.flexible import RULE, with_flexible
 from linkwise.cluster.profiles import assign_profiles, load_calibration
-from linkwise.cluster.simulator import JobRecord, SimConfig, simulate
+from linkwise.cluster.simulator.config import SimConfig
+from linkwise.cluster.simulator.records import JobRecord
+from linkwise.cluster.simulator.run import simulate
 from linkwise.cluster.topology.load import load_topology
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.traces import load_trace

@@ -28,7 +28,7 @@ PHILLY = ROOT.parent / "shared" / "data" / "traces" / "philly_2017-09-04_2017-10
 def main() -> None:
     from linkwise.cluster.contention import AnalyticModel
     from linkwise.cluster.profiles import assign_profiles, load_calibration
-    from linkwise.cluster.simulator import Simulator
+    from linkwise.cluster.simulator.engine import Simulator
     from linkwise.cluster.topology.spec import from_spec
     from linkwise.datasets.prediction import ensure_predicted
     from linkwise.datasets.rollouts import cut_windows, jobs_from_trace

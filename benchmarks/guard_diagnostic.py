@@ -33,7 +33,7 @@ def main() -> int:
     p.add_argument("cluster")
     args = p.parse_args()
 
-    from linkwise.cluster.simulator import simulate
+    from linkwise.cluster.simulator.run import simulate
     from linkwise.cluster.topology.load import load_topology
     from linkwise.datasets.backlog import backlog_from_store
     from linkwise.datasets.prediction import read_predictor

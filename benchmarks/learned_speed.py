@@ -115,10 +115,15 @@ PARTS = (
     ("  _deviate", "linkwise.models.residual", "ResidualPolicy", "_deviate"),
     ("    apply_decision", "linkwise.models.residual", "", "apply_decision"),
     ("    merge_moves", "linkwise.models.residual", "", "merge_moves"),
-    ("sim observe", "linkwise.cluster.simulator", "Simulator", "observe"),
-    ("sim apply", "linkwise.cluster.simulator", "Simulator", "apply"),
-    ("sim advance", "linkwise.cluster.simulator", "Simulator", "advance"),
-    ("  _update_split_rates", "linkwise.cluster.simulator", "Simulator", "_update_split_rates"),
+    ("sim observe", "linkwise.cluster.simulator.engine", "Simulator", "observe"),
+    ("sim apply", "linkwise.cluster.simulator.engine", "Simulator", "apply"),
+    ("sim advance", "linkwise.cluster.simulator.engine", "Simulator", "advance"),
+    (
+        "  _update_split_rates",
+        "linkwise.cluster.simulator.engine",
+        "Simulator",
+        "_update_split_rates",
+    ),
 )
 
 
@@ -306,7 +311,7 @@ def simulate_package(
     from linkwise.cluster.contention import AnalyticModel
     from linkwise.cluster.metrics import summarize
     from linkwise.cluster.profiles import load_calibration
-    from linkwise.cluster.simulator import simulate
+    from linkwise.cluster.simulator.run import simulate
     from linkwise.models.learned import load_package
     from linkwise.models.residual import is_residual_meta, residual_from_learned
 

@@ -46,7 +46,7 @@ def run_one(
 
     from linkwise.cluster.bounds import isolated_total, pooled_srpt_total
     from linkwise.cluster.profiles import assign_profiles, load_calibration
-    from linkwise.cluster.simulator import simulate
+    from linkwise.cluster.simulator.run import simulate
     from linkwise.cluster.topology.load import load_topology
     from linkwise.datasets.predictor import RuntimePredictor
     from linkwise.datasets.traces import load_trace

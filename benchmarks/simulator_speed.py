@@ -32,7 +32,7 @@ def run_one(
     """Load, simulate and summarise one policy in this process."""
     from linkwise.cluster.profiles import assign_profiles, load_calibration
     from linkwise.cluster.restart import parse_restart
-    from linkwise.cluster.simulator import SimConfig
+    from linkwise.cluster.simulator.config import SimConfig
     from linkwise.cluster.topology.load import load_topology
     from linkwise.datasets.predictor import RuntimePredictor
     from linkwise.datasets.traces import load_trace

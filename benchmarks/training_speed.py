@@ -128,7 +128,7 @@ def latency(points: int, min_pending: int, seed: int, threads: int) -> dict[str,
     from linkwise.cluster import mdp
     from linkwise.cluster.contention import AnalyticModel
     from linkwise.cluster.profiles import assign_profiles, load_calibration
-    from linkwise.cluster.simulator import Simulator
+    from linkwise.cluster.simulator.engine import Simulator
     from linkwise.cluster.topology.spec import from_spec
     from linkwise.datasets.synthetic import generate
     from linkwise.policies.heuristics import make_policy

@@ -45,7 +45,9 @@ from linkwise.cluster.mdp import (
     make_spec,
     step_reward,
 )
-from linkwise.cluster.simulator import SimConfig, SimulationStalled, Simulator
+from linkwise.cluster.simulator.config import SimConfig
+from linkwise.cluster.simulator.engine import Simulator
+from linkwise.cluster.simulator.errors import SimulationStalled
 
 __all__ = ["ClusterEnv", "Workload", "WorkloadFactory"]
 

@@ -56,7 +56,10 @@ from linkwise.cluster.domain import (
     Policy,
     RunningJob,
 )
-from linkwise.cluster.simulator import ResumedTransit, SimConfig, SimulationStalled, Simulator
+from linkwise.cluster.simulator.bookkeeping import ResumedTransit
+from linkwise.cluster.simulator.config import SimConfig
+from linkwise.cluster.simulator.engine import Simulator
+from linkwise.cluster.simulator.errors import SimulationStalled
 
 __all__ = [
     "Arrivals",

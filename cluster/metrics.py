@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from linkwise.cluster.simulator import JobRecord
+from linkwise.cluster.simulator.records import JobRecord
 
 BOUNDED_SLOWDOWN_FLOOR_S = 10.0  # the usual bound (Feitelson): short jobs count as 10 s
 

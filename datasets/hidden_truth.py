@@ -4,7 +4,7 @@ what Slurm's accounting holds (issue 34 item 4).
 
 The truth is a ``Calibration`` (``alpha``, ``overhead_s``, one ``CommProfile`` per job name)
 on a topology of its own (link speeds unlike the shipped defaults). Its jobs run in the real
-simulator (``cluster.simulator.Simulator`` with an ``AnalyticModel`` of the hidden
+simulator (``cluster.simulator.engine.Simulator`` with an ``AnalyticModel`` of the hidden
 calibration, scheduled by the seeded ``RandomPolicy``, which spreads jobs over nodes and so
 makes rings share links); every running set is recorded with its rates (``Timeline``). What
 the cluster's exporters would print at every scrape follows from it:
@@ -59,7 +59,8 @@ from linkwise.cluster.contention import AnalyticModel, ring_comm_time
 from linkwise.cluster.domain import Job, Placement, Topology
 from linkwise.cluster.profiles import Calibration, CommProfile
 from linkwise.cluster.restart import RestartModel
-from linkwise.cluster.simulator import SimConfig, Simulator
+from linkwise.cluster.simulator.config import SimConfig
+from linkwise.cluster.simulator.engine import Simulator
 from linkwise.cluster.slurm.parse import even_split
 from linkwise.cluster.slurm.records import JobRun
 from linkwise.cluster.topology.spec import from_spec

@@ -53,7 +53,8 @@ from linkwise.cluster.mdp import (
 )
 from linkwise.cluster.profiles import Calibration, load_calibration
 from linkwise.cluster.restart import RestartModel
-from linkwise.cluster.simulator import SimConfig, Simulator
+from linkwise.cluster.simulator.config import SimConfig
+from linkwise.cluster.simulator.engine import Simulator
 from linkwise.datasets.backlog import Backlog
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.rollouts import Window, window_workload

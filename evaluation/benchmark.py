@@ -78,13 +78,9 @@ from linkwise.cluster.mdp import MdpPolicy
 from linkwise.cluster.metrics import summarize
 from linkwise.cluster.profiles import Calibration, load_calibration
 from linkwise.cluster.restart import RestartModel
-from linkwise.cluster.simulator import (
-    InvalidDecision,
-    NoProgress,
-    SimConfig,
-    SimulationStalled,
-    simulate,
-)
+from linkwise.cluster.simulator.config import SimConfig
+from linkwise.cluster.simulator.errors import InvalidDecision, NoProgress, SimulationStalled
+from linkwise.cluster.simulator.run import simulate
 from linkwise.datasets.backlog import Backlog
 from linkwise.datasets.prediction import ensure_predicted
 from linkwise.datasets.predictor import RuntimePredictor

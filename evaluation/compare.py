@@ -57,7 +57,9 @@ from linkwise.cluster.contention import (
 from linkwise.cluster.domain import Job, Policy, Topology
 from linkwise.cluster.metrics import BOUNDED_SLOWDOWN_FLOOR_S, RunMetrics, summarize
 from linkwise.cluster.profiles import Calibration
-from linkwise.cluster.simulator import JobRecord, SimConfig, simulate
+from linkwise.cluster.simulator.config import SimConfig
+from linkwise.cluster.simulator.records import JobRecord
+from linkwise.cluster.simulator.run import simulate
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.evaluation.predictions import check_predictions, package_predictor
 from linkwise.models.build import build_policy

@@ -26,7 +26,7 @@ from linkwise.cluster.domain import (
     Topology,
 )
 from linkwise.cluster.loop import drive
-from linkwise.cluster.simulator import Simulator
+from linkwise.cluster.simulator.engine import Simulator
 from linkwise.cluster.slurm.client import SlurmClient
 from linkwise.cluster.slurm.records import JobRun
 from linkwise.policies.heuristics import backfill

@@ -47,7 +47,7 @@ from linkwise.cluster.domain import Topology
 from linkwise.cluster.env import ClusterEnv, Workload
 from linkwise.cluster.mdp import MdpConfig, ObsSpec, StepPolicyAdapter
 from linkwise.cluster.profiles import Calibration, assign_profiles, load_calibration
-from linkwise.cluster.simulator import SimConfig
+from linkwise.cluster.simulator.config import SimConfig
 from linkwise.cluster.topology.load import load_topology
 from linkwise.cluster.topology.spec import DEFAULT_TOPOLOGY
 from linkwise.datasets.export import file_sha256

@@ -17,7 +17,7 @@ from linkwise.cluster.domain import ClusterState, Decision, Job, Topology
 from linkwise.cluster.loop import drive
 from linkwise.cluster.mdp import ObsSpec
 from linkwise.cluster.profiles import assign_profiles, load_calibration
-from linkwise.cluster.simulator import Simulator
+from linkwise.cluster.simulator.engine import Simulator
 from linkwise.datasets.export import read_dataset
 from linkwise.deployer.promote import CHALLENGER, current_aliases
 from linkwise.evaluation.ope import FqeParams, ope_table, run_ope

@@ -19,7 +19,8 @@ from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import ClusterState, Decision, Job, Placement, Topology
 from linkwise.cluster.loop import drive
 from linkwise.cluster.profiles import assign_profiles, load_calibration
-from linkwise.cluster.simulator import JobRecord, Simulator
+from linkwise.cluster.simulator.engine import Simulator
+from linkwise.cluster.simulator.records import JobRecord
 from linkwise.cluster.slurm.records import JobRun, NodeInfo
 from linkwise.datasets.ingest import ingest_job_runs, ingest_nodes
 from linkwise.datasets.rollouts import jobs_from_store

@@ -19,7 +19,7 @@ from linkwise.cluster.domain import ClusterState, Decision, Job, Policy, Topolog
 from linkwise.cluster.hostlist import compress
 from linkwise.cluster.loop import drive
 from linkwise.cluster.profiles import assign_profiles, load_calibration
-from linkwise.cluster.simulator import Simulator
+from linkwise.cluster.simulator.engine import Simulator
 from linkwise.cluster.slurm.records import QueuedJob
 from linkwise.datasets.prediction import ensure_predicted
 from linkwise.datasets.predictor import RuntimePredictor

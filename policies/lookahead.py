@@ -56,7 +56,7 @@ from linkwise.cluster.contention import ContentionModel
 from linkwise.cluster.domain import WAIT, ClusterState, Decision, Policy
 from linkwise.cluster.fork import Arrivals, RunTimeBelief, score_decisions
 from linkwise.cluster.restart import parse_restart
-from linkwise.cluster.simulator import SimConfig
+from linkwise.cluster.simulator.config import SimConfig
 
 __all__ = [
     "DEFAULT_ALTERNATIVES",

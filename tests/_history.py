@@ -10,7 +10,7 @@ from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import ClusterState, Decision, Placement, Topology
 from linkwise.cluster.loop import drive
 from linkwise.cluster.profiles import assign_profiles, load_calibration
-from linkwise.cluster.simulator import Simulator
+from linkwise.cluster.simulator.engine import Simulator
 from linkwise.cluster.slurm.records import JobRun
 from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets.synthetic import generate

@@ -10,7 +10,8 @@ from typing import Any
 
 from linkwise.cluster.domain import ClusterState, Decision, Job, Topology
 from linkwise.cluster.mdp import nothing_fits
-from linkwise.cluster.simulator import SimConfig, simulate
+from linkwise.cluster.simulator.config import SimConfig
+from linkwise.cluster.simulator.run import simulate
 from linkwise.models.residual import ResidualPolicy
 
 

@@ -12,7 +12,7 @@ import pytest
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import Decision, Job, Placement
 from linkwise.cluster.profiles import load_calibration
-from linkwise.cluster.simulator import simulate
+from linkwise.cluster.simulator.run import simulate
 from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets.backlog import Backlog, backlog_from_store, warm_jobs
 from linkwise.datasets.ingest import ingest_job_runs

@@ -12,7 +12,7 @@ from linkwise.cluster.bounds import isolated_total, pooled_srpt_total, queue_bou
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import Job
 from linkwise.cluster.profiles import assign_profiles, load_calibration
-from linkwise.cluster.simulator import simulate
+from linkwise.cluster.simulator.run import simulate
 from linkwise.cluster.topology.spec import from_spec
 from linkwise.policies.heuristics import make_policy, policy_names
 

@@ -18,7 +18,7 @@ from linkwise.cli import main
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import ClusterState
 from linkwise.cluster.profiles import assign_profiles, load_calibration
-from linkwise.cluster.simulator import Simulator
+from linkwise.cluster.simulator.engine import Simulator
 from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets.store import MIGRATIONS, apply_migrations, open_store, schema_version
 from linkwise.datasets.synthetic import generate

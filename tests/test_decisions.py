@@ -17,7 +17,8 @@ from linkwise.cluster.domain import ClusterState, Decision, Job, Placement, Topo
 from linkwise.cluster.loop import drive
 from linkwise.cluster.mdp import MdpConfig, ObsSpec, make_spec
 from linkwise.cluster.profiles import assign_profiles, load_calibration
-from linkwise.cluster.simulator import JobRecord, Simulator
+from linkwise.cluster.simulator.engine import Simulator
+from linkwise.cluster.simulator.records import JobRecord
 from linkwise.cluster.slurm.records import JobRun, NodeInfo
 from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets.decisions import build_log_transitions, store_predictor

@@ -13,7 +13,9 @@ import pytest
 from linkwise.cluster.contention import AnalyticModel, link_flows
 from linkwise.cluster.domain import Job, LinkKind, Placement, Topology, ecmp_plane
 from linkwise.cluster.profiles import load_calibration
-from linkwise.cluster.simulator import SimConfig, Simulator, simulate
+from linkwise.cluster.simulator.config import SimConfig
+from linkwise.cluster.simulator.engine import Simulator
+from linkwise.cluster.simulator.run import simulate
 from linkwise.cluster.topology.spec import from_spec
 from linkwise.policies.heuristics import make_policy
 from linkwise.tests.test_split_rates import Chaos, _jobs, _split

@@ -13,7 +13,7 @@ from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import Job
 from linkwise.cluster.env import ClusterEnv, Workload
 from linkwise.cluster.profiles import Calibration, CommProfile
-from linkwise.cluster.simulator import SimConfig
+from linkwise.cluster.simulator.config import SimConfig
 from linkwise.cluster.topology.spec import from_spec
 from linkwise.policies.heuristics import make_policy
 

@@ -16,7 +16,7 @@ import pytest
 from linkwise.cli import main
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.profiles import assign_profiles, load_calibration
-from linkwise.cluster.simulator import Simulator
+from linkwise.cluster.simulator.engine import Simulator
 from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets.prediction import ensure_predicted
 from linkwise.datasets.rollouts import cut_windows, jobs_from_trace

@@ -30,7 +30,9 @@ from linkwise.cluster.domain import (
 from linkwise.cluster.flexible import RULE, flexible_draw, with_flexible
 from linkwise.cluster.placement import fixed_first_fit, slurm_select_flexible, split_job_gpus
 from linkwise.cluster.profiles import assign_profiles, load_calibration
-from linkwise.cluster.simulator import InvalidDecision, Simulator, simulate
+from linkwise.cluster.simulator.engine import Simulator
+from linkwise.cluster.simulator.errors import InvalidDecision
+from linkwise.cluster.simulator.run import simulate
 from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets import synthetic
 from linkwise.datasets.rollouts import cut_windows, resample_window

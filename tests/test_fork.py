@@ -28,7 +28,7 @@ from linkwise.cluster.fork import (
 )
 from linkwise.cluster.mdp import MdpConfig, StepPolicyAdapter, candidates, decode
 from linkwise.cluster.profiles import load_calibration
-from linkwise.cluster.simulator import Simulator
+from linkwise.cluster.simulator.engine import Simulator
 from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets import synthetic
 from linkwise.datasets.predictor import RuntimePredictor

@@ -35,7 +35,8 @@ from linkwise.cluster.placement import (
     slurm_select,
 )
 from linkwise.cluster.restart import RestartModel
-from linkwise.cluster.simulator import SimConfig, Simulator
+from linkwise.cluster.simulator.config import SimConfig
+from linkwise.cluster.simulator.engine import Simulator
 from linkwise.cluster.topology.spec import from_spec
 from linkwise.policies import heuristics as heur
 from linkwise.policies.composed import Composed
@@ -600,7 +601,8 @@ def test_registry() -> None:
 def test_policies_run_a_small_trace_to_completion_in_the_simulator() -> None:
     from linkwise.cluster.contention import AnalyticModel
     from linkwise.cluster.profiles import assign_profiles, load_calibration
-    from linkwise.cluster.simulator import SimConfig, simulate
+    from linkwise.cluster.simulator.config import SimConfig
+    from linkwise.cluster.simulator.run import simulate
 
     calibration = load_calibration()
     topo = from_spec("4x8,leaf=2")

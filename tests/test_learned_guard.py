@@ -16,7 +16,9 @@ from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import ClusterState, Job, PendingJob, Placement, RunningJob
 from linkwise.cluster.mdp import MdpConfig, MdpPolicy, action_mask, candidates, make_spec
 from linkwise.cluster.profiles import load_calibration
-from linkwise.cluster.simulator import SimulationStalled, Simulator, simulate
+from linkwise.cluster.simulator.engine import Simulator
+from linkwise.cluster.simulator.errors import SimulationStalled
+from linkwise.cluster.simulator.run import simulate
 from linkwise.cluster.topology.spec import from_spec
 from linkwise.models.learned import GUARDS, STARVE_S, LearnedPolicy
 

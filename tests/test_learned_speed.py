@@ -27,7 +27,7 @@ from linkwise.cluster.mdp import (
     nothing_fits,
 )
 from linkwise.cluster.profiles import assign_profiles, load_calibration
-from linkwise.cluster.simulator import simulate
+from linkwise.cluster.simulator.run import simulate
 from linkwise.cluster.topology.load import load_topology
 from linkwise.datasets.prediction import annotate_state
 from linkwise.datasets.traces import load_trace

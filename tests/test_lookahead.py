@@ -13,7 +13,7 @@ from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import ClusterState, Job, PendingJob, Placement, RunningJob
 from linkwise.cluster.fork import RunTimeBelief
 from linkwise.cluster.profiles import load_calibration
-from linkwise.cluster.simulator import simulate
+from linkwise.cluster.simulator.run import simulate
 from linkwise.cluster.topology.spec import from_spec
 from linkwise.policies.catalog import policy_info
 from linkwise.policies.heuristics import make_policy

@@ -24,7 +24,8 @@ from linkwise.cluster.placement import (
     same_leaf,
 )
 from linkwise.cluster.profiles import Calibration, CommProfile
-from linkwise.cluster.simulator import Simulator, simulate
+from linkwise.cluster.simulator.engine import Simulator
+from linkwise.cluster.simulator.run import simulate
 from linkwise.cluster.topology.spec import from_spec
 from linkwise.policies.heuristics import make_policy
 

@@ -28,7 +28,8 @@ from linkwise.cluster.domain import (
 from linkwise.cluster.env import ClusterEnv, Workload
 from linkwise.cluster.profiles import load_calibration
 from linkwise.cluster.restart import RestartModel
-from linkwise.cluster.simulator import SimConfig, Simulator
+from linkwise.cluster.simulator.config import SimConfig
+from linkwise.cluster.simulator.engine import Simulator
 from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets.rollouts import RolloutTask, Window, rollout
 from linkwise.models.learned import LearnedPolicy

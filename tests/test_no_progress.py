@@ -19,7 +19,10 @@ from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import ClusterState, Decision, Job, Placement, Start
 from linkwise.cluster.loop import drive
 from linkwise.cluster.profiles import load_calibration
-from linkwise.cluster.simulator import NoProgress, SimConfig, Simulator, simulate
+from linkwise.cluster.simulator.config import SimConfig
+from linkwise.cluster.simulator.engine import Simulator
+from linkwise.cluster.simulator.errors import NoProgress
+from linkwise.cluster.simulator.run import simulate
 from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets.rollouts import Window
 from linkwise.policies.heuristics import make_policy

@@ -12,7 +12,8 @@ from linkwise.cluster.domain import ClusterState, Job, PendingJob, Placement, Ru
 from linkwise.cluster.placement import apply_placement
 from linkwise.cluster.profiles import assign_profiles, load_calibration
 from linkwise.cluster.restart import RestartModel
-from linkwise.cluster.simulator import SimConfig, simulate
+from linkwise.cluster.simulator.config import SimConfig
+from linkwise.cluster.simulator.run import simulate
 from linkwise.cluster.topology.spec import from_spec
 from linkwise.policies import heuristics as heur
 from linkwise.policies.heuristics import (

@@ -18,7 +18,8 @@ from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import Decision
 from linkwise.cluster.mdp import MdpConfig, make_spec
 from linkwise.cluster.profiles import assign_profiles, load_calibration
-from linkwise.cluster.simulator import SimConfig, simulate
+from linkwise.cluster.simulator.config import SimConfig
+from linkwise.cluster.simulator.run import simulate
 from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets import synthetic
 from linkwise.datasets.predictor import RuntimePredictor

@@ -14,13 +14,10 @@ from linkwise.cluster.domain import ClusterState, Decision, Job, Placement, Star
 from linkwise.cluster.loop import drive
 from linkwise.cluster.profiles import Calibration, CommProfile
 from linkwise.cluster.restart import RestartModel
-from linkwise.cluster.simulator import (
-    InvalidDecision,
-    SimConfig,
-    SimulationStalled,
-    Simulator,
-    simulate,
-)
+from linkwise.cluster.simulator.config import SimConfig
+from linkwise.cluster.simulator.engine import Simulator
+from linkwise.cluster.simulator.errors import InvalidDecision, SimulationStalled
+from linkwise.cluster.simulator.run import simulate
 from linkwise.cluster.topology.spec import from_spec
 
 CAL = Calibration(

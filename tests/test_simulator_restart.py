@@ -16,7 +16,10 @@ from linkwise.cluster.restart import (
     RestartModel,
     parse_restart,
 )
-from linkwise.cluster.simulator import InvalidDecision, SimConfig, Simulator, simulate
+from linkwise.cluster.simulator.config import SimConfig
+from linkwise.cluster.simulator.engine import Simulator
+from linkwise.cluster.simulator.errors import InvalidDecision
+from linkwise.cluster.simulator.run import simulate
 from linkwise.cluster.topology.spec import from_spec
 
 CAL = Calibration(

@@ -30,7 +30,9 @@ from linkwise.cluster.fork import fork
 from linkwise.cluster.mdp import MdpConfig, candidates, encode, encode_partial, make_spec
 from linkwise.cluster.mdp.spec import SLOT_FEATURES
 from linkwise.cluster.profiles import assign_profiles, load_calibration
-from linkwise.cluster.simulator import SimConfig, Simulator, simulate
+from linkwise.cluster.simulator.config import SimConfig
+from linkwise.cluster.simulator.engine import Simulator
+from linkwise.cluster.simulator.run import simulate
 from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets import synthetic
 from linkwise.datasets.prediction import annotate_state

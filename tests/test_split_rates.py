@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from linkwise.cluster import simulator as simulator_module
 from linkwise.cluster.contention import (
     AnalyticModel,
     NoContention,
@@ -23,7 +22,9 @@ from linkwise.cluster.domain import ClusterState, Decision, Job, Placement, Star
 from linkwise.cluster.fork import fork
 from linkwise.cluster.profiles import load_calibration
 from linkwise.cluster.restart import RestartModel
-from linkwise.cluster.simulator import SimConfig, Simulator
+from linkwise.cluster.simulator import engine as simulator_module
+from linkwise.cluster.simulator.config import SimConfig
+from linkwise.cluster.simulator.engine import Simulator
 from linkwise.cluster.topology.spec import from_spec
 
 CAL = load_calibration(None)

@@ -242,7 +242,7 @@ def test_learned_policy_runs_in_the_simulator_without_masked_actions(
     )
     assert policy.predictor is not None  # the package carries the dataset's predictor
     jobs = policy.predictor.annotate(assign_profiles(win[0].jobs, cal, seed=0))
-    from linkwise.cluster.simulator import simulate
+    from linkwise.cluster.simulator.run import simulate
 
     res = simulate(load_topology("4x8,leaf=2"), jobs, AnalyticModel(cal), checked_policy)
     assert len(res.records) == len(jobs)

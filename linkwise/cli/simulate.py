@@ -115,7 +115,7 @@ def _scenario(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     """Build the Scenario the arguments describe, and a description of it."""
     from linkwise.cluster.profiles import assign_profiles, load_calibration
     from linkwise.cluster.restart import parse_restart
-    from linkwise.cluster.simulator import SimConfig
+    from linkwise.cluster.simulator.config import SimConfig
     from linkwise.cluster.topology.load import load_topology
     from linkwise.datasets import synthetic
     from linkwise.datasets.traces import load_trace

@@ -22,7 +22,8 @@ from linkwise.cluster.domain import ClusterState, Decision, Job
 from linkwise.cluster.loop import drive
 from linkwise.cluster.profiles import assign_profiles, load_calibration
 from linkwise.cluster.restart import RestartModel
-from linkwise.cluster.simulator import SimConfig, Simulator
+from linkwise.cluster.simulator.config import SimConfig
+from linkwise.cluster.simulator.engine import Simulator
 from linkwise.cluster.topology.spec import from_spec
 from linkwise.policies.spec import PolicySpec
 

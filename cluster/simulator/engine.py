@@ -1,28 +1,12 @@
-"""A discrete-event cluster simulator: one of the Backends a policy drives.
-
-Events are arrivals, completions, optional periodic ticks and the wake-ups policies ask
-for (``Decision.wake_at``). Between events every
-running job progresses at the rate the contention model gives for the current
-placement of everything (a fluid model). Rates are recomputed at every event that
-changes the set of jobs split across nodes (single-node jobs never contend, so their
-rate is fixed at start). Completions are kept in a heap with lazy invalidation.
-
-Preemption and migration cost what the restart model (``cluster/restart.py``) says: a
-signalled job drains (holds its GPUs for the grace, no progress, no communication), then
-frees them; every restart adds the restore cost (and any lost work) to its isolated work.
-Jobs draining or waiting on reserved GPUs are ``ClusterState.transit``.
-
-The simulator is deterministic: it has no randomness of its own; the same jobs,
-topology, model and policy give the same result.
-"""
+"""The ``Simulator``: a discrete-event cluster, one of the Backends a policy drives (the
+package docstring says how it models time, contention and restarts)."""
 
 from __future__ import annotations
 
 import heapq
 import math
 import time as wallclock
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
 
 from linkwise.cluster.contention import (
     AnalyticModel,
@@ -37,190 +21,17 @@ from linkwise.cluster.domain import (
     Job,
     PendingJob,
     Placement,
-    Policy,
     RunningJob,
     Topology,
     TransitJob,
-    requested_shape,
-    within_request,
 )
-from linkwise.cluster.loop import drive
-from linkwise.cluster.restart import RestartModel
+from linkwise.cluster.simulator.bookkeeping import Accrued, ResumedTransit, Run, Transit
+from linkwise.cluster.simulator.config import SimConfig
+from linkwise.cluster.simulator.errors import InvalidDecision, NoProgress, SimulationStalled
+from linkwise.cluster.simulator.records import JobRecord
+from linkwise.cluster.simulator.reservations import check_fits, reserve
 
 _EPS = 1e-9
-
-
-class InvalidDecision(ValueError):
-    """A policy asked for something impossible (unknown job, GPUs not free, wrong size)."""
-
-
-class SimulationStalled(RuntimeError):
-    """Jobs are pending, nothing runs, nothing will arrive, and the policy keeps waiting."""
-
-
-class NoProgress(RuntimeError):
-    """Events follow one another but no job arrives or finishes: the policy makes no progress
-    (a livelock, e.g. jobs preempting each other back and forth), ``SimConfig.quiet_events``
-    of them in a row."""
-
-
-@dataclass(frozen=True, slots=True)
-class SimConfig:
-    """Simulator options.
-
-    ``tick_s``: a periodic decision point every so many seconds while jobs are pending
-    (None: decide only at arrivals and completions). ``restart``: what a preemption or a
-    migration costs (default: Sia's measured costs per profile and a 30 s grace;
-    ``RestartModel.free()`` for free preemption). ``quiet_events``: the step budget, the
-    most events in a row (ticks aside) in which no job arrives or finishes before the run
-    raises ``NoProgress`` instead of running on forever.
-    """
-
-    tick_s: float | None = None
-    restart: RestartModel = field(default_factory=RestartModel.sia)
-    quiet_events: int = 20_000
-
-    def __post_init__(self) -> None:
-        if self.tick_s is not None and not self.tick_s > 0:
-            raise ValueError("tick_s must be positive")
-        if self.quiet_events < 1:
-            raise ValueError(f"quiet_events must be at least 1, got {self.quiet_events}")
-
-
-@dataclass(frozen=True, slots=True)
-class JobRecord:
-    """What happened to one job."""
-
-    job: Job
-    first_start: float
-    end: float
-    run_s: float  # wall seconds spent holding GPUs (all runs)
-    gpu_s: float  # GPU-seconds held
-    preemptions: int
-    nodes: int  # nodes spanned by its last placement
-    migrations: int = 0
-    restart_s: float = 0.0  # seconds lost to restarts: grace held, restore, work redone
-
-    @property
-    def jct(self) -> float:
-        return self.end - self.job.submit_time
-
-    @property
-    def queue_s(self) -> float:
-        return self.jct - self.run_s
-
-    @property
-    def contention_slowdown(self) -> float:
-        """Actual run time over isolated run time at the best placement (>= 1)."""
-        return self.run_s / self.job.duration
-
-
-@dataclass(slots=True)
-class _Run:
-    """Mutable bookkeeping of a running job (internal to the simulator)."""
-
-    job: Job
-    placement: Placement
-    start: float
-    since: float
-    remaining: float
-    rate: float
-    attained: float
-    preemptions: int
-    version: int = 0
-    split: bool = False
-    view: RunningJob | None = None
-    base: float = 0.0  # isolated work left at start, without the restore charge
-    restore: float = 0.0  # restore seconds charged at this start
-    migrations: int = 0
-    member: int = -1  # its id in the simulator's ``SplitRates`` (-1: none)
-
-    def real_remaining(self) -> float:
-        """Work left at ``since`` without what is left of the restore charge."""
-        return min(self.remaining, self.base)
-
-    def restore_done(self) -> float:
-        """Seconds of the restore charge worked off by ``since``."""
-        return min(self.restore, self.base + self.restore - self.remaining)
-
-    def snapshot(self) -> RunningJob:
-        if self.view is None:
-            self.view = RunningJob(
-                job=self.job,
-                placement=self.placement,
-                start_time=self.start,
-                remaining_s=self.remaining,
-                rate=self.rate,
-                attained_gpu_s=self.attained,
-                preemptions=self.preemptions,
-                since=self.since,
-            )
-        return self.view
-
-    def rebase(self, t: float) -> None:
-        """Bring remaining work and attained service up to time ``t``."""
-        dt = t - self.since
-        if dt > 0:
-            self.remaining = max(0.0, self.remaining - self.rate * dt)
-            self.attained += self.job.num_gpus * dt
-            self.since = t
-            self.view = None
-
-
-@dataclass(slots=True)
-class _Transit:
-    """A job draining its old GPUs and/or waiting for reserved ones (internal)."""
-
-    job: Job
-    remaining: float  # isolated work left (lost work included, restore not)
-    attained: float
-    preemptions: int
-    migrations: int
-    held: Placement | None  # GPUs still held while it checkpoints
-    unclaimed: dict[int, int]  # of ``held``: GPUs per node not reserved by another start
-    drain_end: float
-    target: Placement | None = None  # reserved GPUs it starts on
-    start_at: float = math.inf
-    view: TransitJob | None = None
-
-    def snapshot(self) -> TransitJob:
-        if self.view is None:
-            self.view = TransitJob(
-                job=self.job,
-                held=self.held,
-                target=self.target,
-                until=self.start_at if self.target is not None else self.drain_end,
-                attained_gpu_s=self.attained,
-                preemptions=self.preemptions,
-            )
-        return self.view
-
-
-@dataclass(slots=True)
-class _Acc:
-    first_start: float = math.nan
-    run_s: float = 0.0
-    gpu_s: float = 0.0
-    restart_s: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class ResumedTransit:
-    """A job in transit as ``Simulator.from_state`` resumes it: draining ``held`` until
-    ``until`` (then back to the queue, unless it has a ``target``), or waiting for its
-    reserved ``target`` GPUs until ``until`` (then running there). ``remaining_s``: its
-    isolated work left; ``unclaimed``: of the ``held`` GPUs, per node, those no other
-    start has reserved (they become free when it has drained)."""
-
-    job: Job
-    remaining_s: float
-    held: Placement | None
-    target: Placement | None
-    until: float
-    attained_gpu_s: float = 0.0
-    preemptions: int = 0
-    migrations: int = 0
-    unclaimed: tuple[tuple[int, int], ...] = ()
 
 
 class Simulator:
@@ -267,17 +78,17 @@ class Simulator:
         self.time = min(starts, default=0.0)
         self._free = [n.gpus for n in topology.nodes]
         self._pending: dict[int, PendingJob] = {}
-        self._running: dict[int, _Run] = {}
+        self._running: dict[int, Run] = {}
         self._heap: list[tuple[float, int, int]] = []  # (end, version, job_id)
         self._restart = self.config.restart
-        self._transit: dict[int, _Transit] = {}
+        self._transit: dict[int, Transit] = {}
         # (time, phase, seq, job_id): phase 0 a drain ends, phase 1 a reserved start
         self._transit_heap: list[tuple[float, int, int, int]] = []
         self._claimable = [0] * len(topology.nodes)  # draining GPUs not yet reserved
         self._transit_view: tuple[TransitJob, ...] = ()
         self._transit_dirty = False
         self._seq = 0
-        self._acc: dict[int, _Acc] = {}
+        self._acc: dict[int, Accrued] = {}
         self._records: list[JobRecord] = []
         self._next_tick = math.inf
         self._wake = math.inf  # the decision point a policy asked for (Decision.wake_at)
@@ -297,7 +108,7 @@ class Simulator:
         self._flows: tuple[int, ...] = tuple([0] * len(topology.links))
         # the split runs' rates, built at the first _update_split_rates (None until then, and
         # for good where ``_incremental`` is False)
-        self._split_rates: SplitRates[_Run] | None = None
+        self._split_rates: SplitRates[Run] | None = None
         self._incremental = incremental and incremental_rates(model)
         self._wall_start = wallclock.perf_counter()
         self._admit_arrivals()
@@ -333,7 +144,7 @@ class Simulator:
         sim._free = list(free_gpus)
         for pj in pending:
             sim._pending[pj.job.job_id] = pj
-            sim._acc[pj.job.job_id] = _Acc()
+            sim._acc[pj.job.job_id] = Accrued()
         sim._pending_dirty = True
         for run in running:
             sim._resume_running(run)
@@ -516,7 +327,7 @@ class Simulator:
         split_changed = False
         for job, placement in running:
             self._pending[job.job_id] = PendingJob(job=job, remaining_s=job.duration)
-            self._acc[job.job_id] = _Acc()
+            self._acc[job.job_id] = Accrued()
             try:
                 split_changed |= self._start(job.job_id, placement)
             except InvalidDecision as exc:
@@ -529,7 +340,7 @@ class Simulator:
         rate, which a split job gets again from the model."""
         split = run.placement.num_nodes > 1
         remaining = run.remaining_at(self.time)
-        r = _Run(
+        r = Run(
             job=run.job,
             placement=run.placement,
             start=run.start_time,
@@ -543,7 +354,7 @@ class Simulator:
         )
         self._running[run.job.job_id] = r
         self._running_dirty = True
-        acc = _Acc()
+        acc = Accrued()
         acc.first_start = run.start_time
         self._acc[run.job.job_id] = acc
         if not split:
@@ -552,12 +363,12 @@ class Simulator:
 
     def _resume_transit(self, tr: ResumedTransit) -> None:
         """``from_state``: a job draining or waiting on reserved GPUs."""
-        self._acc[tr.job.job_id] = _Acc()
+        self._acc[tr.job.job_id] = Accrued()
         unclaimed = dict(tr.unclaimed)
         for node, gpus in unclaimed.items():
             self._claimable[node] += gpus
         self._add_transit(
-            _Transit(
+            Transit(
                 job=tr.job,
                 remaining=tr.remaining_s,
                 attained=tr.attained_gpu_s,
@@ -577,7 +388,7 @@ class Simulator:
         while i < len(arrivals) and arrivals[i].submit_time <= self.time:
             job = arrivals[i]
             self._pending[job.job_id] = PendingJob(job=job, remaining_s=job.duration)
-            self._acc[job.job_id] = _Acc()
+            self._acc[job.job_id] = Accrued()
             self._pending_dirty = True
             i += 1
         if i != self._next_arrival:
@@ -589,78 +400,17 @@ class Simulator:
         tick = self.config.tick_s
         self._next_tick = self.time + tick if tick is not None else math.inf
 
-    def _check_fits(
-        self, job: Job, placement: Placement, own: dict[int, int] | None = None
-    ) -> None:
-        """Raise InvalidDecision unless ``placement`` fits the job and the GPUs free, held by
-        jobs draining (not yet reserved) or, for a migration, its own ``own``."""
-        if placement.num_gpus != job.num_gpus:
-            raise InvalidDecision(
-                f"t={self.time:.1f}: job {job.job_id} asks {job.num_gpus} GPUs, "
-                f"placement gives {placement.num_gpus}"
-            )
-        if not within_request(job, placement, self.topology.max_gpus_per_node):
-            raise InvalidDecision(
-                f"t={self.time:.1f}: job {job.job_id} asks the fixed shape "
-                f"{requested_shape(job, self.topology.max_gpus_per_node)}, "
-                f"placement gives {placement.alloc}"
-            )
-        free = self._free
-        claimable = self._claimable
-        for node, gpus in placement.alloc:
-            if not 0 <= node < len(free):
-                have: object = "no such node"
-            else:
-                have = free[node] + claimable[node] + (own.get(node, 0) if own else 0)
-                if have >= gpus:
-                    continue
-            raise InvalidDecision(
-                f"t={self.time:.1f}: job {job.job_id} wants {gpus} GPUs on node {node}, "
-                f"free: {have}"
-            )
-
-    def _reserve(self, placement: Placement, own: _Transit | None = None) -> float:
-        """Take ``placement``'s GPUs: free ones first, then ones being drained (``own``'s
-        first); return when the last of them is let go (now if all were free). Checked
-        beforehand by ``_check_fits``."""
-        ready = self.time
-        free = self._free
-        for node, gpus in placement.alloc:
-            take = min(free[node], gpus)
-            free[node] -= take
-            need = gpus - take
-            if not need:
-                continue
-            donors = [own] if own is not None else []
-            donors += sorted(
-                (t for t in self._transit.values() if t is not own and t.unclaimed.get(node)),
-                key=lambda t: t.drain_end,
-            )
-            for donor in donors:
-                have = donor.unclaimed.get(node, 0)
-                if not have:
-                    continue
-                got = min(have, need)
-                donor.unclaimed[node] = have - got
-                self._claimable[node] -= got
-                ready = max(ready, donor.drain_end)
-                need -= got
-                if not need:
-                    break
-            assert not need, "reservation checked by _check_fits"
-        return ready
-
     def _start(self, job_id: int, placement: Placement) -> bool:
         pending = self._pending.get(job_id)
         if pending is None:
             raise InvalidDecision(f"t={self.time:.1f}: job {job_id} is not pending")
         job = pending.job
-        self._check_fits(job, placement)
+        check_fits(self.topology, self._free, self._claimable, self.time, job, placement)
         del self._pending[job_id]
         self._pending_dirty = True
-        ready = self._reserve(placement)
+        ready = reserve(placement, self.time, self._free, self._claimable, self._transit.values())
         if ready > self.time:  # waits for GPUs being drained
-            tr = _Transit(
+            tr = Transit(
                 job=job,
                 remaining=pending.remaining_s,
                 attained=pending.attained_gpu_s,
@@ -689,7 +439,7 @@ class Simulator:
     ) -> bool:
         """Run ``job`` on ``placement`` (its GPUs already taken); a restart pays the restore."""
         restore = self._restart.restore_s(job.profile) if preemptions or migrations else 0.0
-        run = _Run(
+        run = Run(
             job=job,
             placement=placement,
             start=self.time,
@@ -715,7 +465,7 @@ class Simulator:
             self._push_completion(run)
         return run.split
 
-    def _signal(self, job_id: int, what: str) -> _Run:
+    def _signal(self, job_id: int, what: str) -> Run:
         """Stop a running job for a preemption or a migration: it drains from now on."""
         run = self._running.pop(job_id, None)
         if run is None:
@@ -726,7 +476,7 @@ class Simulator:
         self._running_dirty = True
         return run
 
-    def _drain(self, run: _Run, preemptions: int, migrations: int) -> _Transit:
+    def _drain(self, run: Run, preemptions: int, migrations: int) -> Transit:
         """The transit record of a signalled job: holds its GPUs for the grace."""
         grace = self._restart.grace_s
         real = run.real_remaining()
@@ -736,7 +486,7 @@ class Simulator:
         acc.run_s += held
         acc.gpu_s += held * run.job.num_gpus
         acc.restart_s += run.restore_done() + grace + lost
-        tr = _Transit(
+        tr = Transit(
             job=run.job,
             remaining=real + lost,
             attained=run.attained,
@@ -761,15 +511,19 @@ class Simulator:
         run = self._running.get(job_id)
         if run is None:
             raise InvalidDecision(f"t={self.time:.1f}: cannot migrate job {job_id}: not running")
-        self._check_fits(run.job, placement, dict(run.placement.alloc))
+        own = dict(run.placement.alloc)
+        check_fits(self.topology, self._free, self._claimable, self.time, run.job, placement, own)
         self._signal(job_id, "migrate")
         tr = self._drain(run, run.preemptions, run.migrations + 1)
         tr.target = placement
-        tr.start_at = max(tr.drain_end, self._reserve(placement, own=tr))
+        ready = reserve(
+            placement, self.time, self._free, self._claimable, self._transit.values(), tr
+        )
+        tr.start_at = max(tr.drain_end, ready)
         self._add_transit(tr)
         return self._transit_due() | run.split if tr.start_at <= self.time else run.split
 
-    def _add_transit(self, tr: _Transit) -> None:
+    def _add_transit(self, tr: Transit) -> None:
         job_id = tr.job.job_id
         self._transit[job_id] = tr
         self._transit_dirty = True
@@ -816,7 +570,7 @@ class Simulator:
                 )
         return split_changed
 
-    def _release(self, run: _Run) -> None:
+    def _release(self, run: Run) -> None:
         for node, gpus in run.placement.alloc:
             self._free[node] += gpus
         acc = self._acc[run.job.job_id]
@@ -826,7 +580,7 @@ class Simulator:
         acc.restart_s += run.restore_done()
         run.version = -1  # invalidates its completion events
 
-    def _push_completion(self, run: _Run) -> None:
+    def _push_completion(self, run: Run) -> None:
         end = run.since + run.remaining / run.rate if run.rate > 0 else math.inf
         self._seq += 1
         run.version = self._seq  # unique across runs, so a restarted job never revives old events
@@ -855,24 +609,11 @@ class Simulator:
             self._remove_split(run)
             run.rebase(self.time)
             self._release(run)
-            acc = self._acc.pop(job_id)
-            self._records.append(
-                JobRecord(
-                    job=run.job,
-                    first_start=acc.first_start,
-                    end=self.time,
-                    run_s=acc.run_s,
-                    gpu_s=acc.gpu_s,
-                    preemptions=run.preemptions,
-                    nodes=run.placement.num_nodes,
-                    migrations=run.migrations,
-                    restart_s=acc.restart_s,
-                )
-            )
+            self._records.append(self._acc.pop(job_id).record(run, self.time))
             split_changed |= run.split
         return split_changed
 
-    def _add_split(self, rates: SplitRates[_Run], run: _Run) -> bool:
+    def _add_split(self, rates: SplitRates[Run], run: Run) -> bool:
         """Make ``run`` the newest member of ``rates``; False where it cannot be (every
         rate is recomputed from then on)."""
         member = rates.add(run, run.job, run.placement)
@@ -883,7 +624,7 @@ class Simulator:
         run.member = member
         return True
 
-    def _remove_split(self, run: _Run) -> None:
+    def _remove_split(self, run: Run) -> None:
         if run.member >= 0 and self._split_rates is not None:
             self._split_rates.remove(run.member)
         run.member = -1
@@ -916,7 +657,7 @@ class Simulator:
         rates = self.model.rates(self.topology, [(r.job, r.placement) for r in split])
         self._set_rates(zip(split, rates, strict=True))
 
-    def _set_rates(self, rates: Iterable[tuple[_Run, float]]) -> None:
+    def _set_rates(self, rates: Iterable[tuple[Run, float]]) -> None:
         """Each run's new rate, in order: a changed one is rebased first and gets a new
         completion."""
         for run, rate in rates:
@@ -936,49 +677,3 @@ def _same_placements(a: ClusterState, b: ClusterState) -> bool:
     if len(a.running) != len(b.running):
         return False
     return all(x.placement is y.placement for x, y in zip(a.running, b.running, strict=True))
-
-
-@dataclass(frozen=True)
-class SimResult:
-    """The outcome of one simulated run."""
-
-    records: tuple[JobRecord, ...]
-    topology: Topology
-    events: int
-    wall_s: float
-    policy: str = ""
-
-
-def simulate(
-    topology: Topology,
-    jobs: Sequence[Job],
-    model: ContentionModel,
-    policy: Policy,
-    config: SimConfig | None = None,
-    *,
-    running: Sequence[tuple[Job, Placement]] = (),
-    on_progress: Callable[[int, int], None] | None = None,
-) -> SimResult:
-    """Run ``policy`` over ``jobs`` on a simulated cluster to the end.
-
-    ``running``: jobs already running at the start (a warm start; see ``Simulator``); their
-    records are in the result like the others'. ``on_progress(finished, total)`` is called
-    every few hundred decision points.
-    """
-    sim = Simulator(topology, jobs, model, config, running=running)
-    total = len(jobs) + len(running)
-
-    def tick(state: ClusterState, decision: Decision) -> None:
-        if on_progress is not None and sim.events % 500 == 0:
-            on_progress(len(sim.records), total)
-
-    drive(sim, policy, on_decision=tick if on_progress else None)
-    if on_progress is not None:
-        on_progress(len(sim.records), total)
-    return SimResult(
-        records=sim.records,
-        topology=topology,
-        events=sim.events,
-        wall_s=sim.wall_s,
-        policy=policy.name,
-    )
