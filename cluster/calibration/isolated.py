@@ -22,10 +22,7 @@ from linkwise.cluster.calibration.measurements import (
     JobType,
     table_types,
 )
-from linkwise.cluster.contention import (
-    PairwiseTable,
-    ring_iteration_time,
-)
+from linkwise.cluster.contention import PairwiseTable, ring_iteration_time
 from linkwise.cluster.profiles import CommProfile
 
 # DeepShare models whose compute_s is one parameter with another model's. DeepShare's isolated

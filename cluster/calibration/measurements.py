@@ -14,9 +14,7 @@ import numpy as np
 import numpy.typing as npt
 import polars as pl
 
-from linkwise.cluster.contention import (
-    PairwiseTable,
-)
+from linkwise.cluster.contention import PairwiseTable
 
 JobType = tuple[str, int, int]  # (model, total GPUs, nodes), e.g. ("MoE", 8, 4)
 FloatArray = npt.NDArray[np.float64]

@@ -18,9 +18,7 @@ from linkwise.cluster.calibration.measurements import (
     FloatArray,
     JobType,
 )
-from linkwise.cluster.contention import (
-    AnalyticModel,
-)
+from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import Job, Placement, Topology
 from linkwise.cluster.profiles import Calibration, CommProfile
 from linkwise.cluster.topology.spec import from_spec

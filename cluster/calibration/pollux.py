@@ -15,9 +15,7 @@ from scipy.optimize import least_squares
 
 from linkwise.cluster.calibration.bounds import POLLUX_COMPUTE_FLOOR
 from linkwise.cluster.calibration.measurements import POLLUX_INTRA_GBPS, POLLUX_NIC_GBPS, FloatArray
-from linkwise.cluster.contention import (
-    ring_iteration_time,
-)
+from linkwise.cluster.contention import ring_iteration_time
 from linkwise.cluster.profiles import CommProfile
 
 
