@@ -32,7 +32,7 @@ def captured_doc(n: int) -> tuple[str, dict[tuple[int, int], tuple[int | None, i
     """``sacct --json`` text with n job records: the real records captured from the local
     Slurm (tests/fixtures/slurm/sacct.json) replicated with new job ids; and the
     ``sacct -P -o ExitCode`` corrections (the 22.05 exit-code defect) for the new ids."""
-    from linkwise.cluster.slurm.parse import parse_acct_lines
+    from linkwise.cluster.slurm.accounting import parse_acct_lines
 
     doc = json.loads(FIXTURES.joinpath("sacct.json").read_text())
     records = doc["jobs"]
@@ -52,7 +52,7 @@ def captured_doc(n: int) -> tuple[str, dict[tuple[int, int], tuple[int | None, i
 
 def bench_accounting(n: int) -> dict[str, Any]:
     """Real records from JSON into a fresh store (decode, parse, ingest); then again."""
-    from linkwise.cluster.slurm.parse import parse_accounting_json
+    from linkwise.cluster.slurm.accounting import parse_accounting_json
     from linkwise.datasets.ingest import ingest_job_runs
     from linkwise.datasets.store import open_store
 

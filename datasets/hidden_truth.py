@@ -61,7 +61,7 @@ from linkwise.cluster.profiles import Calibration, CommProfile
 from linkwise.cluster.restart import RestartModel
 from linkwise.cluster.simulator.config import SimConfig
 from linkwise.cluster.simulator.engine import Simulator
-from linkwise.cluster.slurm.parse import even_split
+from linkwise.cluster.slurm.gpu_counts import even_split
 from linkwise.cluster.slurm.records import JobRun
 from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets.comm_profiles import PROFILE_PREFIX

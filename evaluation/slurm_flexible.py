@@ -22,7 +22,7 @@ from linkwise.cluster.domain import Placement, Topology
 from linkwise.cluster.hostlist import expand
 from linkwise.cluster.placement import slurm_select_flexible
 from linkwise.cluster.slurm.client import SlurmClient
-from linkwise.cluster.slurm.parse import gres_gpus
+from linkwise.cluster.slurm.gpu_counts import gres_gpus
 
 # how a flexible request of {n} GPUs is asked ({nodes}: the cluster's node count); CPUs in
 # proportion to GPUs (2 per GPU, as the blockers and ``slurm_select`` assume) except "bare"

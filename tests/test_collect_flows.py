@@ -17,7 +17,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from linkwise.cluster.slurm.parse import parse_accounting, parse_acct_lines, run_indexes
+from linkwise.cluster.slurm.accounting import parse_accounting, parse_acct_lines, run_indexes
 from linkwise.cluster.slurm.records import AccountingBatch, JobRun, NodeInfo
 
 REPO = Path(__file__).resolve().parents[1]

@@ -24,7 +24,7 @@ import pytest
 
 from linkwise.cluster.hostlist import expand
 from linkwise.cluster.slurm.client import SlurmClient, read_env_file
-from linkwise.cluster.slurm.parse import gres_gpus
+from linkwise.cluster.slurm.gpu_counts import gres_gpus
 from linkwise.cluster.topology.load import load_topology
 from linkwise.deployer.holds import HOLD_TAG
 from linkwise.deployer.loop import ServeConfig, serve

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from linkwise.cluster.domain import Decision, Placement, Shape, Start
-from linkwise.cluster.slurm.parse import parse_queue
+from linkwise.cluster.slurm.queue import parse_queue
 from linkwise.cluster.slurm.records import NodeInfo, QueuedJob
 from linkwise.cluster.slurm.request import (
     Request,

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from linkwise.cluster.domain import Decision, Placement, Start
-from linkwise.cluster.slurm.parse import parse_nodes, parse_queue
+from linkwise.cluster.slurm.nodes import parse_nodes
+from linkwise.cluster.slurm.queue import parse_queue
 from linkwise.cluster.slurm.records import NodeInfo, QueuedJob
 from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets.store import open_store

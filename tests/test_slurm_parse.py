@@ -12,32 +12,26 @@ from typing import Any
 import pytest
 
 from linkwise.cluster.hostlist import expand
-from linkwise.cluster.slurm.client import PyslurmTransport, SlurmUnavailable
-from linkwise.cluster.slurm.errors import SlurmError
-from linkwise.cluster.slurm.parse import (
+from linkwise.cluster.slurm.accounting import (
     NO_NODES,
     ExitStatus,
     RunKey,
     _accounting_exit,
-    _epoch,
-    _int,
-    _limit_s,
     ctld_exit_codes,
     decode_wait_status,
-    even_split,
-    gc_paused,
-    gres_gpus,
     parse_accounting,
     parse_accounting_json,
     parse_acct_lines,
     parse_exit_pair,
-    parse_nodes,
-    parse_partitions,
-    parse_queue,
-    parse_scontrol_partitions,
     run_indexes,
-    tres_gpus,
 )
+from linkwise.cluster.slurm.client import PyslurmTransport, SlurmUnavailable
+from linkwise.cluster.slurm.document import epoch_or_none, gc_paused, int_or_zero, limit_seconds
+from linkwise.cluster.slurm.errors import SlurmError
+from linkwise.cluster.slurm.gpu_counts import even_split, gres_gpus, tres_gpus
+from linkwise.cluster.slurm.nodes import parse_nodes
+from linkwise.cluster.slurm.partitions import parse_partitions, parse_scontrol_partitions
+from linkwise.cluster.slurm.queue import parse_queue
 from linkwise.cluster.slurm.records import JobRun
 from linkwise.cluster.slurm.rest_transport import RestTransport
 
@@ -168,7 +162,7 @@ def reference_job_run(
     """The straightforward per-record parse (before the fast path), kept as the oracle."""
     t = rec.get("time") or {}
     job_id = int(rec["job_id"])
-    submit = _int(t.get("submission"))
+    submit = int_or_zero(t.get("submission"))
     key = (job_id, submit)
     state = str((rec.get("state") or {}).get("current", "UNKNOWN")).split(" ")[0]
     node_expr = str(rec.get("nodes") or "")
@@ -191,9 +185,9 @@ def reference_job_run(
         exit_code=code,
         signal=signal,
         submit_time=float(submit),
-        start_time=_epoch(t.get("start")),
-        end_time=_epoch(t.get("end")),
-        time_limit_s=_limit_s(t.get("limit")),
+        start_time=epoch_or_none(t.get("start")),
+        end_time=epoch_or_none(t.get("end")),
+        time_limit_s=limit_seconds(t.get("limit")),
         nodes=nodes,
         gpus=gpus,
         gpus_per_node=even_split(gpus, len(nodes)),
@@ -293,7 +287,7 @@ def _gpu_tres(count: object) -> dict[str, Any]:
 
 
 def test_each_bad_accounting_record_is_rejected_with_its_job_field_and_reason() -> None:
-    from linkwise.cluster.slurm.parse import parse_accounting_batch
+    from linkwise.cluster.slurm.accounting import parse_accounting_batch
 
     good = _one()
     bad = [
@@ -342,7 +336,7 @@ def test_each_bad_accounting_record_is_rejected_with_its_job_field_and_reason() 
 
 
 def test_non_utf8_bytes_in_a_job_name_become_replacement_characters() -> None:
-    from linkwise.cluster.slurm.parse import parse_accounting_batch_json
+    from linkwise.cluster.slurm.accounting import parse_accounting_batch_json
 
     text = json.dumps({"jobs": [_one(name="NAME")], "errors": []}).encode()
     raw = text.replace(b"NAME", b"bad \xff\xfe name")
@@ -359,7 +353,7 @@ def test_unreadable_exit_code_lines_are_skipped_not_fatal() -> None:
 
 
 def test_an_integer_beyond_64_bits_rejects_its_record_not_the_document() -> None:
-    from linkwise.cluster.slurm.parse import parse_accounting_batch_json
+    from linkwise.cluster.slurm.accounting import parse_accounting_batch_json
 
     good = _one()
     text = json.dumps({"jobs": [good, _one(job_id=77, tres=_gpu_tres(12345))], "errors": []})

@@ -13,17 +13,17 @@ from typing import Any
 
 import pytest
 
-from linkwise.cluster.slurm.cli_transport import parse_release
-from linkwise.cluster.slurm.parse import (
+from linkwise.cluster.slurm.accounting import (
     ctld_exit_codes,
     parse_accounting_batch,
     parse_accounting_batch_json,
     parse_acct_lines,
-    parse_nodes,
-    parse_partitions,
-    parse_queue,
     run_indexes,
 )
+from linkwise.cluster.slurm.cli_transport import parse_release
+from linkwise.cluster.slurm.nodes import parse_nodes
+from linkwise.cluster.slurm.partitions import parse_partitions
+from linkwise.cluster.slurm.queue import parse_queue
 from linkwise.cluster.slurm.rest_transport import pick_api, served_apis
 from linkwise.cluster.slurm.schema import (
     SlurmSchemaError,

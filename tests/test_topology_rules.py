@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from linkwise.cluster.domain import Placement, Shape, Topology
-from linkwise.cluster.slurm.parse import parse_queue
+from linkwise.cluster.slurm.queue import parse_queue
 from linkwise.cluster.slurm.records import NodeInfo, QueuedJob, TopologyRequest
 from linkwise.cluster.slurm.topology_rules import (
     check_nodes,

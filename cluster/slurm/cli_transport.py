@@ -15,16 +15,16 @@ from collections.abc import Iterator, Mapping, Sequence
 from functools import partial
 from typing import Any
 
-from linkwise.cluster.slurm.errors import SlurmError, SlurmTimeout, SlurmUnavailable
-from linkwise.cluster.slurm.parse import (
+from linkwise.cluster.slurm.accounting import (
     ACCT_LINE_FIELDS,
     parse_accounting_batch_json,
     parse_acct_lines,
-    parse_nodes,
-    parse_queue,
-    parse_scontrol_partitions,
     run_indexes,
 )
+from linkwise.cluster.slurm.errors import SlurmError, SlurmTimeout, SlurmUnavailable
+from linkwise.cluster.slurm.nodes import parse_nodes
+from linkwise.cluster.slurm.partitions import parse_scontrol_partitions
+from linkwise.cluster.slurm.queue import parse_queue
 from linkwise.cluster.slurm.records import (
     AccountingBatch,
     JobRun,

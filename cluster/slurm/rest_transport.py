@@ -16,16 +16,12 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from linkwise.cluster.slurm.accounting import ctld_exit_codes, parse_accounting_batch, run_indexes
 from linkwise.cluster.slurm.cli_transport import CommandRunner, slurm_time
 from linkwise.cluster.slurm.errors import SlurmError, SlurmTimeout, SlurmUnavailable
-from linkwise.cluster.slurm.parse import (
-    ctld_exit_codes,
-    parse_accounting_batch,
-    parse_nodes,
-    parse_partitions,
-    parse_queue,
-    run_indexes,
-)
+from linkwise.cluster.slurm.nodes import parse_nodes
+from linkwise.cluster.slurm.partitions import parse_partitions
+from linkwise.cluster.slurm.queue import parse_queue
 from linkwise.cluster.slurm.records import (
     AccountingBatch,
     JobRun,

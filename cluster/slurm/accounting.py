@@ -1,9 +1,7 @@
-"""Slurm's output (JSON of sacct/squeue/sinfo/scontrol/slurmrestd, ``-P`` text) -> records.
+"""Slurm's accounting (``sacct --json`` / ``/slurmdb/VERSION/jobs``, ``sacct -P`` lines) -> job
+runs, one record at a time: a record that cannot become a ``JobRun`` is a ``RejectedRecord``.
 
-Pure functions, shared by both transports so that they produce identical records from every
-supported generation of Slurm's JSON (``schema.SUPPORTED``: 22.05's v0.0.38 and 23.11-26.05's
-v0.0.40-v0.0.45; ``schema`` reads the value shapes that differ). A document of another
-generation raises ``SlurmSchemaError``. The defects handled here:
+The defects handled here:
 
 - 22.05's accounting JSON's ``exit_code`` is ``SUCCESS/0`` for every normal exit, even a job
   that exited 3 (state FAILED; fixed in later versions): a FAILED record takes its exit code
@@ -22,12 +20,7 @@ collector's passes over them, not the decoding, were most of the time).
 
 from __future__ import annotations
 
-import gc
-import json
-import math
-import re
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -36,51 +29,33 @@ import orjson
 
 from linkwise.cluster.domain import MAX_JOB_GPUS
 from linkwise.cluster.hostlist import expand
-from linkwise.cluster.slurm.errors import SlurmError
-from linkwise.cluster.slurm.records import (
-    AccountingBatch,
-    JobRun,
-    NodeInfo,
-    PartitionInfo,
-    QueuedJob,
-    RejectedRecord,
+from linkwise.cluster.slurm.document import (
+    decode_json,
+    gc_paused,
+    int_or_zero,
+    limit_seconds,
+    raise_errors,
+    record_list,
 )
-from linkwise.cluster.slurm.request import read_request
+from linkwise.cluster.slurm.errors import SlurmError
+from linkwise.cluster.slurm.gpu_counts import even_split, tres_gpus
+from linkwise.cluster.slurm.queue import FINISHED_STATES
+from linkwise.cluster.slurm.records import AccountingBatch, JobRun, RejectedRecord
 from linkwise.cluster.slurm.schema import (
     LEGACY,
-    SlurmSchemaError,
     count,
     exit_status,
     generation,
     job_state_text,
-    node_state_text,
     number,
-    text_list,
 )
-from linkwise.cluster.slurm.topology_rules import topology_request
 
 ExitStatus = tuple[int | None, int | None]  # (exit code, signal)
 RunKey = tuple[int, int]  # (job id, submit time in epoch seconds): one run of a job
 
 NO_NODES = "None assigned"
-_NO_VAL = 0xFFFFFFFE  # 32-bit NO_VAL/INFINITE and above mean "no limit"
 # states of a run that ended with the job going back to the queue
 REQUEUE_STATES = frozenset({"REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "NODE_FAIL", "PREEMPTED"})
-# queue states of jobs that are no longer pending or running
-FINISHED_STATES = frozenset(
-    {
-        "BOOT_FAIL",
-        "CANCELLED",
-        "COMPLETED",
-        "DEADLINE",
-        "FAILED",
-        "NODE_FAIL",
-        "OUT_OF_MEMORY",
-        "PREEMPTED",
-        "TIMEOUT",
-    }
-)
-_GPU_TRES = re.compile(r"(?:^|,)gres/gpu=(\d+)(?=,|$)")
 _MAX_ID = (1 << 63) - 1
 _MAX_RAW = 64 * 1024  # characters of a rejected record kept in ``RejectedRecord.raw``
 
@@ -114,7 +89,7 @@ def parse_acct_lines(text: str) -> list[AcctLine]:
             continue
         try:
             code, signal = parse_exit_pair(exit_pair)
-            submit_time = _int(submit)
+            submit_time = int_or_zero(submit)
         except ValueError:  # only corrects exit codes: the JSON record stands on its own
             continue
         lines.append(AcctLine(int(job), submit_time, state.split(" ")[0], code, signal))
@@ -160,7 +135,7 @@ def ctld_exit_codes(doc: Mapping[str, Any]) -> dict[RunKey, ExitStatus]:
     a job whose id, submit time or status cannot be read is left out."""
     generation(doc, "queue")
     out: dict[RunKey, ExitStatus] = {}
-    for job in _list(doc, "jobs"):
+    for job in record_list(doc, "jobs"):
         try:  # only corrects exit codes: a job that cannot be read here is left out
             if job_state_text(job.get("job_state")) not in FINISHED_STATES:
                 continue
@@ -188,7 +163,7 @@ def parse_accounting_batch(
     ``exit_codes`` corrects the exit code of FAILED runs (the 22.05 defect); ``run_index``
     gives each run's index (default 0).
     """
-    _raise_errors(doc, "accounting")
+    raise_errors(doc, "accounting")
     legacy = generation(doc, "accounting") == LEGACY
     codes = exit_codes or {}
     indexes = run_index or {}
@@ -196,7 +171,7 @@ def parse_accounting_batch(
     runs: list[JobRun] = []
     rejected: list[RejectedRecord] = []
     with gc_paused():
-        for rec in _list(doc, "jobs"):
+        for rec in record_list(doc, "jobs"):
             try:
                 runs.append(_job_run(rec, codes, indexes, placements, legacy))
             except _BadField as bad:
@@ -322,36 +297,6 @@ def _as_map(value: Any, field: str) -> Mapping[str, Any]:
     return value
 
 
-def decode_json(text: str | bytes, what: str = "Slurm") -> Any:
-    """Decode JSON text with orjson (the same values as ``json.loads`` for Slurm's output).
-
-    Raises ``SlurmError`` (chained to the decode error) on malformed text.
-    """
-    try:
-        return orjson.loads(text)
-    except json.JSONDecodeError as exc:  # orjson.JSONDecodeError subclasses it
-        try:  # what orjson refuses but Python reads (NaN, lone surrogates): records decide
-            return json.loads(text)
-        except ValueError:
-            raise SlurmError(f"{what}: output is not JSON: {exc}") from exc
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector for the block (restored after; nestable).
-
-    Decoded JSON is acyclic trees of fresh containers, which the collector would scan over
-    and over while they are built.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 
@@ -431,7 +376,7 @@ def _epoch_field(value: Any, field: str) -> float | None:
 
 def _limit_field(value: Any) -> float | None:
     try:
-        return _limit_s(value)
+        return limit_seconds(value)
     except (TypeError, ValueError, OverflowError) as exc:
         raise _BadField("time.limit", "time.limit is not an integer") from exc
 
@@ -470,319 +415,3 @@ def _accounting_exit(
         # the 22.05 defect: a failed run reported as exit 0
         return better if better is not None and better != (0, None) else (None, None)
     return code, signal
-
-
-def tres_gpus(tres: Sequence[Mapping[str, Any]]) -> int:
-    """GPUs in an accounting TRES list (entries with type ``gres`` and name ``gpu``)."""
-    total = 0
-    for item in tres:
-        if item.get("type") == "gres" and item.get("name") == "gpu":
-            count = item.get("count") or 0
-            if isinstance(count, float) and count.is_integer():  # orjson: ints past 64 bits
-                count = int(count)
-            if isinstance(count, bool) or not isinstance(count, int):
-                raise ValueError(f"GPU count {count!r} is not an integer")
-            total += count
-    return total
-
-
-def even_split(total: int, parts: int) -> tuple[int, ...]:
-    """``total`` split over ``parts`` as evenly as possible, the remainder on the first."""
-    if parts <= 0:
-        return ()
-    base, rest = divmod(total, parts)
-    return tuple(base + (1 if i < rest else 0) for i in range(parts))
-
-
-def tres_str_gpus(text: str) -> int:
-    """GPUs in a TRES string such as ``cpu=2,node=2,gres/gpu=4`` (0 if absent)."""
-    m = _GPU_TRES.search(text or "")
-    return int(m.group(1)) if m else 0
-
-
-def gres_gpus(text: str) -> int:
-    """GPUs in a node's gres string: ``gpu:4``, ``gpu:a100:4(S:0-1)``, ``gpu:2(IDX:0-1)``."""
-    total = 0
-    for item in _split_gres(text or ""):
-        fields = item.split("(")[0].split(":")
-        if fields[0] == "gpu" and len(fields) >= 2 and fields[-1].isdigit():
-            total += int(fields[-1])
-    return total
-
-
-def _split_gres(text: str) -> list[str]:
-    items: list[str] = []
-    depth = 0
-    current = ""
-    for ch in text:
-        depth += (ch == "(") - (ch == ")")
-        if ch == "," and depth == 0:
-            items.append(current)
-            current = ""
-        else:
-            current += ch
-    items.append(current)
-    return [i.strip() for i in items if i.strip() and i.strip() != "(null)"]
-
-
-def parse_queue(doc: Mapping[str, Any]) -> list[QueuedJob]:
-    """Pending and running jobs of a ``squeue --json`` / ``/slurm/VERSION/jobs`` document of
-    any supported generation. A job record that cannot be read raises ``SlurmSchemaError``
-    naming the job and the fault (the live loop treats it as a Slurm-side fault)."""
-    _raise_errors(doc, "queue")
-    generation(doc, "queue")
-    out: list[QueuedJob] = []
-    for job in _list(doc, "jobs"):
-        try:
-            queued = _queued_job(job)
-        except _UNREADABLE as exc:
-            raise _unreadable("queue: job", job, "job_id", exc) from exc
-        if queued is not None:
-            out.append(queued)
-    return out
-
-
-# what reading one record of Slurm's JSON may raise when its shape is not the one expected
-_UNREADABLE = (KeyError, TypeError, ValueError, OverflowError)
-
-
-def _unreadable(what: str, record: Any, key: str, exc: Exception) -> SlurmSchemaError:
-    """``SlurmSchemaError`` naming the record (by ``key``) and what could not be read."""
-    name = record.get(key) if isinstance(record, Mapping) else None
-    return SlurmSchemaError(
-        f"{what} {str(name)[:40]}: unreadable record ({type(exc).__name__}: {str(exc)[:200]})"
-    )
-
-
-def _queued_job(job: Mapping[str, Any]) -> QueuedJob | None:
-    """One queue record as a ``QueuedJob`` (``None`` for a job that has finished)."""
-    state = job_state_text(job.get("job_state"))
-    if state in FINISHED_STATES:
-        return None
-    reason = str(job.get("state_reason") or "")
-    alloc = str(job.get("tres_alloc_str") or "")
-    node_expr = str(job.get("nodes") or "")
-    req = str(job.get("required_nodes") or "")
-    held = job.get("hold") is True or number(job.get("priority")) == 0
-    return QueuedJob(
-        job_id=count(job["job_id"]),
-        name=str(job.get("name") or ""),
-        user=str(job.get("user_name") or ""),
-        partition=str(job.get("partition") or ""),
-        state=state,
-        reason=reason,
-        submit_time=float(_int(job.get("submit_time"))),
-        start_time=_epoch(job.get("start_time")),
-        time_limit_s=_limit_s(job.get("time_limit")),
-        num_nodes=_int(job.get("node_count")),
-        gpus=tres_str_gpus(alloc or str(job.get("tres_req_str") or "")),
-        nodes=tuple(expand(node_expr)) if node_expr else (),
-        held=state == "PENDING" and (held or reason.startswith("JobHeld")),
-        req_nodes=tuple(expand(req)) if req else (),
-        admin_comment=str(job.get("admin_comment") or ""),
-        comment=str(job.get("comment") or ""),
-        requeue=bool(job.get("requeue")),
-        **_request_fields(job),
-    )
-
-
-# job fields whose requests the live loop does not model: a job with any of them set is
-# left to Slurm (``QueuedJob.unmodelled``)
-_UNMODELLED_FIELDS = (
-    "licenses",
-    "resv_name",
-    "dependency",
-    "tres_per_socket",
-    "cpus_per_tres",
-    "memory_per_tres",
-    "cluster_features",
-    "batch_features",
-)
-
-
-def _request_fields(job: Mapping[str, Any]) -> dict[str, Any]:
-    """What else a queue record holds of the job's request (``QueuedJob``'s constraint
-    fields): excluded nodes, features, exclusive, contiguous, CPUs and memory per node,
-    heterogeneous and array membership, and the requests the loop cannot judge."""
-    request = read_request(job)
-    nodes = request.nodes or request.min_nodes
-    cpus_total = _int(job.get("cpus"))
-    cpus = max(_int(job.get("minimum_cpus_per_node")), -(-cpus_total // nodes))
-    mem = _int(job.get("memory_per_node"))
-    if not mem and _int(job.get("memory_per_cpu")):
-        mem = _int(job.get("memory_per_cpu")) * max(1, cpus)
-    excluded = str(job.get("excluded_nodes") or "")
-    unmodelled = [f"{key}={str(job.get(key))[:60]}" for key in _UNMODELLED_FIELDS if job.get(key)]
-    # TRES per node, job and task other than GPUs and a task's CPUs (24.11+ write ``-c 4``
-    # as ``tres_per_task: cpu=4``): not modelled
-    for key in ("tres_per_node", "tres_per_job", "tres_per_task"):
-        text = str(job.get(key) or "")
-        if any(not _modelled_tres(t) for t in text.split(",") if t):
-            unmodelled.append(f"{key}={text[:60]}")
-    if _int(job.get("minimum_tmp_disk_per_node")):
-        unmodelled.append("tmp disk")
-    task = number(job.get("array_task_id"))
-    shared = text_list(job.get("shared")).lower()
-    return dict(
-        excluded_nodes=tuple(expand(excluded)) if excluded else (),
-        features=str(job.get("features") or ""),
-        exclusive=_exclusive(shared, job.get("exclusive")),
-        contiguous=bool(job.get("contiguous")),
-        cpus_per_node=cpus,
-        mem_per_node_mb=mem,
-        het_job_id=_int(job.get("het_job_id")),
-        het_job_offset=_int(job.get("het_job_offset")),
-        array_job_id=_int(job.get("array_job_id")),
-        array_task_id=None if task is None else int(task),
-        array_tasks=str(job.get("array_task_string") or ""),
-        unmodelled=tuple(unmodelled),
-        topology=topology_request(job),
-        request=request,
-    )
-
-
-def _exclusive(shared: str, exclusive: Any) -> bool:
-    """``--exclusive`` (whole nodes): ``shared`` is ``none``/``user``/``mcs`` (22.05 text,
-    later a list), or a later ``exclusive`` list names ``true``/``user``/``mcs`` or is
-    ``true``; ``exclusive: ["topo"]`` (``--exclusive=topo``) is a topology request, not this."""
-    words = set(shared.split(","))
-    if isinstance(exclusive, bool):
-        return exclusive or bool(words & {"none", "user", "mcs"})
-    words |= set(text_list(exclusive).lower().split(","))
-    return bool(words & {"none", "user", "mcs", "true"})
-
-
-def _modelled_tres(item: str) -> bool:
-    """A TRES request item the loop models: GPUs (22.05 ``gres:gpu:2``, later
-    ``gres/gpu:2``, typed or not) or CPUs (``cpu=4`` / ``cpu:4``)."""
-    return item.startswith(("gres:gpu", "gres/gpu", "cpu=", "cpu:"))
-
-
-def parse_nodes(doc: Mapping[str, Any]) -> list[NodeInfo]:
-    """Nodes of a document with per-node records: 22.05's ``sinfo --json``, ``scontrol
-    --json show nodes`` (23.02+) or ``/slurm/VERSION/nodes``. (From 23.02 ``sinfo --json``
-    groups nodes by partition and state under ``sinfo`` instead: refused, naming the
-    command to use.)"""
-    _raise_errors(doc, "nodes")
-    generation(doc, "nodes")
-    if "nodes" not in doc and isinstance(doc.get("sinfo"), list):
-        raise SlurmSchemaError(
-            "nodes: this sinfo --json groups nodes by partition and state (Slurm 23.02+): "
-            "read per-node records from `scontrol --json show nodes`"
-        )
-    out: list[NodeInfo] = []
-    for node in _list(doc, "nodes"):
-        try:
-            out.append(_node_info(node))
-        except _UNREADABLE as exc:
-            raise _unreadable("nodes: node", node, "name", exc) from exc
-    return out
-
-
-def _node_info(node: Mapping[str, Any]) -> NodeInfo:
-    return NodeInfo(
-        name=str(node["name"]),
-        state=node_state_text(node.get("state"), node.get("state_flags")),
-        partitions=tuple(str(p) for p in node.get("partitions") or []),
-        cpus=_int(node.get("cpus")),
-        gpus_total=gres_gpus(str(node.get("gres") or "")),
-        gpus_used=gres_gpus(str(node.get("gres_used") or "")),
-        cpus_alloc=_int(node.get("alloc_cpus")),
-        memory_mb=_int(node.get("real_memory")),
-        memory_alloc_mb=_int(node.get("alloc_memory")),
-        features=_features(node.get("active_features") or node.get("features")),
-    )
-
-
-def _features(value: Any) -> tuple[str, ...]:
-    """A node's features: a comma-separated string (22.05) or a list (later versions)."""
-    items = value if isinstance(value, list) else str(value or "").split(",")
-    return tuple(str(f).strip() for f in items if str(f).strip())
-
-
-def parse_partitions(doc: Mapping[str, Any]) -> list[PartitionInfo]:
-    """Partitions of a ``/slurm/VERSION/partitions`` document: v0.0.38 writes ``nodes`` and
-    ``state`` as text; v0.0.40+ ``nodes: {configured, ...}`` and ``partition: {state: [..]}``.
-    """
-    _raise_errors(doc, "partitions")
-    generation(doc, "partitions")
-    out: list[PartitionInfo] = []
-    for p in _list(doc, "partitions"):
-        try:
-            out.append(_partition_info(p))
-        except _UNREADABLE as exc:
-            raise _unreadable("partitions: partition", p, "name", exc) from exc
-    return out
-
-
-def _partition_info(p: Mapping[str, Any]) -> PartitionInfo:
-    nodes = p.get("nodes")
-    if isinstance(nodes, Mapping):
-        nodes = nodes.get("configured")
-    if nodes is not None and not isinstance(nodes, str):
-        raise TypeError("nodes is neither text nor {configured: text}")
-    state = p.get("state")
-    inner = p.get("partition")
-    if state is None and isinstance(inner, Mapping):
-        state = inner.get("state")
-    words = state if isinstance(state, list) else [state or "UNKNOWN"]
-    return PartitionInfo(
-        name=str(p["name"]),
-        nodes=tuple(expand(nodes)) if nodes else (),
-        state="+".join(str(w).upper() for w in words) or "UNKNOWN",
-    )
-
-
-def parse_scontrol_partitions(text: str) -> list[PartitionInfo]:
-    """Partitions of ``scontrol -o show partition`` (one ``Key=Value ...`` record a line)."""
-    out: list[PartitionInfo] = []
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
-        if "PartitionName" not in fields:
-            raise SlurmError(f"scontrol show partition: unexpected line {line[:80]!r}")
-        nodes = fields.get("Nodes", "")
-        out.append(
-            PartitionInfo(
-                name=fields["PartitionName"],
-                nodes=tuple(expand(nodes)) if nodes and nodes != "(null)" else (),
-                state=fields.get("State", "UNKNOWN").upper(),
-            )
-        )
-    return out
-
-
-def _raise_errors(doc: Mapping[str, Any], what: str) -> None:
-    errors = doc.get("errors") or []
-    if errors:
-        texts = [str(e.get("error") or e.get("description") or e) for e in errors]
-        raise SlurmError(f"{what}: Slurm reported errors: {'; '.join(texts)[:500]}")
-
-
-def _list(doc: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
-    value = doc.get(key)
-    if not isinstance(value, list):
-        raise SlurmError(f"Slurm JSON has no {key!r} list")
-    return value
-
-
-def _int(value: Any) -> int:
-    """A count of either generation (unset: 0)."""
-    return count(value)
-
-
-def _epoch(value: Any) -> float | None:
-    v = _int(value)
-    return float(v) if v > 0 else None
-
-
-def _limit_s(value: Any) -> float | None:
-    """A time limit in minutes -> seconds; unset, infinite, NO_VAL or INFINITE -> None."""
-    if value is None or isinstance(value, bool):
-        return None
-    v = number(value)
-    if v is None or v == math.inf:
-        return None
-    v = int(v)
-    return None if v < 0 or v >= _NO_VAL else float(v * 60)
