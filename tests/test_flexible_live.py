@@ -29,6 +29,7 @@ from linkwise.cluster.topology.load import load_topology
 from linkwise.deployer.holds import HOLD_TAG
 from linkwise.deployer.loop import ServeConfig, serve
 from linkwise.evaluation.slurm_flexible import FORMS, HANDPICKED, FlexCase, run_cases
+from linkwise.policies.spec import PolicySpec
 from linkwise.tests._slurm import slurm_argv
 from linkwise.tests._store import read_store
 
@@ -143,7 +144,8 @@ def test_the_loop_places_flexible_requests_on_the_policys_nodes(
     for job in jobs.values():  # handed to the loop the way job_submit.lua does
         client.runner.run(["scontrol", "update", f"JobId={job}", f"AdminComment={HOLD_TAG}"])
     cfg = ServeConfig(
-        mode="active", partitions=("gpu",), slurm_env=str(FOLDER / "env"), policy="fifo",
+        mode="active", partitions=("gpu",), slurm_env=str(FOLDER / "env"),
+        policy=PolicySpec.parse("fifo"),
         db=str(tmp_path / "store.duckdb"), state_dir=str(tmp_path / "state"),
         lease_root=str(tmp_path / "leases"), interval_s=1.0, lease_s=60.0, max_cycles=6,
     )  # fmt: skip

@@ -279,8 +279,11 @@ def test_heterogeneous_jobs_arrays_and_odd_shapes_go_back_to_slurm_at_once(
         assert len(ran[str(uneven)][1]) == 2 and len(ran[str(tasks)][1]) == 2, ran
         events = loop.events()
         kinds = {(e["job_id"], e["kind"]) for e in events if e["event"] == "handing_to_slurm"}
-        # --gpus=3 -N2: Slurm chooses the split (issue 31), left to it as not modelled
-        assert {(het, "heterogeneous"), (array, "array"), (uneven, "unmodelled")} <= kinds, kinds
+        assert {(het, "heterogeneous"), (array, "array")} <= kinds, kinds
+        # --gpus=3 -N2: a flexible split on exactly two nodes (issue 33): the loop starts it
+        # only where Slurm's own split over the policy's nodes is the policy's placement, else
+        # hands it back unchanged, as a shape or split it does not give, or as unmodelled
+        assert {k for j, k in kinds if j == uneven} <= {"shape", "split", "unmodelled"}, kinds
         assert (tasks, "shape") in kinds or any(
             e["event"] == "start" and e["job_id"] == tasks and e["outcome"] == "applied"
             for e in events
