@@ -29,7 +29,7 @@ def history(
     """(store connection, topology, model) holding one simulated accounting history."""
     from linkwise.datasets.ingest import ingest_job_runs
     from linkwise.datasets.store import open_store
-    from linkwise.tests._history import simulated_history
+    from linkwise.testkit.history import simulated_history
 
     runs, topo, model = simulated_history(
         n_jobs,

@@ -136,7 +136,7 @@ def logs(n_jobs: int) -> dict[str, Any]:
     from linkwise.datasets.decisions import build_log_transitions
     from linkwise.datasets.ingest import ingest_job_runs
     from linkwise.datasets.store import open_store
-    from linkwise.tests._history import simulated_history
+    from linkwise.testkit.history import simulated_history
 
     runs, topo, model = simulated_history(
         n_jobs, topology=TOPO, seed=1, max_gpus=64, load_scale=20.0, cluster="bench"

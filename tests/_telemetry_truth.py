@@ -20,7 +20,7 @@ from linkwise.datasets.hidden_truth import (
 )
 from linkwise.datasets.ingest import ingest_job_runs
 from linkwise.datasets.telemetry.store import derive_ib_link_load, ingest_prometheus
-from linkwise.tests._history import completed_run
+from linkwise.testkit.history import completed_run
 
 T0 = 1.7e9
 INTERVAL_S = 30.0

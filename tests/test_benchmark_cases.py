@@ -28,7 +28,7 @@ from linkwise.evaluation.benchmark import (
 )
 from linkwise.policies.heuristics import make_policy
 from linkwise.policies.spec import PolicySpec
-from linkwise.tests._history import completed_run
+from linkwise.testkit.history import completed_run
 
 MODEL = AnalyticModel(load_calibration())
 TOPO = from_spec("2x8,leaf=2")  # nodes gpu1, gpu2

@@ -29,7 +29,7 @@ from linkwise.pipelines.build_dataset import (
     cap_log_share,
 )
 from linkwise.policies.spec import PolicySpec
-from linkwise.tests._history import simulated_history
+from linkwise.testkit.history import simulated_history
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 PHILLY = DATA / "traces" / "philly_2017-09-04_2017-10-15.csv"

@@ -154,7 +154,7 @@ def test_a_store_of_accounting_is_a_history_too(
 ) -> None:
     from linkwise.datasets.ingest import ingest_job_runs
     from linkwise.datasets.store import open_store
-    from linkwise.tests._history import completed_run
+    from linkwise.testkit.history import completed_run
 
     t0 = 1.7e9
     runs = [  # 12 finished jobs before the trace, 3 after its first job (left out)

@@ -1,8 +1,9 @@
 """One floor per layer (issue 23 item 8, issue 35): ``cluster`` imports nothing of linkwise
 above it, ``policies`` (the policy language) only ``cluster`` and itself, ``datasets`` only
 ``cluster``, ``policies`` and itself, never ``models``, ``evaluation``, ``pipelines`` or
-``deployer``. Every import of every module (lazy ones inside functions included) is read
-with ``ast``."""
+``deployer``; ``testkit`` (what tests and benchmarks share) the same floors as ``datasets``,
+and no floor below it imports it. Every import of every module (lazy ones inside functions
+included) is read with ``ast``."""
 
 from __future__ import annotations
 
@@ -12,12 +13,24 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYERS = ("cluster", "policies", "datasets", "models", "evaluation", "pipelines", "deployer", "ops")
+LAYERS = (
+    "cluster",
+    "policies",
+    "datasets",
+    "models",
+    "evaluation",
+    "pipelines",
+    "deployer",
+    "ops",
+    "testkit",
+)
 # the linkwise packages each floor may import (itself included)
 ALLOWED: dict[str, frozenset[str]] = {
     "cluster": frozenset({"cluster"}),
     "policies": frozenset({"cluster", "policies"}),
     "datasets": frozenset({"cluster", "policies", "datasets"}),
+    # what tests and benchmarks share: the floors it builds on, never one above
+    "testkit": frozenset({"cluster", "policies", "datasets", "testkit"}),
 }
 # (module path, imported package) pairs allowed despite the floors, each with its reason
 EXCEPTIONS: dict[tuple[str, str], str] = {}

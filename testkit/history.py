@@ -1,5 +1,5 @@
 """A simulated accounting history, shared by tests and benchmarks (as
-``linkwise.tests._history``): synthetic Philly-like jobs scheduled by a heuristic in the
+``linkwise.testkit.history``): synthetic Philly-like jobs scheduled by a heuristic in the
 simulator, written as the settled ``JobRun`` rows Slurm would report for them."""
 
 from __future__ import annotations
