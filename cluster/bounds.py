@@ -10,7 +10,7 @@
   is at least SRPT's. It counts queueing: under load the GPUs, not the jobs, are scarce.
 
 ``queue_bound`` is the larger of the two, per workload. The argument is written out in
-``docs/LOWER_BOUNDS.md``; ``tests/test_bounds.py`` checks it against brute force.
+``docs/LOWER_BOUNDS.md``; ``tests/cluster/test_bounds.py`` checks it against brute force.
 """
 
 from __future__ import annotations

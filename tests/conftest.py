@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,7 +14,8 @@ import pytest
 # `--dist loadscope`, and `pytest_xdist_make_scheduler` below makes these modules ONE scope,
 # so no two of them ever run at the same time (ports, partitions, the shared queue); every
 # other module is a scope of its own (its module fixtures are built once). Collection fails
-# when a module with a `services` test is missing here.
+# when a module with a `services` test is missing here. Each module is named by its path below
+# tests/ (tests/project/test_tests_layout.py checks that every one exists).
 SERVICES_MODULES = frozenset(
     {
         "test_backfill_live.py",
@@ -33,11 +35,17 @@ SERVICES_MODULES = frozenset(
         "test_serve_constraints_live.py",
         "test_serve_live.py",
         "test_service_config.py",
-        "test_slurm_live.py",
+        "cluster/test_slurm_live.py",
         "test_topology_live.py",
     }
 )
 SERVICES_SCOPE = "services"
+TESTS = Path(__file__).resolve().parent
+
+
+def module_key(path: Path) -> str:
+    """A test module as ``SERVICES_MODULES`` names it: its path below tests/."""
+    return path.resolve().relative_to(TESTS).as_posix()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -45,7 +53,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     services modules first (with ``--no-loadscope-reorder`` their scope starts at once: it is
     the longest one)."""
     unlisted = sorted(
-        {i.path.name for i in items if i.get_closest_marker("services")} - SERVICES_MODULES
+        {module_key(i.path) for i in items if i.get_closest_marker("services")} - SERVICES_MODULES
     )
     if unlisted:
         raise pytest.UsageError(
@@ -53,7 +61,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             "`services` tests, which must never run beside another services module)"
         )
     if hasattr(config, "workerinput"):
-        items.sort(key=lambda item: item.path.name not in SERVICES_MODULES)  # stable
+        items.sort(key=lambda item: module_key(item.path) not in SERVICES_MODULES)  # stable
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -65,8 +73,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
     class ModulesAndServices(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            module = nodeid.split("::", 1)[0]
-            return SERVICES_SCOPE if module.rsplit("/", 1)[-1] in SERVICES_MODULES else module
+            module = nodeid.split("::", 1)[0]  # tests/cluster/test_slurm_live.py
+            key = module.removeprefix("tests/")
+            return SERVICES_SCOPE if key in SERVICES_MODULES else module
 
     return ModulesAndServices(config, log)
 

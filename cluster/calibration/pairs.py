@@ -68,7 +68,7 @@ class PairTerms:
     For DeepShare's placements every ring shares its bottleneck NIC with its neighbour, so
     ``ratio = t / (t + comm * (f - 1))`` with ``f = 1 + (1 + alpha) * k`` and ``k`` the
     neighbour's weight (its duty cycle, or 1 for whole-flow counting). ``ratios`` evaluates
-    this; ``tests/test_calibration.py`` checks it equals ``predict_pair_ratios``.
+    this; ``tests/cluster/test_calibration.py`` checks it equals ``predict_pair_ratios``.
     """
 
     t_alone: FloatArray  # (types,) isolated iteration time at the pair placement

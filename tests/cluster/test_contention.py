@@ -21,7 +21,7 @@ from linkwise.cluster.domain import Job, Placement, Topology
 from linkwise.cluster.profiles import Calibration, CommProfile, load_calibration
 from linkwise.cluster.topology.spec import from_spec
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 SHIPPED = load_calibration()
 TOY = Calibration(
     profiles={

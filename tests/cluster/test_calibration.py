@@ -25,7 +25,7 @@ from linkwise.cluster.calibration.pairs import pair_placement, pair_terms, predi
 from linkwise.cluster.contention import AnalyticModel, PairwiseTable
 from linkwise.cluster.profiles import Calibration, CommProfile, load_calibration
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 
 
 @pytest.fixture(scope="module")

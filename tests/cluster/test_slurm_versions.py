@@ -1,5 +1,5 @@
 """Slurm 24.11 (data_parser v0.0.42) and 26.05 (v0.0.45) output -> the same typed records
-as 22.05's (tests/test_slurm_parse.py), from the real captures of the job mix in
+as 22.05's (tests/cluster/test_slurm_parse.py), from the real captures of the job mix in
 ../shared/data/slurm (its README: what was submitted, on which packages); and a generation
 this client does not read is refused."""
 
@@ -35,7 +35,7 @@ from linkwise.cluster.slurm.schema import (
 )
 from linkwise.tests._slurm import SHARED_SLURM_DATA
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 VERSIONS = {"24.11": "v0.0.42", "26.05": "v0.0.45"}
 
 

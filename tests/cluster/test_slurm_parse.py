@@ -35,7 +35,7 @@ from linkwise.cluster.slurm.queue import parse_queue
 from linkwise.cluster.slurm.records import JobRun
 from linkwise.cluster.slurm.rest_transport import RestTransport
 
-FIX = Path(__file__).resolve().parent / "fixtures" / "slurm"
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
 IDS: dict[str, int] = json.loads((FIX / "ids.json").read_text())
 
 

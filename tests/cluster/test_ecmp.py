@@ -18,7 +18,7 @@ from linkwise.cluster.simulator.engine import Simulator
 from linkwise.cluster.simulator.run import simulate
 from linkwise.cluster.topology.spec import from_spec
 from linkwise.policies.heuristics import make_policy
-from linkwise.tests.test_split_rates import Chaos, _jobs, _split
+from linkwise.tests.cluster.test_split_rates import Chaos, _jobs, _split
 
 CAL = load_calibration(None)
 MODEL = AnalyticModel(CAL)

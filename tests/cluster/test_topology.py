@@ -15,7 +15,7 @@ from linkwise.cluster.topology.load import describe, load_topology
 from linkwise.cluster.topology.slurm_conf import from_slurm_conf, gpus_from_gres
 from linkwise.cluster.topology.spec import DEFAULT_NIC_GBPS, PCIE_GBPS, from_spec
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 ALIBABA = DATA / "topology" / "alibaba_lingjun_2023_topo.csv"
 
 

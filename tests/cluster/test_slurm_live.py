@@ -19,7 +19,7 @@ from linkwise.cluster.slurm.records import JobRun
 pytestmark = pytest.mark.services
 
 SLURM_DIR = Path(os.environ.get("LINKWISE_SLURM_DIR", "/tmp/linkwise-slurm"))
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "local-slurm"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "local-slurm"
 WEIRD = "x;$(rm -rf /) ü 名前"
 
 

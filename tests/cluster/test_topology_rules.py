@@ -30,7 +30,7 @@ from linkwise.deployer.observation import build_observation
 from linkwise.deployer.start_checks import check_start, place_within
 from linkwise.tests._slurm import SHARED_SLURM_DATA
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
 NODES = "NodeName=gpu[01-08] CPUs=8 Gres=gpu:4\nPartitionName=gpu Nodes=ALL\n"
 TREE = (
