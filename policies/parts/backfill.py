@@ -53,7 +53,7 @@ class _Plan:
 
     ``earliest`` is asked for up to ``max_job_test`` jobs per pass, each over several
     candidate times, so the node-space is kept in forms that make one candidate time cheap
-    (``tests/test_heuristics.py`` checks every answer of whole seeded runs against the
+    (``tests/policies/test_heuristics.py`` checks every answer of whole seeded runs against the
     plain search, every candidate time recomputed from the releases and reservations):
 
     - sets of nodes are bitmasks (bit i = node i);

@@ -1,8 +1,8 @@
 """Record every heuristic's decisions, state by state, on a few seeded workloads and topologies.
 
 Run once with the implementation being refactored (issue 22: the heuristics became named
-compositions of parts); ``tests/test_compose_equivalence.py`` replays every recorded state,
-in order, through today's policies and asserts the same decision. The states carry
+compositions of parts); ``tests/policies/test_compose_equivalence.py`` replays every
+recorded state, in order, through today's policies and asserts the same decision. The states carry
 everything a policy may read (the oracles read ``remaining_s``), so a later change to the
 simulator does not change what is checked.
 

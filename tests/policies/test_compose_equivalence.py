@@ -36,7 +36,7 @@ from linkwise.cluster.domain import (
 from linkwise.cluster.topology.spec import from_spec
 from linkwise.policies.spec import PolicySpec
 
-FIXTURE = Path(__file__).parent / "data" / "heuristic_decisions.json.gz"
+FIXTURE = Path(__file__).parents[1] / "data" / "heuristic_decisions.json.gz"
 
 
 @cache
