@@ -1,7 +1,7 @@
 """Derive the embedded workload statistics from the real Philly trace slice.
 
 Run from the repository root: ``.venv/bin/python scripts/derive_philly_stats.py``. Writes
-``datasets/data/philly_stats.json`` (figures only, no rows); ``tests/test_synthetic.py``
+``datasets/data/philly_stats.json`` (figures only, no rows); ``tests/datasets/test_synthetic.py``
 checks that the shipped file is what this produces.
 """
 

@@ -21,7 +21,7 @@ SERVICES_MODULES = frozenset(
         "test_backfill_live.py",
         "test_collect_flows.py",
         "test_collect_live.py",
-        "test_decisions_live.py",
+        "datasets/test_decisions_live.py",
         "test_explain_live.py",
         "test_flexible_live.py",
         "test_job_submit_lua.py",

@@ -38,7 +38,7 @@ from linkwise.datasets.transitions import TRANSITION_SCHEMA, check_frame
 from linkwise.datasets.windows import choose_windows
 from linkwise.policies.spec import PolicySpec
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 PHILLY = DATA / "traces" / "philly_2017-09-04_2017-10-15.csv"
 TOPO = "8x8,leaf=2"
 CONFIG = MdpConfig(k_slots=4)

@@ -12,7 +12,7 @@ from linkwise.cluster.domain import Job
 from linkwise.datasets.trace_formats.tables import TraceFormatError
 from linkwise.datasets.traces import RejectedRow, Trace, detect_format, load_trace, write_native
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 PHILLY = DATA / "traces" / "philly_2017-09-04_2017-10-15.csv"
 
 

@@ -23,7 +23,7 @@ from linkwise.datasets.export import (
 from linkwise.datasets.rollouts import cut_windows, jobs_from_trace, make_tasks, run_rollouts
 from linkwise.policies.spec import PolicySpec
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 PHILLY = DATA / "traces" / "philly_2017-09-04_2017-10-15.csv"
 CONFIG = MdpConfig(k_slots=4)
 SPEC = make_spec(CONFIG)

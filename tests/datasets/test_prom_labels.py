@@ -94,7 +94,7 @@ def test_rows_poisoned_by_an_earlier_version_do_not_break_later_scrapes(tmp_path
 def test_the_vectorised_conversion_equals_the_exposition_parser_on_real_exporters() -> None:
     from linkwise.datasets.telemetry.prometheus import _label_table, parse_label_set
 
-    data = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "telemetry"
+    data = Path(__file__).resolve().parents[3] / "shared" / "data" / "telemetry"
     sets = ['{a="1",b="x,y=",c="{}",d="ü 名"}', '{a="1",}', "{}", '{a="1",a="2"}']
     for name in ("dcgm_exporter_metrics_a100_mig.prom", "dcgm_exporter_render_format_test.txt",
                  "node_exporter_infiniband_e2e.prom"):  # fmt: skip

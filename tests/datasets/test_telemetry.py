@@ -20,7 +20,7 @@ from linkwise.datasets.telemetry.scrape import ScrapeError, scrape_http
 from linkwise.datasets.telemetry.store import derive_ib_link_load, ingest_prometheus, ingest_samples
 from linkwise.datasets.telemetry.sysfs import read_sysfs
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "telemetry"
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "telemetry"
 A100 = DATA / "dcgm_exporter_metrics_a100_mig.prom"
 RENDER = DATA / "dcgm_exporter_render_format_test.txt"
 NODE_IB = DATA / "node_exporter_infiniband_e2e.prom"

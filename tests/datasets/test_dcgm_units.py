@@ -10,7 +10,7 @@ from linkwise.datasets.store import open_store
 from linkwise.datasets.telemetry.dcgm import DCGM_FIELDS, UNIT_BYTES_PER_S
 from linkwise.datasets.telemetry.store import ingest_prometheus
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "telemetry"
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "telemetry"
 
 
 def test_each_field_states_its_unit_and_the_factor_follows_from_it() -> None:

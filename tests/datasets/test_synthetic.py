@@ -14,7 +14,7 @@ import pytest
 from linkwise.datasets.synthetic import derive_stats, generate, load_stats
 from linkwise.datasets.traces import load_trace, write_native
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PHILLY = ROOT.parent / "shared" / "data" / "traces" / "philly_2017-09-04_2017-10-15.csv"
 SHIPPED = ROOT / "datasets" / "data" / "philly_stats.json"
 N = 20_000

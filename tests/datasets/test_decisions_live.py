@@ -25,7 +25,7 @@ from linkwise.datasets.transitions import check_frame
 pytestmark = pytest.mark.services
 
 SLURM_DIR = Path(os.environ.get("LINKWISE_SLURM_DIR", "/tmp/linkwise-slurm"))
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "local-slurm"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "local-slurm"
 
 # (nodes, GPUs per node, seconds): 1-, 2- and 4-GPU jobs and 2-node jobs, more than the
 # 16 GPUs of the local cluster at once, so some wait and start as others end
