@@ -30,7 +30,7 @@ SERVICES_MODULES = frozenset(
         "test_operator_live.py",
         "test_prefect_deploy.py",
         "test_prometheus_live.py",
-        "test_registry.py",
+        "models/test_registry.py",
         "test_request_shape_live.py",
         "test_serve_constraints_live.py",
         "test_serve_live.py",

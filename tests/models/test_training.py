@@ -33,7 +33,7 @@ from linkwise.models.training import (
 from linkwise.pipelines.train import TrainResult, train
 from linkwise.policies.spec import PolicySpec
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DATA = REPO.parent / "shared" / "data"
 PHILLY = DATA / "traces" / "philly_2017-09-04_2017-10-15.csv"
 TOPO = "8x8,leaf=2"

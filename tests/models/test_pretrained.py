@@ -26,7 +26,7 @@ from linkwise.pipelines.residual import robustness
 from linkwise.policies.catalog import policy_catalog
 from linkwise.policies.spec import PolicySpec
 
-PRETRAINED = Path(__file__).resolve().parents[1] / "models" / "pretrained"
+PRETRAINED = Path(__file__).resolve().parents[2] / "models" / "pretrained"
 SETTINGS = ("philly-all", "philly-multigpu")
 OFF_CLUSTER = "16x8,leaf=4"  # neither package's cluster (88x8,leaf=8; 64x8,leaf=8,oversub=2)
 

@@ -32,7 +32,7 @@ from linkwise.models.ppo import (
 )
 from linkwise.pipelines.ppo import train_ppo
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PHILLY = REPO.parent / "shared" / "data" / "traces" / "philly_2017-09-04_2017-10-15.csv"
 ENV = PpoEnvConfig(
     trace=str(PHILLY),

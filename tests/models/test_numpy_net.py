@@ -42,7 +42,7 @@ from linkwise.policies.heuristics import make_policy
 from linkwise.tests._frames import random_frame
 from linkwise.tests._states import decision_states
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE_ROOTS = (ROOT / "models" / "pretrained", ROOT / "tests" / "fixtures" / "packages")
 # every package folder under PACKAGE_ROOTS, and the path its network must take
 EXPECTED = {"philly-all": "numpy", "philly-multigpu": "numpy", "cql-rows": "torch"}

@@ -50,7 +50,7 @@ from linkwise.policies.heuristics import make_policy
 from linkwise.policies.source import MODEL_NAME, ModelSource
 from linkwise.policies.spec import PolicySpec
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 PHILLY = DATA / "traces" / "philly_2017-09-04_2017-10-15.csv"
 CONFIG = MdpConfig(k_slots=4)
 SPEC = make_spec(CONFIG)

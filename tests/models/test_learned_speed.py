@@ -33,8 +33,8 @@ from linkwise.datasets.prediction import annotate_state
 from linkwise.datasets.traces import load_trace
 from linkwise.models.learned import LearnedPolicy, load_package
 
-PRETRAINED = Path(__file__).resolve().parents[1] / "models" / "pretrained"
-FIXTURE = Path(__file__).resolve().parent / "fixtures" / "packages" / "cql-rows"  # plain CQL
+PRETRAINED = Path(__file__).resolve().parents[2] / "models" / "pretrained"
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "packages" / "cql-rows"  # plain CQL
 
 
 def _trace(path: Path, n: int, seed: int) -> Path:
@@ -116,7 +116,7 @@ def test_fast_decisions_equal_the_plain_stepping_loop(setting: str, tmp_path: Pa
 
 def test_scoring_restores_torch_threads() -> None:
     policy = load_package(PRETRAINED / "philly-all")
-    policy.numpy_net = None  # the torch path (tests/test_numpy_net.py: the numpy one)
+    policy.numpy_net = None  # the torch path (tests/models/test_numpy_net.py: the numpy one)
     before = torch.get_num_threads()
     obs = np.zeros((1, policy.spec.dim), dtype=np.float32)
     expected: Any
