@@ -293,7 +293,8 @@ def slurm_select(topo: Topology, free: Sequence[int], shape: Shape) -> Placement
       runs of consecutive usable nodes (by index); the run that holds the job with the
       fewest free GPUs, else the largest run first; inside it a one-node job takes the
       node with the fewest free GPUs that holds it (first on ties), a multi-node job the
-      nodes in index order. Checked against a real Slurm by ``tests/test_backfill_live.py``.
+      nodes in index order. Checked against a real Slurm by
+      ``tests/evaluation/test_backfill_live.py``.
     - Several leaves (``topology/tree``, ``_eval_nodes_topo``): within the aggregation
       switch that holds the job with the fewest usable nodes (if one does), leaf switches
       one at a time: the one that holds the remaining nodes with the fewest usable nodes,
@@ -337,8 +338,8 @@ def slurm_select_flexible(
       many GPUs each gets for ``--gpus=N``; one GPU per task, the nodes in the order they
       were picked take all their free GPUs (the last the rest), as cons_tres hands out CPUs
       and so tasks. Checked against Slurm 24.11 and 26.05 by ``benchmarks/flexible_vs_slurm.py``
-      and ``tests/test_flexible_live.py`` (``--gpus=N``, with and without ``--cpus-per-gpu``,
-      ``-N 1-4 --gpus=N``, ``-n N --gpus-per-task=1``).
+      and ``tests/evaluation/test_flexible_live.py`` (``--gpus=N``, with and without
+      ``--cpus-per-gpu``, ``-N 1-4 --gpus=N``, ``-n N --gpus-per-task=1``).
     - One leaf switch (no ``topology.conf``): packed in the shape a fixed request of these
       GPUs would have (``requested_shape``) on the nodes ``slurm_select`` picks, else spread
       over runs of consecutive nodes with free GPUs, the run that holds the rest with the

@@ -196,7 +196,7 @@ TABLES: dict[str, tuple[str, ...]] = {
     ),
 }
 
-# the columns each table shows by default (fits MAX_WIDTH; tests/test_console_width.py)
+# the columns each table shows by default (fits MAX_WIDTH; tests/evaluation/test_console_width.py)
 DEFAULT: dict[str, tuple[str, ...]] = {
     "demo": ("policy", "avg_jct", "avg_queue", "runtime_inflation", "avg_ratio", "p99_ratio"),
     "compare": (

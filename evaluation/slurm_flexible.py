@@ -7,7 +7,7 @@ nodes and the GPUs on each, from squeue's ``nodes`` and ``gres_detail``) is comp
 ``placement.slurm_select_flexible`` on the free GPUs Slurm reported just before. Every job is
 cancelled at the end of its case, and the next case waits until no node is completing (a
 completing node weighs more in cons_tres's node order). ``benchmarks/flexible_vs_slurm.py``
-reports it; ``tests/test_flexible_live.py`` asserts it on a handful of cases.
+reports it; ``tests/evaluation/test_flexible_live.py`` asserts it on a handful of cases.
 """
 
 from __future__ import annotations

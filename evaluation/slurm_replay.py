@@ -4,7 +4,7 @@ A workload of jobs with shapes (nodes x GPUs per node), time limits and sleeps i
 submitted held to a Slurm cluster and released at once; its accounting is replayed in
 the simulator under ``backfill`` on the same nodes (pure queueing: each job's work is
 its measured run time, the scheduler sees only time limits), and the two schedules are
-compared job by job: start order, nodes, start times. ``tests/test_backfill_live.py``
+compared job by job: start order, nodes, start times. ``tests/evaluation/test_backfill_live.py``
 runs it against ``scripts/local-slurm``; ``benchmarks/backfill_vs_slurm.py`` reports it.
 """
 

@@ -18,12 +18,12 @@ import pytest
 # tests/ (tests/project/test_tests_layout.py checks that every one exists).
 SERVICES_MODULES = frozenset(
     {
-        "test_backfill_live.py",
+        "evaluation/test_backfill_live.py",
         "test_collect_flows.py",
         "test_collect_live.py",
         "datasets/test_decisions_live.py",
         "test_explain_live.py",
-        "test_flexible_live.py",
+        "evaluation/test_flexible_live.py",
         "test_job_submit_lua.py",
         "test_migration_live.py",
         "test_observation_live.py",

@@ -33,7 +33,7 @@ from linkwise.evaluation.ope import (
 from linkwise.models.learned import LearnedPolicy
 from linkwise.policies.spec import PolicySpec
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PHILLY = REPO.parent / "shared" / "data" / "traces" / "philly_2017-09-04_2017-10-15.csv"
 CONFIG = MdpConfig(k_slots=4)
 SPEC = make_spec(CONFIG)

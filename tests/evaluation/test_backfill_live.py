@@ -43,7 +43,7 @@ from linkwise.evaluation.slurm_replay import (
 pytestmark = pytest.mark.services
 
 SLURM_DIR = Path(os.environ.get("LINKWISE_SLURM_DIR", "/tmp/linkwise-slurm"))
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "local-slurm"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "local-slurm"
 BF_INTERVAL_S = 2.0  # scripts/local-slurm: SchedulerParameters=sched_interval=2,bf_interval=2
 TAG = "lw-bfcmp"
 

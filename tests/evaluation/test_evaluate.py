@@ -26,7 +26,7 @@ from linkwise.evaluation.stats import bootstrap_ratio, paired_ratio
 from linkwise.pipelines.evaluate import evaluate
 from linkwise.policies.spec import PolicySpec
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 PHILLY = DATA / "traces" / "philly_2017-09-04_2017-10-15.csv"
 CLUSTER = "4x8"  # 32 GPUs: queues form on busy hours
 WINDOW_S = 3600.0

@@ -37,7 +37,7 @@ from linkwise.pipelines.sim_shadow import SimShadowBackend
 from linkwise.policies.heuristics import make_policy
 from linkwise.policies.spec import PolicySpec
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PHILLY = ROOT.parent / "shared" / "data" / "traces" / "philly_2017-09-04_2017-10-15.csv"
 TOPO = "4x8"
 CLUSTER = "ka"

@@ -35,7 +35,7 @@ from linkwise.tests._store import read_store
 
 pytestmark = pytest.mark.services
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "local-slurm"
 FOLDER = Path("/tmp/lw-slurm-i33-flex")
 PORT_BASE = 23900
