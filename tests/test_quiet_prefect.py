@@ -71,7 +71,8 @@ LINKWISE = Path(sys.executable).parent / "linkwise"
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """About a day of a 3-node x 4-GPU cluster's accounting (as tests/test_operator_path.py)."""
+    """About a day of a 3-node x 4-GPU cluster's accounting (as
+    tests/pipelines/test_operator_path.py)."""
     db = tmp_path_factory.mktemp("store") / "store.duckdb"
     jobs = synthetic.generate(300, seed=0, max_gpus=12, load_scale=0.5)
     replay_history(jobs, from_spec("3x4"), db, cluster="op")

@@ -31,7 +31,7 @@ from linkwise.pipelines.build_dataset import (
 from linkwise.policies.spec import PolicySpec
 from linkwise.testkit.history import simulated_history
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 PHILLY = DATA / "traces" / "philly_2017-09-04_2017-10-15.csv"
 TOPO = "8x8,leaf=4"
 CONFIG = MdpConfig(k_slots=4)

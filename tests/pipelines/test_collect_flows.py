@@ -20,7 +20,7 @@ import pytest
 from linkwise.cluster.slurm.accounting import parse_accounting, parse_acct_lines, run_indexes
 from linkwise.cluster.slurm.records import AccountingBatch, JobRun, NodeInfo
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TELEMETRY = REPO.parent / "shared" / "data" / "telemetry"
 FIX = REPO / "tests" / "fixtures" / "slurm"
 SLURM_DIR = Path(os.environ.get("LINKWISE_SLURM_DIR", "/tmp/linkwise-slurm"))

@@ -17,7 +17,7 @@ import pytest
 
 from linkwise.cli import main
 
-FIX = Path(__file__).resolve().parent / "fixtures" / "slurm"
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
 
 FAKE = """#!{python}
 import os, sys

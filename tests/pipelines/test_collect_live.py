@@ -28,8 +28,8 @@ from linkwise.pipelines.collect_common import CollectError
 pytestmark = pytest.mark.services
 
 SLURM_DIR = Path(os.environ.get("LINKWISE_SLURM_DIR", "/tmp/linkwise-slurm"))
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "local-slurm"
-TELEMETRY = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "telemetry"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "local-slurm"
+TELEMETRY = Path(__file__).resolve().parents[3] / "shared" / "data" / "telemetry"
 WEIRD = ";$(rm -rf /) ü 名前"
 JOB_COLS = (
     "cluster, job_id, run_index, name, user_name, account, partition_name, state, exit_code, "

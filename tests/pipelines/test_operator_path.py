@@ -2,7 +2,7 @@
 and build-dataset default to the operator's store and the cluster it describes, say how much
 history a request lacks, train learns from the store, shadow-report finds the latest span
 with evidence, and promote documents its exit codes. The real local Slurm end to end is
-``tests/test_operator_live.py``."""
+``tests/pipelines/test_operator_live.py``."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from linkwise.datasets import synthetic
 from linkwise.datasets.operator import DEFAULT_STORE
 from linkwise.pipelines.history import replay_history
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = "op"
 EVAL = ["--policies", "backfill,fifo", "--seeds", "0", "--executor", "serial", "--no-log",
         "--n-boot", "50", "--min-jobs", "5"]  # fmt: skip

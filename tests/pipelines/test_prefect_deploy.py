@@ -34,7 +34,7 @@ from mlflow.tracking import MlflowClient
 
 pytestmark = pytest.mark.services
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DATA = REPO.parent / "shared" / "data"
 PHILLY = DATA / "traces" / "philly_2017-09-04_2017-10-15.csv"
 TELEMETRY = DATA / "telemetry"

@@ -34,7 +34,7 @@ from linkwise.pipelines.selection import Candidate, select, validation_windows
 from linkwise.policies.spec import PolicySpec
 
 PHILLY = (
-    Path(__file__).resolve().parents[2]
+    Path(__file__).resolve().parents[3]
     / "shared"
     / "data"
     / "traces"
