@@ -1,5 +1,5 @@
 #!/bin/bash
-# A training job's stand-in for the migration tests (tests/test_migration_live.py): counts
+# A training job's stand-in for the migration tests (tests/deployer/test_migration_live.py): counts
 # steps, writes its step counter to a checkpoint on SIGUSR1 (what `--signal=B:USR1@GRACE` and
 # the live loop's preemption send to the batch shell), and after a requeue resumes from the
 # checkpoint. Usage: migration_job.sh DIR  (DIR/log: one line per start and checkpoint;

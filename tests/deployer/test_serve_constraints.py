@@ -1,5 +1,5 @@
 """The live loop respects what Slurm knows about a job (issue 21), with a fake Slurm client
-(the real one: tests/test_serve_constraints_live.py): the request fields read from squeue's
+(the real one: tests/deployer/test_serve_constraints_live.py): the request fields read from squeue's
 JSON, nodes a job's constraints refuse, requests handed back at once, stranded releases,
 ``--max-hold`` with the lease lapsed, and bad rows of the store."""
 

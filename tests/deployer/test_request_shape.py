@@ -5,7 +5,7 @@
 The fixtures are real ``squeue --json`` captures of held jobs in every form, from a local Slurm
 22.05.8 (``tests/fixtures/slurm/squeue_request_forms.json``) and 24.11.5
 (``tests/fixtures/slurm/squeue_request_forms_24.11.json``), each job named by its form. The
-same forms on a running Slurm: tests/test_request_shape_live.py."""
+same forms on a running Slurm: tests/deployer/test_request_shape_live.py."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ from linkwise.deployer.recorder import Recorder
 from linkwise.policies.spec import PolicySpec
 
 LOG = logging.getLogger("test.request_shape")
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 CAPTURES = {
     "22.05": FIXTURES / "slurm" / "squeue_request_forms.json",
     "24.11": FIXTURES / "slurm" / "squeue_request_forms_24.11.json",

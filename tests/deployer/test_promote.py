@@ -29,7 +29,7 @@ from linkwise.models.training import AlgoConfig, build_algo, fit
 from linkwise.policies.source import MODEL_NAME
 from linkwise.policies.spec import PolicySpec
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 PHILLY = DATA / "traces" / "philly_2017-09-04_2017-10-15.csv"
 CONFIG = MdpConfig(k_slots=4)
 SPEC = make_spec(CONFIG)

@@ -6,7 +6,7 @@ AllocTRES), where squeue's pending ``node_count`` (22.05: 2 for a one-node ``--g
 -n1 -c4``) would have doubled them; the requests Slurm shapes itself are handed back untouched
 (no update in the audit) and still get exactly their GPUs, except the flexible ones the loop
 places itself (a GPU count in any split: ``flexible_gpus``), which get their GPUs on the nodes
-it chose. The same forms from a capture: tests/test_request_shape.py."""
+it chose. The same forms from a capture: tests/deployer/test_request_shape.py."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from linkwise.tests._store import read_store
 
 pytestmark = pytest.mark.services
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "local-slurm"
 CLUSTER_DIR = Path("/tmp/lw-slurm-shape")
 PORT_BASE = 21800

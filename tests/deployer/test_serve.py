@@ -1,4 +1,5 @@
-"""The live loop's logic with a fake Slurm client (the real one: tests/test_serve_live.py)."""
+"""The live loop's logic with a fake Slurm client (the real one:
+tests/deployer/test_serve_live.py)."""
 
 from __future__ import annotations
 

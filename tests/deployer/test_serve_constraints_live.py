@@ -33,7 +33,7 @@ from linkwise.tests._store import read_store
 
 pytestmark = pytest.mark.services
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "local-slurm"
 CLUSTER_DIR = Path("/tmp/lw-slurm-i21")
 PORT_BASE = 20800

@@ -25,7 +25,7 @@ from linkwise.tests._slurm import slurm_cmd
 
 pytestmark = pytest.mark.services
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SLURM_DIR = Path(os.environ.get("LINKWISE_SLURM_DIR", "/tmp/linkwise-slurm"))
 SCRIPT = ROOT / "scripts" / "local-slurm"
 POLICY = "best_fit"

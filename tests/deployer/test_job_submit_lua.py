@@ -24,7 +24,7 @@ from linkwise.tests._slurm import slurm_argv
 
 pytestmark = pytest.mark.services
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "local-slurm"
 LUA_CLUSTER = Path("/tmp/lw-slurm-lua")
 PORT_BASE = 19800

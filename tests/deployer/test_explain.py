@@ -26,7 +26,7 @@ from linkwise.deployer.explain import job_decisions
 from linkwise.models.learned import load_package
 from linkwise.policies.spec import PolicySpec
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "tests" / "fixtures" / "packages" / "cql-rows"  # a plain CQL package
 PHILLY = ROOT.parent / "shared" / "data" / "traces" / "philly_2017-09-04_2017-10-15.csv"
 TOPO = "8x8,leaf=4"

@@ -4,7 +4,7 @@ earlier runs of its name in the store, else the default; never one the contentio
 not know), whether it opted in to moves (``Job.preemptible``, honoured by the decision
 problem's mask), and the moves under way (``ClusterState.transit``, their targets reserved).
 Fakes for Slurm, the real DuckDB store and the real learned package; the same on the real
-local Slurm: tests/test_observation_live.py."""
+local Slurm: tests/deployer/test_observation_live.py."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ LOG = logging.getLogger("test.observation")
 TOPO = from_spec("4x4")
 NAMES = [n.name for n in TOPO.nodes]
 CAL = load_calibration(None)
-PACKAGE = "model:" + str(Path(__file__).resolve().parents[1] / "models/pretrained/philly-multigpu")
+PACKAGE = "model:" + str(Path(__file__).resolve().parents[2] / "models/pretrained/philly-multigpu")
 NOW = 10_000.0
 
 

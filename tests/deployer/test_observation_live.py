@@ -5,7 +5,7 @@ flag), and a learned package (models/pretrained/philly-multigpu) decides in a li
 job the migration executor signalled is in transit with its target's GPU reserved. This
 module's jobs are named ``lw-obs-*`` (those of the serve test wait in the queue, ``--begin``
 in the future); other engineers' jobs share the cluster, so the assertions are on this
-module's own jobs. The fast counterparts with fakes: tests/test_observation.py."""
+module's own jobs. The fast counterparts with fakes: tests/deployer/test_observation.py."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from linkwise.tests._slurm import slurm_cmd
 
 pytestmark = pytest.mark.services
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SLURM_DIR = Path(os.environ.get("LINKWISE_SLURM_DIR", "/tmp/linkwise-slurm"))
 SCRIPT = ROOT / "scripts" / "local-slurm"
 LOG = logging.getLogger("test.observation_live")

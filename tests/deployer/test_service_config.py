@@ -27,7 +27,7 @@ from linkwise.deployer.service_config import (
 )
 from linkwise.deployer.systemd import SystemdNotify
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "ops" / "linkwise-serve.example.toml"
 UNIT = ROOT / "ops" / "systemd" / "linkwise-serve.service"
 SLURM_DIR = Path(os.environ.get("LINKWISE_SLURM_DIR", "/tmp/linkwise-slurm"))

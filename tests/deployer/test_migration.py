@@ -1,7 +1,7 @@
 """Preempting and migrating opted-in jobs (deployer/migration.py): planning rules, and the
 executor's command sequence over a recording runner with the real DuckDB audit store (every
 command must find its audit row already persisted). The same code on a real Slurm:
-tests/test_migration_live.py."""
+tests/deployer/test_migration_live.py."""
 
 from __future__ import annotations
 

@@ -34,7 +34,7 @@ from linkwise.tests._store import read_store
 
 pytestmark = pytest.mark.services
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "local-slurm"
 JOB = ROOT / "tests" / "migration_job.sh"
 LIVE_DIR = "/tmp/lw-slurm-migration"

@@ -29,7 +29,7 @@ from linkwise.tests._store import read_store
 
 pytestmark = pytest.mark.services
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "local-slurm"
 LIVE_DIR = "/tmp/lw-slurm-live"
 LIVE_ENV = {"LINKWISE_SLURM_DIR": LIVE_DIR, "LINKWISE_SLURM_PORT_BASE": "18800"}

@@ -26,7 +26,7 @@ from linkwise.tests._store import read_store
 
 pytestmark = pytest.mark.services
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "local-slurm"
 PORT_BASE = {"tree": 22800, "block": 22900}
 LEAF = {"gpu01": "s1", "gpu02": "s1", "gpu03": "s2", "gpu04": "s2"}  # blocks b1/b2 alike
