@@ -13,7 +13,7 @@ package ``model:PATH`` acting on the observation itself (its own greedy action w
 work-conserving guard; jobs annotated by the task's predictor, else the package's). A learned
 behaviour is resolved to its policy object at the pipeline's edge (``make_tasks(learned=...)``,
 ``pipelines.build_dataset.resolve_learned``): ``datasets`` never imports ``models``
-(``tests/test_layering.py``). Either
+(``tests/project/test_layering.py``). Either
 is optionally mixed with random exploration: with
 probability ``epsilon`` a step takes a uniformly random allowed action instead of the
 heuristic's (on an idle cluster "wait" is left out of the random draw, so exploration never

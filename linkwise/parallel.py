@@ -88,7 +88,7 @@ class Executor:
 def prefect_tracking() -> bool:
     """Whether task runs have a Prefect API to report to: one is configured (the setting
     ``PREFECT_API_URL``) or this process runs inside a flow run."""
-    # imported here: building the command line loads no Prefect (tests/test_cli.py), and a
+    # imported here: building the command line loads no Prefect (tests/cli/test_cli.py), and a
     # serial run never needs it
     from prefect.context import FlowRunContext
     from prefect.settings import PREFECT_API_URL

@@ -18,25 +18,25 @@ import pytest
 # tests/ (tests/project/test_tests_layout.py checks that every one exists).
 SERVICES_MODULES = frozenset(
     {
-        "evaluation/test_backfill_live.py",
-        "pipelines/test_collect_flows.py",
-        "pipelines/test_collect_live.py",
+        "cluster/test_slurm_live.py",
         "datasets/test_decisions_live.py",
         "deployer/test_explain_live.py",
-        "evaluation/test_flexible_live.py",
         "deployer/test_job_submit_lua.py",
         "deployer/test_migration_live.py",
         "deployer/test_observation_live.py",
-        "pipelines/test_operator_live.py",
-        "pipelines/test_prefect_deploy.py",
-        "test_prometheus_live.py",
-        "models/test_registry.py",
         "deployer/test_request_shape_live.py",
         "deployer/test_serve_constraints_live.py",
         "deployer/test_serve_live.py",
         "deployer/test_service_config.py",
-        "cluster/test_slurm_live.py",
         "deployer/test_topology_live.py",
+        "evaluation/test_backfill_live.py",
+        "evaluation/test_flexible_live.py",
+        "models/test_registry.py",
+        "ops/test_prometheus_live.py",
+        "pipelines/test_collect_flows.py",
+        "pipelines/test_collect_live.py",
+        "pipelines/test_operator_live.py",
+        "pipelines/test_prefect_deploy.py",
     }
 )
 SERVICES_SCOPE = "services"

@@ -1,7 +1,7 @@
 """The dataset build under Prefect: rollouts on a local process pool and on a Dask cluster of
 two workers, as Prefect task runs (the suite's Prefect API is configured), give the serial
 frame; the build flow (logs + rollouts) and its CLI. The executor strings themselves:
-``tests/test_parallel.py``."""
+``tests/cli/test_parallel.py``."""
 
 from __future__ import annotations
 

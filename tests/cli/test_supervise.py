@@ -21,7 +21,7 @@ import pytest
 from linkwise.supervise import descendants, exit_code
 
 LINKWISE = Path(sys.executable).parent / "linkwise"
-PHILLY = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "traces"
+PHILLY = Path(__file__).resolve().parents[3] / "shared" / "data" / "traces"
 PHILLY /= "philly_2017-09-04_2017-10-15.csv"
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from linkwise.cli import main
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 PHILLY = DATA / "traces" / "philly_2017-09-04_2017-10-15.csv"
 REQUIRED = {
     "jobs",

@@ -13,7 +13,7 @@ import pytest
 from linkwise.cli import build_parser, main
 from linkwise.cli.common import shown_default
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LIBRARY = ("cluster", "datasets", "models", "evaluation", "pipelines", "deployer")
 
 

@@ -33,7 +33,7 @@ from linkwise.cluster.slurm.errors import SlurmError
 
 pytestmark = pytest.mark.services
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OPS = ROOT / "ops"
 DASHBOARD = OPS / "grafana" / "linkwise-serve.json"
 RULES = OPS / "prometheus" / "rules.yml"
