@@ -36,7 +36,9 @@ __all__ = [
     "NIC_CLASSES",
     "JobTelemetryReport",
     "activity_categories",
+    "activity_instants",
     "build_job_telemetry",
+    "categorize_instants",
     "grid_count",
     "link_categories",
     "read_job_telemetry",
@@ -311,13 +313,10 @@ def link_categories(slots: pl.DataFrame, *, interval_s: float) -> tuple[pl.DataF
     return per_class, counts.join(expected, on=list(KEY), how="left")
 
 
-def activity_categories(instants: pl.DataFrame, *, interval_s: float) -> pl.DataFrame:
-    """From ``_ACTIVITY_INSTANTS`` rows: per run the instants used, shared and bad, and the
-    GPU-weighted mean activity while alone on the node and beside other runs, with the GPUs
-    they cover (summed over instants); and how many instants the nodes with samples should
-    have had on their scrape grid (``activity_expected``, ``activity_nodes``). Labelled
-    instants read the run's own GPUs (none of them reporting: missing); unlabelled ones need
-    the run alone and every one of its GPUs' worth of samples (fewer: missing)."""
+def categorize_instants(instants: pl.DataFrame) -> pl.DataFrame:
+    """``_ACTIVITY_INSTANTS`` rows with, per (run, node, instant), its category ``cat``
+    (used, shared, bad, missing: ``ATTRIBUTION_RULE``), the GPUs it covers ``g`` and their
+    summed activity ``s``."""
     lab = pl.col("labelled")
     bad = pl.when(lab).then(pl.col("mine_bad") > 0).otherwise(pl.col("all_bad") > 0)
     shared = ~lab & (pl.col("n") > 1)
@@ -333,7 +332,31 @@ def activity_categories(instants: pl.DataFrame, *, interval_s: float) -> pl.Data
     )
     gpus = pl.when(lab).then(pl.col("mine")).otherwise(pl.col("node_gpus")).cast(pl.Float64)
     act_sum = pl.when(lab).then(pl.col("mine_sum")).otherwise(pl.col("all_sum"))
-    df = instants.with_columns(cat.alias("cat"), gpus.alias("g"), act_sum.alias("s"))
+    return instants.with_columns(cat.alias("cat"), gpus.alias("g"), act_sum.alias("s"))
+
+
+def activity_instants(
+    con: duckdb.DuckDBPyConnection, targets: pl.DataFrame, *, lo: float, hi: float
+) -> pl.DataFrame:
+    """The categorized activity instants (``categorize_instants``) in [lo, hi) of the runs
+    ``targets`` (``KEY`` columns) names, finished or still running (a running run holds its
+    nodes until now); ``t1`` is inf for a running run."""
+    con.register("targets", targets.select(KEY))
+    try:
+        instants = con.sql(_ACTIVITY_INSTANTS, params={"lo": lo, "hi": hi}).pl()
+    finally:
+        con.unregister("targets")
+    return categorize_instants(instants)
+
+
+def activity_categories(instants: pl.DataFrame, *, interval_s: float) -> pl.DataFrame:
+    """From ``_ACTIVITY_INSTANTS`` rows: per run the instants used, shared and bad, and the
+    GPU-weighted mean activity while alone on the node and beside other runs, with the GPUs
+    they cover (summed over instants); and how many instants the nodes with samples should
+    have had on their scrape grid (``activity_expected``, ``activity_nodes``). Labelled
+    instants read the run's own GPUs (none of them reporting: missing); unlabelled ones need
+    the run alone and every one of its GPUs' worth of samples (fewer: missing)."""
+    df = categorize_instants(instants)
     is_used = pl.col("cat") == "used"
     alone = is_used & (pl.col("n") == 1)
     beside = is_used & (pl.col("n") > 1)

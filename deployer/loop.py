@@ -52,6 +52,7 @@ from linkwise.cluster.slurm.records import QueuedJob
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.deployer.cycle_lines import CycleLines, log_cycle
 from linkwise.deployer.decision_log import DecisionLog
+from linkwise.deployer.drift import DriftMonitor, LiveRun, fitted_calibration
 from linkwise.deployer.events import log_event
 from linkwise.deployer.hand_backs import HandBacks, fault_hand_back
 from linkwise.deployer.holds import held_for_loop
@@ -232,6 +233,12 @@ class SlurmBackend:
             client, recorder, metrics.registry, config.migration, run_id=self.run_id, logger=logger
         )
         self.calibration = load_calibration(None)  # profiles for a policy without its own
+        self.drift = DriftMonitor(  # the cluster's calibration against what its jobs do
+            topology,
+            self.cluster,
+            lambda: fitted_calibration(config.db, self.cluster, config.tracking_uri or None),
+            logger=logger,
+        )
         self.profile_history = ProfileHistory(recorder)
         self.read_failing = False  # the last Slurm read failed: the lease is not renewed
         self.lines = CycleLines()  # which cycles are logged
@@ -302,7 +309,21 @@ class SlurmBackend:
         self.metrics.foreign_held_jobs.set(self.obs.foreign_held)
         self.metrics.infeasible_jobs.set(len(self.obs.refused))
         self.metrics.observe_holds((q.submit_time for q in queue if held_for_loop(q)), now)
+        if self.drift.due(now):
+            self._observe_drift(now)
         return self.obs.state
+
+    def _observe_drift(self, now: float) -> None:
+        """The running jobs' observed against predicted slowdown on ``/metrics``
+        (``deployer.drift``); a failure is logged, never the loop's end."""
+        assert self.obs is not None
+        live = [LiveRun(r.job.job_id, r.job.name, r.placement) for r in self.obs.state.running]
+        try:
+            report = self.drift.update(live, self.recorder.read, now)
+        except Exception as exc:
+            log_event(self.log, "drift_failed", logging.WARNING, error=str(exc)[:300])
+            return
+        self.metrics.observe_drift(report)
 
     def _predictor(self, now: float) -> RuntimePredictor | None:
         """The run-time predictor of the policy about to decide (the serving package's, which

@@ -12,13 +12,15 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import start_http_server
 
+from linkwise.deployer.drift import REASONS, DriftReport
+
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 _CYCLE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
 class ServeMetrics:
     """Cycle time, decision latency, decisions, fallbacks, held jobs (the loop's and others'),
-    hold bypasses, errors, records."""
+    hold bypasses, errors, records, the contention model's drift."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -28,6 +30,7 @@ class ServeMetrics:
         self._hold_metrics(self.registry)
         self._io_metrics(self.registry)
         self._policy_metrics(self.registry)
+        self._drift_metrics(self.registry)
         self._known_labels()
 
     def _cycle_metrics(self, r: CollectorRegistry) -> None:
@@ -178,6 +181,38 @@ class ServeMetrics:
             registry=r,
         )
 
+    def _drift_metrics(self, r: CollectorRegistry) -> None:
+        """Observed against predicted slowdown of the running jobs (``deployer.drift``; the
+        alert ``LinkwiseContentionModelDrift``): one series per job with both, and the
+        running jobs without, by why."""
+        self.slowdown_observed = Gauge(
+            "linkwise_serve_slowdown_observed",
+            "A running job's GPU activity alone over its activity now (1: as fast as alone)",
+            ["job_id"],
+            registry=r,
+        )
+        self.slowdown_predicted = Gauge(
+            "linkwise_serve_slowdown_predicted",
+            "A running job's slowdown the cluster's calibrated contention model predicts at "
+            "its current placement",
+            ["job_id"],
+            registry=r,
+        )
+        self.slowdown_ratio = Gauge(
+            "linkwise_serve_slowdown_ratio",
+            "Observed over predicted slowdown of a running job (1: the model is right)",
+            ["job_id"],
+            registry=r,
+        )
+        self.slowdown_unobserved = Gauge(
+            "linkwise_serve_slowdown_unobserved_jobs",
+            "Running jobs without a slowdown series, by why (no_calibration, no_store, "
+            "not_in_store, no_profile, neighbour_unknown, too_few_alone, too_few_recent, "
+            "no_activity_now)",
+            ["reason"],
+            registry=r,
+        )
+
     def _known_labels(self) -> None:
         """The label values known in advance start at 0, so their series exist from the start."""
         for outcome in ("ok", "slurm_error"):
@@ -199,6 +234,8 @@ class ServeMetrics:
         ):
             self.handed_back.labels(reason)
         self.handed_back.labels("slurm_fault")
+        for reason in REASONS:
+            self.slowdown_unobserved.labels(reason)
         for kind in ("unavailable", "timeout", "schema", "command", "parse"):
             self.slurm_read_errors.labels(kind)
         for command in ("update", "release"):
@@ -217,6 +254,18 @@ class ServeMetrics:
     def observe_holds(self, submit_times: Iterable[float], now: float) -> None:
         """The oldest hold's age, from the submit times of the jobs held for the loop."""
         self.oldest_hold.set(max((now - t for t in submit_times), default=0.0))
+
+    def observe_drift(self, report: DriftReport) -> None:
+        """The slowdown series of the running jobs now (those of jobs gone are removed)."""
+        for gauge in (self.slowdown_observed, self.slowdown_predicted, self.slowdown_ratio):
+            gauge.clear()
+        for job in report.jobs:
+            label = str(job.job_id)
+            self.slowdown_observed.labels(label).set(job.observed)
+            self.slowdown_predicted.labels(label).set(job.predicted)
+            self.slowdown_ratio.labels(label).set(job.ratio)
+        for reason in REASONS:
+            self.slowdown_unobserved.labels(reason).set(report.missing.get(reason, 0))
 
     def text(self) -> str:
         """The exposition text of every metric."""

@@ -16,10 +16,12 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from linkwise.datasets.store import open_store as default_open_store
 from linkwise.deployer.events import error_text, log_event
+
+T = TypeVar("T")
 
 DECISION_COLUMNS = (
     "decision_id",
@@ -160,6 +162,20 @@ class Recorder:
         try:
             rows: list[tuple[Any, ...]] = con.execute(sql, list(params)).fetchall()
             return rows
+        except Exception as exc:
+            log_event(self.log, "store_read_failed", logging.WARNING, error=str(exc)[:300])
+            return None
+        finally:
+            con.close()
+
+    def read(self, fn: Callable[[Any], T]) -> T | None:
+        """``fn`` on a connection to the store, closed after; None when the store cannot be
+        opened or ``fn`` fails (logged)."""
+        con = self._connect()
+        if con is None:
+            return None
+        try:
+            return fn(con)
         except Exception as exc:
             log_event(self.log, "store_read_failed", logging.WARNING, error=str(exc)[:300])
             return None

@@ -7,8 +7,8 @@ from this), stored through the real collectors' ingest (``ingest_prometheus``,
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 import duckdb
 
@@ -92,10 +92,13 @@ def fill_store(
     labelled: bool = False,
     skip: frozenset[tuple[str, float]] = frozenset(),
     ib_base: float = 1.0e12,
+    start: float = T0,
+    running: Collection[int] = (),
 ) -> None:
-    """Accounting of ``jobs`` and every scrape of ``nodes`` from ``T0`` to ``until`` (every
-    ``INTERVAL_S``; ``skip``: (node, ts) scrapes that never happened), through the real
-    ingest functions; then the InfiniBand rates derived."""
+    """Accounting of ``jobs`` and every scrape of ``nodes`` from ``start`` to ``until``
+    (every ``INTERVAL_S``; ``skip``: (node, ts) scrapes that never happened), through the
+    real ingest functions; then the InfiniBand rates derived. The jobs in ``running`` are
+    accounted as still running (no end)."""
     runs = [
         completed_run(
             j.job_id,
@@ -108,8 +111,12 @@ def fill_store(
         )
         for j in jobs
     ]
+    runs = [
+        replace(r, state="RUNNING", exit_code=None, end_time=None) if r.job_id in running else r
+        for r in runs
+    ]
     ingest_job_runs(con, runs, source=f"accounting:{CLUSTER}")
-    ts = T0
+    ts = start
     while ts <= until:
         for node in nodes:
             if (node, ts) in skip:
@@ -135,7 +142,7 @@ def fill_store(
         ts += INTERVAL_S
     derive_ib_link_load(
         con,
-        since=T0 - INTERVAL_S,
+        since=start - INTERVAL_S,
         until=until + INTERVAL_S,
         expected_interval_s=INTERVAL_S,
         cluster=CLUSTER,

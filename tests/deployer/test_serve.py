@@ -27,6 +27,7 @@ from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.store import open_store
 from linkwise.deployer.cycle_lines import CycleLines
+from linkwise.deployer.drift import DriftMonitor
 from linkwise.deployer.holds import HOLD_TAG
 from linkwise.deployer.lease import Lease, lease_dir_for, lease_expired, read_lease, write_lease
 from linkwise.deployer.locks import WATCHDOG_HOLDER, LeaseTaken, lock_partitions
@@ -42,6 +43,8 @@ from linkwise.deployer.start_checks import check_start
 from linkwise.deployer.watchdog import _tools
 from linkwise.policies.heuristics import make_policy
 from linkwise.policies.spec import PolicySpec
+from linkwise.tests import _drift
+from linkwise.tests._telemetry_truth import CLUSTER
 
 LOG = logging.getLogger("test.serve")
 TOPO = from_spec("4x4")
@@ -202,6 +205,37 @@ def test_the_loop_observes_with_the_serving_packages_predictor(tmp_path: Path) -
     holder.current = LoadedPolicy(Packaged(fitted), "model:x", "v1", "obs")
     (pending,) = backend.observe().pending
     assert (pending.job.pred_s, pending.job.pred_hi_s) == (600.0, 600.0)  # capped at its limit
+
+
+def test_the_loop_exports_observed_against_predicted_slowdown(tmp_path: Path) -> None:
+    """A running job with telemetry in the store and a profile in the cluster's calibration
+    gets its slowdown series on /metrics (deployer/drift.py; the scenario: tests/_drift.py,
+    up to now): 0.5 alone, 0.4 now, alone in Slurm's view now (predicted 1); a running job
+    the accounting does not hold yet is counted; no calibration, every job counted."""
+    now = time.time()
+    con = open_store(tmp_path / "s.duckdb")
+    try:
+        _drift.fill(con, labelled=True, base=now - 1500.0, now=now)
+    finally:
+        con.close()
+    running = [
+        qjob(1, 8, 2, state="RUNNING", nodes=tuple(NAMES[:2]), start_time=now - 1490, held=False),
+        qjob(99, 4, state="RUNNING", nodes=(NAMES[3],), start_time=now - 60, held=False),
+    ]
+    client = FakeClient(running, [ninfo(n, 4 if n != NAMES[2] else 0) for n in NAMES], FakeRunner())
+    backend = make_backend(tmp_path, client)
+    backend.observe()
+    text = backend.metrics.text()
+    assert 'linkwise_serve_slowdown_unobserved_jobs{reason="no_calibration"} 2.0' in text
+    assert "linkwise_serve_slowdown_ratio{" not in text
+    backend.drift = DriftMonitor(TOPO, CLUSTER, _drift.calibration, logger=LOG)
+    backend.observe()
+    text = backend.metrics.text()
+    observed = _drift.ALONE / _drift.SLOWED
+    assert f'linkwise_serve_slowdown_observed{{job_id="1"}} {observed}' in text
+    assert 'linkwise_serve_slowdown_predicted{job_id="1"} 1.0' in text
+    assert f'linkwise_serve_slowdown_ratio{{job_id="1"}} {observed}' in text
+    assert 'linkwise_serve_slowdown_unobserved_jobs{reason="not_in_store"} 1.0' in text
 
 
 def test_active_audits_before_acting_and_releases_on_shutdown(tmp_path: Path) -> None:
