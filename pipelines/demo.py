@@ -5,7 +5,9 @@
 Its numbers are one experiment of ``pipelines.experiment`` (``ci`` or ``full``):
 
 1. History (``pipelines.history``): the workload is replayed under a Slurm-like scheduler
-   (``backfill``) in the simulator and stored as the cluster's accounting in DuckDB.
+   (``backfill``) in the simulator and stored as the cluster's accounting in DuckDB; then
+   ``linkwise calibrate --db`` runs on it (``demo_data.calibrate_history``): what was
+   fitted, or plainly why nothing was (the replayed history holds no telemetry).
 2. Dataset (``pipelines.build_dataset``): decision points from the logs plus simulator
    rollouts, both from the FIRST part of the history only (``until`` a window boundary).
    One run-time predictor (``datasets.predictor``) is fit on that part alone
@@ -55,6 +57,7 @@ from linkwise.pipelines.console import Stages, history_progress, print_table
 from linkwise.pipelines.demo_data import (
     accuracy_text,
     build_demo_dataset,
+    calibrate_history,
     check_disjoint,
     fit_run_predictor,
     history_split,
@@ -123,6 +126,9 @@ class DemoResult:
     residual: dict[str, Any] = field(default_factory=dict)
     # the promoted residual against the best same-information heuristic (None: no residual)
     residual_gate: dict[str, Any] | None = None
+    # ``linkwise calibrate --db`` on the history (``demo_data.calibrate_history``): fitted or
+    # why not, and what it printed
+    calibration: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -158,10 +164,12 @@ def run_pipeline(
     stages: Stages,
     seed: int = 0,
     trace: str | None = None,
+    calibration: Mapping[str, Any] | None = None,
 ) -> DemoResult:
     """Steps 2-7 on a store that holds the cluster's accounting (``slurm_cluster``); with
     ``trace`` (the history's trace file) and PPO steps in the experiment, MaskablePPO is
-    trained on the trace's training days and evaluated beside BC and CQL."""
+    trained on the trace's training days and evaluated beside BC and CQL; ``calibration``:
+    what calibrating on the history gave (``DemoResult.calibration``)."""
     plan = training_plan(exp)
     console, out, uri = ws.console, ws.out, ws.uri
     topo = load_topology(exp.topology)
@@ -251,6 +259,7 @@ def run_pipeline(
         selection=selection,
         residual=residual,
         residual_gate=residual_gate,
+        calibration=dict(calibration or {}),
     )
     _write_result(ws, result, evaluation)
     return result
@@ -382,7 +391,7 @@ def run_demo(
         ws.db.unlink()  # the history is replayed afresh: one demo, one cluster history
     topo = load_topology(exp.topology)
     name = "demo"
-    stages = Stages(ws.console, 7 + (exp.residual is not None))
+    stages = Stages(ws.console, 8 + (exp.residual is not None))
     stages.begin("history", f"Replay the history under backfill on {exp.topology} -> DuckDB")
     synthetic = exp.workload or SyntheticWorkload(jobs=0)
     history_jobs, workload = workload_jobs(
@@ -405,6 +414,9 @@ def run_demo(
         f"avg {duration_text(history.avg_queue_s)}, p99 {duration_text(history.p99_queue_s)}, "
         f"{history.queued_share:.0%} waited > 1 min"
     )
+    stages.begin("calibrate", "Calibrate the contention model on the history (calibrate --db)")
+    calibration = calibrate_history(ws.db, name, exp.topology)
+    ws.console.print(calibration["text"], markup=False, end="")
     whole = trace if exp.min_gpus <= 1 else None  # a filtered trace is written out for PPO
     return run_pipeline(
         ws,
@@ -415,6 +427,7 @@ def run_demo(
         stages=stages,
         seed=seed,
         trace=ppo_trace(whole, history_jobs, ws.out) if ppo else None,
+        calibration=calibration,
     )
 
 

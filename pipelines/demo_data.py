@@ -1,4 +1,5 @@
-"""The demo's data (step 2 of ``pipelines.demo``): where the history is cut (the dataset's
+"""The demo's data (steps 2 and 3 of ``pipelines.demo``): the cluster's calibration tried on
+the history (``calibrate_history``), where the history is cut (the dataset's
 part, the validation windows that choose the checkpoints, the held-out windows), the run's
 one run-time predictor fit before the cut with its accuracy on the held-out jobs, and the
 dataset built from the first part."""
@@ -15,12 +16,14 @@ from typing import Any
 
 from linkwise.cluster.domain import Topology
 from linkwise.cluster.metrics import duration_text
+from linkwise.datasets.contention_fit import render_fit_text
 from linkwise.datasets.decisions import store_predictor
 from linkwise.datasets.prediction import predictor_digest, write_predictor
 from linkwise.datasets.predictor import RuntimePredictor, accuracy
 from linkwise.datasets.rollouts import Window, cut_windows, jobs_from_store
 from linkwise.datasets.store import open_store
 from linkwise.pipelines.build_dataset import build_dataset
+from linkwise.pipelines.cluster_calibration import calibrate_store
 from linkwise.pipelines.experiment import Experiment, TrainingPlan
 from linkwise.pipelines.history import accounting_jobs
 from linkwise.pipelines.selection import validation_windows
@@ -30,6 +33,7 @@ from linkwise.policies.spec import PolicySpec
 __all__ = [
     "accuracy_text",
     "build_demo_dataset",
+    "calibrate_history",
     "check_disjoint",
     "fit_run_predictor",
     "history_split",
@@ -202,4 +206,35 @@ def build_demo_dataset(
         "hash": built["hash"],
         "counts": built.get("counts"),
         "seconds": built["seconds"],
+    }
+
+
+NO_TELEMETRY = (
+    "the demo's history is replayed in the simulator and stored as accounting only (jobs, "
+    "their nodes): no exporter telemetry (DCGM GPU activity, link counters) exists to fit "
+    "the contention model on, so every later stage uses the shipped calibration "
+    "(DeepShare/Pollux testbeds). On a cluster: `linkwise collect telemetry`, then "
+    "`linkwise calibrate --db STORE` (docs/OPERATIONS.md)."
+)
+"""What the demo says when its history cannot be calibrated on."""
+
+
+def calibrate_history(db: str | Path, cluster: str, topology: str) -> dict[str, Any]:
+    """``linkwise calibrate --db`` on the demo's store (``calibrate_store``, not logged: the
+    demo's stages take their calibration as they are told): ``fitted``, the text to print
+    (what was fitted, from how many jobs and hours, the validation error; or why nothing
+    was, plainly), the fit's data and validation when fitted, and the seconds it took."""
+    t0 = time.perf_counter()
+    try:
+        done = calibrate_store(db, slurm_cluster=cluster, topology=topology)
+    except ValueError as exc:
+        text = f"calibration: not fitted: {exc}\n{NO_TELEMETRY}\n"
+        return {"fitted": False, "text": text, "seconds": time.perf_counter() - t0}
+    fit = done.fit.calibration.fit
+    return {
+        "fitted": True,
+        "text": f"calibration of cluster {done.cluster}:\n{render_fit_text(done.fit)}",
+        "data": fit["data"],
+        "validation": fit["validation"],
+        "seconds": time.perf_counter() - t0,
     }

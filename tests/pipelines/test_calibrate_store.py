@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -13,12 +14,15 @@ import pytest
 from linkwise.cli import main
 from linkwise.cluster.profiles import load_calibration
 from linkwise.datasets.hidden_truth import HiddenTruth, fill_truth_store
+from linkwise.datasets.ingest import ingest_job_runs
 from linkwise.datasets.store import open_store
 from linkwise.models.calibrations import (
     latest_cluster_calibration,
     lookup_tracking_uri,
     resolve_calibration,
 )
+from linkwise.pipelines.demo_data import NO_TELEMETRY, calibrate_history
+from linkwise.testkit.history import simulated_history
 
 SMALL = "2x8,leaf=1,nic=50,intra=450,oversub=2"
 TRUTH = HiddenTruth.default(
@@ -132,3 +136,27 @@ def test_the_pick_without_a_tracking_store_or_with_a_file(
     assert not (tmp_path / "linkwise-out").exists()
     given = resolve_calibration(tmp_path / "c.json", cluster="truth")
     assert (given.kind, given.describe()) == ("file", f"a file ({tmp_path / 'c.json'})")
+
+
+def test_the_demo_calibrates_on_its_history_or_says_plainly_why_not(
+    truth_db: Path, tmp_path: Path
+) -> None:
+    """The demo's calibrate stage (``demo_data.calibrate_history``): on a store with
+    telemetry, what was fitted, from how many jobs and hours, the validation error; on the
+    demo's replayed history (accounting only), that there is no telemetry, and that the
+    shipped calibration is used."""
+    done = calibrate_history(_copy(truth_db, tmp_path), "truth", SMALL)
+    runs = done["data"]["runs_summarized"]
+    assert done["fitted"] and runs >= 24  # 25 at the default 30 s interval
+    assert f"fitted on {runs} runs" in done["text"] and "over 1.5 h" in done["text"]
+    assert "validation on" in done["text"] and "MAE" in done["text"]
+    runs, _, _ = simulated_history(
+        30, topology="2x8", seed=0, max_gpus=8, load_scale=1.0, cluster="demo"
+    )
+    bare = tmp_path / "bare.duckdb"
+    with closing(open_store(bare)) as con:
+        ingest_job_runs(con, runs, source="accounting:demo")
+    plain = calibrate_history(bare, "demo", "2x8")
+    assert not plain["fitted"]
+    assert "not fitted" in plain["text"] and "holds no GPU activity telemetry" in plain["text"]
+    assert NO_TELEMETRY in plain["text"] and "shipped calibration" in NO_TELEMETRY

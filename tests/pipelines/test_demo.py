@@ -188,3 +188,11 @@ def test_the_demo_runs_again_in_the_same_folder(demo: DemoResult) -> None:
     assert again.residual is not None and again.residual["base"] == demo.residual["base"]
     labels = list((Path(demo.out_dir) / "residual" / "labels").glob("*.parquet"))
     assert len(labels) == 1  # the stage's folder rebuilt, not added to
+
+
+def test_the_demo_tries_to_calibrate_on_its_history(demo: DemoResult) -> None:
+    """The replayed history holds accounting only: the demo says there is no telemetry to
+    fit on, and that the shipped calibration is used (``demo.json`` keeps what it said)."""
+    assert demo.calibration["fitted"] is False
+    assert "no exporter telemetry" in demo.calibration["text"]
+    assert demo.seconds["calibrate"] < 30.0
