@@ -142,6 +142,7 @@ def render_markdown(
         "topology_source",
         "gpus",
         "contention",
+        "calibration",
         "workload",
         "workload_source",
         "window_s",

@@ -95,6 +95,9 @@ class ShadowReport:
     n_boot: int = 2000
     seed: int = 0
     skipped: tuple[str, ...] = ()  # later shadow spans left out for want of evidence
+    # the calibration the replay used and how it was chosen (models.calibrations'
+    # CalibrationChoice.to_dict(): kind, path, run_id, cluster, text)
+    calibration: dict[str, Any] = field(default_factory=dict)
 
     def interval(self, metric: str, subject: str = POLICY, reference: str = ACCOUNTING) -> Interval:
         """The paired ratio of ``metric`` of ``subject`` to ``reference``."""
@@ -143,6 +146,7 @@ def shadow_report(
     *,
     topology: Any,
     calibration: Any = None,
+    calibration_used: Mapping[str, Any] | None = None,
     policy: PolicySpec | None = None,
     since: float | None = None,
     until: float | None = None,
@@ -157,7 +161,8 @@ def shadow_report(
     """The counterfactual report of the shadow window (module docstring). ``policy``: a spec
     (default: the one the decisions name, ``shadow_policy_spec``); ``cluster``: the store's
     Slurm cluster (None: the only one); ``predictor``: run-time predictions for the jobs (a
-    learned policy's package brings its own)."""
+    learned policy's package brings its own); ``calibration_used``: how ``calibration`` was
+    chosen, as the report states it (default: its own source line)."""
     from linkwise.cluster.profiles import load_calibration
     from linkwise.datasets.backlog import backlog_from_store
     from linkwise.datasets.log_jobs import load_log_jobs, resolve_cluster
@@ -248,6 +253,7 @@ def shadow_report(
         n_boot=n_boot,
         seed=seed,
         skipped=skipped,
+        calibration=dict(calibration_used or {"text": cal.source or "shipped"}),
     )
 
 

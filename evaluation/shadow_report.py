@@ -43,6 +43,7 @@ def _markdown(report: ShadowReport) -> str:
         f"the window's start ({report.backlog['running']} running, "
         f"{report.backlog['pending']} pending jobs); {report.jobs} jobs measured",
         f"- intervals: paired bootstrap over the jobs, {report.n_boot} draws, seed {report.seed}",
+        f"- calibration: {report.calibration.get('text', 'not recorded')}",
         *(f"- skipped a later shadow span: {s}" for s in report.skipped),
         "",
         "| schedule | avg JCT | p99 JCT | avg queue | avg run-time inflation |",

@@ -44,6 +44,7 @@ __all__ = [
     "latest_cluster_calibration",
     "log_cluster_calibration",
     "lookup_tracking_uri",
+    "recorded_calibration",
     "resolve_calibration",
 ]
 
@@ -152,12 +153,36 @@ def latest_cluster_calibration(tracking_uri: str, cluster: str) -> CalibrationRe
         return None
     run = runs[0]
     run_id = str(run.info.run_id)
+    path = _local_copy(client, run_id)
+    return CalibrationRecord(run_id, cluster, path, dict(run.data.params))
+
+
+def _local_copy(client: Any, run_id: str) -> Path:
+    """The run's calibration JSON, downloaded into a temporary folder per run (reused while
+    it exists, downloaded again once gone)."""
     dst = Path(tempfile.gettempdir()) / "linkwise-calibrations" / run_id
     path = dst / ARTIFACT
     if not path.is_file():
         dst.mkdir(parents=True, exist_ok=True)
         path = Path(client.download_artifacts(run_id, ARTIFACT, str(dst)))
-    return CalibrationRecord(run_id, cluster, path, dict(run.data.params))
+    return path
+
+
+def recorded_calibration(sources: Mapping[str, Any], tracking_uri: str | None = None) -> str | None:
+    """The calibration a dataset's manifest (its ``sources``) was built with, to load again:
+    a cluster's fitted one fetched again from its MLflow run (``calibration_used``; the path
+    the build read is a temporary copy), else the file recorded (None: the shipped one)."""
+    used = sources.get("calibration_used") or {}
+    if used.get("kind") == "cluster" and used.get("run_id"):
+        uri = lookup_tracking_uri(tracking_uri)
+        if uri is None:
+            raise ValueError(
+                f"the dataset was built with {used.get('text', 'a fitted calibration')}: "
+                "name the tracking store it is in (--tracking-uri or MLFLOW_TRACKING_URI)"
+            )
+        return str(_local_copy(registry_client(uri), str(used["run_id"])))
+    path = sources.get("calibration")
+    return None if path is None else str(path)
 
 
 @dataclass(frozen=True)
@@ -169,6 +194,12 @@ class CalibrationChoice:
     run_id: str | None = None
     cluster: str | None = None
     span: str | None = None
+
+    @classmethod
+    def given(cls, path: str | Path | None) -> CalibrationChoice:
+        """The choice of a caller that names its calibration itself: a file, or None for the
+        shipped one."""
+        return cls("file", str(path)) if path is not None else cls("shipped", None)
 
     def describe(self) -> str:
         """The line every report prints: which calibration."""

@@ -90,6 +90,7 @@ from linkwise.evaluation.ope import ope_table, run_ope
 from linkwise.evaluation.report import EvaluationReport, log_report, write_report
 from linkwise.evaluation.stats import paired_ratio
 from linkwise.models.build import pinned, registry_version
+from linkwise.models.calibrations import CalibrationChoice
 from linkwise.models.registry import (
     default_tracking_uri,
     load_policy,
@@ -235,6 +236,7 @@ def evaluate(
     block_s: float = 1800.0,
     min_jobs: int = 10,
     calibration: str | None = None,
+    calibration_used: CalibrationChoice | None = None,
     contention: str = "analytic",
     tick_s: float | None = None,
     baseline: str | None = None,
@@ -269,7 +271,9 @@ def evaluate(
     a store describes, else ``DEFAULT_TOPOLOGY``); the report says which and from where.
     ``flexible``: this share of the workload's multi-GPU jobs without a request form replayed
     as flexible, by ``cluster.flexible``'s rule under ``seed`` (as ``simulate --flexible``),
-    before windows are cut; the report and the MLflow params state the share and the rule."""
+    before windows are cut; the report and the MLflow params state the share and the rule.
+    ``calibration_used``: how ``calibration`` was chosen (``models.calibrations``; default:
+    a file given, else the shipped one), which the report states."""
 
     if not policies:
         raise ValueError("no policies to evaluate")
@@ -379,9 +383,12 @@ def evaluate(
     )
     labels = [r.label for r in refs]
     base = baseline or next((r.label for r in refs if _reference(r.spec)), labels[0])
+    cal_choice = calibration_used or CalibrationChoice.given(calibration)
     context: dict[str, Any] = {
         "cluster": where.name,
         "topology_source": where.source,
+        "calibration": cal_choice.describe(),
+        "calibration_used": cal_choice.to_dict(),
         "gpus": topo.total_gpus,
         "contention": contention,
         "workload": workload,
@@ -562,9 +569,11 @@ def promote_from_shadow(
     slurm_cluster: str | None = None,
     calibration: str | None = None,
     seed: int = 0,
+    calibration_used: CalibrationChoice | None = None,
 ) -> Any:
     """Gate the current ``@shadow`` on its shadow-mode evidence in the live store and make it
-    champion if it passes; the decision (logged in MLflow either way)."""
+    champion if it passes; the decision (logged in MLflow either way), its evidence naming
+    the calibration the replay used (``calibration_used``: how it was chosen)."""
 
     cfg = gates or load_gates()
     aliases = current_aliases(tracking_uri)
@@ -589,7 +598,15 @@ def promote_from_shadow(
         )
     report = check_shadow(ev, cfg.shadow)
     return promote_shadow(
-        report, version, tracking_uri=tracking_uri, evidence={**ev.to_json(), **info, "db": str(db)}
+        report,
+        version,
+        tracking_uri=tracking_uri,
+        evidence={
+            **ev.to_json(),
+            **info,
+            "db": str(db),
+            "calibration": (calibration_used or CalibrationChoice.given(calibration)).to_dict(),
+        },
     )
 
 

@@ -31,6 +31,7 @@ from linkwise.datasets.export import export_dataset, read_dataset
 from linkwise.datasets.prediction import predictor_from_manifest
 from linkwise.datasets.rollouts import Window, make_tasks, run_rollouts
 from linkwise.models.build import token
+from linkwise.models.calibrations import recorded_calibration
 from linkwise.models.registry import default_tracking_uri, registry_client
 from linkwise.models.training import TrainConfig
 from linkwise.pipelines.build_dataset import resolve_learned
@@ -89,13 +90,15 @@ def self_rollouts(
     manifest: Mapping[str, Any],
     plan: IterationPlan,
     backlogs: Mapping[int, Backlog] | None = None,
+    tracking_uri: str | None = None,
 ) -> pl.DataFrame:
     """The package's own rollouts (``model:PATH`` with every epsilon, window and seed of
-    ``plan``) on the dataset's MDP and calibration (``manifest``), its jobs annotated by the
-    package's predictor (else the dataset's)."""
+    ``plan``) on the dataset's MDP and calibration (``manifest``; a cluster's fitted one
+    reloaded from its MLflow run at ``tracking_uri``: ``recorded_calibration``), its jobs
+    annotated by the package's predictor (else the dataset's)."""
     policy = PolicySpec.parse(f"model:{Path(package_dir).resolve()}")
     spec = ObsSpec.from_json(manifest["obs_spec"])
-    calibration = load_calibration(manifest.get("sources", {}).get("calibration"))
+    calibration = load_calibration(recorded_calibration(manifest.get("sources", {}), tracking_uri))
     learned = resolve_learned([policy], spec, calibration)  # at the edge: datasets/ never loads it
     predictor = learned[policy].predictor or predictor_from_manifest(manifest)
     tasks = make_tasks(
@@ -181,7 +184,7 @@ def iterate(
     results: list[RoundResult] = []
     for r in range(1, plan.rounds + 1):
         _df, manifest = read_dataset(path)
-        frame = self_rollouts(package, windows, topology, manifest, plan, backlogs)
+        frame = self_rollouts(package, windows, topology, manifest, plan, backlogs, tracking_uri)
         record = _round_record(r, package, windows, plan, frame)
         built = append_transitions(path, frame, record, out / "datasets")
         cfg = replace(config, dataset=replace(config.dataset, path=str(built["path"])))

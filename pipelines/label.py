@@ -26,6 +26,7 @@ from linkwise.datasets.prediction import predictor_record
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.rollouts import cut_windows
 from linkwise.datasets.traces import jobs_frame, load_trace
+from linkwise.models.calibrations import CalibrationChoice
 from linkwise.policies.spec import PolicySpec
 
 __all__ = ["label"]
@@ -54,9 +55,12 @@ def label(
     restart_cost: str,
     executor: str,
     out: Path,
+    calibration_used: CalibrationChoice | None = None,
 ) -> dict[str, Any]:
     """Build the tasks, label them on ``executor``, write the label set; its manifest with
-    ``speed`` (wall seconds, labels, cores, labels per second per core)."""
+    ``speed`` (wall seconds, labels, cores, labels per second per core). The manifest's
+    sources name the calibration (``calibration_used``: how it was chosen; default: a file
+    given, else the shipped one)."""
     spec = base
     if spec.is_oracle or spec.is_model or spec.search is not None:
         raise ValueError(
@@ -123,6 +127,8 @@ def label(
         "cluster": cluster,
         "restart": restart.describe(),
         "predictor": predictor_record(predictor),
+        "calibration": None if calibration is None else str(calibration),
+        "calibration_used": (calibration_used or CalibrationChoice.given(calibration)).to_dict(),
     }
     manifest = write_labels(df, config, sources, out)
     cores = _cores(executor)

@@ -435,6 +435,7 @@ def cmd_label(args: argparse.Namespace) -> int:
         restart_cost=args.restart_cost,
         executor=f"dask://{args.dask_address}" if args.dask_address else args.executor,
         out=args.out,
+        calibration_used=choice,
     )
     speed = manifest["speed"]
     if args.json:

@@ -72,6 +72,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         block_s=args.block,
         min_jobs=args.min_jobs,
         calibration=choice.path,
+        calibration_used=choice,
         baseline=args.baseline,
         executor=args.executor,
         out_dir=args.out,
@@ -120,6 +121,7 @@ def cmd_promote(args: argparse.Namespace) -> int:
             cluster=args.cluster,
             slurm_cluster=args.slurm_cluster,
             calibration=choice.path,
+            calibration_used=choice,
         )
         if args.json:
             doc = {**decision.to_json(), "calibration_used": choice.to_dict()}

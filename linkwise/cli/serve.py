@@ -372,6 +372,7 @@ def cmd_shadow_report(args: argparse.Namespace) -> int:
             con,
             topology=topo,
             calibration=load_calibration(choice.path),
+            calibration_used=choice.to_dict(),
             policy=policy,
             since=since,
             until=until,

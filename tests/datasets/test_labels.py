@@ -3,13 +3,17 @@ set is well formed and content-hashed, and the process pool gives the rows seria
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pytest
 
+from linkwise.cli import main
 from linkwise.cluster.mdp import MdpConfig, make_spec
+from linkwise.cluster.profiles import load_calibration
 from linkwise.cluster.restart import RestartModel
 from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets import synthetic
@@ -17,6 +21,7 @@ from linkwise.datasets.labels import LabelTask, read_labels, run_labels, write_l
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.rollouts import cut_windows
 from linkwise.datasets.traces import jobs_frame
+from linkwise.models.calibrations import log_cluster_calibration
 from linkwise.policies.heuristics import make_policy
 
 TOPO = from_spec("2x8")
@@ -143,3 +148,34 @@ def test_labels_run_on_a_dask_cluster() -> None:
     ) as cluster:
         df = run_labels(tasks, f"dask://{cluster.scheduler_address}")
     assert df.equals(run_labels(tasks, "serial"))
+
+
+def test_label_uses_the_clusters_calibration_by_default_and_records_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without --calibration: the shipped one while none is fitted for --slurm-cluster, the
+    newest fitted one once there is; said on stdout and recorded in the label set's
+    manifest (its sources)."""
+    uri = f"sqlite:///{tmp_path / 'ml' / 'mlflow.db'}"
+    argv = ["label", "--base", "sjf_bco", "--jobs", "300", "--cluster", "2x8"]
+    argv += ["--window-hours", "12", "--windows", "1", "--horizon", "1h", "--samples", "1"]
+    argv += ["--points", "1", "--alternatives", "2", "--k-slots", "3", "--executor", "serial"]
+    argv += ["--slurm-cluster", "lab", "--tracking-uri", uri]
+
+    def run(out: Path) -> tuple[str, dict[str, Any]]:
+        assert main([*argv, "--out", str(out)]) == 0
+        printed = capsys.readouterr().out
+        (manifest,) = out.glob("*.json")
+        return printed, json.loads(manifest.read_text())["sources"]
+
+    printed, sources = run(tmp_path / "shipped")
+    assert "calibration: shipped" in printed
+    assert sources["calibration_used"]["kind"] == "shipped" and sources["calibration"] is None
+    fitted = replace(load_calibration(None), alpha=0.9, source="test: a cluster fit")
+    run_id = log_cluster_calibration(uri, fitted, "lab")
+    printed, sources = run(tmp_path / "cluster")
+    assert f"calibration: cluster lab's fitted calibration (MLflow run {run_id}" in printed
+    used = sources["calibration_used"]
+    assert (used["kind"], used["run_id"]) == ("cluster", run_id)
+    assert sources["calibration"] == used["path"]
+    assert load_calibration(sources["calibration"]).alpha == 0.9

@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import json
 from contextlib import closing
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+from mlflow.tracking import MlflowClient
 
+from linkwise.cli import main
 from linkwise.cluster.mdp import MdpConfig, make_spec
+from linkwise.cluster.profiles import load_calibration
 from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets.export import export_dataset, read_dataset, to_mdp_dataset
 from linkwise.datasets.rollouts import cut_windows, jobs_from_trace, make_tasks, run_rollouts
@@ -24,6 +28,7 @@ from linkwise.deployer.promote import (
     rollback,
 )
 from linkwise.evaluation.gates import Check, GateReport, ShadowGates
+from linkwise.models.calibrations import log_cluster_calibration
 from linkwise.models.registry import ensure_experiment, log_policy
 from linkwise.models.training import AlgoConfig, build_algo, fit
 from linkwise.policies.source import MODEL_NAME
@@ -227,3 +232,35 @@ def test_evaluate_then_gate_the_challenger_end_to_end(package: Path, tmp_path: P
     (run,) = _decisions(uri)
     assert run.data.params["action"] == "challenger->shadow"
     assert run.data.tags["linkwise.promotion.passed"] == "false"
+
+
+def test_promote_to_champion_uses_the_clusters_calibration_by_default_and_records_it(
+    package: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``promote --stage champion`` without --calibration: the shipped one while none is
+    fitted for the store's cluster, the newest fitted one once there is; said on stdout and
+    recorded in the decision's evidence (its MLflow artifact ``decision.json``)."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    v1 = _register(package, uri)
+    promote_challenger(_report("c", True), v1, tracking_uri=uri, log=False)
+    db = tmp_path / "live.duckdb"
+    _store(db, v1, cycles=12, slurm_wait_s=18000.0)
+    args = ["promote", "--stage", "champion", "--db", str(db), "--cluster", "2x8",
+            "--tracking-uri", uri]  # fmt: skip
+
+    def run() -> tuple[str, dict[str, Any]]:
+        assert main(args) in (0, 3)  # passed or refused: the decision is logged either way
+        printed = capsys.readouterr().out
+        client = MlflowClient(tracking_uri=uri)
+        run = _decisions(uri)[-1]
+        local = client.download_artifacts(run.info.run_id, "decision.json", str(tmp_path))
+        return printed, json.loads(Path(local).read_text())["evidence"]["calibration"]
+
+    printed, used = run()
+    assert "calibration: shipped" in printed and used["kind"] == "shipped"
+    promote_challenger(_report("c", True), v1, tracking_uri=uri, log=False)  # @shadow again
+    fitted = replace(load_calibration(None), alpha=0.9, source="test: a cluster fit")
+    run_id = log_cluster_calibration(uri, fitted, "c")
+    printed, used = run()
+    assert f"calibration: cluster c's fitted calibration (MLflow run {run_id}" in printed
+    assert (used["kind"], used["run_id"]) == ("cluster", run_id)

@@ -5,12 +5,15 @@ a dataset manifest (overlap refused), the benchmark, paired bootstrap statistics
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from linkwise.cli import main
+from linkwise.cluster.profiles import load_calibration
 from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets.export import file_sha256
 from linkwise.datasets.rollouts import cut_windows, jobs_from_trace
@@ -23,6 +26,7 @@ from linkwise.evaluation.benchmark import (
 )
 from linkwise.evaluation.holdout import HoldoutError
 from linkwise.evaluation.stats import bootstrap_ratio, paired_ratio
+from linkwise.models.calibrations import log_cluster_calibration
 from linkwise.pipelines.evaluate import evaluate
 from linkwise.policies.spec import PolicySpec
 
@@ -255,3 +259,33 @@ def test_qssf_without_history_is_refused_before_any_simulation(
             log=False,
         )
     assert not (tmp_path / "report").exists()
+
+
+def test_evaluate_uses_the_clusters_calibration_by_default_and_records_it(
+    windows: list[Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without --calibration: the shipped one while no calibration is fitted for the
+    cluster, the cluster's newest fitted one once there is; said on stdout and recorded in
+    report.md and results.json."""
+    uri = f"sqlite:///{tmp_path / 'ml' / 'mlflow.db'}"
+    argv = ["evaluate", "--trace", str(PHILLY), "--windows", str(windows[0].window_id),
+            "--window", str(WINDOW_S), "--cluster", CLUSTER, "--policies", "backfill,best_fit",
+            "--seeds", "0", "--n-boot", "100", "--no-log", "--slurm-cluster", "philly",
+            "--tracking-uri", uri]  # fmt: skip
+
+    def run(out: Path) -> tuple[str, str, dict[str, Any]]:
+        assert main([*argv, "--out", str(out)]) == 0
+        printed = capsys.readouterr().out
+        results = json.loads((out / "results.json").read_text())
+        return printed, (out / "report.md").read_text(), results["context"]["calibration_used"]
+
+    printed, md, used = run(tmp_path / "shipped")
+    assert "calibration: shipped" in printed and "**calibration**: shipped" in md
+    assert used["kind"] == "shipped" and used["path"] is None
+    fitted = replace(load_calibration(None), alpha=0.9, source="test: a cluster fit")
+    run_id = log_cluster_calibration(uri, fitted, "philly")
+    printed, md, used = run(tmp_path / "cluster")
+    line = f"cluster philly's fitted calibration (MLflow run {run_id}"
+    assert f"calibration: {line}" in printed and line in md
+    assert (used["kind"], used["run_id"], used["cluster"]) == ("cluster", run_id, "philly")
+    assert load_calibration(used["path"]).alpha == 0.9

@@ -32,6 +32,7 @@ from linkwise.deployer.policies import GuardedPolicy, PolicyHolder
 from linkwise.deployer.recorder import Recorder
 from linkwise.evaluation.shadow_replay import METRICS, shadow_report
 from linkwise.evaluation.shadow_report import write_shadow_report
+from linkwise.models.calibrations import log_cluster_calibration
 from linkwise.pipelines.history import PARTITION, accounting_jobs, replay_history
 from linkwise.pipelines.sim_shadow import SimShadowBackend
 from linkwise.policies.heuristics import make_policy
@@ -206,3 +207,32 @@ def test_the_shadow_gate_reads_the_reports_interval(known: tuple[Path, float, fl
     bare = dc_replace(ev, avg_jct_ci=None)
     (avg,) = [c for c in check_shadow(bare, loose).checks if c.name == "counterfactual_avg_jct"]
     assert not avg.passed and "missing evidence" in avg.reason
+
+
+def test_shadow_report_uses_the_clusters_calibration_by_default_and_records_it(
+    known: tuple[Path, float, float], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without --calibration: the shipped one while none is fitted for the store's cluster,
+    the newest fitted one once there is; said on stdout and recorded in shadow_report.md
+    and shadow_report.json."""
+    db, since, until = known
+    uri = f"sqlite:///{tmp_path / 'ml' / 'mlflow.db'}"
+    args = ["shadow-report", "--db", str(db), "--cluster", TOPO, "--since", str(since),
+            "--until", str(until), "--n-boot", "100", "--tracking-uri", uri,
+            "--no-log"]  # fmt: skip
+
+    def run(out: Path) -> tuple[str, str, dict[str, Any]]:
+        assert main([*args, "--out", str(out)]) == 0
+        printed = capsys.readouterr().out
+        doc = json.loads((out / "shadow_report.json").read_text())
+        return printed, (out / "shadow_report.md").read_text(), doc["calibration"]
+
+    printed, md, used = run(tmp_path / "shipped")
+    assert "calibration: shipped" in printed and "- calibration: shipped" in md
+    assert used["kind"] == "shipped"
+    fitted = replace(load_calibration(None), alpha=0.9, source="test: a cluster fit")
+    run_id = log_cluster_calibration(uri, fitted, CLUSTER)
+    printed, md, used = run(tmp_path / "cluster")
+    line = f"cluster {CLUSTER}'s fitted calibration (MLflow run {run_id}"
+    assert f"calibration: {line}" in printed and f"- calibration: {line}" in md
+    assert (used["kind"], used["run_id"]) == ("cluster", run_id)

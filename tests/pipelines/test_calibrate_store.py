@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 from contextlib import closing
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,8 +18,11 @@ from linkwise.datasets.hidden_truth import HiddenTruth, fill_truth_store
 from linkwise.datasets.ingest import ingest_job_runs
 from linkwise.datasets.store import open_store
 from linkwise.models.calibrations import (
+    CalibrationChoice,
     latest_cluster_calibration,
+    log_cluster_calibration,
     lookup_tracking_uri,
+    recorded_calibration,
     resolve_calibration,
 )
 from linkwise.pipelines.demo_data import NO_TELEMETRY, calibrate_history
@@ -160,3 +164,28 @@ def test_the_demo_calibrates_on_its_history_or_says_plainly_why_not(
     assert not plain["fitted"]
     assert "not fitted" in plain["text"] and "holds no GPU activity telemetry" in plain["text"]
     assert NO_TELEMETRY in plain["text"] and "shipped calibration" in NO_TELEMETRY
+
+
+def test_a_datasets_cluster_calibration_is_reloaded_from_its_run_not_a_temp_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``linkwise iterate`` reloads the calibration a dataset was built with
+    (``recorded_calibration``): a cluster's fitted one from its MLflow run, even once the
+    temporary copy the build read is gone; a file as recorded; the shipped one as None."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    uri = f"sqlite:///{tmp_path / 'ml' / 'mlflow.db'}"
+    fitted = replace(load_calibration(None), alpha=0.9, source="test: a cluster fit")
+    run_id = log_cluster_calibration(uri, fitted, "lab")
+    choice = resolve_calibration(None, cluster="lab", tracking_uri=uri)
+    assert choice.run_id == run_id and choice.path is not None
+    sources = {"calibration": choice.path, "calibration_used": choice.to_dict()}
+    Path(choice.path).unlink()  # the temporary copy is gone
+    again = recorded_calibration(sources, uri)
+    assert again is not None and load_calibration(again).alpha == 0.9
+    with pytest.raises(ValueError, match="name the tracking store"):
+        recorded_calibration(sources)  # none configured, none on disk
+    given = CalibrationChoice.given(tmp_path / "c.json")
+    file_sources = {"calibration": given.path, "calibration_used": given.to_dict()}
+    assert recorded_calibration(file_sources) == str(tmp_path / "c.json")
+    assert recorded_calibration({"calibration": None}) is None
