@@ -25,8 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from linkwise.cluster.profiles import load_calibration
-from linkwise.datasets.contention_fit import fit_cluster_calibration, render_fit_text
-from linkwise.datasets.hidden_truth import HiddenTruth, fill_truth_store, recovery
+from linkwise.datasets.contention_fit.fit import fit_cluster_calibration
+from linkwise.datasets.contention_fit.report import render_fit_text
+from linkwise.datasets.hidden_truth.recovery import recovery
+from linkwise.datasets.hidden_truth.store import fill_truth_store
+from linkwise.datasets.hidden_truth.truth import HiddenTruth
 from linkwise.datasets.job_telemetry import build_job_telemetry
 from linkwise.datasets.store import open_store
 

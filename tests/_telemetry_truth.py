@@ -1,8 +1,8 @@
 """A small cluster whose telemetry is known: hand-written jobs on GPUs of nodes (the truth,
 GPU indices included), and what its exporters would print at every scrape (dcgm-exporter
 text with or without the ``hpc_job`` label, node_exporter's InfiniBand byte counters: the
-library's exposition functions, ``datasets.hidden_truth``, whose simulated cluster grows
-from this), stored through the real collectors' ingest (``ingest_prometheus``,
+library's exposition functions, ``datasets.hidden_truth.exposition``, whose simulated
+cluster grows from this), stored through the real collectors' ingest (``ingest_prometheus``,
 ``derive_ib_link_load``) beside the accounting (``ingest_job_runs``) in a DuckDB store."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 
 import duckdb
 
-from linkwise.datasets.hidden_truth import (
+from linkwise.datasets.hidden_truth.exposition import (
     GpuSample,
     IbPort,
     dcgm_exposition,

@@ -28,7 +28,7 @@ def cmd_calibrate_store(args: argparse.Namespace) -> int:
     """``linkwise calibrate --db``: fit on the store, print, write, log."""
     # scipy, DuckDB, polars and MLflow: only when the command runs
     from linkwise.cluster.calibration.fit import write_calibration
-    from linkwise.datasets.contention_fit import render_fit_text
+    from linkwise.datasets.contention_fit.report import render_fit_text
     from linkwise.datasets.operator import parse_time
     from linkwise.models.calibrations import log_cluster_calibration
     from linkwise.models.registry import default_tracking_uri

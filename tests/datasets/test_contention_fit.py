@@ -1,5 +1,5 @@
-"""The contention model fitted on a cluster's own telemetry (datasets/contention_fit.py)
-against a hidden truth (datasets/hidden_truth.py): a simulated cluster whose alpha, overhead
+"""The contention model fitted on a cluster's own telemetry (datasets/contention_fit/)
+against a hidden truth (datasets/hidden_truth/): a simulated cluster whose alpha, overhead
 and job profiles the fit does not know, observed only through dcgm-exporter and
 node_exporter text and the accounting, stored by the real ingest functions.
 
@@ -21,20 +21,14 @@ import pytest
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import Job
 from linkwise.cluster.profiles import load_calibration
-from linkwise.datasets.contention_fit import (
-    ClusterFit,
-    contention_terms,
-    fit_cluster_calibration,
-    load_fit_data,
-    render_fit_text,
-    standard_errors,
-)
-from linkwise.datasets.hidden_truth import (
-    HiddenTruth,
-    TruthReport,
-    fill_truth_store,
-    recovery,
-)
+from linkwise.datasets.contention_fit.data import load_fit_data
+from linkwise.datasets.contention_fit.fit import ClusterFit, fit_cluster_calibration
+from linkwise.datasets.contention_fit.report import render_fit_text
+from linkwise.datasets.contention_fit.solve import standard_errors
+from linkwise.datasets.contention_fit.terms import contention_terms
+from linkwise.datasets.hidden_truth.recovery import recovery
+from linkwise.datasets.hidden_truth.store import TruthReport, fill_truth_store
+from linkwise.datasets.hidden_truth.truth import HiddenTruth
 from linkwise.datasets.job_telemetry import build_job_telemetry, read_job_telemetry
 from linkwise.datasets.store import open_store
 from linkwise.datasets.telemetry.prometheus import NON_FINITE_REASON

@@ -14,7 +14,8 @@ import pytest
 
 from linkwise.cli import main
 from linkwise.cluster.profiles import load_calibration
-from linkwise.datasets.hidden_truth import HiddenTruth, fill_truth_store
+from linkwise.datasets.hidden_truth.store import fill_truth_store
+from linkwise.datasets.hidden_truth.truth import HiddenTruth
 from linkwise.datasets.ingest import ingest_job_runs
 from linkwise.datasets.store import open_store
 from linkwise.models.calibrations import (

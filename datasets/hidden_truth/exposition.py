@@ -1,0 +1,133 @@
+"""What the hidden truth's cluster prints: dcgm-exporter's text (``dcgm_exposition``),
+node_exporter's InfiniBand counters (``node_exporter_exposition``) and sacct's records of
+the runs (``accounting``)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from linkwise.cluster.slurm.gpu_counts import even_split
+from linkwise.cluster.slurm.records import JobRun
+from linkwise.datasets.hidden_truth.truth import HiddenTruth, Timeline
+
+__all__ = ["GpuSample", "IbPort", "accounting", "dcgm_exposition", "node_exporter_exposition"]
+
+GPU_MODEL = "NVIDIA H100 80GB HBM3"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    """One GPU in one dcgm-exporter scrape."""
+
+    gpu: int
+    job: int | None  # the hpc_job label's job id (None: idle, or no job mapping)
+    sm_active: float
+    gpu_util: int
+    nvlink_tx: float  # bytes/s
+    nvlink_rx: float
+
+
+def _gpu_labels(node: str, gpu: int, job: int | None) -> str:
+    job_label = f',hpc_job="{job}"' if job is not None else ""
+    return (
+        f'gpu="{gpu}",UUID="GPU-{node}-{gpu:04d}",device="nvidia{gpu}",'
+        f'modelName="{GPU_MODEL}",Hostname="{node}"{job_label}'
+    )
+
+
+def dcgm_exposition(node: str, samples: Sequence[GpuSample]) -> str:
+    """What dcgm-exporter prints for ``node``'s GPUs: SM activity, GPU utilisation and the
+    NVLink byte rates, each GPU with its ``hpc_job`` label where it has one."""
+    lines = [
+        "# HELP DCGM_FI_PROF_SM_ACTIVE The ratio of cycles an SM has at least 1 warp assigned.",
+        "# TYPE DCGM_FI_PROF_SM_ACTIVE gauge",
+    ]
+    lines += [
+        f"DCGM_FI_PROF_SM_ACTIVE{{{_gpu_labels(node, s.gpu, s.job)}}} {s.sm_active!r}"
+        for s in samples
+    ]
+    lines.append("# TYPE DCGM_FI_DEV_GPU_UTIL gauge")
+    lines += [
+        f"DCGM_FI_DEV_GPU_UTIL{{{_gpu_labels(node, s.gpu, s.job)}}} {s.gpu_util}" for s in samples
+    ]
+    for metric, attr in (
+        ("DCGM_FI_PROF_NVLINK_TX_BYTES", "nvlink_tx"),
+        ("DCGM_FI_PROF_NVLINK_RX_BYTES", "nvlink_rx"),
+    ):
+        lines.append(f"# TYPE {metric} gauge")
+        lines += [
+            f"{metric}{{{_gpu_labels(node, s.gpu, s.job)}}} {getattr(s, attr)!r}" for s in samples
+        ]
+    return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True, slots=True)
+class IbPort:
+    """One HCA port's byte counters in one node_exporter scrape: the 64-bit ``legacy`` ones
+    (counters_ext) and/or the 32-bit ``port`` ones (counters/), None where absent."""
+
+    legacy_tx: float | None
+    legacy_rx: float | None
+    port_tx: float | None = None
+    port_rx: float | None = None
+    device: str = "mlx5_0"
+    port: str = "1"
+
+
+def node_exporter_exposition(ports: Sequence[IbPort]) -> str:
+    """node_exporter's InfiniBand byte counters of the ports."""
+    lines: list[str] = []
+    for what, legacy, port in (
+        ("transmitted", "legacy_tx", "port_tx"),
+        ("received", "legacy_rx", "port_rx"),
+    ):
+        for kind, attr in (("legacy", legacy), ("port", port)):
+            metric = f"node_infiniband_{kind}_data_{what}_bytes_total"
+            values = [(p, getattr(p, attr)) for p in ports if getattr(p, attr) is not None]
+            if values:
+                lines.append(f"# TYPE {metric} counter")
+                lines += [
+                    f'{metric}{{device="{p.device}",port="{p.port}"}} {v!r}' for p, v in values
+                ]
+    return "\n".join(lines) + "\n"
+
+
+def accounting(truth: HiddenTruth, timeline: Timeline) -> list[JobRun]:
+    """The ``JobRun`` records sacct holds at the end of the window (module docstring)."""
+    topo = truth.topology()
+    names = [n.name for n in topo.nodes]
+    first = {p.job_id: p for _, _, ps in timeline.segments() for p in ps}
+    out: list[JobRun] = []
+    for job_id, start in sorted(timeline.started.items()):
+        if start >= truth.window_s:
+            continue
+        job = timeline.jobs[job_id]
+        end = timeline.ended.get(job_id, math.inf)
+        done = end <= truth.window_s
+        nodes = tuple(names[n] for n in first[job_id].placement.nodes)
+        out.append(
+            JobRun(
+                cluster=truth.cluster,
+                job_id=job_id,
+                run_index=0,
+                name=job.name,
+                user=job.user,
+                account="a",
+                partition="gpu",
+                state="COMPLETED" if done else "RUNNING",
+                exit_code=0 if done else None,
+                signal=None,
+                submit_time=float(math.floor(truth.t0 + job.submit_time)),
+                start_time=float(math.floor(truth.t0 + start)),
+                end_time=float(math.floor(truth.t0 + end)) if done else None,
+                time_limit_s=None,
+                nodes=nodes,
+                gpus=job.num_gpus,
+                gpus_per_node=even_split(job.num_gpus, len(nodes)),
+                allocation_nodes=len(nodes),
+                settled=True,
+            )
+        )
+    return out
