@@ -13,7 +13,7 @@ import itertools
 from collections.abc import Sequence
 
 from linkwise.cluster.domain import Placement, Shape, Topology
-from linkwise.cluster.placement import slurm_select_flexible, split_job_gpus
+from linkwise.cluster.placement.slurm_select import slurm_select_flexible, split_job_gpus
 from linkwise.cluster.slurm import topology_rules
 from linkwise.cluster.slurm.records import QueuedJob
 from linkwise.cluster.slurm.request import widens

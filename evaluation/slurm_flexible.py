@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from linkwise.cluster.domain import Placement, Topology
 from linkwise.cluster.hostlist import expand
-from linkwise.cluster.placement import slurm_select_flexible
+from linkwise.cluster.placement.slurm_select import slurm_select_flexible
 from linkwise.cluster.slurm.client import SlurmClient
 from linkwise.cluster.slurm.gpu_counts import gres_gpus
 

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from linkwise.cluster.domain import ClusterState, Decision, Start, fixed_shape, within_request
-from linkwise.cluster.placement import apply_placement, distinct_placements, slurm_select
+from linkwise.cluster.placement.generators import apply_placement, distinct_placements
+from linkwise.cluster.placement.slurm_select import slurm_select
 from linkwise.policies.parts.placements import add_busy, can_ever_run
 
 T = TypeVar("T")

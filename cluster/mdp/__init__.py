@@ -15,13 +15,13 @@ one candidate placement or waits (ends the decision point; time advances).
   carries its rank in each of the four orders (``rank_*``: rank / K, 1 beyond the first
   ``K``), whatever ``slot_order``, so one per-row network can tell which order picked it.
 - Candidates: per slot, one placement from each of ``P`` deterministic generators
-  (``MdpConfig.generators``): the five of ``linkwise.cluster.placement``,
+  (``MdpConfig.generators``): the five of ``linkwise.cluster.placement.generators``,
   ``least_contention`` (defined here: among the other generators' placements and a
   best fit inside each leaf switch, the one minimising the job's predicted slowdown plus
   the slowdown it adds to running split jobs) and ``bounded`` (SJF-BCO's consolidated
-  placement, ``cluster.placement.bounded_placement``: None when the job would span more
-  than ``ceil(span_lambda x n_min)`` servers, so a policy offered only ``bounded``
-  candidates waits for consolidation).
+  placement, ``cluster.placement.generators.bounded_placement``: None when the job would
+  span more than ``ceil(span_lambda x n_min)`` servers, so a policy offered only
+  ``bounded`` candidates waits for consolidation).
 - Actions: ``K * P + 1``; ``a < K * P`` is (slot ``a // P``, candidate ``a % P``), the
   last one is "wait". The mask marks empty slots and generators that returned None;
   with ``mask_duplicates`` (default) a candidate equal to an earlier one of the same

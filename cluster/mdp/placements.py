@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from linkwise.cluster.contention import ContentionModel
 from linkwise.cluster.domain import ClusterState, Job, Placement
 from linkwise.cluster.mdp.slowdown import Contention, Prediction, contention_of
-from linkwise.cluster.placement import (
+from linkwise.cluster.placement.generators import (
     best_fit,
     bounded_placement,
     first_fit,

@@ -22,8 +22,8 @@ from linkwise.cluster.domain import (
     Topology,
     requested_shape,
 )
-from linkwise.cluster.placement import (
-    apply_placement,
+from linkwise.cluster.placement.generators import apply_placement
+from linkwise.cluster.placement.slurm_select import (
     slurm_select,
     slurm_select_flexible,
     slurm_select_usable,

@@ -34,15 +34,17 @@ from linkwise.cluster.domain import (
     fixed_shape,
     requested_shape,
 )
-from linkwise.cluster.placement import (
+from linkwise.cluster.placement.generators import (
     apply_placement,
     best_fit,
     bounded_placement,
     first_fit,
-    fixed_first_fit,
     fragment_first_fit,
     least_busy,
     same_leaf,
+)
+from linkwise.cluster.placement.slurm_select import (
+    fixed_first_fit,
     slurm_select,
     slurm_select_flexible,
 )

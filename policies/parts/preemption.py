@@ -38,7 +38,7 @@ from linkwise.cluster.domain import (
     Start,
     within_request,
 )
-from linkwise.cluster.placement import (
+from linkwise.cluster.placement.generators import (
     apply_placement,
     best_fit,
     min_nodes_for,

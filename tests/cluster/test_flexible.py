@@ -28,7 +28,11 @@ from linkwise.cluster.domain import (
     within_request,
 )
 from linkwise.cluster.flexible import RULE, flexible_draw, with_flexible
-from linkwise.cluster.placement import fixed_first_fit, slurm_select_flexible, split_job_gpus
+from linkwise.cluster.placement.slurm_select import (
+    fixed_first_fit,
+    slurm_select_flexible,
+    split_job_gpus,
+)
 from linkwise.cluster.profiles import assign_profiles, load_calibration
 from linkwise.cluster.simulator.engine import Simulator
 from linkwise.cluster.simulator.errors import InvalidDecision

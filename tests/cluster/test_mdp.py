@@ -16,7 +16,7 @@ from linkwise.cluster import mdp
 from linkwise.cluster.contention import AnalyticModel, EmpiricalModel, PairwiseTable
 from linkwise.cluster.domain import ClusterState, Decision, Job, Node, Placement, Start, Topology
 from linkwise.cluster.loop import drive
-from linkwise.cluster.placement import (
+from linkwise.cluster.placement.generators import (
     best_fit,
     first_fit,
     fragment_first_fit,

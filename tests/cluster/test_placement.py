@@ -9,7 +9,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from linkwise.cluster.domain import Job, Placement, Shape, Topology, requested_shape
-from linkwise.cluster.placement import (
+from linkwise.cluster.placement.generators import (
     GENERATOR_NAMES,
     all_placements,
     apply_placement,
@@ -21,8 +21,8 @@ from linkwise.cluster.placement import (
     least_busy,
     release_placement,
     same_leaf,
-    slurm_select,
 )
+from linkwise.cluster.placement.slurm_select import slurm_select
 from linkwise.cluster.topology.spec import from_spec
 
 Case = tuple[Topology, list[int], int, list[int]]

@@ -27,13 +27,8 @@ from linkwise.cluster.domain import (
     requested_shape,
 )
 from linkwise.cluster.loop import drive
-from linkwise.cluster.placement import (
-    apply_placement,
-    best_fit,
-    first_fit,
-    least_busy,
-    slurm_select,
-)
+from linkwise.cluster.placement.generators import apply_placement, best_fit, first_fit, least_busy
+from linkwise.cluster.placement.slurm_select import slurm_select
 from linkwise.cluster.restart import RestartModel
 from linkwise.cluster.simulator.config import SimConfig
 from linkwise.cluster.simulator.engine import Simulator

@@ -9,7 +9,7 @@ import pytest
 
 from linkwise.cluster.contention import AnalyticModel, NoContention
 from linkwise.cluster.domain import ClusterState, Job, PendingJob, Placement, RunningJob
-from linkwise.cluster.placement import apply_placement
+from linkwise.cluster.placement.generators import apply_placement
 from linkwise.cluster.profiles import assign_profiles, load_calibration
 from linkwise.cluster.restart import RestartModel
 from linkwise.cluster.simulator.config import SimConfig
