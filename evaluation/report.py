@@ -136,7 +136,46 @@ def render_markdown(
 ) -> str:
     """The Markdown report (the results table: the columns ``linkwise evaluate`` prints,
     ``evaluation.columns``; ``wide``: all of them)."""
-    lines = ["# linkwise evaluation", "", "## Setup", ""]
+    lines = ["# linkwise evaluation", "", "## Setup", "", *_setup_lines(context)]
+    lines += [
+        "",
+        "## Results (mean over cases)",
+        "",
+        "Lower bound (LB): mean isolated best-placement run time (no queueing, no contention); "
+        "the p99 LB is the p99 of isolated run times; queue LB: the larger of LB and preemptive "
+        "SRPT of the jobs' GPU-seconds on the pooled GPUs (docs/LOWER_BOUNDS.md), which counts "
+        "queueing. Slowdown = JCT / isolated run time "
+        f"(bounded, 10 s floor); unfair = share of jobs with slowdown > {UNFAIR_SLOWDOWN:g}.",
+        "",
+        "The average JCT in parts: avg JCT = avg queue + LB x (1 + run-time inflation), "
+        "the inflation being mean run time / mean isolated run time - 1 (contention's share "
+        "of run time); contention x is the per-job mean of run time / isolated run time, "
+        "multi-node x the same over jobs spanning more than one node. (oracle): reads the "
+        "true run time, a ceiling, never a reference.",
+        "",
+        *_summary_table(summary, baseline, wide),
+    ]
+    if summary:
+        lb = summary[0]
+        lines += [
+            "",
+            f"Lower bound: avg {duration_text(lb['lower_bound_s'])}, "
+            f"p99 {duration_text(lb['lower_bound_p99_s'])}; "
+            f"queueing-aware avg {duration_text(lb.get('lower_bound_queue_s', math.nan))}.",
+        ]
+    lines += _ratio_lines(ratios, baseline, summary)
+    if references and summary:
+        lines += _reference_table(summary, ratios, baseline, references, reference_ratios)
+    lines += _failed_lines(context)
+    lines += ["", "## Plots", ""]
+    lines += [f"![{name}]({path})" for name, path in plots.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _setup_lines(context: Mapping[str, Any]) -> list[str]:
+    """The report's setup: the run's context, the evaluation windows, the training data they
+    are held out from, and the run-time predictor."""
+    lines: list[str] = []
     for key in (
         "cluster",
         "topology_source",
@@ -189,32 +228,14 @@ def render_markdown(
             + (f"; {pred['history_note']}" if pred.get("history_note") else "")
             + ". Policies see its predictions, never the true run times (oracles excepted).",
         ]
-    lines += [
-        "",
-        "## Results (mean over cases)",
-        "",
-        "Lower bound (LB): mean isolated best-placement run time (no queueing, no contention); "
-        "the p99 LB is the p99 of isolated run times; queue LB: the larger of LB and preemptive "
-        "SRPT of the jobs' GPU-seconds on the pooled GPUs (docs/LOWER_BOUNDS.md), which counts "
-        "queueing. Slowdown = JCT / isolated run time "
-        f"(bounded, 10 s floor); unfair = share of jobs with slowdown > {UNFAIR_SLOWDOWN:g}.",
-        "",
-        "The average JCT in parts: avg JCT = avg queue + LB x (1 + run-time inflation), "
-        "the inflation being mean run time / mean isolated run time - 1 (contention's share "
-        "of run time); contention x is the per-job mean of run time / isolated run time, "
-        "multi-node x the same over jobs spanning more than one node. (oracle): reads the "
-        "true run time, a ceiling, never a reference.",
-        "",
-        *_summary_table(summary, baseline, wide),
-    ]
-    if summary:
-        lb = summary[0]
-        lines += [
-            "",
-            f"Lower bound: avg {duration_text(lb['lower_bound_s'])}, "
-            f"p99 {duration_text(lb['lower_bound_p99_s'])}; "
-            f"queueing-aware avg {duration_text(lb.get('lower_bound_queue_s', math.nan))}.",
-        ]
+    return lines
+
+
+def _ratio_lines(
+    ratios: Sequence[RatioCI], baseline: str, summary: Sequence[Mapping[str, Any]]
+) -> list[str]:
+    """The paired JCT ratios to the baseline with their bootstrap intervals (none: no lines)."""
+    lines: list[str] = []
     if ratios:
         level = ratios[0].level
         lines += [
@@ -234,8 +255,12 @@ def render_markdown(
                 f"| {_label(p, summary)} | {a.ratio:.3f} | [{a.low:.3f}, {a.high:.3f}] | "
                 f"{q.ratio:.3f} | [{q.low:.3f}, {q.high:.3f}] | {a.wins:.0%} |"
             )
-    if references and summary:
-        lines += _reference_table(summary, ratios, baseline, references, reference_ratios)
+    return lines
+
+
+def _failed_lines(context: Mapping[str, Any]) -> list[str]:
+    """The policies that failed on some case, left out of the comparison."""
+    lines: list[str] = []
     failed: Mapping[str, Mapping[str, Any]] = context.get("failed", {})
     if failed:
         lines += [
@@ -246,9 +271,7 @@ def render_markdown(
             "|---|---|---|",
         ]
         lines += [f"| {p} | {f['cases']} | {f['first']} |" for p, f in failed.items()]
-    lines += ["", "## Plots", ""]
-    lines += [f"![{name}]({path})" for name, path in plots.items()]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def _summary_table(summary: Sequence[Mapping[str, Any]], baseline: str, wide: bool) -> list[str]:
@@ -313,6 +336,7 @@ def _reference_table(
 
 
 def _plt() -> Any:
+    # matplotlib (heavy) only when a report draws its figures, with the Agg backend first
     import matplotlib
 
     matplotlib.use("Agg")

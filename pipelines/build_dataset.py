@@ -38,6 +38,7 @@ import time
 import zlib
 from collections.abc import Mapping, Sequence
 from contextlib import closing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,7 @@ from linkwise.datasets.log_jobs import store_cluster, topology_from_store
 from linkwise.datasets.prediction import predictor_from_history, predictor_record
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.rollouts import (
+    Window,
     cut_windows,
     jobs_from_store,
     jobs_from_trace,
@@ -233,22 +235,9 @@ def build_dataset(
     spec = make_spec(config)
     cal = load_calibration(calibration)
     model = AnalyticModel(cal)
-    if db is not None:  # spans are named by the store's cluster, given or not
-        with closing(open_store(db)) as con:
-            slurm_cluster = store_cluster(con, slurm_cluster)
-    topo: Topology | None = load_topology(topology) if topology else None
-    if topo is None and db is not None:
-        with closing(open_store(db)) as con:
-            topo = topology_from_store(con, slurm_cluster)
-    if topo is None:
-        topo = load_topology(DEFAULT_TOPOLOGY)
+    slurm_cluster, topo = _cluster_and_topology(db, topology, slurm_cluster)
     sources: dict[str, Any] = {
-        "topology": {
-            "spec": topology or (None if db else DEFAULT_TOPOLOGY),
-            "name": topo.name,
-            "nodes": len(topo.nodes),
-            "gpus": topo.total_gpus,
-        },
+        "topology": _topology_source(topo, topology or (None if db else DEFAULT_TOPOLOGY)),
         "calibration": calibration,
         # which calibration (models.calibrations.CalibrationChoice.to_dict), when resolved
         "calibration_used": dict(calibration_used) if calibration_used else None,
@@ -257,49 +246,15 @@ def build_dataset(
     sources["predictor"] = predictor_record(predictor, fitted_on)
     if log_share is not None and not 0.0 <= log_share <= 1.0:
         raise ValueError(f"log_share must be in [0, 1], got {log_share}")
+    span = Span(db, trace, slurm_cluster, since, until)
     want = rollouts is None or rollouts > 0 or bool(windows)
-    profile_counts: ProfileCounts | None = None
-    rollout_note: dict[str, Any] | None = None
-    if want:  # the rollout windows first: a history too short is refused before any work
-        if trace is not None:
-            jobs = _submitted(jobs_from_trace(trace), since, until)
-            origin: dict[str, Any] = {
-                "trace": str(trace),
-                "sha256": file_sha256(trace),
-                "since": since,
-                "until": until,
-            }
-        else:
-            assert db is not None
-            with closing(open_store(db)) as con:
-                jobs = jobs_from_store(con, cluster=slurm_cluster, since=since, until=until)
-            origin = {"db": db, "cluster": slurm_cluster, "since": since, "until": until}
-        # profiles learned from the store's job telemetry before ``until`` where a job has one
-        # (datasets.comm_profiles), the default mix elsewhere; no telemetry changes nothing
-        book = EMPTY_BOOK
-        if db is not None:
-            with closing(open_store(db)) as con:
-                book = load_profile_book(con, cluster=slurm_cluster, until=until)
-        jobs, roll_cal, counts = apply_history_frame(jobs, cal, book)
-        profile_counts = counts
-        cut = cut_windows(jobs, window_s, max_gpus=topo.total_gpus)
-        n = len(cut) if rollouts is None else rollouts
-        chosen = choose_windows(cut, ids=windows, n=n, min_jobs=min_jobs)
-        shortfall: str | None = None
-        if not windows and rollouts is not None:
-            supply = window_supply(cut, asked=rollouts, min_jobs=min_jobs, window_s=window_s)
-            hint = "lower --window or --min-jobs, or widen --since/--until"
-            if not supply.free:
-                raise ValueError(supply.message(f"no rollout windows for --rollouts {n}", hint))
-            if supply.missing:
-                shortfall = supply.message(
-                    f"--rollouts {n}: {len(chosen)} windows rolled out", hint
-                )
+    # the rollout windows first: a history too short is refused before any work
+    plan = _plan_rollouts(span, cal, topo, rollouts, windows, window_s, min_jobs) if want else None
     frames: list[pl.DataFrame] = [empty_frame()]
     logs = empty_frame()
     log_report: dict[str, Any] | None = None
     if db is not None:
-        frame, log_report = _log_transitions(
+        logs, log_report = _log_transitions(
             db,
             topo,
             spec,
@@ -311,63 +266,27 @@ def build_dataset(
             seed=seed,
             predictor=predictor,
         )
-        logs = frame
-        window = (
-            frame.select(pl.col("time").min().alias("from"), pl.col("time").max().alias("to")).row(
-                0, named=True
-            )
-            if frame.height
-            else {"from": None, "to": None}
+        sources["accounting"] = _accounting_source(span, logs, log_report, log_window_s, seed)
+    rollout_note: dict[str, Any] | None = None
+    if plan is not None:
+        if warm_start and (trace is not None or db is None):
+            raise ValueError("warm_start needs rollouts from the store (no trace)")
+        options = RolloutOptions(
+            tuple(policies),
+            tuple(epsilons),
+            tuple(seeds),
+            window_s,
+            block_s,
+            max_steps,
+            warm_start,
+            executor,
+            batch,
         )
-        sources["accounting"] = {
-            "db": db,
-            "cluster": slurm_cluster or log_report.get("cluster"),
-            "since": since,
-            "until": until,
-            "window_s": log_window_s,
-            "decision_times": window,
-            "profile_seed": seed,
-        }
-    if want:
-        backlogs: dict[int, Backlog] = {}
-        if warm_start:
-            if trace is not None or db is None:
-                raise ValueError("warm_start needs rollouts from the store (no trace)")
-            with closing(open_store(db)) as con:
-                backlogs = {
-                    w.window_id: backlog_from_store(con, topo, slurm_cluster, w.start, predictor)
-                    for w in chosen
-                }
-        tasks = make_tasks(
-            chosen,
-            policies,
-            seeds,
-            topo,
-            epsilons=epsilons,
-            config=spec.config,
-            calibration=roll_cal,
-            block_s=block_s,
-            max_steps=max_steps,
-            backlogs=backlogs,
-            predictor=predictor,
-            learned=resolve_learned(policies, spec, cal),
+        frame, sources["rollouts"], episodes = _roll_out(
+            plan, options, span, topo, spec, cal, predictor
         )
-        frames.append(run_rollouts(tasks, executor, batch=batch))
-        sources["rollouts"] = {
-            **origin,
-            "policies": [p.label for p in policies],
-            "epsilons": [float(e) for e in epsilons],
-            "seeds": [int(s) for s in seeds],
-            "windows": [w.window_id for w in chosen],
-            "window_s": window_s,
-            "block_s": block_s,
-            "max_steps": max_steps,
-            "warm_start": warm_start,
-            "resampling": "block bootstrap of the window's arrivals (datasets.rollouts)",
-        }
-        if counts.history:
-            sources["rollouts"]["profiles"] = counts.to_dict()
-        rollout_note = {"asked": rollouts, "episodes": len(tasks), "shortfall": shortfall}
+        frames.append(frame)
+        rollout_note = {"asked": rollouts, "episodes": episodes, "shortfall": plan.shortfall}
     if log_share is not None and db is not None:
         others = sum(f.height for f in frames)
         logs, sources["log_share"] = cap_log_share(logs, others, log_share)
@@ -379,7 +298,7 @@ def build_dataset(
     return {
         **manifest,
         "log_report": log_report,
-        "profiles": profile_counts.to_dict() if profile_counts is not None else None,
+        "profiles": plan.counts.to_dict() if plan is not None else None,
         "rollout_report": rollout_note,
         "mlflow_run_id": run_id,
         "seconds": seconds,
@@ -387,8 +306,195 @@ def build_dataset(
     }
 
 
+@dataclass(frozen=True)
+class Span:
+    """Where a dataset's history comes from: the store (``db``) and/or a ``trace``, the
+    store's cluster, and the submit-time span [since, until)."""
+
+    db: str | None
+    trace: str | Path | None
+    cluster: str | None
+    since: float | None
+    until: float | None
+
+
+@dataclass(frozen=True)
+class RolloutPlan:
+    """The rollout windows chosen before any work, where their jobs came from (``origin``),
+    the calibration they run with (learned profiles where jobs have them) and the shortfall
+    against the windows asked for."""
+
+    chosen: tuple[Window, ...]
+    origin: Mapping[str, Any]
+    calibration: Calibration
+    counts: ProfileCounts
+    shortfall: str | None
+
+
+def _cluster_and_topology(
+    db: str | None, topology: str | None, slurm_cluster: str | None
+) -> tuple[str | None, Topology]:
+    """The store's cluster (spans are named by it, given or not) and the topology: the one
+    named, else the store's, else the default."""
+    if db is not None:
+        with closing(open_store(db)) as con:
+            slurm_cluster = store_cluster(con, slurm_cluster)
+    topo: Topology | None = load_topology(topology) if topology else None
+    if topo is None and db is not None:
+        with closing(open_store(db)) as con:
+            topo = topology_from_store(con, slurm_cluster)
+    if topo is None:
+        topo = load_topology(DEFAULT_TOPOLOGY)
+    return slurm_cluster, topo
+
+
+def _topology_source(topo: Topology, spec: str | None) -> dict[str, Any]:
+    return {"spec": spec, "name": topo.name, "nodes": len(topo.nodes), "gpus": topo.total_gpus}
+
+
+def _plan_rollouts(
+    span: Span,
+    cal: Calibration,
+    topo: Topology,
+    rollouts: int | None,
+    windows: Sequence[int] | None,
+    window_s: float,
+    min_jobs: int,
+) -> RolloutPlan:
+    """The jobs submitted in the span (from the trace, else the store) with their profiles,
+    cut into windows, and the windows chosen (``build_dataset``'s ``rollouts``/``windows``);
+    a ``ValueError`` when none is free."""
+    if span.trace is not None:
+        jobs = _submitted(jobs_from_trace(span.trace), span.since, span.until)
+        origin: dict[str, Any] = {
+            "trace": str(span.trace),
+            "sha256": file_sha256(span.trace),
+            "since": span.since,
+            "until": span.until,
+        }
+    else:
+        assert span.db is not None
+        with closing(open_store(span.db)) as con:
+            jobs = jobs_from_store(con, cluster=span.cluster, since=span.since, until=span.until)
+        origin = {"db": span.db, "cluster": span.cluster, "since": span.since, "until": span.until}
+    # profiles learned from the store's job telemetry before ``until`` where a job has one
+    # (datasets.comm_profiles), the default mix elsewhere; no telemetry changes nothing
+    book = EMPTY_BOOK
+    if span.db is not None:
+        with closing(open_store(span.db)) as con:
+            book = load_profile_book(con, cluster=span.cluster, until=span.until)
+    jobs, roll_cal, counts = apply_history_frame(jobs, cal, book)
+    cut = cut_windows(jobs, window_s, max_gpus=topo.total_gpus)
+    n = len(cut) if rollouts is None else rollouts
+    chosen = choose_windows(cut, ids=windows, n=n, min_jobs=min_jobs)
+    shortfall: str | None = None
+    if not windows and rollouts is not None:
+        supply = window_supply(cut, asked=rollouts, min_jobs=min_jobs, window_s=window_s)
+        hint = "lower --window or --min-jobs, or widen --since/--until"
+        if not supply.free:
+            raise ValueError(supply.message(f"no rollout windows for --rollouts {n}", hint))
+        if supply.missing:
+            shortfall = supply.message(f"--rollouts {n}: {len(chosen)} windows rolled out", hint)
+    return RolloutPlan(tuple(chosen), origin, roll_cal, counts, shortfall)
+
+
+def _accounting_source(
+    span: Span,
+    frame: pl.DataFrame,
+    log_report: Mapping[str, Any],
+    log_window_s: float | None,
+    seed: int,
+) -> dict[str, Any]:
+    """``sources["accounting"]``: the store, the span and the decision times it gave."""
+    window = (
+        frame.select(pl.col("time").min().alias("from"), pl.col("time").max().alias("to")).row(
+            0, named=True
+        )
+        if frame.height
+        else {"from": None, "to": None}
+    )
+    return {
+        "db": span.db,
+        "cluster": span.cluster or log_report.get("cluster"),
+        "since": span.since,
+        "until": span.until,
+        "window_s": log_window_s,
+        "decision_times": window,
+        "profile_seed": seed,
+    }
+
+
+@dataclass(frozen=True)
+class RolloutOptions:
+    """How the chosen windows are rolled out (``build_dataset``'s arguments of that name)."""
+
+    policies: tuple[PolicySpec, ...]
+    epsilons: tuple[float, ...]
+    seeds: tuple[int, ...]
+    window_s: float
+    block_s: float
+    max_steps: int | None
+    warm_start: bool
+    executor: str
+    batch: int
+
+
+def _roll_out(
+    plan: RolloutPlan,
+    options: RolloutOptions,
+    span: Span,
+    topo: Topology,
+    spec: ObsSpec,
+    cal: Calibration,
+    predictor: RuntimePredictor,
+) -> tuple[pl.DataFrame, dict[str, Any], int]:
+    """Every chosen window with every policy, epsilon and seed: the transitions, what
+    ``sources["rollouts"]`` says of them, and how many episodes ran."""
+    tasks = make_tasks(
+        plan.chosen,
+        options.policies,
+        options.seeds,
+        topo,
+        epsilons=options.epsilons,
+        config=spec.config,
+        calibration=plan.calibration,
+        block_s=options.block_s,
+        max_steps=options.max_steps,
+        backlogs=_backlogs(span, topo, plan.chosen, predictor) if options.warm_start else {},
+        predictor=predictor,
+        learned=resolve_learned(options.policies, spec, cal),
+    )
+    frame = run_rollouts(tasks, options.executor, batch=options.batch)
+    source = {
+        **plan.origin,
+        "policies": [p.label for p in options.policies],
+        "epsilons": [float(e) for e in options.epsilons],
+        "seeds": [int(s) for s in options.seeds],
+        "windows": [w.window_id for w in plan.chosen],
+        "window_s": options.window_s,
+        "block_s": options.block_s,
+        "max_steps": options.max_steps,
+        "warm_start": options.warm_start,
+        "resampling": "block bootstrap of the window's arrivals (datasets.rollouts)",
+        **({"profiles": plan.counts.to_dict()} if plan.counts.history else {}),
+    }
+    return frame, source, len(tasks)
+
+
+def _backlogs(
+    span: Span, topo: Topology, chosen: Sequence[Window], predictor: RuntimePredictor
+) -> dict[int, Backlog]:
+    """Per window, the accounting's running and queued jobs at its start (``warm_start``)."""
+    assert span.db is not None
+    with closing(open_store(span.db)) as con:
+        return {
+            w.window_id: backlog_from_store(con, topo, span.cluster, w.start, predictor)
+            for w in chosen
+        }
+
+
 def _flow() -> Any:
-    from prefect import flow
+    from prefect import flow  # Prefect (heavy, starts a server) only for a flow run
 
     return flow(name="build-dataset", validate_parameters=False)(build_dataset)
 

@@ -28,30 +28,21 @@ import tempfile
 import textwrap
 from collections.abc import Mapping, Sequence
 from contextlib import closing
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import polars as pl
-
 from linkwise.cluster.contention import AnalyticModel
-from linkwise.cluster.domain import Topology
-from linkwise.cluster.flexible import draw_summary, summary_text, with_flexible
+from linkwise.cluster.flexible import summary_text
 from linkwise.cluster.mdp import ObsSpec
 from linkwise.cluster.profiles import load_calibration
 from linkwise.cluster.restart import parse_restart
 from linkwise.cluster.topology.load import load_topology
-from linkwise.cluster.topology.spec import DEFAULT_TOPOLOGY
-from linkwise.datasets.backlog import Backlog, backlog_from_store
-from linkwise.datasets.export import file_sha256, read_dataset
-from linkwise.datasets.llm_workload import is_generated, parse_spec, spec_sha256
+from linkwise.datasets.backlog import Backlog
+from linkwise.datasets.export import read_dataset
 from linkwise.datasets.log_jobs import store_cluster, topology_from_store
-from linkwise.datasets.prediction import fit_history, load_history
 from linkwise.datasets.predictor import RuntimePredictor
-from linkwise.datasets.rollouts import cut_windows, jobs_from_store
+from linkwise.datasets.rollouts import Window
 from linkwise.datasets.store import open_store
-from linkwise.datasets.traces import frame_jobs, jobs_frame, load_trace
-from linkwise.datasets.windows import choose_windows, window_supply
 from linkwise.deployer.promote import (
     CHALLENGER,
     CHAMPION,
@@ -80,10 +71,7 @@ from linkwise.evaluation.gates import (
 )
 from linkwise.evaluation.holdout import (
     Span,
-    check_heldout,
     dataset_spans,
-    overlaps_any,
-    trace_source,
     window_spans,
 )
 from linkwise.evaluation.ope import ope_table, run_ope
@@ -99,17 +87,22 @@ from linkwise.models.registry import (
 )
 from linkwise.models.training import split_episodes
 from linkwise.parallel import patient_prefect_server
+from linkwise.pipelines.evaluation_cases import (
+    evaluation_topology,
+    held_out_windows,
+    load_workload,
+    window_backlogs,
+    window_predictor,
+)
 from linkwise.pipelines.evidence import challenger_fqe
 from linkwise.pipelines.experiment import EvaluationPlan
 from linkwise.policies.source import MODEL_NAME
 from linkwise.policies.spec import PolicySpec
 
 __all__ = [
-    "EvaluationTopology",
     "evaluate",
     "evaluate_and_promote",
     "evaluate_flow",
-    "evaluation_topology",
     "gate_challenger",
     "gate_evidence",
     "model_manifest",
@@ -154,7 +147,7 @@ def model_manifest(spec: PolicySpec, tracking_uri: str | None = None) -> dict[st
     target = source.registry_uri or source.target
     if target.startswith("models:/"):
         mlflow_env()
-        import mlflow
+        import mlflow  # MLflow (heavy) only for a registry model, after mlflow_env()
 
         uri = tracking_uri or default_tracking_uri()
         with tempfile.TemporaryDirectory(prefix="linkwise-manifest-") as tmp:
@@ -180,45 +173,6 @@ def _reference(spec: PolicySpec) -> bool:
 
 
 # ------------------------------------------------------------------------ evaluate
-
-
-@dataclass(frozen=True)
-class EvaluationTopology:
-    """The cluster an evaluation runs on, what the output calls it and where it came from."""
-
-    topology: Topology
-    name: str
-    source: str
-
-
-def evaluation_topology(
-    cluster: str | None, db: str | Path | None, slurm_cluster: str | None = None
-) -> EvaluationTopology:
-    """The topology to evaluate on: ``cluster`` (a spec, or a folder with ``slurm.conf`` and
-    ``topology.conf``) when given; else, for a store, the cluster the store describes (its
-    ``nodes`` table, as ``build-dataset`` reads it; ValueError when it has none); else the one
-    default ``DEFAULT_TOPOLOGY``."""
-    if cluster:
-        return EvaluationTopology(load_topology(cluster), cluster, "given (--cluster)")
-    if db is None:
-        topo = load_topology(DEFAULT_TOPOLOGY)
-        return EvaluationTopology(topo, DEFAULT_TOPOLOGY, "the default (no --cluster)")
-    with closing(open_store(db)) as con:
-        try:
-            topo = topology_from_store(con, slurm_cluster)
-        except ValueError as exc:
-            raise ValueError(
-                f"{db}: cannot evaluate on the store's cluster: {exc}; collect its nodes "
-                "(`linkwise collect accounting`) or name the topology with --cluster (a spec "
-                "such as 4x4, or the folder of slurm.conf and topology.conf)"
-            ) from None
-    gpus = sorted({n.gpus for n in topo.nodes})
-    shape = f"{len(topo.nodes)}x{gpus[0]}" if len(gpus) == 1 else f"{len(topo.nodes)} nodes"
-    return EvaluationTopology(
-        topo,
-        f"{topo.name} ({shape}, {topo.total_gpus} GPUs)",
-        f"the store's nodes table ({db}, cluster {topo.name})",
-    )
 
 
 def evaluate(
@@ -274,93 +228,23 @@ def evaluate(
     before windows are cut; the report and the MLflow params state the share and the rule.
     ``calibration_used``: how ``calibration`` was chosen (``models.calibrations``; default:
     a file given, else the shipped one), which the report states."""
-
-    if not policies:
-        raise ValueError("no policies to evaluate")
+    _refuse_arguments(policies, trace, db, history, predictor, warm_start)
     restart = parse_restart(str(restart_cost), restart_grace)
-    if (trace is None) == (db is None):
-        raise ValueError("evaluate on exactly one workload: a trace or a store (db)")
-    if history is not None and predictor is not None:
-        raise ValueError("give a history to fit the predictor on, or a predictor, not both")
-    if warm_start and db is None:
-        raise ValueError(
-            "warm_start needs the accounting store (db): a trace has no placements to start from"
-        )
     uri = tracking_uri or default_tracking_uri()
-    needs_registry = any(s.is_model for s in policies)
-    refs, versions = (
-        pin_policies(policies, uri) if needs_registry else ([PolicyRef.of(s) for s in policies], {})
-    )
-    if db is not None:  # spans are named by the store's cluster, given or not
-        with closing(open_store(db)) as con:
-            slurm_cluster = store_cluster(con, slurm_cluster)
+    refs, versions = _pinned_refs(policies, uri)
+    slurm_cluster = _store_cluster(db, slurm_cluster)
     where = evaluation_topology(cluster, db, slurm_cluster)
     topo = where.topology
-    traces: dict[str, str | Path] = {}
-    origin: float | None = 0.0  # a store's times are Unix seconds
-    if trace is not None:
-        sha = spec_sha256(parse_spec(trace)) if is_generated(trace) else file_sha256(trace)
-        loaded = load_trace(trace)
-        source, jobs, origin = trace_source(sha), jobs_frame(loaded.jobs), loaded.origin_epoch
-        traces[sha] = trace
-        workload = f"{trace} (sha256 {sha[:16]})"
-    else:
-        with closing(open_store(db)) as con:  # type: ignore[arg-type]
-            jobs = jobs_from_store(con, cluster=slurm_cluster)
-        source, workload = f"slurm:{slurm_cluster or ''}", f"store {db} ({slurm_cluster or 'all'})"
-    forms: dict[str, Any] | None = None
-    if flexible is not None:
-        jobs, forms = flexible_frame(jobs, flexible, seed)
-    manifests: list[dict[str, Any]] = [json.loads(Path(m).read_text()) for m in holdout_from]
-    for ref in refs:
-        m = model_manifest(ref.spec, uri)
-        if m is not None:
-            manifests.append(m)
-    used: list[Span] = [s for m in manifests for s in dataset_spans(m, traces=traces)]
-    cut = cut_windows(jobs, window_s, max_gpus=topo.total_gpus)
-    shortfall: str | None = None
-    if windows:
-        chosen = choose_windows(cut, ids=windows)
-        check_heldout(window_spans(chosen, source), used)
-    else:
-        excluded = overlaps_any(source, used)
-        supply = window_supply(
-            cut, asked=n_windows, min_jobs=min_jobs, window_s=window_s, excluded=excluded
-        )
-        if not supply.free:
-            raise ValueError(
-                supply.message(
-                    "no evaluation windows left",
-                    "or train on an earlier span (build-dataset/train --until) so that later "
-                    "windows stay held out",
-                )
-            )
-        if supply.missing:
-            shortfall = supply.message("fewer evaluation windows than asked")
-        chosen = choose_windows(
-            cut,
-            n=n_windows,
-            min_jobs=min_jobs,
-            excluded=excluded,
-            where="last" if used else "spread",
-        )
-    fitted: dict[str, Any] | None = None
-    if predictor is not None:
-        fitted = {"predictor_fit_until": predictor.fit_until, "history_jobs": predictor.n_jobs}
-    if history is not None:
-        predictor, fitted = fit_history(
-            load_history(history, history_format, slurm_cluster=slurm_cluster),
-            first_submit=min(w.start for w in chosen),
-            origin_epoch=origin,
-            evaluated_source=str(trace) if trace is not None else None,
-        )
-    backlogs: dict[int, Backlog] = {}
-    if warm_start:
-        with closing(open_store(db)) as con:  # type: ignore[arg-type]
-            for w in chosen:
-                backlogs[w.window_id] = backlog_from_store(
-                    con, topo, slurm_cluster, w.start, predictor
-                )
+    work = load_workload(trace, db, slurm_cluster, flexible, seed)
+    manifests, used = _training_spans(holdout_from, refs, uri, work.traces)
+    held = held_out_windows(
+        work, topo, used, windows=windows, n_windows=n_windows, min_jobs=min_jobs, window_s=window_s
+    )
+    chosen = held.chosen
+    predictor, fitted = window_predictor(
+        predictor, history, history_format, slurm_cluster, chosen, work, trace
+    )
+    backlogs = window_backlogs(db, topo, slurm_cluster, chosen, predictor) if warm_start else {}
     cases = make_cases(
         chosen,
         seeds,
@@ -373,7 +257,6 @@ def evaluate(
         predictor=predictor,
         restart=restart,
     )
-
     bench = run_benchmark(
         refs,
         cases,
@@ -381,42 +264,30 @@ def evaluate(
         tracking_uri=uri,
         learned_need_predictions=learned_need_predictions,
     )
-    labels = [r.label for r in refs]
-    base = baseline or next((r.label for r in refs if _reference(r.spec)), labels[0])
-    cal_choice = calibration_used or CalibrationChoice.given(calibration)
+    base = baseline or next((r.label for r in refs if _reference(r.spec)), refs[0].label)
     context: dict[str, Any] = {
         "cluster": where.name,
         "topology_source": where.source,
-        "calibration": cal_choice.describe(),
-        "calibration_used": cal_choice.to_dict(),
+        **_calibration_context(calibration_used or CalibrationChoice.given(calibration)),
         "gpus": topo.total_gpus,
         "contention": contention,
-        "workload": workload,
-        "workload_source": source,
+        "workload": work.description,
+        "workload_source": work.source,
         "window_s": window_s,
         "block_s": block_s,
         "seeds": [int(s) for s in seeds],
         "cases": len(cases),
         "executor": executor,
-        "policies": labels,
-        "specs": {r.label: r.spec.label for r in refs},
-        "model_versions": versions,
+        **_policy_context(refs, versions),
         "warm_start": warm_start,
-        "evaluation_windows": [
-            {
-                **s.to_json(),
-                "jobs": len(w.jobs),
-                **({"backlog": backlogs[w.window_id].to_json()} if w.window_id in backlogs else {}),
-            }
-            for s, w in zip(window_spans(chosen, source), chosen, strict=True)
-        ],
+        "evaluation_windows": _window_context(chosen, work.source, backlogs),
         "datasets": [str(m.get("hash", ""))[:16] for m in manifests],
         "dataset_windows": [s.to_json() for s in used],
         "oracles": [r.label for r in refs if r.spec.is_oracle],
         "predictor": fitted,
         "restart": restart.to_dict(),
-        "history_note": shortfall,
-        "flexible": forms,
+        "history_note": held.shortfall,
+        "flexible": work.flexible,
     }
     report = write_report(
         bench, out_dir, baseline=base, context=context, n_boot=n_boot, seed=seed, wide=wide
@@ -425,13 +296,89 @@ def evaluate(
     return report, run_id
 
 
-def flexible_frame(
-    jobs: pl.DataFrame, share: float, seed: int
-) -> tuple[pl.DataFrame, dict[str, Any]]:
-    """The jobs frame with ``share`` of its multi-GPU jobs flexible (``cluster.flexible``'s
-    rule under ``seed``) and what the report says of it."""
-    drawn = with_flexible(frame_jobs(jobs), share, seed=seed)
-    return jobs_frame(drawn), draw_summary(drawn, share, seed)
+def _refuse_arguments(
+    policies: Sequence[PolicySpec],
+    trace: str | Path | None,
+    db: str | Path | None,
+    history: str | Path | None,
+    predictor: RuntimePredictor | None,
+    warm_start: bool,
+) -> None:
+    """``evaluate``'s ValueError for arguments that do not go together."""
+    if not policies:
+        raise ValueError("no policies to evaluate")
+    if (trace is None) == (db is None):
+        raise ValueError("evaluate on exactly one workload: a trace or a store (db)")
+    if history is not None and predictor is not None:
+        raise ValueError("give a history to fit the predictor on, or a predictor, not both")
+    if warm_start and db is None:
+        raise ValueError(
+            "warm_start needs the accounting store (db): a trace has no placements to start from"
+        )
+
+
+def _pinned_refs(
+    policies: Sequence[PolicySpec], uri: str
+) -> tuple[list[PolicyRef], dict[str, str]]:
+    """The policies to run, ``model:`` specs pinned to their registry versions (``pin_policies``,
+    only when one names the registry), and those versions."""
+    if any(s.is_model for s in policies):
+        return pin_policies(policies, uri)
+    return [PolicyRef.of(s) for s in policies], {}
+
+
+def _training_spans(
+    holdout_from: Sequence[str | Path],
+    refs: Sequence[PolicyRef],
+    uri: str,
+    traces: Mapping[str, str | Path],
+) -> tuple[list[dict[str, Any]], list[Span]]:
+    """The dataset manifests to hold out from (those given, then each learned policy's) and
+    the spans they trained on."""
+    manifests: list[dict[str, Any]] = [json.loads(Path(m).read_text()) for m in holdout_from]
+    for ref in refs:
+        m = model_manifest(ref.spec, uri)
+        if m is not None:
+            manifests.append(m)
+    used: list[Span] = [s for m in manifests for s in dataset_spans(m, traces=traces)]
+    return manifests, used
+
+
+def _store_cluster(db: str | Path | None, slurm_cluster: str | None) -> str | None:
+    """The store's cluster, given or not (spans are named by it); ``slurm_cluster`` without
+    a store."""
+    if db is None:
+        return slurm_cluster
+    with closing(open_store(db)) as con:
+        return store_cluster(con, slurm_cluster)
+
+
+def _calibration_context(choice: CalibrationChoice) -> dict[str, Any]:
+    """The report's ``calibration`` (how it reads) and ``calibration_used`` (the record)."""
+    return {"calibration": choice.describe(), "calibration_used": choice.to_dict()}
+
+
+def _policy_context(refs: Sequence[PolicyRef], versions: Mapping[str, str]) -> dict[str, Any]:
+    """The report's ``policies`` (labels), ``specs`` and ``model_versions``."""
+    return {
+        "policies": [r.label for r in refs],
+        "specs": {r.label: r.spec.label for r in refs},
+        "model_versions": versions,
+    }
+
+
+def _window_context(
+    chosen: Sequence[Window], source: str, backlogs: Mapping[int, Backlog]
+) -> list[dict[str, Any]]:
+    """The report's ``evaluation_windows``: each window's span, jobs and starting backlog."""
+    return [
+        {
+            **s.to_json(),
+            "jobs": len(w.jobs),
+            **({"backlog": backlogs[w.window_id].to_json()} if w.window_id in backlogs else {}),
+        }
+        for s, w in zip(window_spans(chosen, source), chosen, strict=True)
+    ]
 
 
 # ------------------------------------------------------------------------ gates
@@ -639,7 +586,7 @@ def evaluate_and_promote(
 
 def evaluate_flow(policies: Sequence[PolicySpec], **kwargs: Any) -> dict[str, Any]:
     """``evaluate_and_promote`` as a Prefect flow run (same arguments)."""
-    from prefect import flow
+    from prefect import flow  # Prefect (heavy, starts a server) only for a flow run
 
     fl = flow(name="evaluate", validate_parameters=False, log_prints=False)(evaluate_and_promote)
     with patient_prefect_server():

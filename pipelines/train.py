@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import polars as pl
 
 from linkwise.cluster.mdp import ObsSpec
@@ -57,7 +58,7 @@ from linkwise.models.training import (
     split_episodes,
 )
 from linkwise.parallel import patient_prefect_server
-from linkwise.pipelines._run import summary_footer, training_run
+from linkwise.pipelines._run import TrainingRun, summary_footer, training_run
 from linkwise.pipelines.build_dataset import build_dataset
 from linkwise.policies.spec import PolicySpec
 
@@ -201,6 +202,7 @@ def heldout_report(
 
 def progress_bar(enabled: bool) -> Any:
     """The rich progress bar of long training runs (on stderr; a no-op when disabled)."""
+    # rich on use: the command line imports this module before any training starts
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -256,28 +258,11 @@ def train(
     df, manifest, spec = load_training_data(cfg, out)
     cfg = cfg.with_mdp(spec.config)  # the manifest's configuration is what was used
 
-    import d3rlpy  # type: ignore[import-untyped]
+    import d3rlpy  # type: ignore[import-untyped]  # torch behind it: only when training runs
 
-    train_df, held_df = split_episodes(df, cfg.dataset.holdout, cfg.seed)
-    with quiet_d3rlpy():
-        with_masks = cfg.params.masked  # each step's action mask in the observation
-        train_ds = to_mdp_dataset(train_df, spec, masks=with_masks)
-        held_ds = to_mdp_dataset(held_df, spec, masks=with_masks) if held_df.height else None
-    held = frame_arrays(held_df, spec) if held_df.height else None
+    data = _split_data(cfg, df, spec)
     device = pick_device(cfg.device)
-
-    params = {
-        "dataset.hash": str(manifest["hash"]),
-        "dataset.path": str(manifest["path"]),
-        "dataset.obs_spec_version": spec.version,
-        "dataset.transitions": str(df.height),
-        "dataset.train_transitions": str(train_df.height),
-        "dataset.heldout_transitions": str(held_df.height),
-        "device": device,
-    }
-    if checkpoint_every:
-        params["checkpoint_every"] = str(checkpoint_every)
-    checkpoints: list[Checkpoint] = []
+    params = _run_params(manifest, spec, data, device, checkpoint_every)
     with training_run(
         cfg,
         tracking_uri=uri,
@@ -289,52 +274,31 @@ def train(
         d3rlpy.seed(cfg.seed)
         algo = build_algo(cfg.algo, cfg.params, device, spec=spec)
         factory = MlflowAdapterFactory(run.client, run.run_id)
-        evaluators = make_evaluators(cfg.algo, held_ds, held)
+        evaluators = make_evaluators(cfg.algo, data.held_ds, data.held)
         n_steps = cfg.params.n_steps
         with progress_bar(progress) as bar:
             task = bar.add_task(f"{cfg.algo} {cfg.name}", total=n_steps, info="")
-
-            def on_step(fitted: Any, epoch: int, step: int) -> None:
-                bar.update(task, completed=step, info=f"epoch {epoch}")
-                if checkpoint_every and step % checkpoint_every == 0:
-                    pkg = save_package(
-                        fitted,
-                        spec,
-                        manifest,
-                        out / "packages" / run.run_id / f"step_{step:06d}",
-                        meta={**run.package_meta(), "checkpoint_step": step},
-                    )
-                    report = (
-                        heldout_report(
-                            action_values(fitted, held[0]), held[1], held[2], wait_action
-                        )
-                        if held is not None
-                        else {}
-                    )
-                    seconds = time.perf_counter() - t_fit
-                    checkpoints.append(Checkpoint(step, str(pkg), seconds, report))
-
-            wait_action = spec.config.wait_action
-            t_fit = time.perf_counter()
+            saver = _Checkpoints(checkpoint_every, spec, manifest, out, run, data.held, bar, task)
+            saver.t_fit = time.perf_counter()
             epochs = fit(
                 algo,
-                train_ds,
+                data.train_ds,
                 cfg.params,
                 evaluators=evaluators,
                 adapter=factory,
-                callback=on_step,
+                callback=saver,
                 experiment_name=cfg.name,
             )
-            fit_s = time.perf_counter() - t_fit
+            fit_s = time.perf_counter() - saver.t_fit
         final: dict[str, float] = {"steps_per_s": n_steps / fit_s if fit_s > 0 else math.nan}
-        if held is not None:
-            obs, masks, actions = held
+        if data.held is not None:
+            obs, masks, actions = data.held
             final.update(
                 heldout_report(action_values(algo, obs), masks, actions, spec.config.wait_action)
             )
         run.log_final(final, n_steps)
         metrics: dict[str, float] = {**(dict(epochs[-1][1]) if epochs else {}), **final}
-
+        checkpoints = saver.saved
         if checkpoints and checkpoints[-1].step == n_steps:
             pkg = Path(checkpoints[-1].package_dir)
         else:
@@ -342,7 +306,6 @@ def train(
                 algo, spec, manifest, out / "packages" / run.run_id, meta=run.package_meta()
             )
         reg = run.register_package(pkg, register)
-    seconds = time.perf_counter() - t0
     return TrainResult(
         run_id=run.run_id,
         experiment_id=run.experiment_id,
@@ -357,18 +320,106 @@ def train(
         model_name=reg.name,
         model_version=reg.version,
         alias=reg.alias,
-        train_transitions=train_df.height,
-        heldout_transitions=held_df.height,
+        train_transitions=data.train_df.height,
+        heldout_transitions=data.held_df.height,
         steps=n_steps,
-        seconds=seconds,
+        seconds=time.perf_counter() - t0,
         steps_per_s=metrics["steps_per_s"],
         metrics={k: float(v) for k, v in metrics.items()},
         checkpoints=tuple(checkpoints),
     )
 
 
+HeldArrays = tuple[npt.NDArray[np.float32], npt.NDArray[np.bool_], npt.NDArray[np.int64]]
+
+
+@dataclass(frozen=True)
+class SplitData:
+    """A dataset's transitions split by episode into training and held-out parts, as frames,
+    as d3rlpy datasets (each step's action mask in the observation when the configuration
+    says so) and, for the held-out part, as (observations, masks, actions) arrays."""
+
+    transitions: int
+    train_df: pl.DataFrame
+    held_df: pl.DataFrame
+    train_ds: Any
+    held_ds: Any  # None without held-out episodes
+    held: HeldArrays | None
+
+
+def _split_data(cfg: TrainConfig, df: pl.DataFrame, spec: ObsSpec) -> SplitData:
+    train_df, held_df = split_episodes(df, cfg.dataset.holdout, cfg.seed)
+    with quiet_d3rlpy():
+        with_masks = cfg.params.masked  # each step's action mask in the observation
+        train_ds = to_mdp_dataset(train_df, spec, masks=with_masks)
+        held_ds = to_mdp_dataset(held_df, spec, masks=with_masks) if held_df.height else None
+    held = frame_arrays(held_df, spec) if held_df.height else None
+    return SplitData(df.height, train_df, held_df, train_ds, held_ds, held)
+
+
+def _run_params(
+    manifest: Mapping[str, Any],
+    spec: ObsSpec,
+    data: SplitData,
+    device: str,
+    checkpoint_every: int,
+) -> dict[str, str]:
+    """The MLflow params a training run logs of its data and device."""
+    params = {
+        "dataset.hash": str(manifest["hash"]),
+        "dataset.path": str(manifest["path"]),
+        "dataset.obs_spec_version": spec.version,
+        "dataset.transitions": str(data.transitions),
+        "dataset.train_transitions": str(data.train_df.height),
+        "dataset.heldout_transitions": str(data.held_df.height),
+        "device": device,
+    }
+    if checkpoint_every:
+        params["checkpoint_every"] = str(checkpoint_every)
+    return params
+
+
+@dataclass
+class _Checkpoints:
+    """The fit's per-step callback: the progress bar, and every ``every`` steps (0: never) a
+    package under ``out/packages/RUN_ID/step_NNNNNN`` with its held-out report (``saved``).
+    ``t_fit``: when the fit started (set just before it)."""
+
+    every: int
+    spec: ObsSpec
+    manifest: Mapping[str, Any]
+    out: Path
+    run: TrainingRun
+    held: HeldArrays | None
+    bar: Any
+    task: Any
+    t_fit: float = 0.0
+    saved: list[Checkpoint] = field(default_factory=list)
+
+    def __call__(self, fitted: Any, epoch: int, step: int) -> None:
+        self.bar.update(self.task, completed=step, info=f"epoch {epoch}")
+        if not (self.every and step % self.every == 0):
+            return
+        pkg = save_package(
+            fitted,
+            self.spec,
+            self.manifest,
+            self.out / "packages" / self.run.run_id / f"step_{step:06d}",
+            meta={**self.run.package_meta(), "checkpoint_step": step},
+        )
+        wait_action = self.spec.config.wait_action
+        held = self.held
+        report = (
+            heldout_report(action_values(fitted, held[0]), held[1], held[2], wait_action)
+            if held is not None
+            else {}
+        )
+        seconds = time.perf_counter() - self.t_fit
+        self.saved.append(Checkpoint(step, str(pkg), seconds, report))
+
+
 def _flow() -> Any:
-    from prefect import flow
+    from prefect import flow  # Prefect (heavy, starts a server) only for a flow run
 
     return flow(name="train", validate_parameters=False, log_prints=False)(train)
 

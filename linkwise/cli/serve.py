@@ -75,7 +75,15 @@ def add_serve_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def configure_parser(p: argparse.ArgumentParser) -> None:
-    """The options of ``serve``."""
+    """The options of ``serve``: what it serves, how it reaches Slurm and holds jobs, and
+    how it moves them (in that order in ``--help``)."""
+    _add_policy_options(p)
+    _add_loop_options(p)
+    _add_migration_options(p)
+
+
+def _add_policy_options(p: argparse.ArgumentParser) -> None:
+    """The mode, the partitions, the settings file, the registry and the policies."""
     p.add_argument(
         "--mode",
         choices=("shadow", "active"),
@@ -131,6 +139,10 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
         default="backfill",
         help="the heuristic used when the model cannot be loaded or fails",
     )
+
+
+def _add_loop_options(p: argparse.ArgumentParser) -> None:
+    """How the loop reaches Slurm, where it keeps its state, its cycle and its leases."""
     p.add_argument(
         "--slurm-env",
         default="/tmp/linkwise-slurm/env",
@@ -172,6 +184,10 @@ def configure_parser(p: argparse.ArgumentParser) -> None:
             "slurm.conf; job_submit.lua's LEASE_DIR): the same for every loop of this host"
         ),
     )
+
+
+def _add_migration_options(p: argparse.ArgumentParser) -> None:
+    """Preemption and migration of opted-in jobs, the default profile and the watchdog."""
     p.add_argument(
         "--migrate-budget",
         type=int,
