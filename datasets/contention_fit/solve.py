@@ -46,7 +46,7 @@ on the hidden truth two standard errors were exceeded)."""
 MIN_ACTIVITY_GPU_S = 300.0
 """GPU-seconds of activity of one kind (alone, beside) a run needs for its mean to count."""
 BOOTSTRAP = 20
-"""Refits on runs drawn with replacement behind each standard error (``_solve``)."""
+"""Refits on runs drawn with replacement behind each standard error (``solve``)."""
 WEAK_REL = 0.5
 """Beyond this relative standard error a parameter is held by its start, not the data."""
 PRIOR_WEIGHT = 0.003

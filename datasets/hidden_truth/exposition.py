@@ -95,7 +95,7 @@ def node_exporter_exposition(ports: Sequence[IbPort]) -> str:
 
 
 def accounting(truth: HiddenTruth, timeline: Timeline) -> list[JobRun]:
-    """The ``JobRun`` records sacct holds at the end of the window (module docstring)."""
+    """The ``JobRun`` records sacct holds at the end of the window (the package docstring)."""
     topo = truth.topology()
     names = [n.name for n in topo.nodes]
     first = {p.job_id: p for _, _, ps in timeline.segments() for p in ps}

@@ -123,7 +123,7 @@ class HiddenTruth:
 
 
 def truth_workload(truth: HiddenTruth) -> tuple[Job, ...]:
-    """The synthetic jobs (module docstring): arrivals over the window, each named after the
+    """The synthetic jobs (the package docstring): arrivals over the window, each named after the
     hidden profile it runs, its user ``u-<name>``."""
     rng = np.random.default_rng(truth.seed)
     counts = load_stats()["gpu_counts"]
