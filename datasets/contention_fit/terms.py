@@ -1,7 +1,7 @@
 """The analytic contention model over a fixed history of placements, as arrays
 (``ContentionTerms``): per (segment, run) pair a run's activity for any alpha, overhead and
 profiles, and the weights that turn pairs into a run's mean activity alone and beside others
-(checked against ``AnalyticModel.rates`` by ``tests/test_contention_fit.py``)."""
+(checked against ``AnalyticModel.rates`` by ``tests/datasets/test_contention_fit.py``)."""
 
 from __future__ import annotations
 
