@@ -16,7 +16,7 @@ from typing import Any
 
 from linkwise.cluster.domain import Topology
 from linkwise.cluster.metrics import duration_text
-from linkwise.datasets.contention_fit import render_fit_text
+from linkwise.datasets.contention_fit.report import render_fit_text
 from linkwise.datasets.decisions import store_predictor
 from linkwise.datasets.prediction import predictor_digest, write_predictor
 from linkwise.datasets.predictor import RuntimePredictor, accuracy
