@@ -3,7 +3,7 @@ preemption rule (``policies.parts``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from linkwise.cluster.domain import ClusterState, Decision
 from linkwise.policies.parts.admission import Admission, Greedy
@@ -62,5 +62,11 @@ class Composed:
 
     def decide(self, state: ClusterState) -> Decision:
         """The preemption rule's decision (which lets pending jobs in by its own rule or
-        by the admission rule)."""
-        return self.preemption.decide(state, self.order, self.placement, self.admission)
+        by the admission rule), on the placement bound to this state; the decision point
+        the placement asks for (a job waiting for a compact set) joins the decision's."""
+        rule = self.placement.at(state)
+        decision = self.preemption.decide(state, self.order, rule, self.admission)
+        wake = rule.wake_at()
+        if state.time < wake < decision.wake_at:
+            return replace(decision, wake_at=wake)
+        return decision

@@ -5,7 +5,9 @@
 ``tiresias_las`` (Tiresias' discretised 2D-LAS, preemptive), ``random`` (seeded) and
 ``qssf`` (Helios' quasi-shortest-service-first on predicted GPU time: needs run-time
 predictions, ``Job.pred_s``); the frontier: ``qssf_preemptive``, ``tiresias_consolidated``
-and ``deepshare``.
+and ``deepshare``; ``backfill_switches`` (``backfill`` with Slurm's ``--switches=N@T``)
+and ``qssf_wait_or_spread`` (the frontier's order with a placement that spreads flexible
+jobs only after a wait and where cheap, issue 33).
 
 Every one but ``random`` is a ``Composed`` of parts (``policies.parts``): its builder below
 takes the heuristic's typed parameters (the ones a spec ``NAME:key=value`` may give,
@@ -45,7 +47,15 @@ from linkwise.policies.parts.orders import (
     TrueGpuTime,
     TrueRemaining,
 )
-from linkwise.policies.parts.placements import BestFit, Bounded, FirstFit, LeastContention, Select
+from linkwise.policies.parts.placements import (
+    WAIT_S,
+    BestFit,
+    Bounded,
+    FirstFit,
+    LeastContention,
+    Select,
+    WaitOrSpread,
+)
 from linkwise.policies.parts.preemption import Migrate, Priority
 from linkwise.policies.random_policy import RandomPolicy
 
@@ -104,6 +114,23 @@ def backfill(
     """
     easy = Easy(max_job_test, default_limit_s, window_s, resolution_s)
     return Composed("backfill", Submit(), Select(), admission=easy)
+
+
+def backfill_switches(
+    switches: int = 1,
+    max_wait_s: float = WAIT_S,
+    max_job_test: int = 100,
+    default_limit_s: float = DEFAULT_LIMIT_S,
+    window_s: float = DEFAULT_LIMIT_S,
+    resolution_s: float = 60.0,
+) -> Composed:
+    """``backfill`` with every job submitted ``--switches=N@T`` (``switches`` N,
+    ``max_wait_s`` T; Slurm's default wait 300 s): a job whose nodes would span more than N
+    leaf switches does not start until T after its submission, then starts anywhere
+    (``placements.switch_held``): ``order=submit, placement=select:switches=N,
+    admission=easy``."""
+    easy = Easy(max_job_test, default_limit_s, window_s, resolution_s)
+    return Composed("backfill_switches", Submit(), Select(switches, max_wait_s), admission=easy)
 
 
 def best_fit() -> Composed:
@@ -236,6 +263,30 @@ def deepshare(
     return Composed("deepshare", Submit(), LeastContention(), migrate)
 
 
+def qssf_wait_or_spread(
+    wait_s: float = 3600.0,
+    lam: float = 2.0,
+    min_rate: float = 0.9,
+    apart: bool = True,
+    margin: float = DEFAULT_MARGIN,
+    min_run_s: float = DEFAULT_MIN_RUN_S,
+) -> Composed:
+    """``qssf_preemptive``'s order and preemption, placing a flexible job compactly when it
+    can and spreading it only after a wait and only where spreading is predicted cheap.
+
+    A flexible job starts on the fewest nodes and leaves that could hold it when they are
+    free; else it waits ``wait_s`` from its submission, then may spread over at most
+    ``ceil(lam * n_min)`` nodes where the shipped calibration's model predicts it at least
+    ``min_rate`` of its isolated speed alone there, choosing the node set whose ring meets
+    the least estimated traffic (``apart``: a communication-heavy job first keeps off links
+    carrying another heavy ring): ``order=pred_remaining, placement=wait_or_spread,
+    preempt=priority``."""
+    order = PredRemaining(who="qssf_wait_or_spread")
+    place = WaitOrSpread(wait_s=wait_s, lam=lam, min_rate=min_rate, apart=apart)
+    preempt = Priority(margin=margin, min_run_s=min_run_s)
+    return Composed("qssf_wait_or_spread", order, place, preempt)
+
+
 def sjf_bco_oracle(kappa: int | None = None, lam: float = 1.0) -> Composed:
     """SJF-BCO by true GPU time (``num_gpus x remaining_s``): an oracle ceiling.
 
@@ -262,6 +313,7 @@ POLICIES: Mapping[str, Callable[..., Policy]] = MappingProxyType(
     {
         "fifo": fifo,
         "backfill": backfill,
+        "backfill_switches": backfill_switches,
         "best_fit": best_fit,
         "sjf_bco": sjf_bco,
         "tiresias_las": tiresias_las,
@@ -270,6 +322,7 @@ POLICIES: Mapping[str, Callable[..., Policy]] = MappingProxyType(
         "qssf_preemptive": qssf_preemptive,
         "tiresias_consolidated": tiresias_consolidated,
         "deepshare": deepshare,
+        "qssf_wait_or_spread": qssf_wait_or_spread,
         "sjf_bco_oracle": sjf_bco_oracle,
         "srtf_oracle": srtf_oracle,
     }
@@ -278,7 +331,7 @@ POLICIES: Mapping[str, Callable[..., Policy]] = MappingProxyType(
 # heuristics that read the true run time: ceilings, marked ``oracle``, never a gate reference
 ORACLE_POLICIES: frozenset[str] = frozenset({"sjf_bco_oracle", "srtf_oracle"})
 # heuristics that order by predicted run time (``Job.pred_s``): they need a fitted predictor
-PREDICTION_POLICIES: frozenset[str] = frozenset({"qssf", "qssf_preemptive"})
+PREDICTION_POLICIES: frozenset[str] = frozenset({"qssf", "qssf_preemptive", "qssf_wait_or_spread"})
 _HIDDEN = frozenset({"model"})  # given by the builder (the scenario's model), not by a spec
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from linkwise.cluster.domain import (
@@ -35,6 +36,9 @@ from linkwise.policies.parts.placements import can_ever_run
 # at least the longest limit (its documentation), so the window defaults to it too.
 DEFAULT_LIMIT_S = 7 * 86400.0
 
+
+# whether a job's ``--switches`` keep it off a placement now (``placements.switch_held``)
+Held = Callable[[Topology, Placement, Job, float], bool]
 
 OVERDUE_S = 1.0  # a running job past its estimate is expected to end this much later
 
@@ -280,9 +284,15 @@ def plan_backfill(
     default_limit_s: float = DEFAULT_LIMIT_S,
     window_s: float = DEFAULT_LIMIT_S,
     resolution_s: float = 60.0,
+    held: Held | None = None,
 ) -> tuple[Start, ...]:
     """One pass of Slurm's main scheduler then sched/backfill over ``state.pending`` in its
-    order (``heuristics.backfill``'s docstring): the jobs that start now, where."""
+    order (``heuristics.backfill``'s docstring): the jobs that start now, where.
+
+    ``held(topo, placement, job, now)``: whether the job's ``--switches`` keep it from
+    starting there now (``placements.switch_held``): the main scheduler stops at it, as
+    at a job that does not fit; backfill starts it nowhere and reserves nothing for it in
+    this pass (a simplification: Slurm plans it like any other job)."""
     topo = state.topology
     now = state.time
     node_gpus = topo.max_gpus_per_node
@@ -306,7 +316,7 @@ def plan_backfill(
             placement = slurm_select_flexible(topo, free, job.num_gpus)
         else:
             placement = slurm_select(topo, free, requested_shape(job, node_gpus))
-        if placement is None:
+        if placement is None or (held is not None and held(topo, placement, job, now)):
             break
         i += 1
         apply_placement(free, placement)
@@ -340,7 +350,7 @@ def plan_backfill(
             # a flexible request starts now on any GPUs no reservation needs during its run;
             # else it is planned (and reserves nodes) in the shape it would have packed
             now_at = slurm_select_flexible(topo, plan.room_now(est), p.job.num_gpus)
-            if now_at is not None:
+            if now_at is not None and (held is None or not held(topo, now_at, p.job, now)):
                 plan.start_now(now_at, now + est)
                 starts.append(Start(p.job.job_id, now_at))
                 continue
@@ -355,6 +365,8 @@ def plan_backfill(
             continue
         t, placement = found
         resume[key] = t
+        if t <= now and held is not None and held(topo, placement, p.job, now):
+            continue
         if t <= now:
             plan.start_now(placement, now + est)
             starts.append(Start(p.job.job_id, placement))

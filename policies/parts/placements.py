@@ -15,15 +15,34 @@ crossing each link; both are kept up to date as jobs are placed.
   jobs, LBSGF for large ones, a span of at most ``ceil(lam * n_min)`` servers);
 - ``least_contention``: among the generators' placements, the one whose ring adds the
   least contention, counted in rings already on the links it would cross (SJF-BCO's
-  ``flows`` sharing), then the fewest nodes.
+  ``flows`` sharing), then the fewest nodes;
+- ``least_loaded``: the most compact node set (fewest nodes, then fewest leaves) whose ring
+  meets the least traffic: its most loaded uplink (under ECMP the parallel uplinks its hops
+  hash onto), then the load on all its links, traffic being the running rings' estimated
+  demand (``parts.traffic``); a fixed request in its shape, on the leaf that suits best;
+- ``apart``: ``least_loaded``, but a communication-heavy job (its profile's demand at least
+  ``heavy_gbps``) first avoids links carrying another heavy ring, among node sets equally
+  compact;
+- ``wait_or_spread``: a flexible job starts on a compact node set (the fewest nodes and
+  leaves that could hold it on an empty cluster) when one is free; else it waits up to
+  ``wait_s`` from its submission (Slurm's ``--switches=N@T``, 300 s by default), then
+  spreads on the ``least_loaded`` choice within ``ceil(lam * n_min)`` nodes (and, with
+  ``min_rate``, only where the contention model predicts it at least that rate alone).
+
+A rule is bound to the decision's state (``at``) before it places anything: the three
+above read the running jobs' placements and profiles and the time there, and keep the
+decision's own starts in their traffic (``wake_at``: when a job waiting for a compact set
+spreads, the decision point they ask for).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Protocol
 
+from linkwise.cluster.contention import AnalyticModel, ContentionModel
 from linkwise.cluster.domain import (
     ClusterState,
     Job,
@@ -41,12 +60,26 @@ from linkwise.cluster.placement.generators import (
     first_fit,
     fragment_first_fit,
     least_busy,
+    min_nodes_for,
     same_leaf,
 )
 from linkwise.cluster.placement.slurm_select import (
     fixed_first_fit,
     slurm_select,
     slurm_select_flexible,
+)
+from linkwise.cluster.profiles import load_calibration
+from linkwise.policies.parts.traffic import (
+    HEAVY_GBPS,
+    LinkLoad,
+    demand_of,
+    fewest_leaves,
+    fixed_candidates,
+    flexible_candidates,
+    leaves_of,
+    profile_demands,
+    span_bound,
+    traffic_of,
 )
 
 
@@ -68,7 +101,28 @@ class PlacementRule(Protocol):
 
     def memo_key(self, job: Job) -> tuple[int, int]: ...
 
+    def at(self, state: ClusterState) -> PlacementRule:
+        """The rule as it applies at this decision (itself where it reads nothing of it)."""
+        ...
 
+    def wake_at(self) -> float:
+        """The decision point a bound rule asks for (inf: none)."""
+        ...
+
+
+class Stateless:
+    """``at`` and ``wake_at`` of a rule that reads nothing of the decision's state."""
+
+    __slots__ = ()
+
+    def at(self, state: ClusterState) -> PlacementRule:
+        return self  # type: ignore[return-value]
+
+    def wake_at(self) -> float:
+        return math.inf
+
+
+WAIT_S = 300.0  # Slurm's default max wait of --switches (max_switch_wait, SchedulerParameters)
 MEMO_SIZE = 4096  # placements ``Bounded`` remembers (about 1 MB on a 64-node cluster)
 
 
@@ -86,7 +140,7 @@ def check_bco_params(kappa: int | None, lam: float) -> None:
 
 
 @dataclass(frozen=True, slots=True)
-class FirstFit:
+class FirstFit(Stateless):
     """Slurm cons_tres-like first fit (``fifo``'s placement)."""
 
     name: ClassVar[str] = "first_fit"
@@ -111,12 +165,27 @@ class FirstFit:
 
 
 @dataclass(frozen=True, slots=True)
-class Select:
-    """Slurm's select/cons_tres on the job's requested shape (``backfill``'s placement)."""
+class Select(Stateless):
+    """Slurm's select/cons_tres on the job's requested shape (``backfill``'s placement);
+    with ``switches`` N > 0 Slurm's ``--switches=N@max_wait_s``: a start spanning more
+    than N leaf switches waits until ``max_wait_s`` after the job's submission
+    (``switch_held``)."""
 
     name: ClassVar[str] = "select"
     uses_busy: ClassVar[bool] = False
     uses_flows: ClassVar[bool] = False
+    switches: int = 0
+    max_wait_s: float = WAIT_S
+    _now: float = field(default=math.inf, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.switches < 0:
+            raise ValueError(f"switches must be non-negative, got {self.switches}")
+        if not self.max_wait_s >= 0:
+            raise ValueError(f"max_wait_s must be non-negative, got {self.max_wait_s}")
+
+    def at(self, state: ClusterState) -> PlacementRule:
+        return replace(self, _now=state.time) if self.switches else self
 
     def place(
         self,
@@ -127,15 +196,46 @@ class Select:
         job: Job,
     ) -> Placement | None:
         if job.flexible:
-            return slurm_select_flexible(topo, free, job.num_gpus)
-        return slurm_select(topo, free, requested_shape(job, topo.max_gpus_per_node))
+            found = slurm_select_flexible(topo, free, job.num_gpus)
+        else:
+            found = slurm_select(topo, free, requested_shape(job, topo.max_gpus_per_node))
+        if self.held(topo, found, job, self._now):
+            return None
+        return found
+
+    def held(self, topo: Topology, placement: Placement | None, job: Job, now: float) -> bool:
+        """``switch_held`` with this rule's ``--switches``."""
+        return switch_held(topo, placement, job, now, self.switches, self.max_wait_s)
 
     def memo_key(self, job: Job) -> tuple[int, int]:
-        return (job.num_gpus, -1 if job.flexible else job.nodes)
+        key = (job.num_gpus, -1 if job.flexible else job.nodes)
+        if self.switches and self._now < job.submit_time + self.max_wait_s:
+            return (key[0], key[1] + (1 << 31))  # still held to its switches
+        return key
+
+
+def switch_held(
+    topo: Topology,
+    placement: Placement | None,
+    job: Job,
+    now: float,
+    switches: int,
+    max_wait_s: float,
+) -> bool:
+    """Whether Slurm's ``--switches=N@T`` (``switches`` N > 0, ``max_wait_s`` T) keeps the
+    job from starting on ``placement`` now: it spans more than N leaf switches and the job
+    was submitted less than T ago (Slurm counts from eligibility; here the submission,
+    which a preempted job's requeue does not reset)."""
+    return (
+        switches > 0
+        and placement is not None
+        and now < job.submit_time + max_wait_s
+        and leaves_of(topo, placement) > switches
+    )
 
 
 @dataclass(frozen=True, slots=True)
-class BestFit:
+class BestFit(Stateless):
     """Consolidated best fit (``placement.best_fit``)."""
 
     name: ClassVar[str] = "best_fit"
@@ -160,7 +260,7 @@ class BestFit:
 
 
 @dataclass(frozen=True, slots=True)
-class Bounded:
+class Bounded(Stateless):
     """SJF-BCO's consolidated/bounded placement (``bounded_placement``; ``kappa``, ``lam``)."""
 
     name: ClassVar[str] = "bounded"
@@ -226,7 +326,7 @@ _POOL = (best_fit, same_leaf, first_fit)
 
 
 @dataclass(frozen=True, slots=True)
-class LeastContention:
+class LeastContention(Stateless):
     """The generators' placement whose ring adds the least contention (module docstring)."""
 
     name: ClassVar[str] = "least_contention"
@@ -264,6 +364,201 @@ class LeastContention:
         return _free_key(job)
 
 
+@dataclass(slots=True)
+class _Bound:
+    """What a network-aware rule knows at one decision: its time, the traffic (updated by
+    every start it places) and the earliest time a job it held back may spread."""
+
+    now: float
+    load: LinkLoad
+    wake: float = math.inf
+
+
+def _idle(topo: Topology) -> _Bound:
+    """A rule used without ``at``: an idle fabric, and a time at which nothing waits."""
+    n = len(topo.links)
+    return _Bound(math.inf, LinkLoad(topo, [0.0] * n, [0] * n))
+
+
+def _demands(model: ContentionModel | None) -> dict[str, float]:
+    """The profiles' demands from the model's calibration (the shipped one otherwise)."""
+    cal = model.calibration if isinstance(model, AnalyticModel) else load_calibration()
+    return profile_demands(cal)
+
+
+def _candidates(topo: Topology, free: Sequence[int], job: Job, load: LinkLoad) -> list[Placement]:
+    """The node sets a network-aware rule weighs (``parts.traffic``)."""
+    shape = fixed_shape(job, topo.max_gpus_per_node)
+    if shape is not None:
+        return fixed_candidates(topo, free, shape)
+    return flexible_candidates(topo, free, job.num_gpus, load)
+
+
+def _loaded_key(topo: Topology, load: LinkLoad, p: Placement, job: Job) -> tuple[Any, ...]:
+    """``least_loaded``'s preference: fewest nodes, fewest leaves, least loaded uplink,
+    least load on all its links."""
+    up, total, _ = load.score(p, job.job_id)
+    return (p.num_nodes, leaves_of(topo, p), up, total)
+
+
+@dataclass(frozen=True, slots=True)
+class _NetworkRule(Stateless):
+    """What ``least_loaded``, ``apart`` and ``wait_or_spread`` share: the profiles' demands,
+    the binding to a decision, and the traffic kept up to date with their own starts."""
+
+    uses_busy: ClassVar[bool] = False
+    uses_flows: ClassVar[bool] = False
+    heavy_gbps: float = HEAVY_GBPS
+    model: ContentionModel | None = field(default=None, compare=False, repr=False)
+    _demands: dict[str, float] = field(default_factory=dict, compare=False, repr=False)
+    _bound: _Bound | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.heavy_gbps >= 0:
+            raise ValueError(f"heavy_gbps must be non-negative, got {self.heavy_gbps}")
+        if not self._demands:
+            object.__setattr__(self, "_demands", _demands(self.model))
+
+    def at(self, state: ClusterState) -> PlacementRule:
+        load = traffic_of(state, self._demands, self.heavy_gbps)
+        return replace(self, _bound=_Bound(state.time, load))  # type: ignore[return-value]
+
+    def wake_at(self) -> float:
+        return math.inf if self._bound is None else self._bound.wake
+
+    def place(
+        self,
+        topo: Topology,
+        free: Sequence[int],
+        busy: Sequence[int],
+        flows: Sequence[int],
+        job: Job,
+    ) -> Placement | None:
+        bound = self._bound if self._bound is not None else _idle(topo)
+        demand = demand_of(self._demands, job.profile)
+        chosen = self.choose(topo, free, job, bound, demand)
+        if chosen is not None:
+            bound.load.add(chosen, job.job_id, demand, demand >= self.heavy_gbps)
+        return chosen
+
+    def choose(
+        self, topo: Topology, free: Sequence[int], job: Job, bound: _Bound, demand: float
+    ) -> Placement | None:
+        raise NotImplementedError
+
+    def memo_key(self, job: Job) -> tuple[int, int]:
+        return _free_key(job)
+
+
+@dataclass(frozen=True, slots=True)
+class LeastLoaded(_NetworkRule):
+    """The most compact node set whose ring meets the least traffic (module docstring)."""
+
+    name: ClassVar[str] = "least_loaded"
+
+    def choose(
+        self, topo: Topology, free: Sequence[int], job: Job, bound: _Bound, demand: float
+    ) -> Placement | None:
+        pool = _candidates(topo, free, job, bound.load)
+        return min(pool, key=lambda p: _loaded_key(topo, bound.load, p, job), default=None)
+
+
+@dataclass(frozen=True, slots=True)
+class Apart(_NetworkRule):
+    """``least_loaded``, heavy rings kept off links with another heavy ring (docstring)."""
+
+    name: ClassVar[str] = "apart"
+
+    def choose(
+        self, topo: Topology, free: Sequence[int], job: Job, bound: _Bound, demand: float
+    ) -> Placement | None:
+        pool = _candidates(topo, free, job, bound.load)
+        key = _apart_key if demand >= self.heavy_gbps else _loaded_key
+        return min(pool, key=lambda p: key(topo, bound.load, p, job), default=None)
+
+
+def _apart_key(topo: Topology, load: LinkLoad, p: Placement, job: Job) -> tuple[Any, ...]:
+    """``apart``'s preference for a heavy job: fewest nodes, fewest leaves, fewest heavy
+    rings on its links, then as ``least_loaded``."""
+    up, total, heavy = load.score(p, job.job_id)
+    return (p.num_nodes, leaves_of(topo, p), heavy, up, total)
+
+
+@dataclass(frozen=True, slots=True)
+class WaitOrSpread(_NetworkRule):
+    """A flexible job waits up to ``wait_s`` for a compact node set, then spreads
+    (module docstring): ``wait_s``, ``lam``, ``min_rate``, ``heavy_gbps``; ``apart``
+    chooses among node sets as ``apart`` does."""
+
+    name: ClassVar[str] = "wait_or_spread"
+    wait_s: float = WAIT_S
+    lam: float = math.inf
+    min_rate: float = 0.0
+    apart: bool = False  # choose as ``apart`` does (else as ``least_loaded``)
+
+    def __post_init__(self) -> None:
+        _NetworkRule.__post_init__(self)
+        if not self.wait_s >= 0:
+            raise ValueError(f"wait_s must be non-negative, got {self.wait_s}")
+        if not self.lam >= 1.0:
+            raise ValueError(f"lam must be at least 1, got {self.lam}")
+        if not 0.0 <= self.min_rate <= 1.0:
+            raise ValueError(f"min_rate must be in [0, 1], got {self.min_rate}")
+        if self.min_rate > 0 and self.model is None:
+            object.__setattr__(self, "model", AnalyticModel(load_calibration()))
+
+    def choose(
+        self, topo: Topology, free: Sequence[int], job: Job, bound: _Bound, demand: float
+    ) -> Placement | None:
+        pool = _candidates(topo, free, job, bound.load)
+        if not pool:
+            return None
+        rank = _apart_key if self.apart and demand >= self.heavy_gbps else _loaded_key
+
+        def key(p: Placement) -> tuple[Any, ...]:
+            return rank(topo, bound.load, p, job)
+
+        if fixed_shape(job, topo.max_gpus_per_node) is not None:
+            return min(pool, key=key)  # a fixed shape has nothing to wait for
+        n_min, l_min = _compact(topo, job.num_gpus)
+        compact = [p for p in pool if p.num_nodes <= n_min and leaves_of(topo, p) <= l_min]
+        if compact:
+            return min(compact, key=key)
+        spread_at = job.submit_time + self.wait_s
+        if bound.now < spread_at:
+            bound.wake = min(bound.wake, spread_at)
+            return None
+        most = span_bound(n_min, self.lam)
+        allowed = [p for p in pool if p.num_nodes <= most and self._fast_enough(topo, job, p)]
+        return min(allowed, key=key, default=None)
+
+    def _fast_enough(self, topo: Topology, job: Job, p: Placement) -> bool:
+        """Whether the model predicts the job at least ``min_rate`` alone at ``p``."""
+        if self.min_rate <= 0 or p.num_nodes <= 1:
+            return True
+        assert self.model is not None
+        try:
+            return self.model.rates(topo, [(job, p)])[0] >= self.min_rate
+        except ValueError:  # a profile the model does not know: not predicted, not spread
+            return False
+
+    def memo_key(self, job: Job) -> tuple[int, int]:
+        key = _free_key(job)
+        if key[1] < 0 or self._bound is None:
+            return key
+        # a job still waiting for a compact set may fail where one that may spread succeeds
+        if self._bound.now < job.submit_time + self.wait_s:
+            return (key[0], 1)
+        # with ``min_rate`` whether it may spread depends on its profile: never shared
+        return (key[0], 2 + job.job_id) if self.min_rate > 0 else key
+
+
+def _compact(topo: Topology, gpus: int) -> tuple[int, int]:
+    """The fewest nodes and leaves that could hold ``gpus`` on an empty cluster."""
+    caps = sorted((n.gpus for n in topo.nodes), reverse=True)
+    return min_nodes_for(caps, gpus), fewest_leaves(topo, gpus)
+
+
 def _free_key(job: Job) -> tuple[int, int]:
     """``memo_key`` of the placements that split a job as they see fit: its GPUs, and for a
     fixed request (which they place in its shape) its node count, below zero."""
@@ -271,7 +566,17 @@ def _free_key(job: Job) -> tuple[int, int]:
 
 
 PLACEMENTS: dict[str, type] = {
-    p.name: p for p in (FirstFit, Select, BestFit, Bounded, LeastContention)
+    p.name: p
+    for p in (
+        FirstFit,
+        Select,
+        BestFit,
+        Bounded,
+        LeastContention,
+        LeastLoaded,
+        Apart,
+        WaitOrSpread,
+    )
 }
 
 

@@ -576,8 +576,8 @@ def test_random_policy_is_seeded_and_never_stalls_an_idle_cluster() -> None:
 
 def test_registry() -> None:
     assert policy_names(oracles=False) == [
-        "fifo", "backfill", "best_fit", "sjf_bco", "tiresias_las", "random",
-        "tiresias_consolidated", "deepshare",
+        "fifo", "backfill", "backfill_switches", "best_fit", "sjf_bco", "tiresias_las",
+        "random", "tiresias_consolidated", "deepshare",
     ]  # fmt: skip
     assert "qssf_preemptive" in policy_names(predictions=True, oracles=False)
     for name in policy_names(predictions=True):
