@@ -231,10 +231,12 @@ def main() -> int:
         print(table([r for f in args.table for r in json.loads(f.read_text())["rows"]]))
         return 0
     todo = cases(args)
+    rows: list[dict[str, Any]] = []
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
-        rows = list(pool.map(run_case, todo))
-    if args.out is not None:
-        args.out.write_text(json.dumps({"rule": RULE, "rows": rows}, indent=1))
+        for row in pool.map(run_case, todo):
+            rows.append(row)
+            if args.out is not None:  # after every run, so a cut-off run keeps its rows
+                args.out.write_text(json.dumps({"rule": RULE, "rows": rows}, indent=1))
     print(json.dumps(rows) if args.json else table(rows))
     return 0
 

@@ -366,18 +366,29 @@ class LeastContention(Stateless):
 
 @dataclass(slots=True)
 class _Bound:
-    """What a network-aware rule knows at one decision: its time, the traffic (updated by
-    every start it places) and the earliest time a job it held back may spread."""
+    """What a network-aware rule knows at one decision: its time, the traffic (counted from
+    the state's running jobs when first asked, then updated by every start it places) and
+    the earliest time a job it held back may spread."""
 
     now: float
-    load: LinkLoad
+    state: ClusterState | None
+    demands: dict[str, float]
+    heavy_gbps: float
     wake: float = math.inf
+    _load: LinkLoad | None = None
+
+    @property
+    def load(self) -> LinkLoad:
+        if self._load is None:
+            assert self.state is not None  # ``_idle`` gives its load
+            self._load = traffic_of(self.state, self.demands, self.heavy_gbps)
+        return self._load
 
 
 def _idle(topo: Topology) -> _Bound:
     """A rule used without ``at``: an idle fabric, and a time at which nothing waits."""
     n = len(topo.links)
-    return _Bound(math.inf, LinkLoad(topo, [0.0] * n, [0] * n))
+    return _Bound(math.inf, None, {}, HEAVY_GBPS, _load=LinkLoad(topo, [0.0] * n, [0] * n))
 
 
 def _demands(model: ContentionModel | None) -> dict[str, float]:
@@ -420,8 +431,8 @@ class _NetworkRule(Stateless):
             object.__setattr__(self, "_demands", _demands(self.model))
 
     def at(self, state: ClusterState) -> PlacementRule:
-        load = traffic_of(state, self._demands, self.heavy_gbps)
-        return replace(self, _bound=_Bound(state.time, load))  # type: ignore[return-value]
+        bound = _Bound(state.time, state, self._demands, self.heavy_gbps)
+        return replace(self, _bound=bound)  # type: ignore[return-value]
 
     def wake_at(self) -> float:
         return math.inf if self._bound is None else self._bound.wake

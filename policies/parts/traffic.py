@@ -78,8 +78,9 @@ def traffic_of(
     n = len(topo.links)
     out = LinkLoad(topo, [0.0] * n, [0] * n)
     for r in state.running:
-        d = demand_of(demands, r.job.profile)
-        out.add(r.placement, r.job.job_id, d, d >= heavy_gbps)
+        if r.placement.num_nodes > 1:
+            d = demand_of(demands, r.job.profile)
+            out.add(r.placement, r.job.job_id, d, d >= heavy_gbps)
     return out
 
 
@@ -107,12 +108,13 @@ def flexible_candidates(
 ) -> list[Placement]:
     """The node sets weighed for a job of ``gpus`` in any split: best fit over the cluster
     (first, so it wins every tie), best fit inside each leaf, and best fit over the fewest
-    leaves taken least loaded first (their uplinks' summed load, then most free GPUs)."""
+    leaves taken least loaded first (their uplinks' summed load, then most free GPUs).
+    Best fit alone where it finds one node (the tightest that holds the job)."""
     out: list[Placement] = []
     seen: set[tuple[tuple[int, int], ...]] = set()
     _add(out, seen, best_fit(topo, free, gpus))
-    if not out:
-        return out
+    if not out or out[0].num_nodes == 1:
+        return out  # one node crosses no link: nothing to weigh against best fit's
     leaf_free = [sum(free[i] for i in members) for members in topo.leaf_nodes]
     for leaf, members in enumerate(topo.leaf_nodes):
         if leaf_free[leaf] >= gpus:
