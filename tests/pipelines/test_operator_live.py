@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from linkwise.cluster.slurm.client import read_env_file
+from linkwise.tests._serve import cycles_run, free_port
 from linkwise.tests._slurm import slurm_argv
 from linkwise.tests._store import read_store
 
@@ -187,19 +188,23 @@ def test_operator_path(cluster: dict[str, str], tmp_path: Path) -> None:
 
     # 7. serve in shadow mode the registry version itself (nothing holds @shadow), the
     # registry named by --tracking-uri; jobs arrive while it runs
+    port = free_port()
     serve = subprocess.Popen(
         [*linkwise_argv(), "serve", "--mode", "shadow", "--partition", "gpu",
          "--policy", "model:models:/linkwise-policy/1",
          "--tracking-uri", "linkwise-out/mlflow/mlflow.db", "--slurm-env", env_file,
-         "--lease-root", str(tmp_path / "leases"), "--interval", "1", "--max-cycles", "25"],
+         "--lease-root", str(tmp_path / "leases"), "--interval", "1", "--max-cycles", "25",
+         "--metrics-port", str(port)],
         cwd=work, env=operator_env(work), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True,
     )  # fmt: skip
     third: list[int] = []
     try:
-        deadline = time.time() + 120
+        deadline = time.time() + 180
         while serve.poll() is None and time.time() < deadline:
-            if len(third) < 16:
+            # jobs arrive once the loop cycles: on a loaded machine its start-up can outlast
+            # every burst, and jobs submitted before its first cycle are outside its span
+            if len(third) < 16 and cycles_run(port) >= 1:
                 third += burst(cluster, rng, "c", 2)
             time.sleep(2.0)
         s_out, s_err = serve.communicate(timeout=max(1.0, deadline - time.time()))
