@@ -38,6 +38,10 @@ pytestmark = pytest.mark.services
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "local-slurm"
 FOLDER = Path("/tmp/lw-slurm-i33-flex")
+# (form, free GPUs per node, GPUs) where a version's cons_tres does not choose as the model
+KNOWN_DIFFERENCES: dict[str, set[tuple[str, tuple[int, ...], int]]] = {
+    "22.05": {("tasks", (2, 1, 2, 2), 5)},
+}
 PORT_BASE = 23900
 
 
@@ -80,7 +84,11 @@ def test_slurms_choice_for_flexible_requests_is_the_models(
     results = run_cases(client, topo, todo, list(FORMS), tag="i33-flex")
     assert len(results) == len(todo) * len(FORMS)
     wrong = [(r.form, r.free, r.case.gpus, r.slurm, r.model) for r in results if not r.agrees]
-    assert not wrong, wrong
+    # Slurm 22.05 (out of support) spreads 5 one-GPU tasks over free GPUs 2,1,2,2 as 1+2+2
+    # on the same three nodes where 24.11 and 26.05 (the model) give 2+2+1; no other case
+    # differs. Pinned, so a change on any version shows.
+    known = KNOWN_DIFFERENCES.get(os.environ.get("LINKWISE_SLURM_VERSION", "24.11"), set())
+    assert {(form, free, gpus) for form, free, gpus, _, _ in wrong} == known, wrong
 
 
 def sbatch(conf: dict[str, str], *args: str) -> int:
@@ -108,6 +116,9 @@ def test_the_loop_places_flexible_requests_on_the_policys_nodes(
     cluster: tuple[dict[str, str], SlurmClient], tmp_path: Path
 ) -> None:
     conf, client = cluster
+    # 22.05's JSON does not say whether a job asked --switches, which topology/tree needs: the
+    # loop hands such jobs back unchanged (``infeasible_request``) and Slurm places them
+    legacy = conf.get("LINKWISE_SLURM_VERSION", "24.11") == "22.05"
     for q in client.queue():
         client.cancel(q.job_id)
     wait_for(lambda: not client.queue(), 60, "an empty queue")
@@ -164,9 +175,12 @@ def test_the_loop_places_flexible_requests_on_the_policys_nodes(
             detail = rec["gres_detail"]
             assert isinstance(detail, list)
             got = {h: gres_gpus(str(d)) for h, d in zip(hosts, detail, strict=True)}
-            assert got == want[name], (name, got)  # the policy's nodes and split
             after = tres(rec["tres_req_str"])
             assert after["gres/gpu"] == before[name]["gres/gpu"], (name, before, after)
+            assert sum(got.values()) == int(after["gres/gpu"]), (name, got, after)
+            if legacy:  # handed back: Slurm places it where it likes
+                continue
+            assert got == want[name], (name, got)  # the policy's nodes and split
             assert after["node"] == str(len(want[name])), (name, after)
             if name == "tasks3":  # one CPU per task: the CPUs it asked
                 assert after["cpu"] == before[name]["cpu"], (name, before, after)
@@ -179,6 +193,9 @@ def test_the_loop_places_flexible_requests_on_the_policys_nodes(
     ).fetchall()
     con.close()
     updates = {int(j): json.loads(c) for j, c in rows if "ReqNodeList" in c}
+    if legacy:
+        assert not set(updates) & set(jobs.values()), updates
+        return
     for name, job in jobs.items():
         nodes = ",".join(sorted(want[name]))
         assert updates[job][3:] == [f"ReqNodeList={nodes}", f"NumNodes={len(want[name])}"]
