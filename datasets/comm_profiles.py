@@ -278,10 +278,13 @@ def lookup(book: ProfileBook, name: str, user: str, gpus: int) -> LearnedProfile
 
 def extend_calibration(calibration: Calibration, book: ProfileBook) -> Calibration:
     """``calibration`` with the book's profiles added (its mix unchanged: the default mix
-    never draws a learned profile)."""
+    never draws a learned profile). A profile the calibration already holds under the same
+    name stays: a fitted calibration's ``history:`` profiles were fitted with its alpha and
+    overhead, in its time unit (``datasets.contention_fit``), while the book's are per second
+    of isolated running, so replacing them would pair the fitted overhead with another unit."""
     if not book.profiles:
         return calibration
-    profiles = {**calibration.profiles, **{p.profile.name: p.profile for p in book.profiles}}
+    profiles = {**{p.profile.name: p.profile for p in book.profiles}, **calibration.profiles}
     return replace(calibration, profiles=profiles)
 
 

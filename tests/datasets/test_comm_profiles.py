@@ -5,6 +5,7 @@ learned profiles recover the gradient per compute second and the slowdown under 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import duckdb
@@ -18,6 +19,7 @@ from linkwise.datasets.comm_profiles import (
     EMPTY_BOOK,
     PROFILE_PREFIX,
     apply_history,
+    extend_calibration,
     load_profile_book,
     lookup,
 )
@@ -142,6 +144,23 @@ def test_history_profiles_where_they_exist_the_default_mix_elsewhere(
     assert drawn[3].profile == plain[3].profile
     assert all(extended.profiles[j.profile] for j in drawn)
     assert lookup(book, "", "nobody", 8) is None
+
+
+def test_a_fitted_calibrations_own_profiles_stay_beside_the_book(
+    store: duckdb.DuckDBPyConnection,
+) -> None:
+    # a fitted calibration names its profiles as the book does, but in its own time unit
+    # (paired with its overhead): the book adds what it lacks and replaces nothing
+    book = load_profile_book(store, min_runs=3)
+    name = f"{PROFILE_PREFIX}name=bert"
+    assert book.by_name["bert"].profile.name == name
+    fitted = CommProfile(name, 7.5, 40.0, "fitted (test)")
+    shipped = load_calibration()
+    cal = replace(shipped, profiles={**shipped.profiles, name: fitted}, overhead_s=0.3)
+    extended = extend_calibration(cal, book)
+    assert extended.profiles[name] == fitted
+    assert f"{PROFILE_PREFIX}name=gpt" in extended.profiles
+    assert extended.overhead_s == 0.3 and extended.mix == cal.mix
 
 
 def test_an_empty_book_changes_nothing() -> None:
