@@ -63,7 +63,7 @@ from linkwise.datasets.traces import jobs_frame
 from linkwise.evaluation.benchmark import Benchmark, EvalCase, PolicyRef, make_cases, run_benchmark
 from linkwise.evaluation.gates import same_information_heuristics
 from linkwise.evaluation.stats import paired_arrays, paired_ratio
-from linkwise.models.residual import topology_signature
+from linkwise.models.residual import format_margin, topology_signature
 from linkwise.models.training import AlgoConfig
 from linkwise.pipelines.residual import (
     best_actions,
@@ -308,6 +308,17 @@ def evaluate(
         PolicyRef(f"residual-{a}", PolicySpec.parse(f"model:{c['package']}"))
         for a, c in arms.items()
     ]
+    # the ungated residuals: each arm's package at a fixed margin, whatever its validation
+    # days chose (what each arm's labels taught, before the margin defers it)
+    fixed = format_margin(args.ungated) if args.ungated is not None else None
+    if fixed is not None:
+        refs += [
+            PolicyRef(
+                f"residual-{a}@{fixed}",
+                PolicySpec.parse(f"model:{Path(c['package']).parent / f'margin-{fixed}'}"),
+            )
+            for a, c in arms.items()
+        ]
     names = [str(n) for n in same_information_heuristics(predictions=True)]
     refs += [PolicyRef(n, PolicySpec.parse(n)) for n in names]
     t = time.perf_counter()
@@ -334,7 +345,15 @@ def evaluate(
         if b != bt:
             ci = paired_ratio(bench, b, bt, n_boot=args.n_boot)
             comparisons[f"{b} / {bt}"] = {**ci.to_json(), "per_case": per_day(bench, b, bt)}
+        if fixed is not None:
+            pol, ref = f"residual-{a}@{fixed}", f"residual-truth@{fixed}"
+            ci = paired_ratio(bench, pol, ref, n_boot=args.n_boot)
+            comparisons[f"{pol} / {ref}"] = {**ci.to_json(), "per_case": per_day(bench, pol, ref)}
     for a in arms:
+        if fixed is not None:
+            pol, b = f"residual-{a}@{fixed}", arms[a]["base"]["base"]
+            ci = paired_ratio(bench, pol, b, n_boot=args.n_boot)
+            comparisons[f"{pol} / {b}"] = {**ci.to_json(), "per_case": per_day(bench, pol, b)}
         pol, b = f"residual-{a}", arms[a]["base"]["base"]
         ci = paired_ratio(bench, pol, b, n_boot=args.n_boot)
         comparisons[f"{pol} / {b}"] = {**ci.to_json(), "per_case": per_day(bench, pol, b)}
@@ -364,6 +383,29 @@ def report(out: dict[str, Any]) -> None:
             f"{c['train']['label_match']:.2f} | {_h(h['avg_jct_s'])} | {ratio} | "
             f"{'-' if dev is None else f'{dev:.1f}'} |"
         )
+    fixed = [k for k in held if k.startswith("residual-truth@")]
+    if fixed:
+        m = fixed[0].partition("@")[2]
+        print(
+            f"\nUngated: every arm's package at margin {m} (whatever its validation days chose), "
+            "on the truth's held-out days:\n"
+        )
+        print("| trained on | avg JCT h | / truth-trained at the same margin [95% CI] | "
+              "/ its base [95% CI] | deviations / 1,000 |")  # fmt: skip
+        print("|---|---:|---|---|---:|")
+        for a, c in out["arms"].items():
+            pol, h = f"residual-{a}@{m}", held[f"residual-{a}@{m}"]
+            cells = []
+            for ref in (f"residual-truth@{m}", c["base"]["base"]):
+                ci = comps.get(f"{pol} / {ref}")
+                cells.append(
+                    "1" if ci is None else f"{ci['ratio']:.4f} [{ci['low']:.4f}, {ci['high']:.4f}]"
+                )
+            dev = h["deviations_per_1000"]
+            print(
+                f"| {a} | {_h(h['avg_jct_s'])} | {cells[0]} | {cells[1]} | "
+                f"{'-' if dev is None else f'{dev:.1f}'} |"
+            )
     print(
         "\nHeld-out days of the truth, every same-information heuristic (avg JCT h, "
         f"/ truth-trained residual {_h(truth_res)} h):\n"
@@ -525,15 +567,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/calibration_policy.json"))
     p.add_argument("--load", type=float, default=1.0, help="the policies' workload's load")
     p.add_argument("--window-h", type=float, default=2.0)
-    p.add_argument("--windows", type=int, default=18, help="windows of workload in all")
-    p.add_argument("--label-windows", type=int, default=8)
+    p.add_argument("--windows", type=int, default=19, help="windows of workload in all")
+    p.add_argument("--label-windows", type=int, default=10)
     p.add_argument("--validation", type=int, default=3)
     p.add_argument("--heldout", type=int, default=6)
     p.add_argument("--block-s", type=float, default=1800.0)
-    p.add_argument("--val-seeds", type=_ints, default=(0, 1))
-    p.add_argument("--seeds", type=_ints, default=(0, 1), help="held-out seeds")
-    p.add_argument("--label-seeds", type=_ints, default=(0,))
-    p.add_argument("--points", type=int, default=8)
+    p.add_argument("--val-seeds", type=_ints, default=(0, 1, 2))
+    p.add_argument("--seeds", type=_ints, default=(0, 1, 2), help="held-out seeds")
+    p.add_argument("--label-seeds", type=_ints, default=(0, 1))
+    p.add_argument("--points", type=int, default=24)
     p.add_argument("--n", type=int, default=2)
     p.add_argument("--alternatives", type=int, default=5)
     p.add_argument("--horizon-h", type=float, default=1.0)
@@ -546,12 +588,22 @@ def main(argv: list[str] | None = None) -> int:
         type=lambda s: tuple(float(x) for x in s.split(",")),
         default=(math.inf, 1.0, 0.5, 0.25),
     )
+    p.add_argument(
+        "--ungated",
+        type=float,
+        default=0.25,
+        help="also evaluate every arm's package at this margin of the sweep (nan: none)",
+    )
     p.add_argument("--executor", default="serial", help="labelling executor")
     p.add_argument("--n-boot", type=int, default=2000)
     p.add_argument(
         "--report-from", type=Path, help="print the report of a results JSON, run nothing"
     )
     args = p.parse_args(argv)
+    if args.ungated is not None and math.isnan(args.ungated):
+        args.ungated = None
+    elif args.ungated is not None and args.ungated not in args.margins:
+        p.error("--ungated must be one of --margins")
     if args.report_from is not None:
         report(json.loads(args.report_from.read_text()))
         return 0
