@@ -118,22 +118,20 @@ def fitted(truth: HiddenTruth, store: Path | None) -> tuple[Any, dict[str, Any]]
         return fit_cluster_calibration(con, truth.topology()), fill
 
 
-def profile_rule(arm: str, cal: Calibration) -> Callable[[str], str | None]:
+def profile_rule(arm: str, cal: Calibration) -> Callable[[str], str]:
     """How an arm's simulator names a job's profile from its job name: the truth its own, the
     fitted calibration ``history:name=NAME`` where it has one, the shipped none (its default
-    mix draws one; so does the fitted calibration's for a name it lacks)."""
+    mix draws one; so does the fitted calibration's for a name it lacks): "" for none."""
     if arm == "truth":
         return lambda name: name
     if arm == "recovered":
         return lambda name: (
-            f"{PROFILE_PREFIX}name={name}"
-            if f"{PROFILE_PREFIX}name={name}" in cal.profiles
-            else None
+            f"{PROFILE_PREFIX}name={name}" if f"{PROFILE_PREFIX}name={name}" in cal.profiles else ""
         )
-    return lambda name: None
+    return lambda name: ""
 
 
-def renamed(windows: Sequence[Window], rule: Callable[[str], str | None]) -> list[Window]:
+def renamed(windows: Sequence[Window], rule: Callable[[str], str]) -> list[Window]:
     """The windows with every job's profile as ``rule`` names it from the job's name."""
     return [
         replace(w, jobs=tuple(replace(j, profile=rule(j.name)) for j in w.jobs)) for w in windows
@@ -279,15 +277,21 @@ def agreement(labels: pl.DataFrame, truth: pl.DataFrame) -> dict[str, Any]:
     best = best_actions(labels).select("episode", "point", "action")
     tbest = best_actions(truth).select("episode", "point", pl.col("action").alias("truth_action"))
     same = best.join(tbest, on=["episode", "point"], how="inner")
-    corr = both.select(pl.corr("label_s", "truth_s")).item() if both.height > 1 else None
+    corr = (
+        float(np.corrcoef(both["label_s"].to_numpy(), both["truth_s"].to_numpy())[0, 1])
+        if both.height > 1
+        else None
+    )
     return {
         "points": best.height,
         "points_with_a_better_move": best_actions(labels).filter(pl.col("label_s") < 0).height,
         "moves_scored_by_both": both.height,
-        "label_correlation": None if corr is None else float(corr),
-        "same_best_move": float((same["action"] == same["truth_action"]).mean() or 0.0)
-        if same.height
-        else None,
+        "label_correlation": corr,
+        "same_best_move": (
+            float(np.mean(same["action"].to_numpy() == same["truth_action"].to_numpy()))
+            if same.height
+            else None
+        ),
     }
 
 
