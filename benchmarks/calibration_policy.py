@@ -4,7 +4,7 @@
 The hidden-truth cluster of ``calibration_recovery.py`` (``datasets.hidden_truth``: 8x8
 H100-class nodes, alpha 0.9, a 4 ms per-node overhead, six job names with invented profiles)
 fills a store through the real exporters' text and ingest; its calibration is fitted from the
-store alone (``datasets.contention_fit.fit_cluster_calibration``, as ``linkwise calibrate``
+store alone (``datasets.contention_fit.fit.fit_cluster_calibration``, as ``linkwise calibrate``
 does). Then the residual recipe (``pipelines.residual``: the base chosen on the validation
 days among every same-information heuristic, counterfactual labels under it on the training
 days, a d3rlpy learner on the labels, its margin chosen on the validation days) runs three
@@ -52,8 +52,10 @@ from linkwise.cluster.domain import Topology
 from linkwise.cluster.mdp import MdpConfig, make_spec
 from linkwise.cluster.profiles import Calibration, load_calibration
 from linkwise.datasets.comm_profiles import PROFILE_PREFIX
-from linkwise.datasets.contention_fit import fit_cluster_calibration
-from linkwise.datasets.hidden_truth import HiddenTruth, fill_truth_store, recovery, truth_workload
+from linkwise.datasets.contention_fit.fit import fit_cluster_calibration
+from linkwise.datasets.hidden_truth.recovery import recovery
+from linkwise.datasets.hidden_truth.store import fill_truth_store
+from linkwise.datasets.hidden_truth.truth import HiddenTruth, truth_workload
 from linkwise.datasets.job_telemetry import build_job_telemetry
 from linkwise.datasets.labels import LabelTask, run_labels, write_labels
 from linkwise.datasets.predictor import RuntimePredictor
