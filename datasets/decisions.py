@@ -56,6 +56,8 @@ from linkwise.cluster.profiles import Calibration, assign_profiles, load_calibra
 from linkwise.datasets.log_jobs import load_log_jobs, resolve_cluster
 from linkwise.datasets.log_replay import END, SUBMIT, LogReplay, log_events, window_cuts
 from linkwise.datasets.predictor import RuntimePredictor
+from linkwise.datasets.rollouts import jobs_from_store
+from linkwise.datasets.traces import frame_jobs
 from linkwise.datasets.transitions import empty_frame
 
 __all__ = [
@@ -278,9 +280,6 @@ def store_predictor(
 ) -> RuntimePredictor:
     """A run-time predictor fit on the store's finished jobs of ``cluster`` submitted before
     ``until`` (all when None)."""
-    from linkwise.datasets.rollouts import jobs_from_store
-    from linkwise.datasets.traces import frame_jobs
-
     name = resolve_cluster(con, "jobs", cluster)
     jobs = frame_jobs(jobs_from_store(con, cluster=name, until=until))
     return RuntimePredictor.fit(jobs, until=until)

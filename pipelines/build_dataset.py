@@ -59,8 +59,9 @@ from linkwise.datasets.comm_profiles import (
 )
 from linkwise.datasets.decisions import build_log_transitions, store_predictor
 from linkwise.datasets.export import export_dataset, file_sha256, log_to_mlflow
+from linkwise.datasets.history import predictor_from_history
 from linkwise.datasets.log_jobs import store_cluster, topology_from_store
-from linkwise.datasets.prediction import predictor_from_history, predictor_record
+from linkwise.datasets.prediction import predictor_record
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.rollouts import (
     Window,

@@ -21,9 +21,9 @@ from linkwise.cluster.topology.load import load_topology
 from linkwise.cluster.topology.spec import DEFAULT_TOPOLOGY
 from linkwise.datasets.backlog import Backlog, backlog_from_store
 from linkwise.datasets.export import file_sha256
+from linkwise.datasets.history import fit_history, load_history
 from linkwise.datasets.llm_workload import is_generated, parse_spec, spec_sha256
 from linkwise.datasets.log_jobs import topology_from_store
-from linkwise.datasets.prediction import fit_history, load_history
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.rollouts import Window, cut_windows, jobs_from_store
 from linkwise.datasets.store import open_store

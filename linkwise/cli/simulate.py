@@ -177,7 +177,7 @@ def _scenario(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
         info["flexible_jobs"] = sum(bool(j.flexible) for j in jobs)
     predictor = None
     if args.history is not None:
-        from linkwise.datasets.prediction import fit_history, load_history
+        from linkwise.datasets.history import fit_history, load_history
 
         history = load_history(args.history, args.history_format, slurm_cluster=args.slurm_cluster)
         predictor, fitted = fit_history(

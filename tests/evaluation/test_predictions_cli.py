@@ -11,7 +11,7 @@ import pytest
 from linkwise.cluster.domain import Job
 from linkwise.cluster.profiles import load_calibration
 from linkwise.cluster.topology.spec import from_spec
-from linkwise.datasets.prediction import History, fit_history
+from linkwise.datasets.history import History, fit_history
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.evaluation.compare import Scenario
 from linkwise.evaluation.predictions import check_predictions
