@@ -267,8 +267,10 @@ def to_mdp_dataset(df: pl.DataFrame, spec: ObsSpec, *, masks: bool = False) -> A
 
     The episodes are ``datasets.credit_buffer.TimedEpisode`` (each step's time to the next
     decision point), for ``with_credit``; d3rlpy's default transition picker ignores that."""
+    # d3rlpy (torch) takes seconds to import: only where an algorithm is built or fit
     import d3rlpy  # type: ignore[import-untyped]
 
+    # credit_buffer subclasses d3rlpy's classes, so it imports d3rlpy (torch) at its top
     from linkwise.datasets.credit_buffer import timed_dataset
 
     check_frame(df)
@@ -319,6 +321,7 @@ def log_to_mlflow(
     if not uri:
         return None
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    # MLflow takes about a second to import: only where a run or the registry is used
     from mlflow.data.dataset_source_registry import resolve_dataset_source
     from mlflow.data.meta_dataset import MetaDataset
     from mlflow.entities import DatasetInput, InputTag

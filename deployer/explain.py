@@ -48,6 +48,7 @@ from typing import Any
 from linkwise.cluster.contention import ContentionModel
 from linkwise.cluster.domain import ClusterState, Decision, Placement, Policy, Start
 from linkwise.cluster.hostlist import compress
+from linkwise.cluster.mdp import MdpConfig, apply_start, candidates
 from linkwise.cluster.metrics import duration_text
 
 __all__ = [
@@ -110,8 +111,6 @@ def _number(x: float | None) -> float | None:
 
 def _contention(state: ClusterState, model: ContentionModel) -> Any:
     """The mdp's contention predictor on this state (the one its candidate features use)."""
-    from linkwise.cluster.mdp import MdpConfig, candidates
-
     return candidates(state, MdpConfig(k_slots=1), model).contention
 
 
@@ -124,8 +123,6 @@ def _slowdowns(
     """Per start: the job's predicted slowdown and the slowdown it adds to its neighbours,
     each start next to what runs and to the starts before it in the decision; both None,
     with the reason, where the model cannot predict (a job without a communication profile)."""
-    from linkwise.cluster.mdp import apply_start
-
     out: list[dict[str, Any]] = []
     s: ClusterState | None = state
     for i, start in enumerate(starts):

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from linkwise.evaluation.gates import GateReport, ShadowEvidence
+from linkwise.evaluation.shadow_replay import shadow_report
 from linkwise.models.registry import ensure_experiment, registry_client
 from linkwise.policies.source import MODEL_NAME, parse_models_uri
 from linkwise.policies.spec import PolicySpec
@@ -121,6 +122,7 @@ class PromotionDecision:
 
 def current_aliases(tracking_uri: str, name: str | None = None) -> dict[str, str]:
     """The registered model's aliases (alias -> version); empty when it does not exist."""
+    # MLflow takes about a second to import: only where a run or the registry is used
     from mlflow.exceptions import MlflowException
 
     client = registry_client(tracking_uri)
@@ -363,8 +365,6 @@ def shadow_evidence(
     description (window, headline, deviations, the simulator's check, approximations).
     ``policy``: the spec to replay; None replays the registry version itself,
     ``model:models:/NAME/VERSION`` at ``tracking_uri``."""
-    from linkwise.evaluation.shadow_replay import shadow_report
-
     (row,) = con.execute(
         "SELECT count(DISTINCT cycle_id), min(ts), max(ts) FROM decisions "
         "WHERE mode = 'shadow' AND model_version = ?",

@@ -61,6 +61,7 @@ task order whatever the executor.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -604,8 +605,6 @@ def _task_label(task: BenchTask) -> str:
 
 def save_benchmark(bench: Benchmark, out_dir: str | Path) -> dict[str, Path]:
     """``runs.json`` (every run's metrics) and ``jobs.parquet`` (every job) in ``out_dir``."""
-    import json
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     runs = {
@@ -633,8 +632,6 @@ def save_benchmark(bench: Benchmark, out_dir: str | Path) -> dict[str, Path]:
 
 def load_benchmark(out_dir: str | Path) -> Benchmark:
     """A benchmark written by ``save_benchmark``."""
-    import json
-
     d = Path(out_dir)
     runs = json.loads((d / "runs.json").read_text())
     jobs = pl.read_parquet(d / "jobs.parquet")

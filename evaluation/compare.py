@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from linkwise.cluster.bounds import queue_bound
+from linkwise.cluster.calibration.measurements import load_deepshare
 from linkwise.cluster.contention import (
     AnalyticModel,
     ContentionModel,
@@ -148,9 +149,6 @@ class Scenario:
                 raise ValueError(
                     "the empirical contention model needs --data pointing at shared/data"
                 )
-            # cluster.calibration.measurements imports polars: only the empirical model needs it
-            from linkwise.cluster.calibration.measurements import load_deepshare
-
             return EmpiricalModel(load_deepshare(Path(self.data_dir)))
         raise ValueError(
             f"unknown contention model {self.contention!r} (analytic, empirical, none)"
@@ -263,10 +261,11 @@ def compare(
 
 def plot_jct_cdf(runs: Sequence[PolicyRun], path: Path, *, title: str = "") -> Path:
     """Save the JCT CDF of each policy (log time axis) as a PNG."""
+    # matplotlib takes about half a second to import: only where a plot is drawn
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after use("Agg"): drawn to a file, no display
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for run in runs:

@@ -17,6 +17,7 @@ selection excludes them).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import closing
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -90,7 +91,6 @@ def _rollout_jobs(
         if sha and file_sha256(path) != sha:
             raise HoldoutError(f"{path} is not the trace the dataset was built from (sha256)")
         return trace_source(sha or file_sha256(path)), jobs_from_trace(path)
-    from contextlib import closing
 
     with closing(open_store(roll["db"])) as con:
         jobs = jobs_from_store(

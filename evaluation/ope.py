@@ -200,6 +200,7 @@ class _GreedyImpl:
         self.choose = choose
 
     def predict_best_action(self, x: Any) -> Any:
+        # torch takes seconds to import: only where a network is built, exported or read
         import torch
 
         actions = self.choose(x.detach().cpu().numpy())
@@ -243,6 +244,7 @@ def _bounded_fqe(bounds: ValueBounds) -> Any:
     """``DiscreteFQE`` whose bootstrap target ``Q'(s', pi(s'))`` is clipped to ``bounds``:
     off the data's support nothing anchors ``Q'``, and an unclipped target can run away (an
     always-wait policy was once valued at +17 where every reward is <= 0)."""
+    # d3rlpy (torch) takes seconds to import: only where an algorithm is built or fit
     import d3rlpy  # type: ignore[import-untyped]
     from d3rlpy.ope.torch.fqe_impl import DiscreteFQEImpl  # type: ignore[import-untyped]
 
@@ -281,6 +283,7 @@ def fqe_values(
     """Fit DiscreteFQE for the chooser's policy on a d3rlpy dataset (one seed); the mean of
     ``Q(s0, pi(s0))`` over the initial observations. With ``bounds`` (``run_ope`` passes the
     data's), the bootstrap targets and the values read are clipped to them."""
+    # d3rlpy (torch) takes seconds to import: only where an algorithm is built or fit
     import d3rlpy
     from d3rlpy.logging import NoopAdapterFactory  # type: ignore[import-untyped]
     from d3rlpy.models.encoders import VectorEncoderFactory  # type: ignore[import-untyped]
@@ -363,6 +366,7 @@ def run_ope(
     non-positive rewards). Off the data's support FQE still cannot tell a policy's long-run
     cost (an always-wait policy's actions are rarely logged), but it no longer reports a
     value no reward sequence could give."""
+    # torch takes seconds to import: only where a network is built, exported or read
     import torch
 
     saved = torch.get_num_threads()

@@ -46,7 +46,15 @@ from typing import Any
 
 import numpy as np
 
+from linkwise.cluster.profiles import load_calibration
+from linkwise.datasets.backlog import backlog_from_store
+from linkwise.datasets.log_jobs import load_log_jobs, resolve_cluster
+from linkwise.datasets.rollouts import Window, runs_from_store
+from linkwise.datasets.store import open_store
+from linkwise.datasets.traces import JOB_COLUMNS, frame_jobs
+from linkwise.evaluation.benchmark import BenchTask, EvalCase, PolicyRef, run_task
 from linkwise.evaluation.shadow_window import ShadowWindow, pick_shadow_window, shadow_policy_spec
+from linkwise.evaluation.stats import bootstrap_ratio
 from linkwise.policies.spec import PolicySpec
 
 EXPERIMENT = "linkwise-shadow-report"
@@ -128,8 +136,6 @@ class ShadowReport:
 def _actual(con: Any, cluster: str, since: float, until: float) -> tuple[Any, dict[Any, Any]]:
     """The window's finished jobs (``runs_from_store``, ``until`` inclusive) and each Slurm
     job's first start (its queueing as Slurm recorded it)."""
-    from linkwise.datasets.rollouts import runs_from_store
-
     runs = runs_from_store(con, cluster=cluster, since=since, until=math.nextafter(until, math.inf))
     firsts = dict(
         con.execute(
@@ -163,13 +169,6 @@ def shadow_report(
     Slurm cluster (None: the only one); ``predictor``: run-time predictions for the jobs (a
     learned policy's package brings its own); ``calibration_used``: how ``calibration`` was
     chosen, as the report states it (default: its own source line)."""
-    from linkwise.cluster.profiles import load_calibration
-    from linkwise.datasets.backlog import backlog_from_store
-    from linkwise.datasets.log_jobs import load_log_jobs, resolve_cluster
-    from linkwise.datasets.rollouts import Window
-    from linkwise.datasets.traces import JOB_COLUMNS, frame_jobs
-    from linkwise.evaluation.benchmark import BenchTask, EvalCase, PolicyRef, run_task
-
     cal = calibration if calibration is not None else load_calibration(None)
     name = resolve_cluster(con, "jobs", cluster)
     win, skipped = pick_shadow_window(
@@ -284,8 +283,6 @@ def _interval(
     level: float,
     seed: int,
 ) -> Interval:
-    from linkwise.evaluation.stats import bootstrap_ratio
-
     a, b = arrays[subject][_series(metric)], arrays[reference][_series(metric)]
     if _value(arrays[reference], metric) <= 0:
         return Interval(metric, subject, reference, None, None, None, level, len(a))
@@ -352,8 +349,6 @@ def shadow_headline(
 ) -> str:
     """The report's headline for the store's shadow window of ``model_version`` (the demo's
     line), or why there is none."""
-    from linkwise.datasets.store import open_store
-
     try:
         with closing(open_store(db)) as con:
             report = shadow_report(

@@ -19,6 +19,7 @@ from linkwise.evaluation.shadow_replay import (
     POLICY,
     ShadowReport,
 )
+from linkwise.models.registry import ensure_experiment, registry_client
 
 __all__ = ["log_shadow_report", "write_shadow_report"]
 
@@ -79,10 +80,11 @@ def _markdown(report: ShadowReport) -> str:
 
 
 def _plots(report: ShadowReport, out: Path) -> list[Path]:
+    # matplotlib takes about half a second to import: only where a plot is drawn
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after use("Agg"): drawn to a file, no display
 
     paths: list[Path] = []
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -136,8 +138,6 @@ def log_shadow_report(
 ) -> str:
     """Log the report as an MLflow run (the window and policy as params, every ratio and its
     interval as metrics, the folder as artifacts); the run id."""
-    from linkwise.models.registry import ensure_experiment, registry_client
-
     client = registry_client(tracking_uri)
     exp = ensure_experiment(client, experiment, tracking_uri=tracking_uri)
     run = client.create_run(exp, run_name="shadow-report")

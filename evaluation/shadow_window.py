@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from linkwise.datasets.rollouts import runs_from_store
 from linkwise.policies.source import MODEL_NAME
 
 
@@ -102,8 +103,6 @@ def shadow_spans(
 
 def _evidence(con: Any, cluster: str | None, since: float, until: float) -> int:
     """Finished jobs of the accounting submitted in ``[since, until]``: what a window replays."""
-    from linkwise.datasets.rollouts import runs_from_store
-
     end = math.nextafter(until, math.inf)
     return int(runs_from_store(con, cluster=cluster, since=since, until=end).height)
 

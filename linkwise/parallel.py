@@ -106,6 +106,7 @@ def task_runner(executor: Executor) -> Any:
     if executor.kind == "threads":
         return ThreadPoolTaskRunner(max_workers=executor.workers)
     if executor.kind == "dask":
+        # Prefect takes over a second to import: only where a flow or its runner is used
         from prefect_dask.task_runners import DaskTaskRunner
 
         if executor.address is None:

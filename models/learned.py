@@ -277,6 +277,7 @@ class LearnedPolicy:
             raise ValueError(f"observations have {x.shape[1]} features, the model {self.spec.dim}")
         if self.numpy_net is not None and x.shape[0] <= SMALL_BATCH:
             return npnet.evaluate(self.numpy_net, x)
+        # torch takes seconds to import: only where a network is built, exported or read
         import torch
 
         threads = torch.get_num_threads()
@@ -452,6 +453,7 @@ class ExplainedStep:
 def _load_network(path: Path) -> Any:
     """The TorchScript network at ``path``; a pickle, a ``torch.save`` file or anything else
     that is not a TorchScript archive is refused (PackageError), never unpickled."""
+    # torch takes seconds to import: only where a network is built, exported or read
     import torch
 
     try:
@@ -480,6 +482,7 @@ def load_package(
     ``model`` is the contention model the encoder predicts with (default: the analytic model
     with the shipped calibration); ``expected_obs_spec`` an ObsSpec version the caller
     requires; ``guard`` and ``starve_s`` the guard (module docstring)."""
+    # torch takes seconds to import: only where a network is built, exported or read
     import torch
 
     d = Path(pkg_dir)

@@ -201,6 +201,7 @@ def probe_rows(dim: int) -> FloatArray:
 def verify(net: NumpyNet, module: Any, dim: int) -> bool:
     """Whether ``net`` gives the TorchScript ``module``'s values on ``probe_rows(dim)``
     within ``ATOL + RTOL * |torch|``, every value finite."""
+    # torch takes seconds to import: only where a network is built, exported or read
     import torch
 
     x = probe_rows(dim)

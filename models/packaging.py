@@ -5,6 +5,7 @@ the algorithm's greedy actions), and ``write_package``, the one writer for BC/CQ
 
 from __future__ import annotations
 
+import copy
 import json
 import warnings
 from collections.abc import Callable, Mapping
@@ -33,6 +34,7 @@ __all__ = ["export_network", "save_package", "value_module", "write_package"]
 
 def value_module(algo: Any) -> tuple[Any, str]:
     """The torch module giving all action values of a fitted d3rlpy algorithm, and its kind."""
+    # torch takes seconds to import: only where a network is built, exported or read
     import torch
 
     impl = algo.impl
@@ -75,8 +77,7 @@ def export_network(algo: Any, spec: ObsSpec, path: str | Path) -> str:
     """Trace the algorithm's all-action network on CPU to TorchScript at ``path``; returns the
     kind of values ("q" or "logits"). The traced network reproduces the algorithm's greedy
     actions (checked on random inputs)."""
-    import copy
-
+    # torch takes seconds to import: only where a network is built, exported or read
     import torch
 
     module, kind = value_module(algo)
@@ -118,6 +119,7 @@ def write_package(
     spec, the dataset manifest, the run-time predictor (``predictor``, else the one the
     manifest records, if any), the metadata (with ``versions`` of the libraries) and the
     checksums. ``out_dir`` is created and must be empty or absent; returns the folder."""
+    # torch takes seconds to import: only where a network is built, exported or read
     import torch
 
     if predictor is None:
@@ -168,6 +170,7 @@ def save_package(
     """Write a policy package for a fitted d3rlpy algorithm into ``out_dir`` (created; must
     be empty or absent), with ``predictor`` (else the one the manifest records); returns the
     folder."""
+    # d3rlpy (torch) takes seconds to import: only where an algorithm is built or fit
     import d3rlpy  # type: ignore[import-untyped]
 
     return write_package(

@@ -28,6 +28,7 @@ accepted. Nothing is pickled.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
@@ -36,6 +37,7 @@ import tomllib
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -335,6 +337,7 @@ def workload_manifest(env: PpoEnvConfig, factory: WindowWorkloads) -> dict[str, 
 
 
 def _make_env(factory: WindowWorkloads, spec: ObsSpec, max_steps: int | None) -> Any:
+    # Stable-Baselines3 (torch) takes seconds to import: only where PPO trains
     from stable_baselines3.common.monitor import Monitor
 
     return Monitor(ClusterEnv(factory, spec, invalid_action="raise", max_steps=max_steps))
@@ -344,8 +347,7 @@ def make_vec_env(
     factory: WindowWorkloads, spec: ObsSpec, params: PpoParams, seed: int, max_steps: int | None
 ) -> Any:
     """The vectorised training environments (masked actions raise), seeded."""
-    from functools import partial
-
+    # Stable-Baselines3 (torch) takes seconds to import: only where PPO trains
     from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecNormalize
 
     fns: list[Callable[[], Any]] = [
@@ -366,6 +368,7 @@ def build_ppo(vec_env: Any, params: PpoParams, seed: int, device: str = "cpu") -
     """A MaskablePPO with every hyperparameter set from ``params`` (tanh MLP, separate actor
     and critic). Its logger keeps metrics in memory and writes nowhere (SB3's default logger
     creates a ``SB3-<date>`` folder in the temp directory at every ``learn``)."""
+    # torch takes seconds to import: only where a network is built, exported or read
     import torch
     from sb3_contrib import MaskablePPO
     from stable_baselines3.common.logger import Logger
@@ -401,8 +404,7 @@ def build_ppo(vec_env: Any, params: PpoParams, seed: int, device: str = "cpu") -
 def ppo_logits_module(model: Any) -> Any:
     """A CPU torch module ``(B, dim) -> (B, n_actions)``: the actor's log-probabilities
     (unmasked; masking happens at serving time, as for BC)."""
-    import copy
-
+    # torch takes seconds to import: only where a network is built, exported or read
     import torch
 
     policy = model.policy  # copied part by part: the optimiser state cannot be deep-copied
@@ -427,6 +429,7 @@ def ppo_logits_module(model: Any) -> Any:
 def export_ppo_network(model: Any, spec: ObsSpec, path: str | Path) -> None:
     """Trace the actor to TorchScript at ``path``; checked to reproduce MaskablePPO's masked
     deterministic actions on random observations and random masks."""
+    # torch takes seconds to import: only where a network is built, exported or read
     import torch
 
     module = ppo_logits_module(model)
@@ -459,6 +462,7 @@ def save_ppo_package(
     """Write a policy package (``models.learned`` format, ``values = "logits"``) for a
     trained MaskablePPO into ``out_dir`` (created; must be empty or absent), with
     ``predictor`` (else the one the workload manifest records)."""
+    # Stable-Baselines3 (torch) takes seconds to import: only where PPO trains
     import sb3_contrib
     import stable_baselines3
 
@@ -554,6 +558,7 @@ def learn(
     """``model.learn`` with a callback reporting, after every rollout, the environment steps so
     far and the metrics (mean episode return and length over the last 100 episodes, env
     steps/s, the previous update's losses); returns that history."""
+    # Stable-Baselines3 (torch) takes seconds to import: only where PPO trains
     from stable_baselines3.common.callbacks import BaseCallback
 
     history: list[dict[str, float]] = []

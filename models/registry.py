@@ -25,7 +25,10 @@ strings (heuristics and model sources, ``policies.source``).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import io
+import json
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -34,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import yaml  # type: ignore[import-untyped]
 
 if TYPE_CHECKING:
     from mlflow.entities.model_registry import ModelVersion
@@ -234,6 +238,7 @@ def log_policy(
     """Log the package as a pyfunc model in the (active or given) run; register it under
     ``name`` (None: don't) and point ``alias`` at the new version."""
     mlflow_env()
+    # MLflow takes about a second to import: only where a run or the registry is used
     import mlflow
 
     pkg = Path(pkg_dir)
@@ -285,8 +290,6 @@ def log_policy(
 
 
 def _json(path: Path) -> dict[str, Any]:
-    import json
-
     out: dict[str, Any] = json.loads(path.read_text())
     return out
 
@@ -295,9 +298,6 @@ class _quiet_stdout:
     """register_model prints to stdout; keep the CLI's output clean."""
 
     def __enter__(self) -> None:
-        import contextlib
-        import io
-
         self._cm = contextlib.redirect_stdout(io.StringIO())
         self._cm.__enter__()
 
@@ -315,8 +315,6 @@ def _package_in(model_dir: Path) -> Path:
     mlmodel = model_dir / "MLmodel"
     if not mlmodel.is_file():
         raise PackageError(f"{model_dir}: neither a policy package nor an MLflow model")
-    import yaml  # type: ignore[import-untyped]
-
     meta = yaml.safe_load(mlmodel.read_text())
     flavor = meta.get("flavors", {}).get("python_function", {})
     if flavor.get("loader_module") != "linkwise.models.registry" or "data" not in flavor:
@@ -327,6 +325,7 @@ def _package_in(model_dir: Path) -> Path:
 def resolve_version(text: str, tracking_uri: str) -> tuple[ModelVersion, str]:
     """``models:/NAME@ALIAS`` or ``models:/NAME/VERSION`` -> (the model version, the URI of
     its artifacts), looked up in the registry at ``tracking_uri`` (not the environment's)."""
+    # MLflow takes about a second to import: only where a run or the registry is used
     from mlflow.exceptions import MlflowException
 
     client = registry_client(tracking_uri)
@@ -371,6 +370,7 @@ def load_policy(
             pkg, model=model, expected_obs_spec=expected_obs_spec, name=f"model:{text}"
         )
     mlflow_env()
+    # MLflow takes about a second to import: only where a run or the registry is used
     import mlflow
 
     uri = tracking_uri or default_tracking_uri()

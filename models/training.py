@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import polars as pl
+import structlog
 
 from linkwise.cluster.mdp import MdpConfig, ObsSpec, obs_layout
 from linkwise.datasets.credit import Credit
@@ -374,6 +375,7 @@ def frame_arrays(
 def pick_device(device: str) -> str:
     """d3rlpy's device string: "auto" -> "cuda:0" when CUDA is present, else "cpu:0"."""
     if device == "auto":
+        # torch takes seconds to import: only where a network is built, exported or read
         import torch
 
         return "cuda:0" if torch.cuda.is_available() else "cpu:0"
@@ -391,11 +393,13 @@ def build_algo(
     ``params.masked``, the masked variants of ``models.masked`` (to fit on a dataset built
     with ``to_mdp_dataset(..., masks=True)``); with ``params.network == "rows"``, the row
     network of ``models.rownet``, laid out by the dataset's ``spec`` (required then)."""
+    # d3rlpy (torch) takes seconds to import: only where an algorithm is built or fit
     import d3rlpy  # type: ignore[import-untyped]
     from d3rlpy.models.encoders import VectorEncoderFactory  # type: ignore[import-untyped]
     from d3rlpy.models.q_functions import MeanQFunctionFactory  # type: ignore[import-untyped]
     from d3rlpy.optimizers import AdamFactory  # type: ignore[import-untyped]
 
+    # masked and rownet subclass d3rlpy's classes: they import d3rlpy (torch) at their top
     from linkwise.models import masked as mk
 
     encoder: Any = VectorEncoderFactory(hidden_units=list(params.hidden_units), activation="relu")
@@ -406,7 +410,7 @@ def build_algo(
         q_func = mk.MaskedMeanQFunctionFactory(share_encoder=False)
         bc_config = mk.MaskedDiscreteBCConfig
     if params.network == "rows":
-        from linkwise.models import rownet
+        from linkwise.models import rownet  # imports d3rlpy (torch) at its top
 
         if spec is None:
             raise ValueError("network = 'rows' needs the dataset's ObsSpec: build_algo(spec=)")
@@ -449,7 +453,7 @@ def dataset_has_masks(dataset: Any) -> bool:
 
 def is_masked(algo: Any) -> bool:
     """Whether a d3rlpy algorithm was built to train on action masks (``models.masked``)."""
-    from linkwise.models.masked import MaskedEncoderFactory
+    from linkwise.models.masked import MaskedEncoderFactory  # imports d3rlpy (torch) at its top
 
     return isinstance(getattr(algo.config, "encoder_factory", None), MaskedEncoderFactory)
 
@@ -466,6 +470,7 @@ def action_values(
     With ``masks`` and a masked algorithm, the values the training saw: disallowed actions at
     ``models.masked.MASKED_VALUE`` (BC: log-probabilities over allowed actions). The masked
     argmax is the same either way."""
+    # torch takes seconds to import: only where a network is built, exported or read
     import torch
 
     module, _ = value_module(algo)
@@ -509,6 +514,7 @@ class InitialStateValueEvaluator:
         self._episodes = episodes
 
     def __call__(self, algo: Any, dataset: Any) -> float:
+        # d3rlpy (torch) takes seconds to import: only where an algorithm is built or fit
         from d3rlpy.metrics.evaluators import (  # type: ignore[import-untyped]
             WINDOW_SIZE,
             make_batches,
@@ -528,6 +534,7 @@ def make_evaluators(algo: str, heldout: Any, arrays: tuple[Any, Any, Any] | None
     evaluate on the training data) and the held-out (obs, masks, actions) arrays. On a masked
     dataset d3rlpy's ``action_match`` and ``td_error`` see the masks (greedy actions and
     targets over allowed actions)."""
+    # d3rlpy (torch) takes seconds to import: only where an algorithm is built or fit
     from d3rlpy.metrics import (  # type: ignore[import-untyped]
         DiscreteActionMatchEvaluator,
         TDErrorEvaluator,
@@ -558,6 +565,7 @@ class MlflowAdapter:
         self.history: list[dict[str, float]] = []
 
     def write_params(self, params: dict[str, Any]) -> None:
+        # MLflow takes about a second to import: only where a run or the registry is used
         from mlflow.entities import Param
 
         flat = flatten_params(params, self.prefix)
@@ -569,11 +577,13 @@ class MlflowAdapter:
         self._pending = []
 
     def write_metric(self, epoch: int, step: int, name: str, value: float) -> None:
+        # MLflow takes about a second to import: only where a run or the registry is used
         from mlflow.entities import Metric
 
         self._pending.append(Metric(name, float(value), int(time.time() * 1000), int(step)))
 
     def after_write_metric(self, epoch: int, step: int) -> None:
+        # MLflow takes about a second to import: only where a run or the registry is used
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
@@ -609,8 +619,6 @@ class MlflowAdapterFactory:
 @contextlib.contextmanager
 def quiet_d3rlpy(level: int = logging.WARNING) -> Iterator[None]:
     """Filter d3rlpy's structlog output below ``level`` inside the block (restored after)."""
-    import structlog
-
     old = structlog.get_config()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(level))
     try:
@@ -647,6 +655,7 @@ def fit(
             "the dataset carries action masks but the algorithm is unmasked: build it with "
             "masked = true, or the dataset with to_mdp_dataset(..., masks=False)"
         )
+    # torch takes seconds to import: only where a network is built, exported or read
     import torch
 
     threads = torch.get_num_threads()
@@ -668,7 +677,7 @@ def _fit(
     callback: Any,
     experiment_name: str,
 ) -> list[tuple[int, dict[str, float]]]:
-    from linkwise.datasets.credit_buffer import with_credit
+    from linkwise.datasets.credit_buffer import with_credit  # imports d3rlpy (torch) at its top
 
     with quiet_d3rlpy():
         out: Sequence[tuple[int, dict[str, float]]] = algo.fit(

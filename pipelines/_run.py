@@ -78,6 +78,7 @@ class TrainingRun:
 
     def log_final(self, metrics: Mapping[str, float], step: int) -> None:
         """Log the finite ``metrics`` at ``step``."""
+        # MLflow takes about a second to import: only where a run or the registry is used
         import mlflow
 
         mlflow.log_metrics({k: v for k, v in metrics.items() if np.isfinite(v)}, step=step)
@@ -109,6 +110,7 @@ def training_run(
     """Start the configuration's MLflow run (see the module docstring) and yield it; the run
     ends (failed on an exception) when the block does. ``dataset``: an exported dataset's
     manifest with its ``path``, logged as the run's input."""
+    # MLflow takes about a second to import: only where a run or the registry is used
     import mlflow
 
     client = registry_client(tracking_uri)

@@ -41,6 +41,7 @@ from linkwise.evaluation.benchmark import EvalCase, load_benchmark, make_cases
 from linkwise.evaluation.gates import GateConfig, GateReport, check_challenger
 from linkwise.models.residual import Deferral, topology_signature
 from linkwise.models.training import AlgoConfig
+from linkwise.pipelines.evaluate import gate_evidence
 from linkwise.pipelines.experiment import Experiment, ResidualPlan
 from linkwise.pipelines.residual import (
     BaseChoice,
@@ -298,8 +299,6 @@ def gate_residual(
 ) -> dict[str, Any]:
     """The promoted residual against the best same-information heuristic of the held-out
     evaluation (module docstring): the gate's report as JSON, with the reference named."""
-    from linkwise.pipelines.evaluate import gate_evidence
-
     algo = residual["promoted"]
     if algo is None:
         return {"stage": "residual", "subject": None, "passed": False,

@@ -92,6 +92,7 @@ def train_ppo(
     factory = workloads(cfg.env)
     manifest = workload_manifest(cfg.env, factory)
 
+    # MLflow takes about a second to import: only where a run or the registry is used
     import mlflow
 
     params = {
@@ -103,6 +104,7 @@ def train_ppo(
     with training_run(
         cfg, tracking_uri=uri, algo="ppo", data_hash=manifest["hash"], params=params
     ) as run:
+        # torch takes seconds to import: only where a network is built, exported or read
         import torch
 
         saved_threads = torch.get_num_threads()

@@ -28,6 +28,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import time
 from collections.abc import Mapping, Sequence
@@ -40,13 +42,17 @@ import polars as pl
 
 from linkwise.cluster.mdp import ObsSpec, make_spec
 from linkwise.cluster.topology.spec import from_spec
+from linkwise.datasets import synthetic
 from linkwise.datasets.labels import LabelTask, run_labels
+from linkwise.datasets.prediction import read_predictor
 from linkwise.datasets.predictor import RuntimePredictor
-from linkwise.datasets.rollouts import Window
+from linkwise.datasets.rollouts import Window, cut_windows
+from linkwise.datasets.traces import jobs_frame
 from linkwise.datasets.transitions import list_column_array
 from linkwise.evaluation.benchmark import EvalCase, PolicyRef, make_cases, run_benchmark
-from linkwise.evaluation.gates import GateReport, same_information_heuristics
+from linkwise.evaluation.gates import GateReport, check_robustness, same_information_heuristics
 from linkwise.models.build import build_policy
+from linkwise.models.learned import PREDICTOR, verify_checksums
 from linkwise.models.packaging import save_package
 from linkwise.models.registry import (
     default_tracking_uri,
@@ -63,6 +69,7 @@ from linkwise.models.residual import (
 from linkwise.models.training import (
     AlgoConfig,
     MlflowAdapterFactory,
+    action_values,
     build_algo,
     fit,
     pick_device,
@@ -150,6 +157,7 @@ def best_actions(df: pl.DataFrame) -> pl.DataFrame:
 
 def _mdp_dataset(df: pl.DataFrame, spec: ObsSpec, rewards: np.ndarray) -> Any:
     """One-step terminal transitions with each state's mask in the observation."""
+    # d3rlpy (torch) takes seconds to import: only where an algorithm is built or fit
     import d3rlpy  # type: ignore[import-untyped]
 
     obs = list_column_array(df, "obs", spec.dim, np.float32)
@@ -214,10 +222,9 @@ def train_on_labels(
     MLflow run (parameters, the label set's hash as ``dataset.hash`` and the
     ``linkwise.dataset_hash`` tag, d3rlpy's metrics), and write its package into
     ``out_dir/RUN_ID``."""
+    # d3rlpy (torch) takes seconds to import: only where an algorithm is built or fit
     import d3rlpy
     import mlflow
-
-    from linkwise.models.training import action_values
 
     if not params.masked or params.network != "mlp":
         raise ValueError("label training uses the masked MLP")
@@ -381,8 +388,6 @@ def dagger_round(
     the tasks' base, which continues every fork, as in the first labels), append them to
     ``labels``, retrain ``algo`` (BC or CQL) on the union (a new content hash: the old one
     plus the round's rows)."""
-    import hashlib
-
     policy = build_policy(PolicySpec.parse(f"model:{residual_spec}"))
     own = [replace(t, rollin=policy, rollin_name="residual-round") for t in tasks]
     fresh_rows = run_labels(own, executor)
@@ -520,8 +525,6 @@ def spec_of(manifest: Mapping[str, Any]) -> ObsSpec:
 
 def package_base(package: str | Path) -> str | None:
     """The base a residual package records (None for another package)."""
-    import json
-
     meta = json.loads((Path(package) / "policy.json").read_text())
     data = meta.get("residual")
     return str(data["base"]) if meta.get("kind") == "residual" and data else None
@@ -545,15 +548,6 @@ def robustness_check(
     nodes, default and ``oversub`` times oversubscribed fabrics, on the last ``windows``
     windows of the embedded synthetic workload: the base, every case and the robustness
     gate's verdict (``linkwise robust``)."""
-    import json
-
-    from linkwise.datasets import synthetic
-    from linkwise.datasets.prediction import read_predictor
-    from linkwise.datasets.rollouts import cut_windows
-    from linkwise.datasets.traces import jobs_frame
-    from linkwise.evaluation.gates import check_robustness
-    from linkwise.models.learned import PREDICTOR, verify_checksums
-
     pkg = Path(package)
     if not pkg.is_dir():
         raise ValueError(f"{pkg}: not a package folder")

@@ -185,10 +185,11 @@ def validate_packages(
 def plot_selection(selection: Selection, path: Path) -> Path:
     """Validation average JCT (hours) against the step, one line per (alpha, seed), the
     chosen checkpoint circled; a PNG at ``path``."""
+    # matplotlib takes about half a second to import: only where a plot is drawn
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after use("Agg"): drawn to a file, no display
 
     lines: dict[tuple[float | None, int], list[tuple[int, float]]] = {}
     for c, s in zip(selection.candidates, selection.scores, strict=True):

@@ -22,17 +22,17 @@ from linkwise.cli.common import (
     add_tracking_uri,
     default_data_dir,
 )
+from linkwise.datasets.operator import parse_time
+from linkwise.models.calibrations import log_cluster_calibration
+from linkwise.models.registry import default_tracking_uri
 
 
 def cmd_calibrate_store(args: argparse.Namespace) -> int:
     """``linkwise calibrate --db``: fit on the store, print, write, log."""
-    # scipy, DuckDB, polars and MLflow: only when the command runs
-    from linkwise.cluster.calibration.fit import write_calibration
-    from linkwise.datasets.contention_fit.report import render_fit_text
-    from linkwise.datasets.operator import parse_time
-    from linkwise.models.calibrations import log_cluster_calibration
-    from linkwise.models.registry import default_tracking_uri
-    from linkwise.pipelines.cluster_calibration import calibrate_store
+    # these import scipy at their top (about 1 s, 585 modules): only when the command runs
+    from linkwise.cluster.calibration.fit import write_calibration  # scipy: start-up
+    from linkwise.datasets.contention_fit.report import render_fit_text  # scipy: start-up
+    from linkwise.pipelines.cluster_calibration import calibrate_store  # scipy: start-up
 
     done = calibrate_store(
         args.db,
@@ -85,7 +85,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.out is None:
         raise ValueError("--out is required without --db (the calibration JSON to write)")
     # cluster.calibration.fit imports scipy (about 1 s): only when the command runs
-    from linkwise.cluster.calibration.fit import fit_calibration, write_calibration
+    from linkwise.cluster.calibration.fit import fit_calibration, write_calibration  # scipy
 
     data_dir = args.data or default_data_dir()
     if data_dir is None:

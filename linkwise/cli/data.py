@@ -29,9 +29,12 @@ from linkwise.cli.common import (
     csv_list,
 )
 from linkwise.cluster.mdp import SLOT_ORDERS, MdpConfig
+from linkwise.cluster.slurm.client import SlurmClient, read_env_file
+from linkwise.cluster.slurm.errors import SlurmError
 from linkwise.cluster.topology.spec import DEFAULT_TOPOLOGY
 from linkwise.datasets.job_telemetry import ATTRIBUTION_RULE
 from linkwise.datasets.operator import DEFAULT_STORE, operator_store, parse_time
+from linkwise.datasets.store import StoreLockedError
 from linkwise.models.calibrations import calibration_for_store
 from linkwise.pipelines.build_dataset import (
     DEFAULT_EPSILONS,
@@ -39,6 +42,9 @@ from linkwise.pipelines.build_dataset import (
     build_dataset,
     format_report,
 )
+from linkwise.pipelines.collect_accounting import collect_accounting
+from linkwise.pipelines.collect_common import CollectError
+from linkwise.pipelines.collect_telemetry import collect_telemetry
 from linkwise.pipelines.label import label
 from linkwise.pipelines.profiles import format_profiles, profiles_report
 from linkwise.policies.spec import PolicySpec, parse_specs
@@ -47,13 +53,6 @@ from linkwise.policies.spec import PolicySpec, parse_specs
 
 
 def cmd_collect_accounting(args: argparse.Namespace) -> int:
-    from linkwise.cluster.slurm.client import SlurmClient, read_env_file
-    from linkwise.cluster.slurm.errors import SlurmError
-    from linkwise.datasets.operator import parse_time
-    from linkwise.datasets.store import StoreLockedError
-    from linkwise.pipelines.collect_accounting import collect_accounting
-    from linkwise.pipelines.collect_common import CollectError
-
     since = parse_time(args.since, "--since")
     until = parse_time(args.until, "--until")
     env_file = args.slurm_env or os.environ.get("LINKWISE_SLURM_ENV")
@@ -103,9 +102,6 @@ def cmd_collect_accounting(args: argparse.Namespace) -> int:
 
 
 def cmd_collect_telemetry(args: argparse.Namespace) -> int:
-    from linkwise.datasets.store import StoreLockedError
-    from linkwise.pipelines.collect_telemetry import collect_telemetry
-
     try:
         report = collect_telemetry(
             args.db,

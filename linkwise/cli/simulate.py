@@ -1,18 +1,23 @@
 """``linkwise simulate``, ``compare``, ``topology`` and ``policies``: the simulator's commands.
 
-The implementations are imported when a command runs (inside the ``cmd_*`` functions):
-importing them up front would pull scipy, matplotlib and MLflow into every ``linkwise
---help``.
+The implementations are imported at the top; none of them imports scipy, matplotlib, MLflow
+or torch at its own top (``tests/test_cli.py``), so ``linkwise --help`` stays quick.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
 from linkwise.cli.common import (
     EXIT_OK,
@@ -25,7 +30,31 @@ from linkwise.cli.common import (
     add_wide,
     default_data_dir,
 )
+from linkwise.cluster.calibration.measurements import load_deepshare
+from linkwise.cluster.flexible import with_flexible
+from linkwise.cluster.metrics import duration_text
+from linkwise.cluster.profiles import assign_profiles, load_calibration
+from linkwise.cluster.restart import parse_restart
+from linkwise.cluster.simulator.config import SimConfig
+from linkwise.cluster.topology.load import describe, load_topology
 from linkwise.cluster.topology.spec import DEFAULT_TOPOLOGY
+from linkwise.datasets import synthetic
+from linkwise.datasets.history import fit_history, load_history
+from linkwise.datasets.traces import load_trace, write_rejected
+from linkwise.evaluation.columns import MAX_WIDTH, columns_for
+from linkwise.evaluation.compare import (
+    Scenario,
+    compare,
+    make_scenario_policy,
+    plot_jct_cdf,
+    run_policy,
+)
+from linkwise.evaluation.predictions import check_predictions
+from linkwise.models.build import pretrained_specs
+from linkwise.pipelines.console import print_table
+from linkwise.policies.catalog import policy_catalog, policy_info
+from linkwise.policies.heuristics import policy_names
+from linkwise.policies.spec import PolicySpec, parse_specs
 
 DEFAULT_SYNTHETIC_JOBS = 2000
 
@@ -113,14 +142,6 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
 
 def _scenario(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     """Build the Scenario the arguments describe, and a description of it."""
-    from linkwise.cluster.profiles import assign_profiles, load_calibration
-    from linkwise.cluster.restart import parse_restart
-    from linkwise.cluster.simulator.config import SimConfig
-    from linkwise.cluster.topology.load import load_topology
-    from linkwise.datasets import synthetic
-    from linkwise.datasets.traces import load_trace
-    from linkwise.evaluation.compare import Scenario
-
     topo = load_topology(args.cluster)
     calibration = load_calibration(args.calibration)
     restart = parse_restart(args.restart_cost, args.restart_grace)
@@ -137,8 +158,6 @@ def _scenario(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
         origin = trace.origin_epoch
         info.update(trace=trace.source, format=trace.format, rejected_rows=len(trace.rejected))
         if args.rejected_out is not None:
-            from linkwise.datasets.traces import write_rejected
-
             write_rejected(trace.rejected, args.rejected_out)
             info["rejected_rows_file"] = str(args.rejected_out)
         if trace.rejected:
@@ -160,8 +179,6 @@ def _scenario(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     data_dir = args.data or default_data_dir()
     mix = None
     if args.contention == "empirical":
-        from linkwise.cluster.calibration.measurements import load_deepshare
-
         if data_dir is None:
             raise ValueError("--contention empirical needs --data (the shared/data folder)")
         measured = set(load_deepshare(data_dir).models)
@@ -171,14 +188,10 @@ def _scenario(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
     jobs = assign_profiles(jobs, calibration, seed=args.seed, mix=mix)
     info["jobs"] = len(jobs)
     if args.flexible is not None:
-        from linkwise.cluster.flexible import with_flexible
-
         jobs = with_flexible(jobs, args.flexible, seed=args.seed)
         info["flexible_jobs"] = sum(bool(j.flexible) for j in jobs)
     predictor = None
     if args.history is not None:
-        from linkwise.datasets.history import fit_history, load_history
-
         history = load_history(args.history, args.history_format, slurm_cluster=args.slurm_cluster)
         predictor, fitted = fit_history(
             history,
@@ -200,10 +213,6 @@ def _scenario(args: argparse.Namespace) -> tuple[Any, dict[str, Any]]:
 
 
 def _metrics_table(rows: Sequence[dict[str, Any]], title: str, wide: bool = False) -> Any:
-    from rich.table import Table
-
-    from linkwise.cluster.metrics import duration_text
-    from linkwise.evaluation.columns import columns_for
 
     table = Table(title=title)
     cols = columns_for("compare", wide)  # evaluation/columns.py decides the default columns
@@ -223,8 +232,6 @@ def _metrics_table(rows: Sequence[dict[str, Any]], title: str, wide: bool = Fals
 
 def _finite(row: dict[str, Any]) -> dict[str, Any]:
     """The row with NaN and infinite numbers as null (strict JSON has neither)."""
-    import math
-
     return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
 
 
@@ -232,9 +239,6 @@ def _build_checked(scenario: Any, specs: Sequence[Any]) -> list[Any]:
     """The policies, built once each; refuse, before any simulation, one that needs run-time
     predictions it would not get (``qssf``, a learned package without a predictor, when
     there is no ``--history``)."""
-    from linkwise.evaluation.compare import make_scenario_policy
-    from linkwise.evaluation.predictions import check_predictions
-
     policies = [make_scenario_policy(scenario, s) for s in specs]
     check_predictions(specs, policies, scenario.predictor is not None, learned=True)
     return policies
@@ -252,10 +256,6 @@ def _predictions_note(rows: Sequence[dict[str, Any]], history: bool) -> None:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from linkwise.evaluation.compare import run_policy
-    from linkwise.pipelines.console import print_table
-    from linkwise.policies.spec import PolicySpec
-
     spec = PolicySpec.parse(args.policy)  # a bad spec is refused before the workload is read
     scenario, info = _scenario(args)
     (policy,) = _build_checked(scenario, [spec])
@@ -279,10 +279,6 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 def _stdout_console() -> Any:
     """A rich console: the terminal's width, 120 columns when piped (``print_table`` widens
     it for ``--wide``)."""
-    from rich.console import Console
-
-    from linkwise.evaluation.columns import MAX_WIDTH
-
     return Console(width=None if sys.stdout.isatty() else MAX_WIDTH)
 
 
@@ -291,13 +287,6 @@ def _describe_scenario(info: dict[str, Any]) -> str:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from linkwise.evaluation.compare import compare, plot_jct_cdf
-    from linkwise.pipelines.console import print_table
-    from linkwise.policies.heuristics import policy_names
-    from linkwise.policies.spec import parse_specs
 
     history = args.history is not None
     # parsed once: a bad spec is refused before the workload is read
@@ -332,18 +321,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_topology(args: argparse.Namespace) -> int:
-    from linkwise.cluster.topology.load import describe, load_topology
-
     info = describe(load_topology(args.cluster))
     print(json.dumps(info, indent=None if args.json else 2, default=str))
     return EXIT_OK
 
 
 def cmd_policies(args: argparse.Namespace) -> int:
-    from linkwise.models.build import pretrained_specs
-    from linkwise.policies.catalog import policy_catalog, policy_info
-    from linkwise.policies.spec import PolicySpec
-
     if args.spec:
         infos = [policy_info(PolicySpec.parse(s)) for s in args.spec]
     else:
@@ -359,10 +342,6 @@ def cmd_policies(args: argparse.Namespace) -> int:
 def policies_table(infos: Sequence[Any], wide: bool = False, verbose: bool = False) -> list[str]:
     """``linkwise policies``' text table: within ``MAX_WIDTH`` columns (long names cut with
     an ellipsis, descriptions wrapped) unless ``wide``; ``--json`` has every field."""
-    import textwrap
-
-    from linkwise.evaluation.columns import MAX_WIDTH
-
     flags = ("preemptive", "migrates", "oracle", "needs_predictions")
     heads = ("name", "kind", *flags)
     rows = [[i.name, i.kind, *("yes" if getattr(i, f) else "-" for f in flags)] for i in infos]
