@@ -1,9 +1,6 @@
 """The data commands: ``linkwise collect accounting|telemetry`` (Slurm's accounting and the
 telemetry into the store), ``build-dataset`` (transitions), ``label`` (counterfactual
 labels) and ``profiles`` (per-job telemetry and communication profiles).
-
-``collect`` imports its implementation when it runs (inside its ``cmd_*`` functions), as
-``linkwise --help`` needs none of it.
 """
 
 from __future__ import annotations
