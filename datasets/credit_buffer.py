@@ -7,7 +7,7 @@ with a ``CreditPicker``, which returns the n-step, baselined reward and, as the 
 ``interval``, the exponent of ``gamma`` for the bootstrap (d3rlpy's DQN/CQL targets use
 ``gamma ** batch.intervals``; a float here).
 Imports d3rlpy (torch) at its top: the modules that use it import it inside the function that
-needs it, with the reason (``tests/test_layering.py``).
+needs it, with the reason (``tests/project/test_layering.py``).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A policy may know what a real Slurm knows at a decision (``datasets.predictor``): never the
 true run time, but the run times of jobs submitted before. The predictor of an evaluation
-is fit on its ``--history`` (``datasets.prediction.fit_history``: only jobs submitted
+is fit on its ``--history`` (``datasets.history.fit_history``: only jobs submitted
 before the first evaluated one, clocks aligned), or carried by a learned package.
 
 ``prediction_source`` says where a policy's predictions come from: a learned package's own

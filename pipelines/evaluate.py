@@ -215,7 +215,7 @@ def evaluate(
     only): every window starts from the cluster's state in the accounting at its start
     (``datasets.backlog``), not from an empty cluster. ``history`` (a trace or a store, the
     workload itself included): a run-time predictor is fit on its jobs submitted before the
-    first evaluation window (``datasets.prediction.fit_history``) and annotates every case's
+    first evaluation window (``datasets.history.fit_history``) and annotates every case's
     jobs; ``predictor`` instead gives one already fit (a run's one predictor; not with
     ``history``). ``qssf`` needs one, and with ``learned_need_predictions`` (``linkwise
     evaluate``) so does a learned package without its own predictor. ``wide``: every column

@@ -1,7 +1,7 @@
 """``linkwise simulate``, ``compare``, ``topology`` and ``policies``: the simulator's commands.
 
 The implementations are imported at the top; none of them imports scipy, matplotlib, MLflow
-or torch at its own top (``tests/test_cli.py``), so ``linkwise --help`` stays quick.
+or torch at its own top (``tests/project/test_layering.py``), so ``linkwise --help`` stays quick.
 """
 
 from __future__ import annotations
