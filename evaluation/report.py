@@ -340,7 +340,7 @@ def _plt() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # (the same reason) after the backend is chosen
 
     return plt
 

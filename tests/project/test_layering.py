@@ -191,18 +191,6 @@ def test_learned_behaviours_are_resolved_at_the_pipelines_edge(tmp_path: Path) -
         )
 
 
-# the files another helper is splitting (issue 35): their imports inside functions are left
-# as they are until the split lands; being split (issue 35), remove each once it has
-BEING_SPLIT = frozenset(
-    {
-        "pipelines/cluster_calibration.py",
-        "pipelines/build_dataset.py",
-        "pipelines/evaluate.py",
-        "pipelines/train.py",
-        "linkwise/cli/serve.py",
-        "evaluation/report.py",
-    }
-)
 # third-party libraries slow enough to import (a second or more, or torch underneath) that a
 # module imports them inside the function that needs them, so that ``linkwise --help`` and
 # ``linkwise serve`` start without them (test_the_command_line_starts_without_them)
@@ -405,8 +393,6 @@ def _lazy_imports() -> tuple[list[str], list[str]]:
     for name, nodes in sorted(inner.items()):
         path = modules[name]
         rel = path.relative_to(ROOT).as_posix()
-        if rel in BEING_SPLIT:
-            continue
         lines = path.read_text().splitlines()
         tree = _tree(path)
         starts = {
@@ -454,7 +440,6 @@ def test_every_lazy_entry_still_names_an_import() -> None:
     modules = {p.relative_to(ROOT).as_posix(): n for n, p in _sources().items()}
     for (rel, name), reason in LAZY.items():
         assert reason and any(names[0] == name for _, names in inner[modules[rel]]), rel
-    assert all((ROOT / rel).is_file() for rel in BEING_SPLIT), "a split landed: remove it"
 
 
 def test_the_reason_checker_reads_comments() -> None:
