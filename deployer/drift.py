@@ -43,7 +43,7 @@ from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import Job, Placement, Topology
 from linkwise.cluster.profiles import Calibration, load_calibration
 from linkwise.datasets.comm_profiles import PROFILE_PREFIX
-from linkwise.datasets.contention_fit.solve import MIN_ACTIVITY_GPU_S
+from linkwise.datasets.contention_fit.data import MIN_ACTIVITY_GPU_S
 from linkwise.datasets.job_telemetry import KEY, activity_instants, telemetry_horizon
 from linkwise.deployer.events import log_event
 from linkwise.models.calibrations import calibration_for_store

@@ -19,8 +19,9 @@ import polars as pl
 
 from linkwise.cluster.domain import Topology
 from linkwise.cluster.topology.load import load_topology
-from linkwise.datasets.contention_fit.fit import ClusterFit, fit_cluster_calibration
-from linkwise.datasets.contention_fit.solve import MIN_ACTIVITY_GPU_S
+from linkwise.datasets.contention_fit.data import MIN_ACTIVITY_GPU_S
+from linkwise.datasets.contention_fit.fit import fit_cluster_calibration
+from linkwise.datasets.contention_fit.result import ClusterFit
 from linkwise.datasets.job_telemetry import (
     JobTelemetryReport,
     build_job_telemetry,

@@ -23,7 +23,6 @@ from linkwise.datasets.predictor import RuntimePredictor, accuracy
 from linkwise.datasets.rollouts import Window, cut_windows, jobs_from_store
 from linkwise.datasets.store import open_store
 from linkwise.pipelines.build_dataset import build_dataset
-from linkwise.pipelines.cluster_calibration import calibrate_store
 from linkwise.pipelines.experiment import Experiment, TrainingPlan
 from linkwise.pipelines.history import accounting_jobs
 from linkwise.pipelines.selection import validation_windows
@@ -224,6 +223,10 @@ def calibrate_history(db: str | Path, cluster: str, topology: str) -> dict[str, 
     demo's stages take their calibration as they are told): ``fitted``, the text to print
     (what was fitted, from how many jobs and hours, the validation error; or why nothing
     was, plainly), the fit's data and validation when fitted, and the seconds it took."""
+    # the fit imports scipy at its top (about 1 s): only when the demo calibrates, not when
+    # the command line starts (pipelines.demo builds its parser)
+    from linkwise.pipelines.cluster_calibration import calibrate_store  # scipy: start-up
+
     t0 = time.perf_counter()
     try:
         done = calibrate_store(db, slurm_cluster=cluster, topology=topology)

@@ -16,7 +16,10 @@ import polars as pl
 from linkwise.cluster.domain import Placement, Topology
 from linkwise.datasets.job_telemetry import KEY, read_job_telemetry
 
-__all__ = ["FitData", "FloatArray", "IntArray", "load_fit_data"]
+__all__ = ["MIN_ACTIVITY_GPU_S", "FitData", "FloatArray", "IntArray", "load_fit_data"]
+
+MIN_ACTIVITY_GPU_S = 300.0
+"""GPU-seconds of activity of one kind (alone, beside) a run needs for its mean to count."""
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]

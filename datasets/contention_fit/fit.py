@@ -20,10 +20,16 @@ from linkwise.cluster.calibration.report import parameter_entry
 from linkwise.cluster.domain import Topology
 from linkwise.cluster.profiles import Calibration, CommProfile, load_calibration
 from linkwise.datasets.comm_profiles import PROFILE_PREFIX
-from linkwise.datasets.contention_fit.data import FitData, FloatArray, IntArray, load_fit_data
+from linkwise.datasets.contention_fit.data import (
+    MIN_ACTIVITY_GPU_S,
+    FitData,
+    FloatArray,
+    IntArray,
+    load_fit_data,
+)
+from linkwise.datasets.contention_fit.result import ClusterFit
 from linkwise.datasets.contention_fit.solve import (
     BOOTSTRAP,
-    MIN_ACTIVITY_GPU_S,
     PRIOR_WEIGHT,
     RHO_BOUNDS,
     Profiles,
@@ -37,31 +43,9 @@ from linkwise.datasets.contention_fit.solve import (
 from linkwise.datasets.contention_fit.terms import ContentionTerms, contention_terms
 from linkwise.datasets.contention_fit.validation import Validation, validate
 
-__all__ = ["ClusterFit", "FitProblem", "fit_cluster_calibration"]
+__all__ = ["FitProblem", "fit_cluster_calibration"]
 
 ParameterReport = dict[str, dict[str, dict[str, Any]]]
-
-
-@dataclass(frozen=True)
-class ClusterFit:
-    """The fitted calibration (its ``fit`` holds ``parameters``, ``data``, ``validation``)
-    and how long it took."""
-
-    calibration: Calibration
-    reference: str  # the job name whose compute time is the time unit
-    seconds: float
-
-    @property
-    def parameters(self) -> Mapping[str, Mapping[str, Mapping[str, Any]]]:
-        params: Mapping[str, Mapping[str, Mapping[str, Any]]] = self.calibration.fit["parameters"]
-        return params
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "reference": self.reference,
-            "seconds": self.seconds,
-            "calibration": self.calibration.to_json(),
-        }
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from linkwise.datasets.contention_fit.fit import ClusterFit
+from linkwise.datasets.contention_fit.result import ClusterFit
 
 __all__ = ["render_fit_text"]
 

@@ -24,7 +24,6 @@ from linkwise.datasets.contention_fit.terms import ContentionTerms
 __all__ = [
     "BOOTSTRAP",
     "DETERMINED_REL",
-    "MIN_ACTIVITY_GPU_S",
     "PRIOR_WEIGHT",
     "RHO_BOUNDS",
     "Layout",
@@ -43,8 +42,6 @@ DETERMINED_REL = 0.03
 """A parameter whose standard error is within this share of its value is determined (three
 standard errors inside the issue's 10%: the residuals of one run are not independent, and
 on the hidden truth two standard errors were exceeded)."""
-MIN_ACTIVITY_GPU_S = 300.0
-"""GPU-seconds of activity of one kind (alone, beside) a run needs for its mean to count."""
 BOOTSTRAP = 20
 """Refits on runs drawn with replacement behind each standard error (``solve``)."""
 WEAK_REL = 0.5

@@ -22,6 +22,7 @@ from linkwise.cli.common import (
     add_tracking_uri,
     default_data_dir,
 )
+from linkwise.datasets.contention_fit.report import render_fit_text
 from linkwise.datasets.operator import parse_time
 from linkwise.models.calibrations import log_cluster_calibration
 from linkwise.models.registry import default_tracking_uri
@@ -31,7 +32,6 @@ def cmd_calibrate_store(args: argparse.Namespace) -> int:
     """``linkwise calibrate --db``: fit on the store, print, write, log."""
     # these import scipy at their top (about 1 s, 585 modules): only when the command runs
     from linkwise.cluster.calibration.fit import write_calibration  # scipy: start-up
-    from linkwise.datasets.contention_fit.report import render_fit_text  # scipy: start-up
     from linkwise.pipelines.cluster_calibration import calibrate_store  # scipy: start-up
 
     done = calibrate_store(

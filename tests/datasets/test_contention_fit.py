@@ -22,8 +22,9 @@ from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import Job
 from linkwise.cluster.profiles import load_calibration
 from linkwise.datasets.contention_fit.data import load_fit_data
-from linkwise.datasets.contention_fit.fit import ClusterFit, fit_cluster_calibration
+from linkwise.datasets.contention_fit.fit import fit_cluster_calibration
 from linkwise.datasets.contention_fit.report import render_fit_text
+from linkwise.datasets.contention_fit.result import ClusterFit
 from linkwise.datasets.contention_fit.solve import standard_errors
 from linkwise.datasets.contention_fit.terms import contention_terms
 from linkwise.datasets.hidden_truth.recovery import recovery

@@ -208,10 +208,8 @@ SLOW = frozenset(
         "scipy",
     }
 )
-# the slow libraries building the command line must not import: all of them but scipy, which
-# deployer/drift.py and pipelines/demo_data.py load through datasets/contention_fit.py (being
-# split, issue 35): add it back once that split keeps scipy out of them
-STARTUP_FREE = SLOW - {"scipy"}
+# the slow libraries building the command line must not import
+STARTUP_FREE = SLOW
 # linkwise imports inside a function for a reason other than a slow library, with the reason
 LAZY: dict[tuple[str, str], str] = {
     ("linkwise/cli/__init__.py", "linkwise.cli"): (
