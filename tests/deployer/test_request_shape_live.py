@@ -178,8 +178,8 @@ def test_the_loop_gives_every_job_exactly_what_it_asked(
     try:
         jobs = {name: sbatch(cluster, name, *args) for name, args in FORMS.items()}
         ids = list(jobs.values())
-        wait_for(
-            lambda: all(s == "COMPLETED" for s, _ in alloc(client, ids).values())
+        wait_for(  # finished, and its allocation accounted (slurmdbd may lag the state)
+            lambda: all(s == "COMPLETED" and "node" in t for s, t in alloc(client, ids).values())
             and len(alloc(client, ids)) == len(ids),
             300, "every job to run",
         )  # fmt: skip
