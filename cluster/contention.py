@@ -49,25 +49,33 @@ def sharing_penalty(k: float, alpha: float) -> float:
     return k + alpha * (k - 1) if k > 1 else 1.0
 
 
-def ring_comm_time(profile: CommProfile, gpus: int, bandwidth_gbps: float) -> float:
-    """Time of one ring all-reduce of the profile's gradient over ``gpus`` workers."""
+def ring_comm_time(profile: CommProfile, gpus: int, bandwidth_gbps: float, lanes: int = 1) -> float:
+    """Time of one ring all-reduce of the profile's gradient over ``gpus`` workers, split
+    over ``lanes`` parallel rings (one per rail of a rail fabric) of ``bandwidth_gbps`` each."""
     if gpus <= 1:
         return 0.0
-    return (profile.grad_gb / gpus) * 2.0 * (gpus - 1) / bandwidth_gbps
+    volume = (profile.grad_gb / gpus) * 2.0 * (gpus - 1)
+    return (volume / lanes if lanes > 1 else volume) / bandwidth_gbps
 
 
 def ring_iteration_time(
-    profile: CommProfile, gpus: int, nodes: int, bandwidth_gbps: float, overhead_s: float
+    profile: CommProfile,
+    gpus: int,
+    nodes: int,
+    bandwidth_gbps: float,
+    overhead_s: float,
+    lanes: int = 1,
 ) -> float:
     """Per-iteration time of a ring all-reduce job (SJF-BCO's tau_j).
 
     ``bandwidth_gbps`` is the ring's bottleneck: intra-node bandwidth on one node, the
-    (shared) network bottleneck otherwise. The reduction term is folded into compute.
+    (shared) network bottleneck otherwise; per lane where the ring runs as ``lanes`` parallel
+    rings, one per rail (``Topology.job_rails``). The reduction term is folded into compute.
     """
     if gpus <= 1:
         return profile.compute_s
     overhead = overhead_s * nodes if nodes > 1 else 0.0
-    return profile.compute_s + ring_comm_time(profile, gpus, bandwidth_gbps) + overhead
+    return profile.compute_s + ring_comm_time(profile, gpus, bandwidth_gbps, lanes) + overhead
 
 
 class ContentionModel(Protocol):
@@ -147,8 +155,11 @@ class AnalyticModel:
         prof = self.profile(job)
         n = min_nodes(topo, job.num_gpus)
         intra = max(node.intra_gbps for node in topo.nodes)
-        bw = intra if n == 1 else min(intra, max(node.nic_gbps for node in topo.nodes))
-        best = ring_iteration_time(prof, job.num_gpus, n, bw, self.calibration.overhead_s)
+        # on a rail fabric a consolidated split ring uses a rail per GPU of a node
+        lanes = min(topo.rails, job.num_gpus // n) if topo.rails and n > 1 else 1
+        nic = max(node.nic_gbps for node in topo.nodes)
+        bw = intra if n == 1 else min(_per_lane(intra, lanes), nic)
+        best = ring_iteration_time(prof, job.num_gpus, n, bw, self.calibration.overhead_s, lanes)
         self._best[key] = (topo, best)
         return best
 
@@ -175,14 +186,14 @@ class AnalyticModel:
         return value
 
     def _bandwidth_alone(self, topo: Topology, placement: Placement, job: int = 0) -> float:
-        """The ring's bottleneck bandwidth with nobody else on the network (``job``: its id,
-        which picks its uplinks under ECMP)."""
+        """The ring's bottleneck bandwidth with nobody else on the network, per lane (``job``:
+        its id, which picks its uplinks under ECMP and its rails on a rail fabric)."""
         nodes = placement.nodes
-        bw = _intra_cap(topo, placement)
         if len(nodes) == 1:
-            return bw
+            return _intra_cap(topo, placement)
+        bw = _per_lane(_intra_cap(topo, placement), _lanes(topo, placement, job))
         gbps = topo.link_gbps
-        return min(bw, min(gbps[link] for link in topo.ring_links(nodes, job)))
+        return min(bw, min(gbps[link] for link in _ring_links(topo, placement, job)))
 
     def duty_cycle(self, topo: Topology, job: Job, placement: Placement) -> float:
         """Share of the job's isolated iteration at this placement spent in the ring all-reduce."""
@@ -193,8 +204,9 @@ class AnalyticModel:
         prof = self.profile(job)
         bw = self._bandwidth_alone(topo, placement, job.job_id)
         overhead = self.calibration.overhead_s
-        total = ring_iteration_time(prof, job.num_gpus, placement.num_nodes, bw, overhead)
-        duty = ring_comm_time(prof, job.num_gpus, bw) / total if total > 0 else 0.0
+        lanes = _lanes(topo, placement, job.job_id) if placement.num_nodes > 1 else 1
+        total = ring_iteration_time(prof, job.num_gpus, placement.num_nodes, bw, overhead, lanes)
+        duty = ring_comm_time(prof, job.num_gpus, bw, lanes) / total if total > 0 else 0.0
         self._duty[key] = (topo, duty)
         return duty
 
@@ -205,14 +217,16 @@ class AnalyticModel:
         if hit is None:
             prof = self.profile(job)
             weight = 1.0 if self.sharing == "flows" else self.duty_cycle(topo, job, placement)
+            lanes = _lanes(topo, placement, job.job_id)
+            comm = (prof.grad_gb / job.num_gpus) * 2.0 * (job.num_gpus - 1)
             hit = self._rings[key] = (
                 topo,
                 _SplitRing(
-                    links=topo.ring_links(placement.nodes, job.job_id),
+                    links=_ring_links(topo, placement, job.job_id),
                     weight=weight,
-                    intra=_intra_cap(topo, placement),
+                    intra=_per_lane(_intra_cap(topo, placement), lanes),
                     compute=prof.compute_s,
-                    comm=(prof.grad_gb / job.num_gpus) * 2.0 * (job.num_gpus - 1),
+                    comm=comm / lanes if lanes > 1 else comm,
                     overhead=self.calibration.overhead_s * placement.num_nodes,
                 ),
             )
@@ -263,7 +277,7 @@ class AnalyticModel:
         load = [0.0] * len(topo.links)
         for (job, placement), w in zip(placed, weights, strict=True):
             if placement.num_nodes > 1:
-                for link in topo.ring_links(placement.nodes, job.job_id):
+                for link in _ring_links(topo, placement, job.job_id):
                     load[link] += w
         alpha = self.calibration.alpha
         gbps = topo.link_gbps
@@ -272,12 +286,17 @@ class AnalyticModel:
             prof = self.profile(job)
             nodes = placement.nodes
             bw = _intra_cap(topo, placement)
+            lanes = 1
             if len(nodes) > 1:
-                for link in topo.ring_links(nodes, job.job_id):
+                lanes = _lanes(topo, placement, job.job_id)
+                bw = _per_lane(bw, lanes)
+                for link in _ring_links(topo, placement, job.job_id):
                     k = 1.0 + max(0.0, load[link] - own)  # this ring plus the others on the link
                     bw = min(bw, gbps[link] / sharing_penalty(k, alpha))
             out.append(
-                ring_iteration_time(prof, job.num_gpus, len(nodes), bw, self.calibration.overhead_s)
+                ring_iteration_time(
+                    prof, job.num_gpus, len(nodes), bw, self.calibration.overhead_s, lanes
+                )
             )
         return out
 
@@ -297,9 +316,10 @@ class _SplitRing:
 
     links: tuple[int, ...]
     weight: float
-    intra: float
+    intra: float  # per lane on a rail fabric (``_per_lane``)
     compute: float
-    comm: float  # ring_comm_time's numerator: (grad_gb / gpus) * 2.0 * (gpus - 1)
+    # ring_comm_time's numerator: (grad_gb / gpus) * 2.0 * (gpus - 1), over its lanes
+    comm: float
     overhead: float
     # the loads on its links when last timed and the time then (``iteration_times``: the
     # time is a function of these loads and the fields above alone)
@@ -328,8 +348,27 @@ class _SplitRing:
 
 def _path_key(topo: Topology, job: Job) -> int:
     """What of the job its ring's links depend on besides the placement: its id under ECMP
-    (the hash of its flows), nothing (-1) on pooled uplinks."""
-    return job.job_id if topo.ecmp_spines else -1
+    (the hash of its flows) and on a rail fabric (its rails), nothing (-1) otherwise."""
+    return job.job_id if topo.ecmp_spines or topo.rails else -1
+
+
+def _ring_links(topo: Topology, placement: Placement, job: int) -> tuple[int, ...]:
+    """The links of the job's ring at this placement (``Topology.ring_links``; on a rail
+    fabric its rails follow from its fewest GPUs on one node)."""
+    gpus = min([g for _, g in placement.alloc]) if topo.rails and placement.alloc else 0
+    return topo.ring_links(placement.nodes, job, gpus)
+
+
+def _lanes(topo: Topology, placement: Placement, job: int) -> int:
+    """How many parallel rings (rails) a split job's all-reduce runs as: 1 off rail fabrics."""
+    if not topo.rails or not placement.alloc:
+        return 1
+    return len(topo.job_rails(job, min([g for _, g in placement.alloc])))
+
+
+def _per_lane(intra: float, lanes: int) -> float:
+    """The intra-node bound per lane: the node's bandwidth shared by its ``lanes`` rings."""
+    return intra / lanes if lanes > 1 else intra
 
 
 def _intra_cap(topo: Topology, placement: Placement) -> float:
@@ -351,7 +390,7 @@ def link_flows(
     for placement in placements:
         job = next(ids) if ids is not None else 0
         if placement.num_nodes > 1:
-            for link in topo.ring_links(placement.nodes, job):
+            for link in _ring_links(topo, placement, job):
                 flows[link] += 1
     return flows
 
@@ -413,7 +452,7 @@ class SplitRates(Generic[P]):
         """Add a split job as the newest member; its id, or None (and nothing added) for a
         placement over a node twice, which this bookkeeping does not cover."""
         topo, model = self._topo, self._model
-        links = topo.ring_links(placement.nodes, job.job_id)
+        links = _ring_links(topo, placement, job.job_id)
         if len(set(links)) != len(links):
             return None
         if len(placement.alloc) > 1 and job.num_gpus > 1:

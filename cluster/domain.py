@@ -26,6 +26,14 @@ class LinkKind(StrEnum):
     # one direction of one of a leaf's parallel uplinks (``Topology.ecmp_spines``): a flow
     # between leaves takes the one ECMP hashes it onto (``ecmp_plane``)
     LEAF_PORT = "leaf_port"
+    # one direction of one of an aggregation switch's parallel uplinks to the core
+    # (``Topology.ecmp_cores``), hashed per flow as the leaf ports are (``ecmp_plane``, tier 1)
+    AGG_PORT = "agg_port"
+    # a rail-optimised fabric (``Topology.rails``): one NIC of a node (its GPU rail r), one
+    # rail switch's uplink (rail r of a leaf group), one aggregation switch's share for rail r
+    RAIL_NIC = "rail_nic"
+    RAIL_UPLINK = "rail_uplink"
+    RAIL_AGG = "rail_agg"
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +73,10 @@ class Topology:
 
     Link ids are dense: ``0..N-1`` the node NICs, then one uplink per leaf, then
     one uplink per aggregation switch. A two-layer (leaf/spine) fabric has a single
-    aggregation switch, whose uplink no ring ever needs.
+    aggregation switch, whose uplink no ring ever needs. After them, only where the fabric
+    has them: the leaves' ECMP ports (``ecmp_spines``), the aggregation switches' ECMP ports
+    (``ecmp_cores``), and a rail fabric's per-rail links (``rails``; its rings cross those
+    alone, not the single-NIC links before them).
     """
 
     name: str
@@ -90,6 +101,18 @@ class Topology:
     # spine plane) of ``leaf_uplink_gbps / S`` each way, and each ring hop between leaves
     # takes one plane by a hash (``ecmp_plane``), so rings can collide on one uplink
     ecmp_spines: int = 0
+    # parallel aggregation->core uplinks with ECMP (needs ``ecmp_spines``): 0 pools each
+    # aggregation switch's uplink into one link of ``agg_uplink_gbps``; C > 0 gives each C
+    # uplinks of ``agg_uplink_gbps / C`` each way, and each ring hop between aggregation
+    # switches takes one by a second hash (``ecmp_plane`` tier 1)
+    ecmp_cores: int = 0
+    # a rail-optimised fabric: 0 (default) gives each node one NIC on its leaf; R >= 2 gives
+    # each node R NICs of ``Node.nic_gbps`` (one per GPU rail), NIC r on rail switch r of the
+    # node's leaf group (``Node.leaf`` is the group; ``leaf_uplink_gbps`` the group's R rail
+    # switches together, ``agg_uplink_gbps`` the aggregation switch's R rails together). A
+    # ring hop between GPUs of local rank r on two nodes crosses both nodes' NIC r, and rail
+    # r's uplinks only between groups (``job_rails`` says which rails a job uses)
+    rails: int = 0
 
     def __post_init__(self) -> None:
         n_leaves = len(self.leaf_names)
@@ -119,6 +142,12 @@ class Topology:
             raise ValueError("block sizes must be positive")
         if self.ecmp_spines < 0:
             raise ValueError("ecmp_spines must be 0 (pooled uplinks) or positive")
+        if self.ecmp_cores < 0 or (self.ecmp_cores and not self.ecmp_spines):
+            raise ValueError("ecmp_cores must be 0, or positive with ecmp_spines")
+        if self.rails < 0 or self.rails == 1:
+            raise ValueError("rails must be 0 (one NIC per node) or at least 2")
+        if self.rails and self.ecmp_spines:
+            raise ValueError("a rail-optimised fabric with ECMP uplinks is not modelled")
 
     @cached_property
     def total_gpus(self) -> int:
@@ -171,7 +200,70 @@ class Topology:
             for s in range(spines)
             for d in (0, 1)
         ]
-        return tuple(nic + leaf + agg + ports)
+        cores, base = self.ecmp_cores, base + len(ports)
+        agg_ports = [
+            Link(
+                base + (i * cores + c) * 2 + d,
+                LinkKind.AGG_PORT,
+                f"{name}:{'down' if d else 'up'}{c + 1}",
+                self.agg_uplink_gbps[i] / cores,
+            )
+            for i, name in enumerate(self.agg_names)
+            for c in range(cores)
+            for d in (0, 1)
+        ]
+        return tuple(nic + leaf + agg + ports + agg_ports + self._rail_links(base + len(agg_ports)))
+
+    def _rail_links(self, base: int) -> list[Link]:
+        """A rail fabric's links, from id ``base``: each node's R NICs, then each leaf group's R
+        rail uplinks, then each aggregation switch's R rail shares (``rail_link``)."""
+        r = self.rails
+        if not r:
+            return []
+        nics = [
+            Link(base + i * r + k, LinkKind.RAIL_NIC, f"{node.name}:nic{k}", node.nic_gbps)
+            for i, node in enumerate(self.nodes)
+            for k in range(r)
+        ]
+        base += len(nics)
+        ups = [
+            Link(
+                base + i * r + k,
+                LinkKind.RAIL_UPLINK,
+                f"{name}/rail{k}:up",
+                self.leaf_uplink_gbps[i] / r,
+            )
+            for i, name in enumerate(self.leaf_names)
+            for k in range(r)
+        ]
+        base += len(ups)
+        aggs = [
+            Link(base + i * r + k, LinkKind.RAIL_AGG, f"{name}/rail{k}:up", gbps / r)
+            for i, (name, gbps) in enumerate(zip(self.agg_names, self.agg_uplink_gbps, strict=True))
+            for k in range(r)
+        ]
+        return nics + ups + aggs
+
+    @cached_property
+    def _rail_base(self) -> int:
+        """The id of the first rail link (after the NICs, pooled uplinks and ECMP ports)."""
+        n, n_leaves, n_aggs = len(self.nodes), len(self.leaf_names), len(self.agg_names)
+        return n + n_leaves + n_aggs + 2 * (n_leaves * self.ecmp_spines + n_aggs * self.ecmp_cores)
+
+    def job_rails(self, job: int, gpus: int) -> tuple[int, ...]:
+        """The rails a ring uses on a rail fabric (``()`` on a single-NIC one): ``gpus`` is the
+        fewest GPUs the job has on one of its nodes (0: not known, every rail). Its GPUs of
+        local rank ``k`` talk over rail ``k``, so it uses ``min(R, gpus)`` rails; a placement
+        counts GPUs per node, not which ones, so with fewer than ``R`` the first is taken as
+        ``job * gpus mod R`` and the rest follow it (jobs sharing a node then mostly take
+        disjoint rails, as Slurm's lowest-free-GPU rule gives them disjoint GPUs)."""
+        r = self.rails
+        if not r:
+            return ()
+        if gpus <= 0 or gpus >= r:
+            return tuple(range(r))
+        first = (job * gpus) % r
+        return tuple(sorted((first + k) % r for k in range(gpus)))
 
     @cached_property
     def link_gbps(self) -> tuple[float, ...]:
@@ -185,14 +277,23 @@ class Topology:
     def _ecmp_memo(self) -> dict[tuple[int, tuple[int, ...]], tuple[int, ...]]:
         return {}
 
-    def ring_links(self, nodes: Sequence[int], job: int = 0) -> tuple[int, ...]:
+    def ring_links(self, nodes: Sequence[int], job: int = 0, gpus: int = 0) -> tuple[int, ...]:
         """Ids of the network links a ring over these nodes crosses (none for one node).
 
         ``job`` (its id) matters only with ECMP (``ecmp_spines``): it is part of the hash
-        that puts each of the ring's hops between leaves on one parallel uplink."""
+        that puts each of the ring's hops between leaves on one parallel uplink; on a rail
+        fabric (``rails``) ``job`` and ``gpus`` (the fewest GPUs it has on one of its nodes)
+        pick its rails (``job_rails``)."""
         if len(nodes) <= 1:
             return ()
         key = tuple(nodes)
+        if self.rails:
+            rmemo = self._ecmp_memo
+            rkey = (job, (gpus, *key))
+            hit = rmemo.get(rkey)
+            if hit is None:
+                hit = rmemo[rkey] = self._compute_rail_links(key, self.job_rails(job, gpus))
+            return hit
         if self.ecmp_spines:
             memo = self._ecmp_memo
             hit = memo.get((job, key))
@@ -213,21 +314,53 @@ class Topology:
 
     def _compute_ecmp_links(self, nodes: tuple[int, ...], job: int) -> tuple[int, ...]:
         """NICs, then the parallel uplink each hop between leaves is hashed onto (its source
-        leaf's up port and its destination leaf's down port of that plane), then the
-        aggregation uplinks as in the pooled fabric."""
+        leaf's up port and its destination leaf's down port of that plane), then between
+        aggregation switches the parallel core uplink each such hop is hashed onto
+        (``ecmp_cores``; tier 1 of ``ecmp_plane``) or, with none, the pooled aggregation
+        uplinks as in the pooled fabric."""
         n, n_leaves, spines = len(self.nodes), len(self.leaf_names), self.ecmp_spines
-        base = n + n_leaves + len(self.agg_names)
+        n_aggs, cores = len(self.agg_names), self.ecmp_cores
+        base = n + n_leaves + n_aggs
+        core_base = base + 2 * n_leaves * spines
         ports: set[int] = set()
+        core_ports: set[int] = set()
         for flow, (src, dst) in enumerate(self.ring_hops(nodes)):
             a, b = self.nodes[src].leaf, self.nodes[dst].leaf
             if a != b:
                 s = ecmp_plane(job, flow, src, dst, spines)
                 ports.add(base + (a * spines + s) * 2)
                 ports.add(base + (b * spines + s) * 2 + 1)
+                x, y = self.leaf_agg[a], self.leaf_agg[b]
+                if cores and x != y:
+                    c = ecmp_plane(job, flow, src, dst, cores, tier=1)
+                    core_ports.add(core_base + (x * cores + c) * 2)
+                    core_ports.add(core_base + (y * cores + c) * 2 + 1)
         out = list(nodes) + sorted(ports)
+        if cores:
+            out.extend(sorted(core_ports))
+            return tuple(out)
         aggs = sorted({self.leaf_agg[self.nodes[i].leaf] for i in nodes})
         if len(aggs) > 1:
             out.extend(n + n_leaves + a for a in aggs)
+        return tuple(out)
+
+    def _compute_rail_links(
+        self, nodes: tuple[int, ...], rails: tuple[int, ...]
+    ) -> tuple[int, ...]:
+        """On a rail fabric, for each of the ring's rails: its NIC on every node; between leaf
+        groups, that rail's uplink of each group; between aggregation switches, that rail's
+        share of each one's uplink (the pooled fabric's rule, per rail)."""
+        r, base = self.rails, self._rail_base
+        n, n_leaves = len(self.nodes), len(self.leaf_names)
+        leaves = sorted({self.nodes[i].leaf for i in nodes})
+        aggs = sorted({self.leaf_agg[leaf] for leaf in leaves}) if len(leaves) > 1 else []
+        out = [base + i * r + k for i in nodes for k in rails]
+        if len(leaves) > 1:
+            up = base + n * r
+            out.extend(up + leaf * r + k for leaf in leaves for k in rails)
+        if len(aggs) > 1:
+            agg = base + n * r + n_leaves * r
+            out.extend(agg + a * r + k for a in aggs for k in rails)
         return tuple(out)
 
     def _compute_ring_links(self, nodes: tuple[int, ...]) -> tuple[int, ...]:
@@ -242,12 +375,15 @@ class Topology:
         return tuple(out)
 
 
-def ecmp_plane(job: int, flow: int, src: int, dst: int, planes: int) -> int:
+def ecmp_plane(job: int, flow: int, src: int, dst: int, planes: int, tier: int = 0) -> int:
     """The parallel uplink (spine plane) ECMP puts a flow on: the first 8 bytes of BLAKE2b
     over (job id, flow index in its ring, source node index, destination node index), each a
-    signed little-endian 64-bit integer, as an unsigned integer modulo ``planes``.
-    Deterministic (no process seed), the same for the same four integers everywhere."""
-    data = b"".join(x.to_bytes(8, "little", signed=True) for x in (job, flow, src, dst))
+    signed little-endian 64-bit integer, as an unsigned integer modulo ``planes``; for a
+    higher tier (1: aggregation -> core) the tier follows as a fifth such integer, so each
+    tier's switches hash independently (as switches with their own seeds do).
+    Deterministic (no process seed), the same for the same integers everywhere."""
+    values = (job, flow, src, dst, tier) if tier else (job, flow, src, dst)
+    data = b"".join(x.to_bytes(8, "little", signed=True) for x in values)
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") % planes
 
 

@@ -67,6 +67,11 @@ class _Static:
         self.intra = min(topo.nodes[n].intra_gbps for n in placement.nodes)
         self.compute = prof.compute_s
         self.comm = (prof.grad_gb / gpus) * 2.0 * (gpus - 1)  # ring_comm_time's numerator
+        # on a rail fabric the mdp's rings (job 0, GPUs unknown) run over every rail, as
+        # parallel rings each carrying a share (``AnalyticModel`` picks a job's own rails)
+        lanes = len(topo.job_rails(0, 0))
+        if lanes > 1:
+            self.comm, self.intra = self.comm / lanes, self.intra / lanes
         self.overhead = model.calibration.overhead_s * nodes
 
     def time(self, bw: float) -> float:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from linkwise.cluster.domain import Block, Node, Topology
+from linkwise.cluster.topology.spec import ecmp_planes
 
 IntraKind = Literal["nvlink", "pcie"]
 IMPLICIT_LEAF = "implicit-leaf"  # holds the nodes that no leaf switch lists
@@ -97,6 +98,26 @@ def build_topology(
         blocks=tuple(Block(block, tuple(index[h] for h in hosts)) for block, hosts in rules.blocks),
         block_sizes=rules.block_sizes,
         leaf_fabric=fabric,
+    )
+
+
+def with_ecmp(
+    topo: Topology, *, oversub: float, agg_oversub: float, spines: int = 0, cores: int = 0
+) -> Topology:
+    """``topo`` with ECMP on every tier (what ``ecmp=1`` does to a topology read from a
+    file): each leaf's uplink split into ``spines`` parallel uplinks and, with several
+    aggregation switches, each one's uplink into ``cores`` (0: ``spec.ecmp_planes`` of the
+    nodes under the switch and its oversubscription, as ``spec.from_spec`` does)."""
+    leaf_sizes = [len(m) for m in topo.leaf_nodes]
+    several = len(topo.agg_names) > 1
+    agg_sizes = [
+        sum(size for size, a in zip(leaf_sizes, topo.leaf_agg, strict=True) if a == i)
+        for i in range(len(topo.agg_names))
+    ]
+    return dataclasses.replace(
+        topo,
+        ecmp_spines=spines or ecmp_planes(max(leaf_sizes), oversub),
+        ecmp_cores=(cores or ecmp_planes(max(agg_sizes), agg_oversub)) if several else 0,
     )
 
 

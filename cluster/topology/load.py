@@ -9,23 +9,27 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from linkwise.cluster.domain import Topology
-from linkwise.cluster.topology.build import IntraKind
+from linkwise.cluster.topology.build import IntraKind, with_ecmp
 from linkwise.cluster.topology.lingjun import from_alibaba_csv
 from linkwise.cluster.topology.slurm_conf import from_slurm_conf
 from linkwise.cluster.topology.spec import (
     DEFAULT_INTRA_GBPS,
     DEFAULT_NIC_GBPS,
     PCIE_GBPS,
+    check_ecmp,
     from_spec,
     parse_options,
 )
 
-_FILE_KEYS = {"nic", "intra", "pcie", "nvlink", "oversub", "agg_oversub", "gpus"}
+_FILE_KEYS = {
+    "nic", "intra", "pcie", "nvlink", "oversub", "agg_oversub", "gpus", "ecmp", "spines", "cores"
+}  # fmt: skip
 _FORMS = (
     "accepted forms: a spec NODESxGPUS[,key=value...] (e.g. 64x8,leaf=16,oversub=2); "
     "a directory holding slurm.conf (and optionally topology.conf); a slurm.conf file; "
     "an Alibaba ip,DSW,PSW,ASW .csv file; a path may be followed by "
-    ",nic=GBPS,intra=GBPS,pcie,oversub=X,agg_oversub=X (and gpus=N for a .csv)"
+    ",nic=GBPS,intra=GBPS,pcie,oversub=X,agg_oversub=X,ecmp=1,spines=N,cores=N "
+    "(and gpus=N for a .csv)"
 )
 
 
@@ -45,6 +49,20 @@ def load_topology(arg: str) -> Topology:
             return from_spec(text)
         raise ValueError(f"cluster {arg!r}: not a spec and no such file or directory; {_FORMS}")
     opt = _file_options(opts, arg)
+    topo = _from_file(path, opt, arg)
+    if not opt.ecmp:
+        return topo
+    return with_ecmp(
+        topo,
+        oversub=opt.oversub,
+        agg_oversub=opt.agg_oversub,
+        spines=opt.spines,
+        cores=opt.cores,
+    )
+
+
+def _from_file(path: Path, opt: _FileOptions, arg: str) -> Topology:
+    """The pooled topology of a Slurm configuration or an Alibaba CSV (``load_topology``)."""
     if path.is_dir():
         conf = path / "slurm.conf"
         if not conf.is_file():
@@ -111,6 +129,9 @@ class _FileOptions:
     oversub: float = 1.0
     agg_oversub: float = 1.0
     gpus_per_node: int | None = None
+    ecmp: bool = False
+    spines: int = 0
+    cores: int = 0
 
     @property
     def intra(self) -> float:
@@ -123,6 +144,13 @@ def _file_options(opts: str, arg: str) -> _FileOptions:
     """Builder options from ``nic=25,oversub=2,pcie,...``."""
     values = parse_options(opts.split(","), _FILE_KEYS, f"cluster {arg!r}")
     try:
+        ecmp = int(values.get("ecmp", 0))
+        spines = int(values.get("spines", 0))
+        cores = int(values.get("cores", 0))
+    except ValueError as exc:
+        raise ValueError(f"cluster {arg!r}: bad option value: {exc}") from None
+    check_ecmp(ecmp, spines, cores, f"cluster {arg!r}")
+    try:
         return _FileOptions(
             nic_gbps=float(values.get("nic", DEFAULT_NIC_GBPS)),
             intra_gbps=float(values["intra"]) if "intra" in values else None,
@@ -130,6 +158,9 @@ def _file_options(opts: str, arg: str) -> _FileOptions:
             oversub=float(values.get("oversub", 1.0)),
             agg_oversub=float(values.get("agg_oversub", 1.0)),
             gpus_per_node=int(values["gpus"]) if "gpus" in values else None,
+            ecmp=bool(ecmp),
+            spines=spines,
+            cores=cores,
         )
     except ValueError as exc:
         raise ValueError(f"cluster {arg!r}: bad option value: {exc}") from None

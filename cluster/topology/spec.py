@@ -17,8 +17,22 @@ DEFAULT_NODES_PER_LEAF = 16
 DEFAULT_TOPOLOGY = "16x8,leaf=4"
 
 _SPEC_KEYS = {
-    "leaf", "nic", "intra", "oversub", "pcie", "nvlink", "agg", "agg_oversub", "ecmp", "spines"
+    "leaf", "nic", "intra", "oversub", "pcie", "nvlink", "agg", "agg_oversub", "ecmp", "spines",
+    "cores", "rails",
 }  # fmt: skip
+
+
+def ecmp_planes(nodes_under: int, oversub: float) -> int:
+    """The default number of parallel uplinks of a switch under ECMP: its pooled uplink over
+    the NIC speed (``nodes_under / oversub``), rounded, at least 1, so each carries one NIC's
+    traffic. Every builder's default for ``spines`` (leaf tier) and ``cores`` (aggregation)."""
+    return max(1, round(nodes_under / oversub))
+
+
+def check_ecmp(ecmp: int, spines: int, cores: int, what: str) -> None:
+    """``ecmp`` is 0 or 1; ``spines`` and ``cores`` are counts that need ``ecmp=1``."""
+    if ecmp not in (0, 1) or spines < 0 or cores < 0 or ((spines or cores) and not ecmp):
+        raise ValueError(f"{what}: ecmp is 0 or 1; spines, cores >= 1 need ecmp=1")
 
 
 def parse_options(opts: Iterable[str], known: Collection[str], what: str) -> dict[str, str]:
@@ -45,7 +59,18 @@ def from_spec(spec: str) -> Topology:
     leaf's uplinks into parallel uplinks with ECMP path choice per flow
     (``Topology.ecmp_spines``): ``spines`` of them (default: the pooled uplink over the NIC
     speed, rounded, at least 1, so each uplink carries one NIC's traffic), each
-    ``pooled / spines``; ``ecmp=0`` (default) keeps one pooled uplink per leaf.
+    ``pooled / spines``; with several aggregation switches (``agg``) each one's uplink to the
+    core is split the same way into ``cores`` parallel uplinks (``Topology.ecmp_cores``;
+    default by the same rule), hashed per flow independently of the leaf tier; ``ecmp=0``
+    (default) keeps one pooled uplink per switch.
+
+    ``rails=R`` (R >= 2, at most the GPUs per node) builds a rail-optimised fabric
+    (``Topology.rails``): each node has R NICs of ``nic`` GB/s, one per GPU rail; ``leaf``
+    nodes form a rail group, in which NIC r of every node hangs off the group's rail switch r;
+    the rail switches' uplinks (``leaf * nic / oversub`` each) go to the spine (or to the
+    group's aggregation switch, ``agg``), so a ring hop between GPUs of local rank r on two
+    nodes crosses only rail r's switch within a group, and rail r's uplinks between groups.
+    ``rails=1`` (or 0) is the single-NIC fabric. Not combined with ``ecmp=1``.
     """
     head, *opts = [p.strip() for p in spec.strip().split(",")]
     try:
@@ -66,13 +91,20 @@ def from_spec(spec: str) -> Topology:
         agg_oversub = float(kv.get("agg_oversub", 1.0))
         ecmp = int(kv.get("ecmp", 0))
         spines = int(kv["spines"]) if "spines" in kv else 0
+        cores = int(kv["cores"]) if "cores" in kv else 0
+        rails = int(kv.get("rails", 0))
     except ValueError as exc:
         raise ValueError(f"bad cluster spec {spec!r}: {exc}") from None
     rates = (nic, intra, oversub, agg_oversub)
     if per_leaf <= 0 or leaves_per_agg < 0 or not all(0 < r < math.inf for r in rates):
         raise ValueError(f"bad cluster spec {spec!r}: values must be positive and finite")
-    if ecmp not in (0, 1) or spines < 0 or (spines and not ecmp):
-        raise ValueError(f"bad cluster spec {spec!r}: ecmp is 0 or 1; spines >= 1 needs ecmp=1")
+    check_ecmp(ecmp, spines, cores, f"bad cluster spec {spec!r}")
+    if not 0 <= rails <= gpus or (rails > 1 and ecmp):
+        raise ValueError(
+            f"bad cluster spec {spec!r}: rails is 0..GPUs per node, and not with ecmp=1"
+        )
+    rails = rails if rails > 1 else 0
+    lanes = max(rails, 1)  # NICs per node
     n_leaves = math.ceil(n_nodes / per_leaf)
     width = len(str(n_nodes))
     nodes = tuple(
@@ -93,11 +125,18 @@ def from_spec(spec: str) -> Topology:
         agg_up = tuple(
             sum(leaf_sizes[leaf] for leaf in range(n_leaves) if leaf_agg[leaf] == a)
             * nic
+            * lanes
             / agg_oversub
             for a in range(n_aggs)
         )
         agg_names = tuple(f"agg{a + 1}" for a in range(n_aggs))
+        max_agg_nodes = max(
+            sum(leaf_sizes[leaf] for leaf in range(n_leaves) if leaf_agg[leaf] == a)
+            for a in range(n_aggs)
+        )
+        several = n_aggs > 1
     else:
+        max_agg_nodes, several = 0, False
         leaf_agg = (0,) * n_leaves
         agg_up = (math.inf,)
         agg_names = ("spine",)
@@ -106,8 +145,10 @@ def from_spec(spec: str) -> Topology:
         nodes=nodes,
         leaf_names=tuple(f"leaf{leaf + 1}" for leaf in range(n_leaves)),
         leaf_agg=leaf_agg,
-        leaf_uplink_gbps=tuple(size * nic / oversub for size in leaf_sizes),
+        leaf_uplink_gbps=tuple(size * nic * lanes / oversub for size in leaf_sizes),
         agg_names=agg_names,
         agg_uplink_gbps=agg_up,
-        ecmp_spines=(spines or max(1, round(max(leaf_sizes) / oversub))) if ecmp else 0,
+        ecmp_spines=(spines or ecmp_planes(max(leaf_sizes), oversub)) if ecmp else 0,
+        ecmp_cores=(cores or ecmp_planes(max_agg_nodes, agg_oversub)) if ecmp and several else 0,
+        rails=rails,
     )
