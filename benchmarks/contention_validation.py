@@ -24,6 +24,9 @@ import numpy as np
 from linkwise.cluster.calibration.fit import fit_calibration
 from linkwise.cluster.calibration.isolated import fit_deepshare_profiles
 from linkwise.cluster.calibration.measurements import (
+    DEEPSHARE_SPEC,
+    DEEPSHARE_SPEC_8,
+    JobType,
     load_deepshare,
     load_pollux,
     ratio_matrix,
@@ -33,8 +36,21 @@ from linkwise.cluster.calibration.pairs import fit_alpha, pair_terms, predict_pa
 from linkwise.cluster.calibration.pollux import pollux_spread_checks
 from linkwise.cluster.calibration.validation import cross_validate, score
 from linkwise.cluster.contention import AnalyticModel
+from linkwise.cluster.domain import Job, LinkKind, Placement, Topology
+from linkwise.cluster.profiles import Calibration
+from linkwise.cluster.topology.load import load_topology
+from linkwise.cluster.topology.spec import from_spec
 
 DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+LINGJUN = Path("topology") / "alibaba_lingjun_2023_topo.csv"
+# Crux (SIGCOMM'24), its published example: a 64-GPU GPT next to a 16-GPU BERT across two
+# ToRs of Lingjun, +11% GPT iteration time. The calibration has no GPT: the proxies are its
+# transformer language models (DeepShare's Transformer-XL, MoE and FSDP); BERT is Pollux's.
+CRUX_SLOWDOWN = 0.11
+CRUX_GPT_PROXIES = ("Transformer-XL", "MoE", "FSDP")
+CRUX_BERT = "bert"
+CRUX_DRAWS = 1000  # (GPT id, BERT id) pairs: the hash draws ECMP's path choice averages over
+FABRICS = {"pooled": "", "ecmp": ",ecmp=1"}
 
 
 def _row(
@@ -109,6 +125,7 @@ def run(data_dir: Path) -> dict[str, Any]:
         for m in models
     }
     iso_fit = cal.fit["deepshare_isolated"]
+    fabric = fabric_sources(cal, data_dir, types, measured)
     spread = pollux_spread_checks(load_pollux(data_dir), cal.overhead_s)
     all_rows = [row for c in spread for row in c.rows]
     return {
@@ -127,6 +144,7 @@ def run(data_dir: Path) -> dict[str, Any]:
                 )
             ),
         },
+        "fabric": fabric,
         "compute_share_scan": cal.fit["deepshare_isolated"]["compute_share_scan"],
         "parameters": cal.fit["parameters"],
         "pairs": int(measured.size),
@@ -155,6 +173,111 @@ def run(data_dir: Path) -> dict[str, Any]:
         "fit_seconds": fit_s,
         "total_seconds": time.perf_counter() - t0,
     }
+
+
+def deepshare_spread(
+    model: AnalyticModel, table_isolated: dict[JobType, float], fabric: str
+) -> list[dict[str, Any]]:
+    """DeepShare's spread ratios: per model and GPU count, the isolated throughput on ``n``
+    nodes over that on the fewest, measured and predicted (``AnalyticModel.iteration_times``
+    of the job alone on DeepShare's topology plus ``fabric``, ``gpus / n`` GPUs per node)."""
+    rows = []
+    for (name, gpus, nodes), thp in table_isolated.items():
+        fewest = min(n for m, g, n in table_isolated if m == name and g == gpus)
+        if nodes == fewest:
+            continue
+        job = Job(0, 0.0, gpus, 1.0, name)
+        t = [
+            model.iteration_times(
+                from_spec((DEEPSHARE_SPEC_8 if n > 4 else DEEPSHARE_SPEC) + fabric),
+                [(job, Placement.of([(i, gpus // n) for i in range(n)]))],
+            )[0]
+            for n in (fewest, nodes)
+        ]
+        rows.append(
+            {
+                "model": name,
+                "gpus": gpus,
+                "nodes": nodes,
+                "fewest": fewest,
+                "measured": thp / table_isolated[(name, gpus, fewest)],
+                "predicted": t[0] / t[1],
+            }
+        )
+    return rows
+
+
+def _two_tors(topo: Topology, need: int) -> tuple[list[int], list[int]]:
+    """Nodes of the first two ToRs under one aggregation switch with ``need`` nodes each."""
+    by_agg: dict[int, list[tuple[int, ...]]] = {}
+    for leaf, members in enumerate(topo.leaf_nodes):
+        if len(members) >= need:
+            by_agg.setdefault(topo.leaf_agg[leaf], []).append(members)
+    a, b = next(tors for tors in by_agg.values() if len(tors) >= 2)[:2]
+    return list(a), list(b)
+
+
+def crux_example(cal: Calibration, data_dir: Path) -> dict[str, Any]:
+    """Crux's example on the Lingjun topology as loaded (1:1): the GPT on 4 hosts of one ToR
+    and 4 of another, the BERT on one more host of each; the GPT's iteration-time increase
+    next to the BERT, pooled and with ECMP (over ``CRUX_DRAWS`` job-id pairs, i.e. hash draws:
+    the share whose flows share a port, the mean, and the mean where they do)."""
+    model = AnalyticModel(cal)
+    path = data_dir / LINGJUN
+    out: dict[str, Any] = {"topology": str(LINGJUN), "measured": CRUX_SLOWDOWN, "rows": []}
+    topos = {f: load_topology(f"{path}{opts}") for f, opts in FABRICS.items()}
+    tor_a, tor_b = _two_tors(topos["pooled"], 5)
+    gpt_at = Placement.of([(n, 8) for n in tor_a[:4] + tor_b[:4]])
+    bert_at = Placement.of([(tor_a[4], 8), (tor_b[4], 8)])
+    port = {LinkKind.LEAF_PORT, LinkKind.AGG_PORT}
+    for proxy in CRUX_GPT_PROXIES:
+        row: dict[str, Any] = {"gpt_proxy": proxy}
+        for fabric, topo in topos.items():
+            slow, shared = [], []
+            draws = CRUX_DRAWS if fabric == "ecmp" else 1
+            for k in range(draws):
+                gpt, bert = Job(k, 0.0, 64, 1.0, proxy), Job(10**6 + k, 0.0, 16, 1.0, CRUX_BERT)
+                alone = model.iteration_times(topo, [(gpt, gpt_at)])[0]
+                both = model.iteration_times(topo, [(gpt, gpt_at), (bert, bert_at)])[0]
+                slow.append(both / alone - 1.0)
+                links = [
+                    set(topo.ring_links(p.nodes, j.job_id))
+                    for j, p in ((gpt, gpt_at), (bert, bert_at))
+                ]
+                shared.append(any(topo.links[i].kind in port for i in links[0] & links[1]))
+            hit = [s for s, h in zip(slow, shared, strict=True) if h]
+            row[fabric] = {
+                "mean": float(np.mean(slow)),
+                "share_colliding": float(np.mean(shared)),
+                "mean_colliding": float(np.mean(hit)) if hit else 0.0,
+                "max": float(np.max(slow)),
+            }
+        out["rows"].append(row)
+    out["spines"] = topos["ecmp"].ecmp_spines
+    out["cores"] = topos["ecmp"].ecmp_cores
+    return out
+
+
+def fabric_sources(
+    cal: Calibration, data_dir: Path, types: tuple[JobType, ...], measured: np.ndarray
+) -> dict[str, Any]:
+    """The error per source with ECMP off (pooled uplinks) and on (issue 33 item 4)."""
+    model = AnalyticModel(cal)
+    table = load_deepshare(data_dir)
+    out: dict[str, Any] = {}
+    for fabric, opts in FABRICS.items():
+        rows = deepshare_spread(model, dict(table.isolated), opts)
+        faster = [r for r in rows if r["measured"] > 1.0]
+        pred = predict_pair_ratios(model, types, opts)
+        out[fabric] = {
+            "spread_rows": rows,
+            "spread_mae": float(np.mean([abs(r["predicted"] - r["measured"]) for r in rows])),
+            "spread_faster_n": len(faster),
+            "spread_faster_max_predicted": max((r["predicted"] for r in faster), default=0.0),
+            "pairs_mae": score(pred, measured).mae,
+        }
+    out["crux"] = crux_example(cal, data_dir)
+    return out
 
 
 def _f(x: Any, fmt: str = "{:.3f}") -> str:
@@ -288,6 +411,7 @@ def render(report: dict[str, Any]) -> str:
     ]
     for name, p in report["profiles"].items():
         out.append(f"| {name} | {p['compute_s']:.4g} | {p['grad_gb']:.4g} |")
+    out += ["", *render_fabric(report)]
     out += [
         "",
         f"alpha {report['alpha']:.4g} (duty), {report['alpha_flows']:.4g} (flows); overhead_s "
@@ -295,6 +419,62 @@ def render(report: dict[str, Any]) -> str:
         f"{report['total_seconds']:.1f} s",
     ]
     return "\n".join(out)
+
+
+def render_fabric(report: dict[str, Any]) -> list[str]:
+    """The error per source with pooled uplinks and with ECMP (``fabric_sources``)."""
+    fab, ps = report["fabric"], report["pollux_spread"]
+    pooled, ecmp = fab["pooled"], fab["ecmp"]
+    crux = fab["crux"]
+    lead = crux["rows"][0]
+    out = [
+        "Error per source, pooled uplinks (ECMP off) and ECMP (on):",
+        "",
+        "| source | what the model predicts | determines | error, ECMP off | error, ECMP on |",
+        "|---|---|---|---:|---:|",
+        f"| DeepShare spread ratios ({len(pooled['spread_rows'])}) | isolated throughput on n "
+        "nodes / on the fewest | profiles (compute_s, grad_gb; stage 1, in sample) "
+        f"| MAE {pooled['spread_mae']:.3f} | MAE {ecmp['spread_mae']:.3f} |",
+        f"| DeepShare pair table ({report['pairs']}) | shared / isolated ratio | alpha "
+        f"| MAE {pooled['pairs_mae']:.3f} | MAE {ecmp['pairs_mae']:.3f} |",
+        f"| Pollux sync_time by spread ({ps['n']}) | step time on more nodes / fewest, held out "
+        "| network bandwidth (other models), gradient (own one-node rows) "
+        f"| {ps['mean_abs_rel_error']:.1%} | {ps['mean_abs_rel_error']:.1%} (no topology) |",
+        f"| Crux's example (GPT as {lead['gpt_proxy']}) | GPT's iteration-time increase "
+        f"(measured +{crux['measured']:.0%}) | nothing (a check of alpha and duty cycles) "
+        f"| +{lead['pooled']['mean']:.1%} | +{lead['ecmp']['mean_colliding']:.1%} where the "
+        f"flows collide ({lead['ecmp']['share_colliding']:.1%} of draws), "
+        f"+{lead['ecmp']['mean']:.1%} mean |",
+        "",
+        "DeepShare's spread ratios above 1 (faster spread than packed): "
+        f"{pooled['spread_faster_n']} of {len(pooled['spread_rows'])}; "
+        "the largest predicted among them "
+        f"{pooled['spread_faster_max_predicted']:.3f}.",
+        "",
+        "| DeepShare type | fewest nodes | measured ratio | predicted, ECMP off | on |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for a, b in zip(pooled["spread_rows"], ecmp["spread_rows"], strict=True):
+        out.append(
+            f"| {a['model']},{a['gpus']},{a['nodes']} | {a['fewest']} | {a['measured']:.3f} "
+            f"| {a['predicted']:.3f} | {b['predicted']:.3f} |"
+        )
+    out += [
+        "",
+        f"Crux's example on {crux['topology']} (1:1; ECMP: {crux['spines']} uplinks per ToR, "
+        f"{crux['cores']} per aggregation switch), the GPT's iteration-time increase:",
+        "",
+        "| GPT proxy | pooled | ECMP: draws whose flows share a port | ECMP: increase there "
+        "| ECMP: mean over draws |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for row in crux["rows"]:
+        e = row["ecmp"]
+        out.append(
+            f"| {row['gpt_proxy']} | +{row['pooled']['mean']:.1%} | {e['share_colliding']:.1%} "
+            f"| +{e['mean_colliding']:.1%} | +{e['mean']:.1%} |"
+        )
+    return out
 
 
 def _json_safe(x: Any) -> Any:

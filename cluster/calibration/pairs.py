@@ -24,13 +24,16 @@ from linkwise.cluster.profiles import Calibration, CommProfile
 from linkwise.cluster.topology.spec import from_spec
 
 
-def pair_placement(a: JobType, b: JobType) -> tuple[Topology, Placement, Placement]:
+def pair_placement(
+    a: JobType, b: JobType, fabric: str = ""
+) -> tuple[Topology, Placement, Placement]:
     """DeepShare's pair experiment on a topology: both jobs on the same (first) nodes.
 
     Each job takes ``gpus / nodes`` GPUs on nodes ``0..nodes-1``; the smaller one's nodes are
-    all shared. A 4x8 topology, or 8x8 when either job spans 8 nodes (see DEEPSHARE_SPEC_8).
+    all shared. A 4x8 topology, or 8x8 when either job spans 8 nodes (see DEEPSHARE_SPEC_8);
+    ``fabric``: spec options appended to it (e.g. ``",ecmp=1"``).
     """
-    topo = from_spec(DEEPSHARE_SPEC_8 if max(a[2], b[2]) > 4 else DEEPSHARE_SPEC)
+    topo = from_spec((DEEPSHARE_SPEC_8 if max(a[2], b[2]) > 4 else DEEPSHARE_SPEC) + fabric)
     return topo, _spread(a), _spread(b)
 
 
@@ -45,15 +48,18 @@ def _job(t: JobType, job_id: int) -> Job:
     return Job(job_id=job_id, submit_time=0.0, num_gpus=t[1], duration=1.0, profile=t[0])
 
 
-def predict_pair_ratios(model: AnalyticModel, types: Sequence[JobType]) -> FloatArray:
+def predict_pair_ratios(
+    model: AnalyticModel, types: Sequence[JobType], fabric: str = ""
+) -> FloatArray:
     """The model's shared/isolated ratio for every (measured, neighbour) pair, via ``rates``.
 
-    ``ratio[a, b] = rate of a next to b / rate of a alone``, both on DeepShare's placement.
+    ``ratio[a, b] = rate of a next to b / rate of a alone``, both on DeepShare's placement
+    (``fabric``: as ``pair_placement``'s).
     """
     out = np.empty((len(types), len(types)))
     for i, a in enumerate(types):
         for j, b in enumerate(types):
-            topo, pa, pb = pair_placement(a, b)
+            topo, pa, pb = pair_placement(a, b, fabric)
             ja, jb = _job(a, 0), _job(b, 1)
             shared = model.rates(topo, [(ja, pa), (jb, pb)])[0]
             alone = model.rates(topo, [(ja, pa)])[0]
