@@ -16,7 +16,7 @@ from linkwise.cluster.simulator.config import SimConfig
 from linkwise.cluster.simulator.engine import Simulator
 from linkwise.cluster.topology.load import load_topology
 from linkwise.cluster.topology.spec import from_spec
-from linkwise.tests.test_split_rates import Chaos, _jobs, _split
+from linkwise.tests.cluster.test_split_rates import Chaos, _jobs, _split
 
 CAL = load_calibration(None)
 MODEL = AnalyticModel(CAL)
@@ -143,7 +143,7 @@ def test_lingjun_loader_takes_ecmp(tmp_path: Path) -> None:
 
 def test_the_shipped_lingjun_topology_loads_with_ecmp() -> None:
     path = (
-        Path(__file__).resolve().parents[2] / "shared/data/topology/alibaba_lingjun_2023_topo.csv"
+        Path(__file__).resolve().parents[3] / "shared/data/topology/alibaba_lingjun_2023_topo.csv"
     )
     if not path.is_file():
         pytest.skip("no ../shared/data")
