@@ -109,6 +109,10 @@ def topology_signature(topology: Topology) -> str:
     }
     if topology.ecmp_spines:  # only then, so pooled fabrics keep their signatures
         parts["ecmp_spines"] = topology.ecmp_spines
+    if topology.ecmp_cores:  # likewise for the core tier and rail fabrics
+        parts["ecmp_cores"] = topology.ecmp_cores
+    if topology.rails:
+        parts["rails"] = topology.rails
     text = json.dumps(parts, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

@@ -5,6 +5,7 @@ rail-optimised fabrics (``Topology.rails``), with link loads worked out by hand.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from linkwise.cluster.simulator.config import SimConfig
 from linkwise.cluster.simulator.engine import Simulator
 from linkwise.cluster.topology.load import load_topology
 from linkwise.cluster.topology.spec import from_spec
+from linkwise.models.residual import topology_signature
 from linkwise.tests.cluster.test_split_rates import Chaos, _jobs, _split
 
 CAL = load_calibration(None)
@@ -292,3 +294,12 @@ def test_incremental_rates_stay_exact(spec: str) -> None:
         if not more:
             break
     assert fast.records == full.records and points > 100
+
+
+def test_residual_signatures_tell_the_new_fabrics_apart() -> None:
+    """A learned residual defers on a fabric it was not trained on: core-tier ECMP planes and
+    rails are part of the topology's signature (pooled fabrics keep theirs)."""
+    specs = ("16x8,leaf=4,agg=2,ecmp=1", "16x8,leaf=4,agg=2,ecmp=1,cores=3")
+    assert len({topology_signature(from_spec(s)) for s in specs}) == 2
+    single = from_spec("16x8,leaf=4")
+    assert topology_signature(replace(single, rails=8)) != topology_signature(single)
