@@ -13,7 +13,9 @@ model names; seeded). Each run is a separate process (``--workers``).
 
     nice .venv/bin/python benchmarks/contention.py [--nodes 88] [--days 7] [--workers 2] [--json]
     nice .venv/bin/python benchmarks/contention.py --trace synthetic:llm,jobs=N,... \
-        --cluster ../shared/data/topology/alibaba_lingjun_2023_topo.csv --ecmp 0
+        --cluster ../shared/data/topology/alibaba_lingjun_2023_topo.csv --ecmp 0,1
+    nice .venv/bin/python benchmarks/contention.py --trace synthetic:llm,jobs=N,... \
+        --cluster 848x8,leaf=16,rails=8 --ecmp 0     # a rail-optimised fat-tree
     .venv/bin/python benchmarks/contention.py --table results/a.json results/b.json
 
 Columns: avg JCT h; contention's cost (avg JCT / the same policy's with no contention - 1);

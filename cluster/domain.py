@@ -216,7 +216,7 @@ class Topology:
 
     def _rail_links(self, base: int) -> list[Link]:
         """A rail fabric's links, from id ``base``: each node's R NICs, then each leaf group's R
-        rail uplinks, then each aggregation switch's R rail shares (``rail_link``)."""
+        rail uplinks, then each aggregation switch's R rail shares."""
         r = self.rails
         if not r:
             return []
@@ -287,7 +287,7 @@ class Topology:
         if len(nodes) <= 1:
             return ()
         key = tuple(nodes)
-        if self.rails:
+        if self.rails:  # never with ECMP: its memo, keyed by (job, (gpus, *nodes))
             rmemo = self._ecmp_memo
             rkey = (job, (gpus, *key))
             hit = rmemo.get(rkey)
