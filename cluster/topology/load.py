@@ -100,9 +100,19 @@ def _from_file(path: Path, opt: _FileOptions, arg: str) -> Topology:
 
 
 def describe(topo: Topology) -> dict[str, object]:
-    """Counts for display: nodes, GPUs, leaves, aggregation switches, bandwidth ranges."""
+    """Counts for display: nodes, GPUs, leaves, aggregation switches, bandwidth ranges (and,
+    where the fabric has them, its ECMP planes per tier and its rails)."""
     leaf_sizes = [len(m) for m in topo.leaf_nodes]
     finite_agg = [g for g in topo.agg_uplink_gbps if math.isfinite(g)]
+    fabric = {
+        key: value
+        for key, value in (
+            ("ecmp_spines", topo.ecmp_spines),
+            ("ecmp_cores", topo.ecmp_cores),
+            ("rails", topo.rails),
+        )
+        if value
+    }
     return {
         "name": topo.name,
         "nodes": len(topo.nodes),
@@ -118,6 +128,7 @@ def describe(topo: Topology) -> dict[str, object]:
         "leaf_uplink_gbps_max": max(topo.leaf_uplink_gbps),
         "agg_uplink_gbps_min": min(finite_agg) if finite_agg else None,
         "agg_uplink_gbps_max": max(finite_agg) if finite_agg else None,
+        **fabric,
     }
 
 

@@ -15,7 +15,7 @@ from linkwise.cluster.domain import Job, LinkKind, Placement, ecmp_plane
 from linkwise.cluster.profiles import load_calibration
 from linkwise.cluster.simulator.config import SimConfig
 from linkwise.cluster.simulator.engine import Simulator
-from linkwise.cluster.topology.load import load_topology
+from linkwise.cluster.topology.load import describe, load_topology
 from linkwise.cluster.topology.spec import from_spec
 from linkwise.models.residual import topology_signature
 from linkwise.tests.cluster.test_split_rates import Chaos, _jobs, _split
@@ -130,6 +130,8 @@ def test_lingjun_loader_takes_ecmp(tmp_path: Path) -> None:
     assert load_topology(f"{path},ecmp=0") == pooled
     topo = load_topology(f"{path},ecmp=1")
     assert (topo.ecmp_spines, topo.ecmp_cores) == (2, 4)  # 2 hosts per ToR, 4 per PSW, 1:1
+    assert (describe(topo)["ecmp_spines"], describe(topo)["ecmp_cores"]) == (2, 4)
+    assert "ecmp_spines" not in describe(pooled)
     assert topo.links[: len(pooled.links)] == pooled.links
     two = load_topology(f"{path},ecmp=1,oversub=2,spines=3,cores=1")
     assert (two.ecmp_spines, two.ecmp_cores) == (3, 1)
