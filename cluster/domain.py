@@ -98,12 +98,13 @@ class Topology:
     leaf_fabric: tuple[int, ...] = ()
     # parallel leaf uplinks with ECMP path choice per flow: 0 (default) pools each leaf's
     # uplinks into one link of ``leaf_uplink_gbps``; S > 0 gives every leaf S uplinks (one per
-    # spine plane) of ``leaf_uplink_gbps / S`` each way, and each ring hop between leaves
-    # takes one plane by a hash (``ecmp_plane``), so rings can collide on one uplink
+    # spine plane) of ``max(leaf_uplink_gbps) / S`` each way (every leaf the same switch),
+    # and each ring hop between leaves takes one plane by a hash (``ecmp_plane``), so rings
+    # can collide on one uplink
     ecmp_spines: int = 0
     # parallel aggregation->core uplinks with ECMP (needs ``ecmp_spines``): 0 pools each
     # aggregation switch's uplink into one link of ``agg_uplink_gbps``; C > 0 gives each C
-    # uplinks of ``agg_uplink_gbps / C`` each way, and each ring hop between aggregation
+    # uplinks of ``max(agg_uplink_gbps) / C`` each way, and each ring hop between aggregation
     # switches takes one by a second hash (``ecmp_plane`` tier 1)
     ecmp_cores: int = 0
     # a rail-optimised fabric: 0 (default) gives each node one NIC on its leaf; R >= 2 gives
@@ -189,24 +190,29 @@ class Topology:
             for i, name in enumerate(self.agg_names)
         ]
         spines, base = self.ecmp_spines, n + n_leaves + len(self.agg_names)
+        # every parallel uplink of a tier is as fast (its switches are one model): the widest
+        # switch's pooled uplink over the planes, so a leaf or aggregation switch with fewer
+        # nodes under it has fewer nodes per port, not slower ports
+        leaf_port = max(self.leaf_uplink_gbps) / spines if spines else 0.0
         ports = [
             Link(
                 base + (i * spines + s) * 2 + d,
                 LinkKind.LEAF_PORT,
                 f"{name}:{'down' if d else 'up'}{s + 1}",
-                self.leaf_uplink_gbps[i] / spines,
+                leaf_port,
             )
             for i, name in enumerate(self.leaf_names)
             for s in range(spines)
             for d in (0, 1)
         ]
         cores, base = self.ecmp_cores, base + len(ports)
+        agg_port = max(self.agg_uplink_gbps) / cores if cores else 0.0
         agg_ports = [
             Link(
                 base + (i * cores + c) * 2 + d,
                 LinkKind.AGG_PORT,
                 f"{name}:{'down' if d else 'up'}{c + 1}",
-                self.agg_uplink_gbps[i] / cores,
+                agg_port,
             )
             for i, name in enumerate(self.agg_names)
             for c in range(cores)

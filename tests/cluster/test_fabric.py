@@ -305,3 +305,14 @@ def test_residual_signatures_tell_the_new_fabrics_apart() -> None:
     assert len({topology_signature(from_spec(s)) for s in specs}) == 2
     single = from_spec("16x8,leaf=4")
     assert topology_signature(replace(single, rails=8)) != topology_signature(single)
+
+
+def test_every_parallel_uplink_of_a_tier_is_as_fast() -> None:
+    """A leaf with fewer nodes (the last of ``20x8,leaf=8``: 4 nodes) has the same switch:
+    its 8 parallel uplinks carry 12.5 GB/s each, as the full leaves' do, not 4 x 12.5 / 8
+    (which would make a ring through it slower than its NICs alone)."""
+    topo = from_spec("20x8,leaf=8,agg=2,ecmp=1")  # aggregation switches over 16 and 4 nodes
+    assert {link.gbps for link in topo.links if link.kind is LinkKind.LEAF_PORT} == {12.5}
+    assert {link.gbps for link in topo.links if link.kind is LinkKind.AGG_PORT} == {12.5}
+    job = Job(3, 0.0, 16, 1.0, HEAVY)
+    assert MODEL.rates(topo, [(job, Placement(((0, 8), (16, 8))))]) == [1.0]
