@@ -32,7 +32,7 @@ from typing import Any, Literal
 from linkwise.cluster.profiles import Calibration
 from linkwise.datasets.log_jobs import store_cluster
 from linkwise.datasets.store import open_store
-from linkwise.models.registry import ensure_experiment, registry_client
+from linkwise.models.registry import ensure_experiment, registry_client, sqlite_file
 
 __all__ = [
     "ARTIFACT",
@@ -68,10 +68,14 @@ class CalibrationRecord:
 def lookup_tracking_uri(given: str | None = None) -> str | None:
     """The tracking store to look for a cluster's calibration in: ``given``, else
     ``$MLFLOW_TRACKING_URI``, else the default SQLite store (``linkwise-out/mlflow``) when it
-    exists; None otherwise (nothing is created to look)."""
+    exists; None otherwise, and for a SQLite store whose file does not exist (nothing is
+    created to look)."""
     uri = given or os.environ.get("MLFLOW_TRACKING_URI")
     if uri:
-        return uri
+        # a SQLite store that does not exist holds no calibration: looking would create it
+        # (and MLflow would print its table creation on stderr, into serve's JSON lines)
+        db = sqlite_file(uri)
+        return None if db is not None and not db.is_file() else uri
     return f"sqlite:///{DEFAULT_SQLITE.resolve()}" if DEFAULT_SQLITE.is_file() else None
 
 

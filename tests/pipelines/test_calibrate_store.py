@@ -141,6 +141,13 @@ def test_the_pick_without_a_tracking_store_or_with_a_file(
     assert not (tmp_path / "linkwise-out").exists()
     given = resolve_calibration(tmp_path / "c.json", cluster="truth")
     assert (given.kind, given.describe()) == ("file", f"a file ({tmp_path / 'c.json'})")
+    # a registry named (serve's --tracking-uri) but not there yet: not created to look
+    missing = f"sqlite:///{tmp_path / 'registry' / 'mlflow.db'}"
+    assert lookup_tracking_uri(missing) is None
+    assert resolve_calibration(None, cluster="truth", tracking_uri=missing).kind == "shipped"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", missing)
+    assert lookup_tracking_uri() is None
+    assert not (tmp_path / "registry").exists()
 
 
 def test_the_demo_calibrates_on_its_history_or_says_plainly_why_not(
