@@ -30,9 +30,9 @@ the default mix (``cluster.profiles.assign_profiles``), and counts which got whi
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import duckdb
 import polars as pl
@@ -40,6 +40,9 @@ import polars as pl
 from linkwise.cluster.domain import Job
 from linkwise.cluster.profiles import Calibration, CommProfile
 from linkwise.datasets.job_telemetry import read_job_telemetry
+
+if TYPE_CHECKING:  # a type only: the rollouts module is heavy, and this one is read live
+    from linkwise.datasets.rollouts import Window
 
 __all__ = [
     "EMPTY_BOOK",
@@ -49,6 +52,7 @@ __all__ = [
     "ProfileCounts",
     "apply_history",
     "apply_history_frame",
+    "apply_history_windows",
     "extend_calibration",
     "learn_profiles",
     "load_profile_book",
@@ -149,6 +153,11 @@ class ProfileCounts:
 
     def to_dict(self) -> dict[str, int]:
         return {**asdict(self), "history": self.history}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ProfileCounts:
+        """The counts ``to_dict`` wrote (its derived ``history`` left out)."""
+        return cls(*(int(d[k]) for k in ("declared", "history_name", "history_shape", "default")))
 
 
 def run_estimates(summary: pl.DataFrame, *, min_gpu_s: float = 600.0) -> pl.DataFrame:
@@ -270,10 +279,18 @@ def load_profile_book(
     )
 
 
-def lookup(book: ProfileBook, name: str, user: str, gpus: int) -> LearnedProfile | None:
-    """The job's learned profile: by its name, else by its user and GPU count, else None."""
-    found = book.by_name.get(name) if name else None
-    return found if found is not None else book.by_shape.get((user, gpus))
+def lookup(
+    book: ProfileBook, name: str, user: str, gpus: int, known: Container[str] | None = None
+) -> LearnedProfile | None:
+    """The job's learned profile: by its name, else by its user and GPU count, else None.
+    With ``known`` (a calibration's profile names), only one the calibration holds: where
+    the calibration cannot be extended (the live loop's policy predicts with its own), the
+    contention model never meets an unknown profile."""
+    by_name = book.by_name.get(name) if name else None
+    for found in (by_name, book.by_shape.get((user, gpus))):
+        if found is not None and (known is None or found.profile.name in known):
+            return found
+    return None
 
 
 def extend_calibration(calibration: Calibration, book: ProfileBook) -> Calibration:
@@ -307,6 +324,19 @@ def apply_history(
         out.append(job)
     counts = ProfileCounts(declared, by_name, by_shape, len(out) - declared - by_name - by_shape)
     return tuple(out), extend_calibration(calibration, book), counts
+
+
+def apply_history_windows(
+    windows: Sequence[Window], calibration: Calibration, book: ProfileBook
+) -> tuple[tuple[Window, ...], Calibration, ProfileCounts]:
+    """``apply_history`` on the jobs of ``windows`` (a replay's held-out windows)."""
+    jobs, extended, counts = apply_history([j for w in windows for j in w.jobs], calibration, book)
+    out: list[Window] = []
+    at = 0
+    for w in windows:
+        out.append(replace(w, jobs=jobs[at : at + len(w.jobs)]))
+        at += len(w.jobs)
+    return tuple(out), extended, counts
 
 
 def apply_history_frame(

@@ -65,9 +65,11 @@ from linkwise.deployer.migration import MigrationConfig, MigrationExecutor, move
 from linkwise.deployer.observation import Observation, build_observation, slurm_topology
 from linkwise.deployer.policies import GuardedPolicy, LoadedPolicy, PolicyHolder
 from linkwise.deployer.profiles import (
+    LearnedBook,
     ProfileHistory,
     default_profile,
     resolve_profiles,
+    source_counts,
     undeclared,
 )
 from linkwise.deployer.recorder import Recorder, new_id
@@ -240,6 +242,7 @@ class SlurmBackend:
             logger=logger,
         )
         self.profile_history = ProfileHistory(recorder)
+        self.learned_book = LearnedBook(recorder, self.cluster)  # profiles from telemetry
         self.read_failing = False  # the last Slurm read failed: the lease is not renewed
         self.lines = CycleLines()  # which cycles are logged
         self.acted = 0  # hand-backs, untags, bypasses, read faults, moves met by this cycle
@@ -281,12 +284,15 @@ class SlurmBackend:
         )
         inflight = {j: placed for j, (placed, _) in self.inflight.items()}
         predictor = self._predictor(now)
+        calibration = self._calibration()
         profiles = resolve_profiles(
             queue,
-            self._calibration(),
+            calibration,
             self.profile_history.get(undeclared(queue), now),
             self.cfg.default_profile,
+            self.learned_book.get(now, calibration),
         )
+        self.metrics.observe_profiles(source_counts(profiles))
         self.obs = build_observation(
             queue,
             nodes,

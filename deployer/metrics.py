@@ -6,13 +6,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import start_http_server
 
 from linkwise.deployer.drift import REASONS, DriftReport
+from linkwise.deployer.profiles import SOURCES
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 _CYCLE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -31,6 +32,14 @@ class ServeMetrics:
         self._io_metrics(self.registry)
         self._policy_metrics(self.registry)
         self._drift_metrics(self.registry)
+        self.job_profiles = Gauge(
+            "linkwise_serve_job_profiles",
+            "Jobs in the last queue read by where their communication profile came from "
+            "(declared, learned from earlier runs' telemetry, history: declared by an earlier "
+            "run, default; deployer/profiles.py)",
+            ["source"],
+            registry=self.registry,
+        )
         self._known_labels()
 
     def _cycle_metrics(self, r: CollectorRegistry) -> None:
@@ -236,6 +245,8 @@ class ServeMetrics:
         self.handed_back.labels("slurm_fault")
         for reason in REASONS:
             self.slowdown_unobserved.labels(reason)
+        for source in SOURCES:
+            self.job_profiles.labels(source)
         for kind in ("unavailable", "timeout", "schema", "command", "parse"):
             self.slurm_read_errors.labels(kind)
         for command in ("update", "release"):
@@ -254,6 +265,11 @@ class ServeMetrics:
     def observe_holds(self, submit_times: Iterable[float], now: float) -> None:
         """The oldest hold's age, from the submit times of the jobs held for the loop."""
         self.oldest_hold.set(max((now - t for t in submit_times), default=0.0))
+
+    def observe_profiles(self, counts: Mapping[str, int]) -> None:
+        """How many jobs of the last queue read got their profile from each source."""
+        for source, n in counts.items():
+            self.job_profiles.labels(source).set(n)
 
     def observe_drift(self, report: DriftReport) -> None:
         """The slowdown series of the running jobs now (those of jobs gone are removed)."""

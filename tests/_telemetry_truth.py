@@ -100,14 +100,17 @@ def fill_store(
     real ingest functions; then the InfiniBand rates derived. The jobs in ``running`` are
     accounted as still running (no end)."""
     runs = [
-        completed_run(
-            j.job_id,
-            j.start - 60.0,
-            j.start,
-            j.end,
-            {n: len(g) for n, g in j.alloc.items()},
-            cluster=CLUSTER,
-            name=j.name or f"j{j.job_id}",
+        replace(
+            completed_run(
+                j.job_id,
+                j.start - 60.0,
+                j.start,
+                j.end,
+                {n: len(g) for n, g in j.alloc.items()},
+                cluster=CLUSTER,
+                name=j.name or f"j{j.job_id}",
+            ),
+            user=j.user,
         )
         for j in jobs
     ]

@@ -175,3 +175,21 @@ def test_no_telemetry_learns_nothing(tmp_path: Path) -> None:
     book = load_profile_book(con)
     assert book.profiles == () and book.runs_summarized == 0 and book.job_hours == 0.0
     con.close()
+
+
+def test_a_lookup_limited_to_a_calibrations_names_never_gives_an_unknown_profile(
+    store: duckdb.DuckDBPyConnection,
+) -> None:
+    """With ``known`` (a calibration's profile names: the live loop cannot extend its
+    policy's calibration), a learned name the calibration lacks falls to the user-and-GPUs
+    profile where the calibration holds it, else to none."""
+    book = load_profile_book(store, min_runs=3)
+    shipped = load_calibration()
+    name = f"{PROFILE_PREFIX}name=bert"
+    cal = replace(shipped, profiles={**shipped.profiles, name: CommProfile(name, 0.1, 4.5)})
+    assert lookup(book, "bert", "u", 16, cal.profiles) is book.by_name["bert"]
+    assert lookup(book, "gpt", "u", 16, cal.profiles) is None
+    shape = book.by_shape[("u", 16)]
+    with_shape = {*cal.profiles, shape.profile.name}
+    assert lookup(book, "gpt", "u", 16, with_shape) is shape
+    assert lookup(book, "gpt", "u", 16) is book.by_name["gpt"]  # unlimited: by name

@@ -18,6 +18,7 @@ from typing import Any
 import duckdb
 import pytest
 
+from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import Decision, Job, Placement, Shape, Start
 from linkwise.cluster.loop import drive
 from linkwise.cluster.slurm.errors import SlurmError, SlurmTimeout, SlurmUnavailable
@@ -43,7 +44,7 @@ from linkwise.deployer.start_checks import check_start
 from linkwise.deployer.watchdog import _tools
 from linkwise.policies.heuristics import make_policy
 from linkwise.policies.spec import PolicySpec
-from linkwise.tests import _drift
+from linkwise.tests import _drift, _profile_runs
 from linkwise.tests._telemetry_truth import CLUSTER
 
 LOG = logging.getLogger("test.serve")
@@ -169,7 +170,9 @@ def test_check_start_validates_shape_and_free_gpus() -> None:
     assert "busy" in str(check_start(Placement.of([(1, 4)]), Shape(1, 4), free, TOPO))
 
 
-def make_backend(tmp_path: Path, client: FakeClient, **cfg: Any) -> SlurmBackend:
+def make_backend(
+    tmp_path: Path, client: FakeClient, *, cluster: str = "", **cfg: Any
+) -> SlurmBackend:
     config = ServeConfig(
         mode="active", partitions=("gpu",), db=str(tmp_path / "s.duckdb"),
         state_dir=str(tmp_path / "state"), interval_s=0.01, lease_s=120.0, watchdog=False, **cfg,
@@ -181,7 +184,7 @@ def make_backend(tmp_path: Path, client: FakeClient, **cfg: Any) -> SlurmBackend
     recorder = Recorder(config.db, config.spool_path, logger=LOG)
     return SlurmBackend(
         client, TOPO, config, GuardedPolicy(holder, metrics, LOG), recorder, metrics,  # type: ignore[arg-type]
-        logger=LOG, sleep=lambda s: None, lease_dir=tmp_path / "leases",
+        cluster=cluster, logger=LOG, sleep=lambda s: None, lease_dir=tmp_path / "leases",
     )  # fmt: skip
 
 
@@ -798,3 +801,41 @@ def test_a_shadow_loop_deciding_the_same_starts_again_logs_them_once(
         backend.cfg = replace(backend.cfg, max_cycles=6)
         drive(backend, guarded)
     assert [(e["cycle"], e["starts"]) for e in _events(caplog, "cycle")] == [(1, 1), (5, 2)]
+
+
+def test_the_loop_gives_jobs_their_learned_profile_where_the_calibration_holds_it(
+    tmp_path: Path,
+) -> None:
+    """The store holds earlier runs' telemetry of bert and gpt (tests/_profile_runs.py): with
+    a policy predicting with a calibration fitted on bert, a bert job gets its learned profile,
+    the others their declared one or the default; /metrics counts the sources. A policy with
+    the shipped calibration learns nothing (no job could use it)."""
+    _profile_runs.fill_profile_store(tmp_path / "s.duckdb")
+
+    @dataclass(frozen=True)
+    class Calibrated:
+        model: AnalyticModel
+        name: str = "calibrated"
+
+        def decide(self, state: Any) -> Decision:
+            return Decision()
+
+    queue = [
+        qjob(1, 4, name="bert"),
+        qjob(2, 4, name="gpt", comment="linkwise:profile=ncf"),
+        qjob(3, 4, name="new"),
+    ]
+    client = FakeClient(queue, [ninfo(n) for n in NAMES], FakeRunner())
+    backend = make_backend(tmp_path, client, cluster=CLUSTER)  # the store's cluster
+    backend.observe()
+    text = backend.metrics.text()
+    assert 'linkwise_serve_job_profiles{source="learned"} 0.0' in text
+    assert 'linkwise_serve_job_profiles{source="declared"} 1.0' in text
+    cal = _profile_runs.fitted()
+    backend.policy.holder.current = LoadedPolicy(Calibrated(AnalyticModel(cal)), "m", "v1", "o")
+    got = {p.job.job_id: p.job.profile for p in backend.observe().pending}
+    assert got[1] == _profile_runs.BERT and got[2] == "ncf"
+    assert got[3] in cal.profiles and not got[3].startswith("history:")
+    text = backend.metrics.text()
+    assert 'linkwise_serve_job_profiles{source="learned"} 1.0' in text
+    assert 'linkwise_serve_job_profiles{source="default"} 1.0' in text
