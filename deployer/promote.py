@@ -419,6 +419,7 @@ def shadow_evidence(
         "policy_spec": report.policy_spec,
         "backlog": report.backlog,
         "deviations": report.deviations,
+        "profiles": report.profiles,  # the window's jobs: learned from history or the mix
         "backfill_over_accounting_avg_jct": report.interval(
             "avg_jct", "backfill", "accounting"
         ).words(),

@@ -182,6 +182,7 @@ def _setup_lines(context: Mapping[str, Any]) -> list[str]:
         "gpus",
         "contention",
         "calibration",
+        "profiles",
         "workload",
         "workload_source",
         "window_s",

@@ -48,6 +48,7 @@ import numpy as np
 
 from linkwise.cluster.profiles import load_calibration
 from linkwise.datasets.backlog import backlog_from_store
+from linkwise.datasets.comm_profiles import apply_history_windows, load_profile_book
 from linkwise.datasets.log_jobs import load_log_jobs, resolve_cluster
 from linkwise.datasets.rollouts import Window, runs_from_store
 from linkwise.datasets.store import open_store
@@ -106,6 +107,9 @@ class ShadowReport:
     # the calibration the replay used and how it was chosen (models.calibrations'
     # CalibrationChoice.to_dict(): kind, path, run_id, cluster, text)
     calibration: dict[str, Any] = field(default_factory=dict)
+    # how many of the window's jobs had which profile (datasets.comm_profiles.ProfileCounts:
+    # learned from earlier runs' telemetry by name or by user and GPUs, the default mix)
+    profiles: dict[str, int] = field(default_factory=dict)
 
     def interval(self, metric: str, subject: str = POLICY, reference: str = ACCOUNTING) -> Interval:
         """The paired ratio of ``metric`` of ``subject`` to ``reference``."""
@@ -178,6 +182,10 @@ def shadow_report(
     runs, firsts = _actual(con, name, win.since, win.until)
     backlog = backlog_from_store(con, topology, name, win.since, predictor)
     window = Window(0, win.since, win.until, frame_jobs(runs.select(list(JOB_COLUMNS))))
+    # the window's jobs get the profile learned from runs ended before it where one exists
+    # (the backlog's jobs carry history ids for names: they draw from the default mix)
+    book = load_profile_book(con, cluster=name, until=win.since)
+    (window,), cal, profiles = apply_history_windows((window,), cal, book)
     if not window.jobs and not backlog.pending:
         raise ValueError(
             f"no finished job was submitted in the shadow window [{win.since:.0f}, "
@@ -253,6 +261,7 @@ def shadow_report(
         seed=seed,
         skipped=skipped,
         calibration=dict(calibration_used or {"text": cal.source or "shipped"}),
+        profiles=profiles.to_dict(),
     )
 
 

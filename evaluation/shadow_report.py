@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from linkwise.cluster.metrics import duration_text
+from linkwise.datasets.comm_profiles import ProfileCounts
 from linkwise.evaluation.shadow_replay import (
     ACCOUNTING,
     BACKFILL,
@@ -45,6 +46,11 @@ def _markdown(report: ShadowReport) -> str:
         f"{report.backlog['pending']} pending jobs); {report.jobs} jobs measured",
         f"- intervals: paired bootstrap over the jobs, {report.n_boot} draws, seed {report.seed}",
         f"- calibration: {report.calibration.get('text', 'not recorded')}",
+        *(
+            [f"- window's jobs' {ProfileCounts.from_dict(report.profiles).line()}"]
+            if report.profiles
+            else []
+        ),
         *(f"- skipped a later shadow span: {s}" for s in report.skipped),
         "",
         "| schedule | avg JCT | p99 JCT | avg queue | avg run-time inflation |",

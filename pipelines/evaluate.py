@@ -38,6 +38,7 @@ from linkwise.cluster.profiles import load_calibration
 from linkwise.cluster.restart import parse_restart
 from linkwise.cluster.topology.load import load_topology
 from linkwise.datasets.backlog import Backlog
+from linkwise.datasets.comm_profiles import ProfileCounts
 from linkwise.datasets.export import read_dataset
 from linkwise.datasets.log_jobs import store_cluster, topology_from_store
 from linkwise.datasets.predictor import RuntimePredictor
@@ -93,6 +94,7 @@ from linkwise.pipelines.evaluation_cases import (
     load_workload,
     window_backlogs,
     window_predictor,
+    window_profiles,
 )
 from linkwise.pipelines.evidence import challenger_fqe
 from linkwise.pipelines.experiment import EvaluationPlan
@@ -240,7 +242,7 @@ def evaluate(
     held = held_out_windows(
         work, topo, used, windows=windows, n_windows=n_windows, min_jobs=min_jobs, window_s=window_s
     )
-    chosen = held.chosen
+    chosen, cal, profiles = window_profiles(db, slurm_cluster, held.chosen, calibration)
     predictor, fitted = window_predictor(
         predictor, history, history_format, slurm_cluster, chosen, work, trace
     )
@@ -249,7 +251,7 @@ def evaluate(
         chosen,
         seeds,
         topo,
-        calibration=load_calibration(calibration),
+        calibration=cal,
         contention=contention,
         block_s=block_s,
         tick_s=tick_s,
@@ -269,6 +271,7 @@ def evaluate(
         "cluster": where.name,
         "topology_source": where.source,
         **_calibration_context(calibration_used or CalibrationChoice.given(calibration)),
+        **_profile_context(profiles),
         "gpus": topo.total_gpus,
         "contention": contention,
         "workload": work.description,
@@ -356,6 +359,14 @@ def _store_cluster(db: str | Path | None, slurm_cluster: str | None) -> str | No
 def _calibration_context(choice: CalibrationChoice) -> dict[str, Any]:
     """The report's ``calibration`` (how it reads) and ``calibration_used`` (the record)."""
     return {"calibration": choice.describe(), "calibration_used": choice.to_dict()}
+
+
+def _profile_context(profiles: ProfileCounts | None) -> dict[str, Any]:
+    """The report's ``profiles`` (the line: how many jobs had a learned profile, how many the
+    default mix) and ``profile_counts``; None for a trace (no telemetry to learn from)."""
+    if profiles is None:
+        return {"profiles": None, "profile_counts": None}
+    return {"profiles": profiles.line(), "profile_counts": profiles.to_dict()}
 
 
 def _policy_context(refs: Sequence[PolicyRef], versions: Mapping[str, str]) -> dict[str, Any]:
@@ -606,6 +617,8 @@ def format_evaluation(report: EvaluationReport, run_id: str | None, wide: bool =
         f"{len(report.context['seeds'])} seeds) on {report.context['cluster']}",
         f"  topology: {report.context.get('topology_source', 'given')}",
     ]
+    if report.context.get("profiles"):  # a store's workload: learned profiles or the mix
+        lines.append(f"  {report.context['profiles']}")
     note = report.context.get("history_note")
     if note:
         lines += ["  " + part for part in textwrap.wrap(f"note: {note}", MAX_WIDTH - 2)]

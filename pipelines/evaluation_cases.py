@@ -2,8 +2,9 @@
 (``evaluation_topology``), the workload with its jobs (``load_workload``: a trace or the store's
 accounting, optionally with a share of flexible requests), the held-out windows
 (``held_out_windows``: named ones checked against the training spans, else the free ones),
-the run-time predictor (``window_predictor``) and each window's starting backlog
-(``window_backlogs``)."""
+the run-time predictor (``window_predictor``), each window's starting backlog
+(``window_backlogs``) and its jobs' communication profiles (``window_profiles``: learned from
+the store's job telemetry of earlier runs, the default mix elsewhere)."""
 
 from __future__ import annotations
 
@@ -17,9 +18,11 @@ import polars as pl
 
 from linkwise.cluster.domain import Topology
 from linkwise.cluster.flexible import draw_summary, with_flexible
+from linkwise.cluster.profiles import Calibration, load_calibration
 from linkwise.cluster.topology.load import load_topology
 from linkwise.cluster.topology.spec import DEFAULT_TOPOLOGY
 from linkwise.datasets.backlog import Backlog, backlog_from_store
+from linkwise.datasets.comm_profiles import ProfileCounts, apply_history_windows, load_profile_book
 from linkwise.datasets.export import file_sha256
 from linkwise.datasets.history import fit_history, load_history
 from linkwise.datasets.llm_workload import is_generated, parse_spec, spec_sha256
@@ -47,6 +50,7 @@ __all__ = [
     "load_workload",
     "window_backlogs",
     "window_predictor",
+    "window_profiles",
 ]
 
 
@@ -226,3 +230,23 @@ def window_backlogs(
         for w in chosen:
             backlogs[w.window_id] = backlog_from_store(con, topo, slurm_cluster, w.start, predictor)
     return backlogs
+
+
+def window_profiles(
+    db: str | Path | None,
+    slurm_cluster: str | None,
+    chosen: Sequence[Window],
+    calibration: str | Path | None,
+) -> tuple[list[Window], Calibration, ProfileCounts | None]:
+    """The windows' jobs with the profile learned from the store's job telemetry of runs
+    ended before the first window where one exists (``datasets.comm_profiles``; a fitted
+    calibration's ``history:name=NAME`` keeps its values), the calibration extended with the
+    rest of the book, and the counts; a trace (``db`` None) is left to the default mix.
+    ``calibration``: its file (None: the shipped one)."""
+    cal = load_calibration(calibration)
+    if db is None:
+        return list(chosen), cal, None
+    with closing(open_store(db)) as con:
+        book = load_profile_book(con, cluster=slurm_cluster, until=min(w.start for w in chosen))
+    learned, extended, counts = apply_history_windows(chosen, cal, book)
+    return list(learned), extended, counts

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +22,12 @@ from linkwise.cluster.profiles import load_calibration
 from linkwise.cluster.restart import parse_restart
 from linkwise.cluster.topology.load import load_topology
 from linkwise.datasets import synthetic
+from linkwise.datasets.comm_profiles import EMPTY_BOOK, apply_history_windows, load_profile_book
 from linkwise.datasets.labels import LabelTask, run_labels, write_labels
 from linkwise.datasets.prediction import predictor_record
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.rollouts import cut_windows
+from linkwise.datasets.store import open_store
 from linkwise.datasets.traces import jobs_frame, load_trace
 from linkwise.models.calibrations import CalibrationChoice
 from linkwise.policies.spec import PolicySpec
@@ -56,11 +59,16 @@ def label(
     executor: str,
     out: Path,
     calibration_used: CalibrationChoice | None = None,
+    db: Path | None = None,
+    slurm_cluster: str | None = None,
 ) -> dict[str, Any]:
     """Build the tasks, label them on ``executor``, write the label set; its manifest with
     ``speed`` (wall seconds, labels, cores, labels per second per core). The manifest's
     sources name the calibration (``calibration_used``: how it was chosen; default: a file
-    given, else the shipped one)."""
+    given, else the shipped one). ``db``: a store whose job telemetry gives the labelled
+    jobs of a name (else of a user and GPU count) seen there the profile learned from those
+    runs (``datasets.comm_profiles``, of ``slurm_cluster``), the default mix the others; the
+    manifest's sources count which jobs had which (all the default mix without a store)."""
     spec = base
     if spec.is_oracle or spec.is_model or spec.search is not None:
         raise ValueError(
@@ -84,6 +92,12 @@ def label(
             f"no window to label: {len(cut)} windows of {window_hours:g} h with 5+ "
             f"jobs, {first} kept for fitting the predictor"
         )
+    book = EMPTY_BOOK
+    if db is not None:
+        with closing(open_store(db)) as con:
+            book = load_profile_book(con, cluster=slurm_cluster)
+    learned, cal, profiles = apply_history_windows(chosen, cal, book)
+    chosen = list(learned)
     if history is not None:
         predictor = RuntimePredictor.fit(load_trace(history, "auto").jobs)
     else:
@@ -129,6 +143,8 @@ def label(
         "predictor": predictor_record(predictor),
         "calibration": None if calibration is None else str(calibration),
         "calibration_used": (calibration_used or CalibrationChoice.given(calibration)).to_dict(),
+        "profiles": profiles.to_dict(),
+        "profiles_from": None if db is None else str(db),
     }
     manifest = write_labels(df, config, sources, out)
     cores = _cores(executor)

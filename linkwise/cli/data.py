@@ -29,6 +29,7 @@ from linkwise.cluster.mdp import SLOT_ORDERS, MdpConfig
 from linkwise.cluster.slurm.client import SlurmClient, read_env_file
 from linkwise.cluster.slurm.errors import SlurmError
 from linkwise.cluster.topology.spec import DEFAULT_TOPOLOGY
+from linkwise.datasets.comm_profiles import ProfileCounts
 from linkwise.datasets.job_telemetry import ATTRIBUTION_RULE
 from linkwise.datasets.operator import DEFAULT_STORE, operator_store, parse_time
 from linkwise.datasets.store import StoreLockedError
@@ -404,7 +405,7 @@ def _seeds(text: str) -> tuple[int, ...]:
 def cmd_label(args: argparse.Namespace) -> int:
     """``linkwise label``: label on the chosen executor, write the label set, print it."""
     choice = calibration_for_store(
-        args.calibration, None, slurm_cluster=args.slurm_cluster, tracking_uri=args.tracking_uri
+        args.calibration, args.db, slurm_cluster=args.slurm_cluster, tracking_uri=args.tracking_uri
     )
     manifest = label(
         base=PolicySpec.parse(args.base),
@@ -429,6 +430,8 @@ def cmd_label(args: argparse.Namespace) -> int:
         executor=f"dask://{args.dask_address}" if args.dask_address else args.executor,
         out=args.out,
         calibration_used=choice,
+        db=args.db,
+        slurm_cluster=args.slurm_cluster,
     )
     speed = manifest["speed"]
     if args.json:
@@ -440,6 +443,7 @@ def cmd_label(args: argparse.Namespace) -> int:
             f"base) -> {manifest['path']}; {speed['labels_per_s_per_core']:.2f} labels/s/core"
         )
         print(f"calibration: {choice.describe()}")
+        print(ProfileCounts.from_dict(manifest["sources"]["profiles"]).line())
     return EXIT_OK
 
 
@@ -456,6 +460,13 @@ def add_label_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=int, default=2000, help="synthetic jobs (without --trace)")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic workload")
     p.add_argument("--history", type=Path, help="past jobs to fit the run-time predictor on")
+    p.add_argument(
+        "--db",
+        type=Path,
+        help="a store whose job telemetry gives jobs the profile learned from earlier runs of "
+        "their name (else user and GPUs), and whose cluster's fitted calibration is the default "
+        "(default: none; every job draws from the calibration's mix)",
+    )
     p.add_argument(
         "--fit-windows",
         type=int,

@@ -5,19 +5,33 @@ follow to pick a calibration (``resolve_calibration``)."""
 from __future__ import annotations
 
 import json
+import logging
+import math
 import shutil
 from contextlib import closing
 from dataclasses import replace
 from pathlib import Path
 
+import polars as pl
 import pytest
 
 from linkwise.cli import main
-from linkwise.cluster.profiles import load_calibration
+from linkwise.cluster.contention import AnalyticModel
+from linkwise.cluster.loop import drive
+from linkwise.cluster.profiles import assign_profiles, load_calibration
+from linkwise.cluster.simulator.engine import Simulator
+from linkwise.cluster.topology.spec import from_spec
+from linkwise.datasets.comm_profiles import PROFILE_PREFIX, load_profile_book
 from linkwise.datasets.hidden_truth.store import fill_truth_store
 from linkwise.datasets.hidden_truth.truth import HiddenTruth
 from linkwise.datasets.ingest import ingest_job_runs
+from linkwise.datasets.rollouts import cut_windows, jobs_from_store, runs_from_store
 from linkwise.datasets.store import open_store
+from linkwise.datasets.traces import frame_jobs, jobs_frame, load_trace, write_native
+from linkwise.deployer.loop import ServeConfig
+from linkwise.deployer.metrics import ServeMetrics
+from linkwise.deployer.policies import GuardedPolicy, PolicyHolder
+from linkwise.deployer.recorder import Recorder
 from linkwise.models.calibrations import (
     CalibrationChoice,
     latest_cluster_calibration,
@@ -27,6 +41,10 @@ from linkwise.models.calibrations import (
     resolve_calibration,
 )
 from linkwise.pipelines.demo_data import NO_TELEMETRY, calibrate_history
+from linkwise.pipelines.history import PARTITION, accounting_jobs
+from linkwise.pipelines.sim_shadow import SimShadowBackend
+from linkwise.policies.heuristics import make_policy
+from linkwise.policies.spec import PolicySpec
 from linkwise.testkit.history import simulated_history
 
 SMALL = "2x8,leaf=1,nic=50,intra=450,oversub=2"
@@ -197,3 +215,97 @@ def test_a_datasets_cluster_calibration_is_reloaded_from_its_run_not_a_temp_path
     file_sources = {"calibration": given.path, "calibration_used": given.to_dict()}
     assert recorded_calibration(file_sources) == str(tmp_path / "c.json")
     assert recorded_calibration({"calibration": None}) is None
+
+
+def test_replays_with_the_fitted_calibration_give_jobs_their_learned_profiles(
+    truth_db: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After ``calibrate --db``, ``evaluate --db``, ``label --db`` and ``shadow-report``
+    replay with the cluster's fitted calibration: the jobs of a name with earlier runs in the
+    store's telemetry get its ``history:name=NAME`` profile (the fit's values), the others
+    the default mix, and each says how many had which; the counts are those the profile book
+    gives (from the runs before the replayed window; label: the store's runs)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    db = _copy(truth_db, tmp_path)
+    uri = f"sqlite:///{tmp_path / 'ml' / 'mlflow.db'}"
+    args = ["--db", str(db), "--cluster", SMALL, "--tracking-uri", uri]
+    assert main(["calibrate", *args, "--interval", "60", "--json"]) == 0
+    run_id = json.loads(capsys.readouterr().out)["mlflow_run_id"]
+    with closing(open_store(db)) as con:
+        jobs = jobs_from_store(con)
+        book = load_profile_book(con)
+    cal = load_calibration(latest_cluster_calibration(uri, "truth").path)  # type: ignore[union-attr]
+    assert {f"{PROFILE_PREFIX}name={n}" for n in book.by_name} <= set(cal.profiles)
+    # evaluate: the held-out window's jobs, profiles learned before it
+    window_s = 1800.0
+    assert main(["evaluate", *args, "--policies", "fifo", "--window", str(window_s),
+                 "--n-windows", "1", "--min-jobs", "3", "--seeds", "0", "--no-log",
+                 "--out", str(tmp_path / "ev"), "--json"]) == 0  # fmt: skip
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["calibration_used"]["run_id"] == run_id
+    (w,) = doc["context"]["evaluation_windows"]
+    with closing(open_store(db)) as con:
+        before = load_profile_book(con, until=w["start"])
+    inside = jobs.filter((pl.col("submit_time") >= w["start"]) & (pl.col("submit_time") < w["end"]))
+    named = sum(n in before.by_name for n in inside["name"])
+    counts = doc["context"]["profile_counts"]
+    assert counts["history_name"] == named > 0
+    assert counts["history"] + counts["default"] + counts["declared"] == inside.height
+    assert "jobs from history" in (tmp_path / "ev" / "report.md").read_text()
+    # label: a native trace of the store's jobs, profiles from the store's telemetry
+    trace = tmp_path / "truth.csv"
+    write_native(frame_jobs(jobs), trace)
+    label = ["label", "--db", str(db), "--tracking-uri", uri, "--cluster", SMALL,
+             "--trace", str(trace), "--window-hours", "0.5", "--fit-windows", "1",
+             "--windows", "1", "--horizon", "600", "--samples", "1", "--points", "1",
+             "--alternatives", "2", "--out", str(tmp_path / "labels")]  # fmt: skip
+    assert main(label) == 0
+    assert "jobs from history" in capsys.readouterr().out
+    assert main([*label, "--json"]) == 0
+    sources = json.loads(capsys.readouterr().out)["sources"]
+    assert sources["calibration_used"]["run_id"] == run_id
+    cut = cut_windows(jobs_frame(load_trace(trace).jobs), 1800.0, max_gpus=16, min_jobs=5)
+    labelled = cut[1].jobs
+    assert sources["windows"] == [cut[1].window_id]
+    assert sources["profiles"]["history_name"] == sum(j.name in book.by_name for j in labelled)
+    assert sources["profiles"]["history_name"] > 0
+    assert sum(sources["profiles"][k] for k in ("history", "default", "declared")) == len(labelled)
+
+    # shadow-report: the live loop's shadow mode ran backfill over the second half of the
+    # history; the replay of its window gives the window's jobs their learned profiles
+    since = float(jobs["submit_time"].sort()[jobs.height // 2]) - 1.0
+    _shadow_loop(db, since, tmp_path)
+    assert main(["shadow-report", *args, "--slurm-cluster", "truth", "--since", str(since),
+                 "--n-boot", "50", "--no-log", "--out", str(tmp_path / "sr")]) == 0  # fmt: skip
+    printed = capsys.readouterr().out
+    assert f"MLflow run {run_id}" in printed and "window's jobs' profiles:" in printed
+    doc = json.loads((tmp_path / "sr" / "shadow_report.json").read_text())
+    win = doc["window"]
+    with closing(open_store(db)) as con:
+        earlier = load_profile_book(con, until=win["since"])
+        runs = runs_from_store(con, since=win["since"], until=math.nextafter(win["until"], 9e99))
+    assert doc["profiles"]["history_name"] == sum(n in earlier.by_name for n in runs["name"]) > 0
+    assert sum(doc["profiles"][k] for k in ("history", "default", "declared")) == runs.height
+
+
+def _shadow_loop(db: Path, since: float, root: Path) -> None:
+    """The live loop's shadow mode (``SimShadowBackend``) running backfill over the store's
+    jobs submitted from ``since`` (as tests/evaluation/test_shadow_report.py does)."""
+    cal = load_calibration(None)
+    spec = PolicySpec.parse("backfill")
+    jobs = accounting_jobs(db, cluster="truth", since=since, max_gpus=16)
+    sim = Simulator(from_spec(SMALL), assign_profiles(jobs, cal, seed=0), AnalyticModel(cal))
+    cfg = ServeConfig(mode="shadow", partitions=(PARTITION,), policy=spec, db=str(db),
+                      state_dir=str(root / "serve"), max_cycles=60, watchdog=False)  # fmt: skip
+    metrics, log = ServeMetrics(), logging.getLogger("test.calibrate_store")
+    holder = PolicyHolder(spec, spec, metrics=metrics, logger=log)
+    guarded = GuardedPolicy(holder, metrics)
+    backend = SimShadowBackend(sim, make_policy("backfill"), cfg, guarded,
+                               Recorder(str(db), cfg.spool_path, logger=log), metrics,
+                               cluster="truth")  # fmt: skip
+    backend.start()
+    drive(backend, guarded)
