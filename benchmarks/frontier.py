@@ -21,7 +21,7 @@ import json
 import sys
 import time
 from contextlib import closing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -94,10 +94,15 @@ class HeadlineSetting:
 
 
 def headline_setting(
-    experiment: str, trace: Path | None, out: Path, validation_windows: int = 3
+    experiment: str,
+    trace: Path | None,
+    out: Path,
+    validation_windows: int = 3,
+    cluster: str | None = None,
 ) -> HeadlineSetting:
     """Replay the experiment's history into ``out/linkwise.duckdb`` and cut its windows (the
-    frontier's and the residual's cases)."""
+    frontier's and the residual's cases); ``cluster``: a cluster spec in place of the
+    experiment's (e.g. ``64x8,leaf=16,oversub=1,ecmp=1``)."""
     from linkwise.cluster.topology.load import load_topology
     from linkwise.datasets.decisions import store_predictor
     from linkwise.datasets.rollouts import cut_windows, jobs_from_store
@@ -108,6 +113,8 @@ def headline_setting(
     from linkwise.pipelines.selection import validation_windows as validation
 
     exp = get_experiment(experiment)
+    if cluster is not None:
+        exp = replace(exp, topology=cluster)
     topo = load_topology(exp.topology)
     if trace is None and exp.workload is None:
         trace = (DEFAULT_TRACE / PHILLY).resolve()
@@ -137,6 +144,23 @@ def headline_setting(
     val = validation(cut, until, validation_windows, exp.windows.min_jobs)
     return HeadlineSetting(
         exp, topo, db, workload, history.to_json(), predictor, until, cut, held, val
+    )
+
+
+def with_flexible_windows(setting: HeadlineSetting, share: float) -> HeadlineSetting:
+    """The setting with that share of every window's multi-GPU jobs flexible
+    (``cluster.flexible.with_flexible``, seed 0: the rule ``--flexible SHARE`` states); the
+    warm start's backlog (the history replayed under backfill) keeps its fixed shapes."""
+    from linkwise.cluster.flexible import with_flexible
+
+    def flex(windows: list[Any]) -> list[Any]:
+        return [replace(w, jobs=with_flexible(w.jobs, share, seed=0)) for w in windows]
+
+    return replace(
+        setting,
+        windows=flex(setting.windows),
+        heldout=flex(setting.heldout),
+        validation=flex(setting.validation),
     )
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from frontier import headline_setting, warm_cases
+from frontier import headline_setting, warm_cases, with_flexible_windows
 
 from linkwise.policies.spec import PolicySpec
 
@@ -32,7 +32,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import linkwise.policies.lookahead as la
     from linkwise.evaluation.benchmark import PolicyRef, run_benchmark
 
-    s = headline_setting(args.experiment, None, args.work)
+    s = headline_setting(args.experiment, None, args.work, cluster=args.cluster)
+    if args.flexible is not None:
+        s = with_flexible_windows(s, args.flexible)
     windows = (s.validation if args.part == "validation" else s.heldout)[: args.windows]
     seeds = [int(x) for x in args.seeds.split(",")]
     cases = warm_cases(s, windows, seeds)
@@ -61,6 +63,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     b, lk = rows["base"], rows["lookahead"]
     return {
         "experiment": args.experiment,
+        "cluster": s.experiment.topology,
+        "flexible_share": args.flexible,
         "part": args.part,
         "windows": [w.window_id for w in windows],
         "seeds": seeds,
@@ -90,6 +94,8 @@ def main() -> int:
     p.add_argument("--seeds", default="0")
     p.add_argument("--spec", default="lookahead:base=qssf_preemptive,horizon=2h,n=2")
     p.add_argument("--work", type=Path, default=Path("/tmp/lookahead-days"))
+    p.add_argument("--cluster", help="a cluster spec in place of the experiment's")
+    p.add_argument("--flexible", type=float, help="replay this share of multi-GPU jobs as flexible")
     p.add_argument("--out", type=Path, help="default: benchmarks/results/lookahead_days.json")
     args = p.parse_args()
     result = run(args)

@@ -17,6 +17,12 @@ margin ``inf``, i.e. its base, when neither beats the base on the validation day
 The label windows, the validation and the held-out cases all start from the accounting's
 state at their start (warm start), as the frontier's (``--cold-labels``: labels from an
 empty cluster).
+
+A contention setting (issue 33 item 5, ``contention.md``): ``--cluster`` replaces the
+experiment's cluster (``64x8,leaf=16,oversub=1,ecmp=1``), ``--flexible SHARE`` replays that
+share of every window's multi-GPU jobs as flexible (``cluster.flexible``'s rule, seed 0; the
+warm start's backlog keeps fixed shapes); ``--base-candidates``, ``--learners``,
+``--heldout-windows`` and ``--skip-robustness`` cut the budget (each stated in the results).
 """
 
 from __future__ import annotations
@@ -29,12 +35,19 @@ import shutil
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from frontier import HeadlineSetting, headline_setting, warm_backlogs, warm_cases
+from frontier import (
+    HeadlineSetting,
+    headline_setting,
+    warm_backlogs,
+    warm_cases,
+    with_flexible_windows,
+)
 
 HOUR = 3600.0
 
@@ -119,7 +132,11 @@ def run(args: argparse.Namespace, t0: float) -> dict[str, Any]:
         return f"[{time.perf_counter() - t0:.0f} s]"
 
     work = args.work or Path(tempfile.mkdtemp(prefix=f"lw-res-{args.experiment}-"))
-    s: HeadlineSetting = headline_setting(args.experiment, args.trace, work)
+    s: HeadlineSetting = headline_setting(args.experiment, args.trace, work, cluster=args.cluster)
+    if args.flexible is not None:
+        s = with_flexible_windows(s, args.flexible)
+    if args.heldout_windows is not None:
+        s = replace(s, heldout=s.heldout[: args.heldout_windows])
     exp, topo = s.experiment, s.topology
     seeds = [int(x) for x in args.seeds.split(",")]
     val_seeds = [int(x) for x in args.val_seeds.split(",")]
@@ -135,6 +152,7 @@ def run(args: argparse.Namespace, t0: float) -> dict[str, Any]:
         },
         "seeds": seeds,
         "validation_seeds": val_seeds,
+        "flexible_share": args.flexible,
     }
     print(f"setting {exp.name} on {exp.topology}: {len(s.windows)} windows {stamp()}")
     val_cases = warm_cases(s, s.validation, val_seeds)
@@ -144,7 +162,12 @@ def run(args: argparse.Namespace, t0: float) -> dict[str, Any]:
         base = base_from_frontier(args.base_from)
         out["base_from"] = str(args.base_from)
     else:
-        base = choose_base(val_cases)
+        cands = (
+            [PolicySpec.parse(c) for c in args.base_candidates.split(";")]
+            if args.base_candidates
+            else None
+        )
+        base = choose_base(val_cases, cands, executor=args.bench_executor)
     out["base"] = base.to_json()
     print(f"base {base.spec} ({_h(base.avg_jct_s)}) {stamp()}")
     for k, v in sorted(base.figures.items(), key=lambda kv: kv[1] or math.inf):
@@ -246,7 +269,7 @@ def run(args: argparse.Namespace, t0: float) -> dict[str, Any]:
     )
     margins = [float(m) for m in args.margins.split(",")] if args.margins else DEFAULT_MARGINS
     learners: dict[str, Any] = {}
-    for algo in ("bc", "cql"):
+    for algo in args.learners.split(","):
         r = train_on_labels(
             labels, manifest, algo, params, work / "pkgs", predictor=s.predictor, tracking_uri=uri
         )
@@ -404,6 +427,9 @@ def run(args: argparse.Namespace, t0: float) -> dict[str, Any]:
     topos = robustness_topologies(exp.topology)
     robust: dict[str, Any] = {}
     for algo, c in learners.items():
+        if args.skip_robustness:  # not checked: every learner may be promoted
+            robust[algo] = {"cases": [], "passed": True, "skipped": True}
+            continue
         rc = robustness(
             c["package"],
             base.spec,
@@ -547,6 +573,13 @@ def main() -> int:
     )
     p.add_argument("--trace", type=Path, help="the trace (default: the shared Philly slice)")
     p.add_argument("--work", type=Path, help="working folder (default: a fresh temporary one)")
+    p.add_argument("--cluster", help="a cluster spec in place of the experiment's")
+    p.add_argument("--flexible", type=float, help="replay this share of multi-GPU jobs as flexible")
+    p.add_argument("--heldout-windows", type=int, help="the first N held-out windows only")
+    p.add_argument(
+        "--base-candidates",
+        help="';'-separated base candidates (default: every same-information heuristic)",
+    )
     p.add_argument(
         "--out", type=Path, help="default: benchmarks/results/residual_headline_EXP.json"
     )
@@ -575,6 +608,8 @@ def main() -> int:
     p.add_argument("--dagger-learner", choices=("bc", "cql"), default="bc")
     p.add_argument("--dagger-seeds", default="0", help="resampling seeds of a DAgger round")
     p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--learners", default="bc,cql", help="comma-separated: bc, cql")
+    p.add_argument("--skip-robustness", action="store_true", help="no robustness cases (budget)")
     p.add_argument("--margins", help="comma-separated margins (default: inf,2,1,0.5,0.25)")
     p.add_argument("--executor", default="local:2", help="labelling executor")
     p.add_argument("--bench-executor", default="serial", help="benchmark executor")
