@@ -216,7 +216,7 @@ def run(args: argparse.Namespace, t0: float) -> dict[str, Any]:
         labels = run_labels(tasks, args.executor)
     label_s = time.perf_counter() - t
     inputs = {
-        "base": base.spec,
+        "base": base.spec.label,  # a PolicySpec: JSON needs its text
         "horizon_s": args.horizon_h * HOUR,
         "n": args.n,
         "experiment": exp.name,
