@@ -215,6 +215,20 @@ def parse_accounting_batch_json(
     return batch
 
 
+def parse_sacct_output(
+    doc_text: str | bytes,
+    lines_text: str,
+    check: Callable[[dict[str, Any]], object] | None = None,
+) -> AccountingBatch:
+    """The runs of one ``sacct -a -D --json`` call and the records it rejected, exit codes
+    and run indexes taken from the ``sacct -a -D -X -P -n -o ACCT_LINE_FIELDS`` lines of
+    the same jobs (epoch times): what the collector makes of sacct's output."""
+    lines = parse_acct_lines(lines_text)
+    codes = {(x.job_id, x.submit_time): (x.exit_code, x.signal) for x in lines}
+    indexes = run_indexes((x.job_id, x.submit_time, x.state) for x in lines)
+    return parse_accounting_batch_json(doc_text, codes, indexes, check=check)
+
+
 def parse_accounting_json(
     text: str | bytes,
     exit_codes: Mapping[RunKey, ExitStatus] | None = None,

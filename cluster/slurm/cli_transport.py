@@ -15,12 +15,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from functools import partial
 from typing import Any
 
-from linkwise.cluster.slurm.accounting import (
-    ACCT_LINE_FIELDS,
-    parse_accounting_batch_json,
-    parse_acct_lines,
-    run_indexes,
-)
+from linkwise.cluster.slurm.accounting import ACCT_LINE_FIELDS, parse_sacct_output
 from linkwise.cluster.slurm.errors import SlurmError, SlurmTimeout, SlurmUnavailable
 from linkwise.cluster.slurm.nodes import parse_nodes
 from linkwise.cluster.slurm.partitions import parse_scontrol_partitions
@@ -238,11 +233,8 @@ class CliTransport:
                 ["sacct", "-a", "-D", "-X", "-P", "-n", "-o", ACCT_LINE_FIELDS, "-j", id_arg],
                 extra_env={"SLURM_TIME_FORMAT": "%s"},
             )
-            lines = parse_acct_lines(text)
-            codes = {(x.job_id, x.submit_time): (x.exit_code, x.signal) for x in lines}
-            indexes = run_indexes((x.job_id, x.submit_time, x.state) for x in lines)
             check = partial(self.runner.check_json, json_args)
-            batch = parse_accounting_batch_json(doc_text, codes, indexes, check=check)
+            batch = parse_sacct_output(doc_text, text, check=check)
             runs.extend(batch.runs)
             rejected.extend(batch.rejected)
         return AccountingBatch(tuple(runs), tuple(rejected))
