@@ -20,6 +20,7 @@ SERVICES_MODULES = frozenset(
     {
         "cluster/test_slurm_live.py",
         "datasets/test_decisions_live.py",
+        "datasets/test_hidden_truth_slurm.py",
         "deployer/test_explain_live.py",
         "deployer/test_job_submit_lua.py",
         "deployer/test_migration_live.py",

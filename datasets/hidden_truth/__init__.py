@@ -23,16 +23,30 @@ the cluster's exporters would print at every scrape follows from it:
   nodes so they wrap; ``reset_nodes`` have their counter cleared once (a driver reload);
   ``port32_nodes`` expose only the 32-bit PMA counters, which saturate at 4 x (2**32 - 1)
   and so never give a rate (as on HCAs without extended counters);
-- the accounting (``accounting``): ``JobRun`` records as ``sacct --json`` gives them when the
-  window ends: epoch seconds, the node list with the GPU total split evenly over it (sacct
-  keeps no GPUs per node), still-running jobs without an end.
+- sacct (``accounting`` -> ``sacct.sacct_json``, ``sacct.sacct_lines``): the text of
+  ``sacct -a -D --json`` and of the ``sacct -P`` exit-code lines when the window ends, in the
+  schema of Slurm ``HiddenTruth.slurm`` (22.05, 24.11 or 26.05): every job started in the
+  window on the nodes of its first placement (a hostlist in node order), the GPU total in
+  ``tres.allocated`` (sacct keeps no count per node: the one per-node count is the ``batch``
+  step's, on the first node), still-running jobs with no end.
+
+What is real and what is simulated. Real: the exposition text and its ingest, and sacct's
+text read by the collector's own parser (``parse_sacct_output``, what ``linkwise collect``
+runs on sacct's output) and ``ingest_job_runs``. The sacct records' fields and shapes are
+Slurm's: ``tests/datasets/test_hidden_truth_slurm.py`` runs the truth's job shapes (2, 4, 8
+and 16 GPUs on 1 to 4 nodes, an uneven 2+4+2 split among them, one left running) as
+``sleep`` jobs on the real local Slurm, and the records Slurm 22.05.8, 24.11.5 and 26.05.5
+print parse to the same ``JobRun`` as the emitter's (times aside), with the same fields and
+the same batch step. Simulated: what ran when (the simulator's schedule, not Slurm's), the
+times, the GPU indices each job holds, and users, accounts and names (not a real cluster's).
 
 Some samples are bad on purpose: a share ``bad_rate`` of SM samples is out of range (above
 1) or NaN, and a share ``miss_rate`` of scrapes never happens; the report lists them so tests
 can check they are counted, not guessed.
 
 ``fill_truth_store`` sends it all through the real ingest functions (``ingest_prometheus`` per
-scrape and exporter, ``derive_ib_link_load``, ``ingest_job_runs``) into a DuckDB store.
+scrape and exporter, ``derive_ib_link_load``, ``parse_sacct_output`` and ``ingest_job_runs``)
+into a DuckDB store.
 
 The workload is synthetic: GPU counts from the multi-GPU part of the Philly trace's GPU-count
 distribution (``datasets/data/philly_stats.json``: 2, 4, 8, 16 GPUs in proportion 521 : 360 :
@@ -43,7 +57,8 @@ The hidden profiles (``TRUTH_PROFILES``) are invented, H100-scale numbers: they 
 measurements of the models they are named after.
 
 The parts: ``truth`` (``HiddenTruth``, its workload and the simulated ``Timeline``),
-``exposition`` (what dcgm-exporter, node_exporter and sacct print of it), ``store``
+``exposition`` (what dcgm-exporter and node_exporter print of it, the jobs sacct holds),
+``sacct`` (sacct's text of those jobs), ``store``
 (``fill_truth_store``: every scrape through the real ingest) and ``recovery`` (fitted against
 true parameters).
 """

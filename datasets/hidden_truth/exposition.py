@@ -1,6 +1,6 @@
 """What the hidden truth's cluster prints: dcgm-exporter's text (``dcgm_exposition``),
-node_exporter's InfiniBand counters (``node_exporter_exposition``) and sacct's records of
-the runs (``accounting``)."""
+node_exporter's InfiniBand counters (``node_exporter_exposition``) and the jobs sacct holds
+of the runs (``accounting``; ``sacct`` prints them)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from linkwise.cluster.slurm.gpu_counts import even_split
-from linkwise.cluster.slurm.records import JobRun
+from linkwise.cluster.hostlist import sort_hosts
+from linkwise.datasets.hidden_truth.sacct import SacctJob
 from linkwise.datasets.hidden_truth.truth import HiddenTruth, Timeline
 
 __all__ = ["GpuSample", "IbPort", "accounting", "dcgm_exposition", "node_exporter_exposition"]
@@ -94,40 +94,39 @@ def node_exporter_exposition(ports: Sequence[IbPort]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def accounting(truth: HiddenTruth, timeline: Timeline) -> list[JobRun]:
-    """The ``JobRun`` records sacct holds at the end of the window (the package docstring)."""
+def accounting(truth: HiddenTruth, timeline: Timeline) -> list[SacctJob]:
+    """The jobs sacct holds at the end of the window (``sacct.sacct_json`` prints them): every
+    job started in it, on the nodes and with the GPUs per node of its first placement (in
+    the cluster's node order, as Slurm lists them), its times floored to epoch seconds,
+    still RUNNING (no end) where it ends after the window."""
     topo = truth.topology()
     names = [n.name for n in topo.nodes]
     first = {p.job_id: p for _, _, ps in timeline.segments() for p in ps}
-    out: list[JobRun] = []
+    out: list[SacctJob] = []
     for job_id, start in sorted(timeline.started.items()):
         if start >= truth.window_s:
             continue
         job = timeline.jobs[job_id]
         end = timeline.ended.get(job_id, math.inf)
         done = end <= truth.window_s
-        nodes = tuple(names[n] for n in first[job_id].placement.nodes)
+        gpus = dict(first[job_id].placement.alloc)
+        nodes = sort_hosts(names[n] for n in gpus)
+        index = {name: n for n, name in enumerate(names)}
         out.append(
-            JobRun(
-                cluster=truth.cluster,
+            SacctJob(
                 job_id=job_id,
-                run_index=0,
                 name=job.name,
                 user=job.user,
                 account="a",
                 partition="gpu",
+                cluster=truth.cluster,
                 state="COMPLETED" if done else "RUNNING",
-                exit_code=0 if done else None,
-                signal=None,
-                submit_time=float(math.floor(truth.t0 + job.submit_time)),
-                start_time=float(math.floor(truth.t0 + start)),
-                end_time=float(math.floor(truth.t0 + end)) if done else None,
-                time_limit_s=None,
-                nodes=nodes,
-                gpus=job.num_gpus,
-                gpus_per_node=even_split(job.num_gpus, len(nodes)),
-                allocation_nodes=len(nodes),
-                settled=True,
+                exit_code=0,
+                submit=math.floor(truth.t0 + job.submit_time),
+                start=math.floor(truth.t0 + start),
+                end=math.floor(truth.t0 + end) if done else None,
+                nodes=tuple(nodes),
+                gpus_per_node=tuple(gpus[index[n]] for n in nodes),
             )
         )
     return out

@@ -1,6 +1,7 @@
 """The hidden truth through the real ingest (``fill_truth_store``): per scrape and node,
 dcgm-exporter's and node_exporter's text (``exposition``) with the samples and counters the
-hidden model gives, then the InfiniBand rates and the accounting, into a DuckDB store."""
+hidden model gives, then the InfiniBand rates, and the accounting as ``sacct --json`` prints
+it read by the collector's own parser (``parse_sacct_output``), into a DuckDB store."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import numpy as np
 
 from linkwise.cluster.contention import ring_comm_time
 from linkwise.cluster.domain import Job, Topology
+from linkwise.cluster.slurm.accounting import parse_sacct_output
 from linkwise.datasets.hidden_truth.exposition import (
     GpuSample,
     IbPort,
@@ -23,6 +25,7 @@ from linkwise.datasets.hidden_truth.exposition import (
     dcgm_exposition,
     node_exporter_exposition,
 )
+from linkwise.datasets.hidden_truth.sacct import sacct_json, sacct_lines
 from linkwise.datasets.hidden_truth.truth import (
     HiddenTruth,
     Piece,
@@ -216,7 +219,9 @@ def fill_truth_store(
 ) -> TruthReport:
     """Simulate the truth (``jobs``: default ``truth_workload``) and store what its
     exporters and its accounting give, through the real ingest functions, scrape by scrape
-    over the window; then the InfiniBand rates derived as the collection flow does."""
+    over the window; then the InfiniBand rates derived as the collection flow does, and
+    sacct's text of the runs (``truth.slurm``'s schema) parsed as ``linkwise collect`` parses
+    it."""
     t_start = time.perf_counter()
     topo = truth.topology()
     work = truth_workload(truth) if jobs is None else tuple(jobs)
@@ -279,8 +284,10 @@ def fill_truth_store(
         expected_interval_s=truth.interval_s,
         cluster=truth.cluster,
     )
-    runs = accounting(truth, timeline)
-    ingest_job_runs(con, runs, source=f"accounting:{truth.cluster}")
+    held = accounting(truth, timeline)
+    batch = parse_sacct_output(sacct_json(held, truth.slurm), sacct_lines(held))
+    runs = batch.runs
+    ingest_job_runs(con, runs, source=f"accounting:{truth.cluster}", rejected=batch.rejected)
     return TruthReport(
         jobs=len(work),
         runs=len(runs),

@@ -80,6 +80,7 @@ class HiddenTruth:
     port32_nodes: tuple[str, ...] = ()  # only 32-bit (saturating) counters
     labelled: bool = True  # dcgm-exporter's hpc_job label (DCGM job mapping on)
     cluster: str = "truth"
+    slurm: str = "24.11"  # the release whose sacct --json schema the accounting is printed in
     seed: int = 0
     t0: float = DEFAULT_T0
 
