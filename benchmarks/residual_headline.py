@@ -60,6 +60,7 @@ def base_from_frontier(path: Path) -> Any:
     """The base choice a frontier run made on the same validation cases (its
     ``validation`` summary: every heuristic; oracles and search policies left out)."""
     from linkwise.pipelines.residual import BaseChoice
+    from linkwise.policies.spec import PolicySpec
 
     data = json.loads(path.read_text())
     figures = {
@@ -68,7 +69,7 @@ def base_from_frontier(path: Path) -> Any:
         if not s.get("oracle") and not str(s["policy"]).startswith("lookahead")
     }
     best = str(data["best_on_validation"])
-    return BaseChoice(best, figures[best], dict(figures))
+    return BaseChoice(PolicySpec.parse(best), figures[best], dict(figures))
 
 
 def label_chain(labels: Any) -> dict[str, Any]:
@@ -555,10 +556,13 @@ def ship_from(results: Path, dest: Path) -> int:
     """Ship the promoted package of a finished run (its results JSON; the run's working
     folder must still hold its packages)."""
     from linkwise.pipelines.residual import BaseChoice
+    from linkwise.policies.spec import PolicySpec
 
     out = json.loads(results.read_text())
     b = out["base"]
-    base = BaseChoice(str(b["base"]), float(b["avg_jct_s"]), dict(b["candidates"]))
+    base = BaseChoice(
+        PolicySpec.parse(str(b["base"])), float(b["avg_jct_s"]), dict(b["candidates"])
+    )
     ship(dest, out, out["learners"], base, {})
     print(f"shipped {dest} from {results}")
     return 0
