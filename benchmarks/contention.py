@@ -187,7 +187,8 @@ def table(rows: list[dict[str, Any]]) -> str:
         if r["contention"] != "analytic":
             continue
         base, own = ideal[key(r)], alone.get(key(r))
-        size, fabric = r["cluster"].split(",", 2)[0], r["cluster"].split(",", 2)[-1]
+        size, *opts = r["cluster"].split(",")
+        fabric = ",".join(o for o in opts if not o.startswith("leaf=")) or "default"
         spread = "" if own is None else f"{own['avg_jct_h'] / base['avg_jct_h'] - 1:+.1%}"
         lost = slurm.get((r["cluster"], r["share"]))
         removed = (
