@@ -12,11 +12,16 @@ over its used instants of the last ``window_s``, beside others or not). Predicte
 (``predict_slowdowns``): the calibration's ``AnalyticModel`` at the placements Slurm shows
 now: the job's iteration time beside every running ring over its time with no other ring
 (each bounded below by its best time, as ``datasets.contention_fit`` predicts activity).
-A job's profile is the calibration's profile of its name (``history:name=NAME``, the
-profiles a cluster fit holds). The ratio observed / predicted is 1 where the model is right.
+A job's profile is its learned one (``datasets.comm_profiles.lookup``: the profile book the
+loop learned from earlier runs' telemetry, by name, else by user and GPUs) where the
+calibration holds it (a cluster fit holds ``history:name=NAME``): the profile the live policy
+gives it (``deployer.profiles``). The ratio observed / predicted is 1 where the model is right.
+
+The calibration is the one the loop uses (``deployer.calibration``) unless that is the shipped
+one, which describes other testbeds: then there is none, and every job says so.
 
 Nothing is guessed: a job without what it needs gets no series and is counted by why
-(``REASONS``): no cluster calibration, the store unreadable, the run not in the accounting
+(``REASONS``): no calibration of the cluster, the store unreadable, the run not in the accounting
 yet, no profile for its name, a ring sharing its links whose profile is unknown, too few
 GPU-seconds alone (``min_alone_gpu_s``), too few used instants now (``min_recent``: a node
 shared without ``hpc_job`` labels has none), or no activity now.
@@ -41,12 +46,11 @@ import polars as pl
 
 from linkwise.cluster.contention import AnalyticModel
 from linkwise.cluster.domain import Job, Placement, Topology
-from linkwise.cluster.profiles import Calibration, load_calibration
-from linkwise.datasets.comm_profiles import PROFILE_PREFIX
+from linkwise.cluster.profiles import Calibration
+from linkwise.datasets.comm_profiles import ProfileBook, lookup
 from linkwise.datasets.contention_fit.data import MIN_ACTIVITY_GPU_S
 from linkwise.datasets.job_telemetry import KEY, activity_instants, telemetry_horizon
 from linkwise.deployer.events import log_event
-from linkwise.models.calibrations import calibration_for_store
 
 __all__ = [
     "REASONS",
@@ -57,7 +61,6 @@ __all__ = [
     "JobSlowdown",
     "LiveRun",
     "drift_report",
-    "fitted_calibration",
     "observe_slowdowns",
     "predict_slowdowns",
     "profile_of",
@@ -94,11 +97,12 @@ class DriftSettings:
 
 @dataclass(frozen=True, slots=True)
 class LiveRun:
-    """A running job as the loop sees it: id, name, where it runs."""
+    """A running job as the loop sees it: id, name, where it runs, its user."""
 
     job_id: int
     name: str
     placement: Placement
+    user: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,23 +278,29 @@ def observe_slowdowns(
 # ------------------------------------------------------------------------ predicted
 
 
-def profile_of(calibration: Calibration, name: str) -> str | None:
-    """The calibration's profile of a job name (a cluster fit's ``history:name=NAME``)."""
-    key = f"{PROFILE_PREFIX}name={name}"
-    return key if name and key in calibration.profiles else None
+def profile_of(calibration: Calibration, run: LiveRun, book: ProfileBook | None) -> str | None:
+    """The job's learned profile where the calibration holds it (``comm_profiles.lookup``:
+    the one rule the live policy's profiles follow too); None without a book."""
+    if book is None:
+        return None
+    found = lookup(book, run.name, run.user, run.placement.num_gpus, calibration.profiles)
+    return found.profile.name if found is not None else None
 
 
 def predict_slowdowns(
-    topology: Topology, model: AnalyticModel, live: Sequence[LiveRun]
+    topology: Topology,
+    model: AnalyticModel,
+    live: Sequence[LiveRun],
+    book: ProfileBook | None,
 ) -> tuple[dict[int, float], dict[int, str]]:
     """Per live job: its predicted slowdown at its placement beside every other running
-    ring (module docstring), or why there is none (no profile of its name; a split ring
-    sharing one of its links whose profile is unknown)."""
+    ring (module docstring), or why there is none (no learned profile the calibration
+    holds, ``profile_of``; a split ring sharing one of its links whose profile is unknown)."""
     placed: list[tuple[Job, Placement]] = []
     unknown_links: set[int] = set()
     missing: dict[int, str] = {}
     for run in live:
-        prof = profile_of(model.calibration, run.name)
+        prof = profile_of(model.calibration, run, book)
         if prof is None:
             missing[run.job_id] = "no_profile"
             if len(run.placement.alloc) > 1:
@@ -337,18 +347,9 @@ def drift_report(
     return DriftReport(tuple(jobs), missing)
 
 
-def fitted_calibration(
-    db: str | None, cluster: str | None, tracking_uri: str | None
-) -> Calibration | None:
-    """The newest calibration fitted for ``cluster`` (``models.calibrations``), else None:
-    the shipped one describes other testbeds, and its drift says nothing of this cluster."""
-    choice = calibration_for_store(None, db, slurm_cluster=cluster, tracking_uri=tracking_uri)
-    return load_calibration(choice.path) if choice.kind == "cluster" else None
-
-
 class DriftMonitor:
-    """The live loop's drift state: the calibration (``calibration()``: the cluster's
-    fitted one or None, looked up every ``calibration_every_s``), its model, the alone
+    """The live loop's drift state: the calibration (``calibration()``: the loop's, None
+    when that is the shipped one; asked every ``calibration_every_s``), its model, the alone
     tally, and when it last looked (``due``)."""
 
     def __init__(
@@ -392,16 +393,20 @@ class DriftMonitor:
         live: Sequence[LiveRun],
         read: Callable[[Callable[[duckdb.DuckDBPyConnection], Any]], Any],
         now: float | None = None,
+        book: Callable[[Calibration], ProfileBook | None] = lambda _cal: None,
     ) -> DriftReport:
         """The report for the running jobs ``live``; ``read(fn)`` runs ``fn`` on a store
-        connection (None: the store could not be read)."""
+        connection (None: the store could not be read); ``book(calibration)``: the profile
+        book learned from the store (``deployer.profiles.LearnedBook``)."""
         t = time.time() if now is None else now
         self.last = t
         ids = [r.job_id for r in live]
         model = self._model(t)
         if model is None:
             return DriftReport((), {**dict.fromkeys(REASONS, 0), "no_calibration": len(ids)})
-        predicted, p_missing = predict_slowdowns(self.topology, model, live)
+        predicted, p_missing = predict_slowdowns(
+            self.topology, model, live, book(model.calibration)
+        )
 
         def observe(con: duckdb.DuckDBPyConnection) -> Any:
             return observe_slowdowns(

@@ -50,9 +50,10 @@ from linkwise.cluster.profiles import Calibration, load_calibration
 from linkwise.cluster.slurm.client import SlurmClient, read_env_file
 from linkwise.cluster.slurm.records import QueuedJob
 from linkwise.datasets.predictor import RuntimePredictor
+from linkwise.deployer.calibration import CalibrationResolver
 from linkwise.deployer.cycle_lines import CycleLines, log_cycle
 from linkwise.deployer.decision_log import DecisionLog
-from linkwise.deployer.drift import DriftMonitor, LiveRun, fitted_calibration
+from linkwise.deployer.drift import DriftMonitor, LiveRun
 from linkwise.deployer.events import log_event
 from linkwise.deployer.hand_backs import HandBacks, fault_hand_back
 from linkwise.deployer.holds import held_for_loop
@@ -131,6 +132,10 @@ class ServeConfig:
     # the model registry (MLflow tracking URI), resolved where serve starts; "": the
     # environment's (``models.registry.default_tracking_uri``)
     tracking_uri: str = ""
+    # the calibration file to use (--calibration); None: the rule of deployer/calibration.py
+    # (the package's own, else the cluster's newest fit in the tracking store, else shipped)
+    calibration: str | None = None
+    calibration_timeout_s: float = 10.0  # a tracking store slower than this: shipped
 
     def __post_init__(self) -> None:
         if self.mode not in ("shadow", "active"):
@@ -144,6 +149,8 @@ class ServeConfig:
             raise ValueError("interval, lease and backoff_max_s must be positive")
         if self.mode == "active" and self.lease_s < 2 * self.interval_s:
             raise ValueError("the lease must last at least two cycles")
+        if self.calibration is not None and not Path(self.calibration).is_file():
+            raise ValueError(f"calibration: no such file {self.calibration!r}")
         if self.default_profile:
             default_profile(0, load_calibration(None), self.default_profile)  # a known one
 
@@ -234,12 +241,8 @@ class SlurmBackend:
         self.migration = MigrationExecutor(
             client, recorder, metrics.registry, config.migration, run_id=self.run_id, logger=logger
         )
-        self.calibration = load_calibration(None)  # profiles for a policy without its own
         self.drift = DriftMonitor(  # the cluster's calibration against what its jobs do
-            topology,
-            self.cluster,
-            lambda: fitted_calibration(config.db, self.cluster, config.tracking_uri or None),
-            logger=logger,
+            topology, self.cluster, self._drift_calibration, logger=logger
         )
         self.profile_history = ProfileHistory(recorder)
         self.learned_book = LearnedBook(recorder, self.cluster)  # profiles from telemetry
@@ -323,9 +326,14 @@ class SlurmBackend:
         """The running jobs' observed against predicted slowdown on ``/metrics``
         (``deployer.drift``); a failure is logged, never the loop's end."""
         assert self.obs is not None
-        live = [LiveRun(r.job.job_id, r.job.name, r.placement) for r in self.obs.state.running]
+        live = [
+            LiveRun(r.job.job_id, r.job.name, r.placement, r.job.user)
+            for r in self.obs.state.running
+        ]
         try:
-            report = self.drift.update(live, self.recorder.read, now)
+            report = self.drift.update(
+                live, self.recorder.read, now, lambda cal: self.learned_book.get(now, cal)
+            )
         except Exception as exc:
             log_event(self.log, "drift_failed", logging.WARNING, error=str(exc)[:300])
             return
@@ -339,12 +347,24 @@ class SlurmBackend:
         found = getattr(self.policy.holder.active.policy, "predictor", None)
         return found if isinstance(found, RuntimePredictor) else None
 
+    @property
+    def calibration(self) -> Calibration:
+        """The calibration in use (``deployer.calibration``: the holder resolves it)."""
+        held = self.policy.holder.calibration
+        return held.calibration if held is not None else load_calibration(None)
+
     def _calibration(self) -> Calibration:
         """The calibration whose profiles the policy's contention model knows (its own, else
-        the shipped one): every live job's profile is one of them (``deployer.profiles``)."""
+        the one in use): every live job's profile is one of them (``deployer.profiles``)."""
         model = getattr(self.policy.holder.active.policy, "model", None)
         found = getattr(model, "calibration", None)
         return found if isinstance(found, Calibration) else self.calibration
+
+    def _drift_calibration(self) -> Calibration | None:
+        """The drift monitor's calibration: the one in use, unless it is the shipped one
+        (it describes other testbeds: its drift says nothing of this cluster)."""
+        held = self.policy.holder.calibration
+        return None if held is None or held.source == "shipped" else held.calibration
 
     def apply(self, decision: Decision) -> None:
         """Record the decision; in active mode validate, audit and apply each start."""
@@ -583,6 +603,12 @@ def serve(
         loader=(lambda _spec: policy) if policy is not None else None,
         probe=(lambda _spec: "fixed") if policy is not None else None,
         tracking_uri=config.tracking_uri or None,
+        calibrate=CalibrationResolver(
+            config.calibration,
+            cluster,
+            config.tracking_uri or None,
+            timeout_s=config.calibration_timeout_s,
+        ),
     )
     guarded = GuardedPolicy(holder, metrics, logger)
     recorder = Recorder(
@@ -615,6 +641,7 @@ def serve(
         model_version=holder.active.model_version,
         run_id=backend.run_id,
         nodes=len(topo.nodes),
+        calibration=holder.calibration.source if holder.calibration else None,
     )
     backend.start()
     notify = SystemdNotify.from_env()  # a no-op outside systemd

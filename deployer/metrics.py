@@ -21,7 +21,7 @@ _CYCLE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 class ServeMetrics:
     """Cycle time, decision latency, decisions, fallbacks, held jobs (the loop's and others'),
-    hold bypasses, errors, records, the contention model's drift."""
+    hold bypasses, errors, records, the calibration in use, the contention model's drift."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -189,6 +189,13 @@ class ServeMetrics:
             "1 while the fallback heuristic decides instead of the configured policy",
             registry=r,
         )
+        self.calibration_info = Gauge(
+            "linkwise_serve_calibration_info",
+            "1 for the calibration the loop predicts contention with (deployer/calibration.py): "
+            "source flag|package|cluster-fit|shipped, the MLflow run of a cluster's fit",
+            ["source", "run_id"],
+            registry=r,
+        )
 
     def _drift_metrics(self, r: CollectorRegistry) -> None:
         """Observed against predicted slowdown of the running jobs (``deployer.drift``; the
@@ -261,6 +268,11 @@ class ServeMetrics:
             self._serving = {(policy, model_version)}
         self.model_info.labels(policy, model_version).set(1)
         self.fallback_active.set(1 if fallback else 0)
+
+    def observe_calibration(self, source: str, run_id: str) -> None:
+        """The calibration in use: one ``calibration_info`` series (the previous removed)."""
+        self.calibration_info.clear()
+        self.calibration_info.labels(source, run_id).set(1)
 
     def observe_holds(self, submit_times: Iterable[float], now: float) -> None:
         """The oldest hold's age, from the submit times of the jobs held for the loop."""

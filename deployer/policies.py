@@ -1,6 +1,7 @@
 """The live loop's policy: the one named by ``--policy``, reloaded when the model behind it
 changes, with a named heuristic as fallback (``PolicyHolder``), and timed, guarded decisions
-(``GuardedPolicy``)."""
+(``GuardedPolicy``). Every policy it builds predicts contention with the one calibration in
+use (``deployer.calibration``), resolved for the policy at each (re)load."""
 
 from __future__ import annotations
 
@@ -14,11 +15,11 @@ from typing import Any
 
 from linkwise.cluster.contention import AnalyticModel, ContentionModel
 from linkwise.cluster.domain import ClusterState, Decision, Policy
-from linkwise.cluster.profiles import load_calibration
+from linkwise.deployer.calibration import ServeCalibration, shipped
 from linkwise.deployer.events import log_event
 from linkwise.deployer.explain import decide_explained, explain_cycle
 from linkwise.deployer.metrics import ServeMetrics
-from linkwise.models.build import build_policy, token
+from linkwise.models.build import build_policy, pinned, token
 from linkwise.policies.spec import PolicySpec
 
 __all__ = ["GuardedPolicy", "LoadedPolicy", "PolicyHolder", "model_probe"]
@@ -34,14 +35,25 @@ class LoadedPolicy:
     name: str
     model_version: str
     obs_spec_version: str
+    calibration: ServeCalibration | None = None  # the one it predicts with (None: not told)
 
 
-def _heuristic(spec: PolicySpec) -> LoadedPolicy:
-    return LoadedPolicy(spec.build(), spec.label, f"heuristic:{spec.label}", "")
+def _heuristic(spec: PolicySpec, calibration: ServeCalibration | None = None) -> LoadedPolicy:
+    model = AnalyticModel(calibration.calibration) if calibration is not None else None
+    return LoadedPolicy(spec.build(model), spec.label, f"heuristic:{spec.label}", "", calibration)
 
 
-def _learned(spec: PolicySpec, tracking_uri: str | None = None) -> LoadedPolicy:
-    policy: Any = build_policy(spec, tracking_uri=tracking_uri)
+def _learned(
+    spec: PolicySpec,
+    tracking_uri: str | None = None,
+    calibrate: Callable[[PolicySpec], ServeCalibration] | None = None,
+) -> LoadedPolicy:
+    """The package ``spec`` names, predicting with ``calibrate``'s calibration for it (an
+    alias pinned first: the manifest read and the package loaded are the same version)."""
+    fixed = pinned(spec, tracking_uri) if calibrate is not None else spec
+    calibration = calibrate(fixed) if calibrate is not None else None
+    model = AnalyticModel(calibration.calibration) if calibration is not None else None
+    policy: Any = build_policy(fixed, model, tracking_uri=tracking_uri)
     package = str(getattr(policy, "package_dir", "") or "")
     # a registry model is recorded by its version number, which is what promotion's shadow
     # evidence looks up; a package folder by its path
@@ -49,7 +61,7 @@ def _learned(spec: PolicySpec, tracking_uri: str | None = None) -> LoadedPolicy:
         package.rsplit("/", 1)[-1] if package.startswith("models:/") else package or spec.label
     )
     obs = getattr(getattr(policy, "spec", None), "version", "")
-    return LoadedPolicy(policy, spec.label, version, str(obs))
+    return LoadedPolicy(policy, spec.label, version, str(obs), calibration)
 
 
 def model_probe(spec: PolicySpec, tracking_uri: str | None = None) -> str | None:
@@ -63,7 +75,13 @@ class PolicyHolder:
     """The policy in use: loads ``spec``, reloads it when its probe changes (the ``champion``
     alias moved), keeps the previous model when a new one fails to load or verify, and uses
     the named heuristic ``fallback`` when no model could ever be loaded. A registry model is
-    looked up at ``tracking_uri`` (None: the environment's registry)."""
+    looked up at ``tracking_uri`` (None: the environment's registry).
+
+    ``calibrate(spec)`` gives the calibration for a policy (``deployer.calibration``; default:
+    the shipped one, no lookup): resolved at each (re)load, and every ``calibration_every_s``
+    while it is a cluster's fit or the shipped one (a newer fit reloads the policy). The
+    policy, the fallback and the explanations predict with it (``model``); each change is
+    logged (``calibration``) and exported (``linkwise_serve_calibration_info``)."""
 
     def __init__(
         self,
@@ -76,22 +94,64 @@ class PolicyHolder:
         loader: Callable[[PolicySpec], LoadedPolicy] | None = None,
         probe: Callable[[PolicySpec], str | None] | None = None,
         tracking_uri: str | None = None,
+        calibrate: Callable[[PolicySpec], ServeCalibration] | None = None,
+        calibration_every_s: float = 600.0,
     ) -> None:
         self.spec = spec
         self.is_model = spec.is_model
+        self.calibrate = calibrate or (lambda _spec: shipped())
         self.loader = loader or (
-            partial(_learned, tracking_uri=tracking_uri) if self.is_model else _heuristic
+            partial(_learned, tracking_uri=tracking_uri, calibrate=self.calibrate)
+            if self.is_model
+            else (lambda s: _heuristic(s, self.calibrate(s)))
         )
         self.probe = probe or partial(model_probe, tracking_uri=tracking_uri)
         self.reload_s = reload_s
+        self.calibration_every_s = calibration_every_s
         self.metrics = metrics
         self.log = logger
+        self.fallback_spec = fallback
         self.fallback = _heuristic(fallback)
+        self.calibration: ServeCalibration | None = None
+        self.model: AnalyticModel | None = None
+        self.calibration_checked = -math.inf
         self.current: LoadedPolicy | None = None
         self.token: str | None = None
         self.checked_at = -math.inf
         self.fallback_reason = ""
         self.refresh(force=True)
+        if self.calibration is None:  # no policy loaded with one: the rule without a package
+            self._use(self.calibrate(fallback))
+
+    def _use(self, calibration: ServeCalibration, now: float | None = None) -> None:
+        """Make ``calibration`` the one in use (the fallback rebuilt with it); logged and
+        exported when it changes. A failed lookup keeps the one in use (logged)."""
+        self.calibration_checked = time.time() if now is None else now
+        if calibration.warning:
+            log_event(
+                self.log, "calibration_lookup_failed", logging.WARNING, error=calibration.warning
+            )
+            if self.calibration is not None:
+                return
+        if self.calibration is not None and self.calibration.key == calibration.key:
+            return
+        self.calibration = calibration
+        self.model = AnalyticModel(calibration.calibration)
+        self.fallback = _heuristic(self.fallback_spec, calibration)
+        self.metrics.observe_calibration(calibration.source, calibration.run_id)
+        log_event(self.log, "calibration", spec=self.spec.label, **calibration.fields())
+
+    def _calibration_moved(self, now: float) -> bool:
+        """Whether a newer cluster fit (or none any more) replaces the one in use: looked up
+        every ``calibration_every_s`` while the one in use is not a file or a package's."""
+        cal = self.calibration
+        if cal is None or cal.source not in ("cluster-fit", "shipped"):
+            return False
+        if now - self.calibration_checked < self.calibration_every_s:
+            return False
+        self.calibration_checked = now
+        fresh = self.calibrate(self.fallback_spec)  # the rule without a package
+        return not fresh.warning and fresh.key != cal.key
 
     @property
     def active(self) -> LoadedPolicy:
@@ -111,7 +171,7 @@ class PolicyHolder:
             if self.current is None:
                 self._fall_back(f"probe failed: {exc}")
             return
-        if self.current is not None and token == self.token:
+        if self.current is not None and token == self.token and not self._calibration_moved(t):
             return
         try:
             loaded = self.loader(self.spec)
@@ -132,6 +192,8 @@ class PolicyHolder:
             return
         previous = self.current.model_version if self.current else None
         self.current, self.token, self.fallback_reason = loaded, token, ""
+        if loaded.calibration is not None:
+            self._use(loaded.calibration, t)
         self.metrics.model_reloads.labels("ok").inc()
         log_event(
             self.log,
@@ -165,7 +227,8 @@ class GuardedPolicy:
     metrics: ServeMetrics
     logger: logging.Logger = LOG
     last: dict[str, Any] = field(default_factory=dict)
-    model: ContentionModel | None = None  # the explanations' contention model (a heuristic's)
+    # the explanations' contention model for a heuristic (None: the holder's calibration's)
+    model: ContentionModel | None = None
 
     @property
     def name(self) -> str:
@@ -228,9 +291,7 @@ class GuardedPolicy:
             if steps is not None:
                 model = chosen.policy.model  # type: ignore[attr-defined]
             else:
-                if self.model is None:
-                    self.model = AnalyticModel(load_calibration(None))
-                model = self.model
+                model = self.model or self.holder.model or AnalyticModel(shipped().calibration)
             return explain_cycle(
                 state,
                 decision,

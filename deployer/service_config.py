@@ -8,7 +8,7 @@ is refused (exit 2). ``ops/linkwise-serve.example.toml`` documents every key::
 
     mode = "shadow"                 # or "active"
     partitions = ["gpu"]
-    [policy]   source, digest, fallback, reload_s, default_profile, tracking_uri
+    [policy]   source, digest, fallback, reload_s, default_profile, tracking_uri, calibration
     [slurm]    env_file, transport
     [loop]     interval_s, lease_s, max_hold_s, lease_root, watchdog, load_window_s, max_cycles
     [store]    db, state_dir
@@ -22,11 +22,12 @@ shorter than two cycles in active mode, a malformed policy source or digest, a p
 range, a Slurm env file that does not exist).
 
 Relative paths in the file (``slurm.env_file``, ``store.db``, ``store.state_dir``,
-``loop.lease_root``, a local package ``model:./PATH`` and ``policy.tracking_uri``, the model
-registry) are resolved against the file's own directory, never the current one (issue 32
-item 4: run from elsewhere, ``model:champion`` was looked up, and an empty registry created,
-under that directory). ``policy.tracking_uri`` is an MLflow tracking URI or a path of its
-SQLite file (default: ``linkwise-out/mlflow/mlflow.db`` beside the file).
+``loop.lease_root``, a local package ``model:./PATH``, ``policy.calibration`` and
+``policy.tracking_uri``, the model registry) are resolved against the file's own directory,
+never the current one (issue 32 item 4: run from elsewhere, ``model:champion`` was looked up,
+and an empty registry created, under that directory). ``policy.tracking_uri`` is an MLflow
+tracking URI or a path of its SQLite file (default: ``linkwise-out/mlflow/mlflow.db`` beside
+the file). ``policy.calibration``: ``serve --calibration`` (``deployer.calibration``).
 """
 
 from __future__ import annotations
@@ -133,6 +134,7 @@ SCHEMA: dict[str, _Key | dict[str, _Key]] = {
         "reload_s": _Key("number", _positive),
         "default_profile": _Key("str"),
         "tracking_uri": _Key("str", _not_empty),
+        "calibration": _Key("str", _not_empty),
     },
     "slurm": {
         "env_file": _Key("str", _not_empty),
@@ -335,6 +337,11 @@ def parse_service_config(
             default_profile=str(flat.get("policy.default_profile", "")).strip(),
             tracking_uri=resolve_tracking_uri(
                 str(flat.get("policy.tracking_uri", DEFAULT_REGISTRY)), here
+            ),
+            calibration=(
+                _under(here, str(flat["policy.calibration"]))
+                if "policy.calibration" in flat
+                else None
             ),
         )
     except ValueError as exc:  # what the loop's own checks refuse

@@ -12,13 +12,21 @@ the model behind a spec changes. ``pretrained_specs`` names the packages shipped
 from __future__ import annotations
 
 import hashlib
+import json
+import tempfile
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 from linkwise.cluster.contention import ContentionModel
 from linkwise.cluster.domain import Policy
 from linkwise.models.learned import CHECKSUMS
-from linkwise.models.registry import default_tracking_uri, load_source, resolve_version
+from linkwise.models.registry import (
+    default_tracking_uri,
+    load_source,
+    mlflow_env,
+    resolve_version,
+)
 from linkwise.models.residual import is_residual_meta, residual_from_learned
 from linkwise.policies.source import ModelSource, parse_models_uri
 from linkwise.policies.spec import PolicySpec
@@ -27,6 +35,7 @@ __all__ = [
     "PRETRAINED",
     "build_policy",
     "load_learned",
+    "model_manifest",
     "pinned",
     "pretrained_specs",
     "registry_version",
@@ -88,6 +97,35 @@ def token(spec: PolicySpec, tracking_uri: str | None = None) -> str | None:
         found = sorted(folder.rglob(CHECKSUMS))
         sums = found[0] if found else sums
     return hashlib.sha256(sums.read_bytes()).hexdigest() if sums.is_file() else "missing"
+
+
+def model_manifest(spec: PolicySpec, tracking_uri: str | None = None) -> dict[str, Any] | None:
+    """The dataset manifest inside a learned policy's package (``model:PATH`` or
+    ``model:models:/...``), None for anything else."""
+    source = spec.source
+    if source is None:
+        return None
+    target = source.registry_uri or source.target
+    if target.startswith("models:/"):
+        mlflow_env()
+        import mlflow  # MLflow (heavy) only for a registry model, after mlflow_env()
+
+        uri = tracking_uri or default_tracking_uri()
+        with tempfile.TemporaryDirectory(prefix="linkwise-manifest-") as tmp:
+            local = mlflow.artifacts.download_artifacts(
+                artifact_uri=resolve_version(target, uri)[1],
+                dst_path=tmp,
+                tracking_uri=uri,
+            )
+            found = sorted(Path(local).rglob("dataset.json"))
+            return json.loads(found[0].read_text()) if found else None
+    p = Path(target)
+    if not p.exists():
+        return None
+    found = (
+        [p / "dataset.json"] if (p / "dataset.json").is_file() else sorted(p.rglob("dataset.json"))
+    )
+    return json.loads(found[0].read_text()) if found else None
 
 
 def pretrained_specs(root: Path = PRETRAINED) -> list[str]:

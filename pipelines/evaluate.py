@@ -24,7 +24,6 @@ flow. ``ope_estimates`` is FQE on a dataset's held-out episodes (``linkwise ope`
 from __future__ import annotations
 
 import json
-import tempfile
 import textwrap
 from collections.abc import Mapping, Sequence
 from contextlib import closing
@@ -78,13 +77,11 @@ from linkwise.evaluation.holdout import (
 from linkwise.evaluation.ope import ope_table, run_ope
 from linkwise.evaluation.report import EvaluationReport, log_report, write_report
 from linkwise.evaluation.stats import paired_ratio
-from linkwise.models.build import pinned, registry_version
+from linkwise.models.build import model_manifest, pinned, registry_version
 from linkwise.models.calibrations import CalibrationChoice
 from linkwise.models.registry import (
     default_tracking_uri,
     load_policy,
-    mlflow_env,
-    resolve_version,
 )
 from linkwise.models.training import split_episodes
 from linkwise.parallel import patient_prefect_server
@@ -107,7 +104,6 @@ __all__ = [
     "evaluate_flow",
     "gate_challenger",
     "gate_evidence",
-    "model_manifest",
     "ope_estimates",
     "pin_policies",
     "promote_from_evaluation",
@@ -138,35 +134,6 @@ def pin_policies(
         versions[spec.label] = version
         refs.append(PolicyRef(spec.label, fixed))
     return refs, versions
-
-
-def model_manifest(spec: PolicySpec, tracking_uri: str | None = None) -> dict[str, Any] | None:
-    """The dataset manifest inside a learned policy's package (``model:PATH`` or
-    ``model:models:/...``), None for anything else."""
-    source = spec.source
-    if source is None:
-        return None
-    target = source.registry_uri or source.target
-    if target.startswith("models:/"):
-        mlflow_env()
-        import mlflow  # MLflow (heavy) only for a registry model, after mlflow_env()
-
-        uri = tracking_uri or default_tracking_uri()
-        with tempfile.TemporaryDirectory(prefix="linkwise-manifest-") as tmp:
-            local = mlflow.artifacts.download_artifacts(
-                artifact_uri=resolve_version(target, uri)[1],
-                dst_path=tmp,
-                tracking_uri=uri,
-            )
-            found = sorted(Path(local).rglob("dataset.json"))
-            return json.loads(found[0].read_text()) if found else None
-    p = Path(target)
-    if not p.exists():
-        return None
-    found = (
-        [p / "dataset.json"] if (p / "dataset.json").is_file() else sorted(p.rglob("dataset.json"))
-    )
-    return json.loads(found[0].read_text()) if found else None
 
 
 def _reference(spec: PolicySpec) -> bool:

@@ -14,6 +14,7 @@ import duckdb
 
 from linkwise.cluster.profiles import Calibration, CommProfile
 from linkwise.cluster.topology.spec import from_spec
+from linkwise.datasets.comm_profiles import LearnedProfile, ProfileBook
 from linkwise.tests._telemetry_truth import INTERVAL_S, TruthJob, fill_store
 
 B = 1.75e9
@@ -56,3 +57,15 @@ def calibration() -> Calibration:
         for n in ("j1", "j2")
     }
     return Calibration(profiles, 0.3, 0.002, {k: 0.5 for k in profiles}, "test fit")
+
+
+def book(names: tuple[str, ...] = ("j1", "j2")) -> ProfileBook:
+    """A profile book that learned ``names`` from earlier runs (by name; the running jobs'
+    own runs have not ended, so the store's book holds none of them)."""
+    cal = calibration()
+    by_name = {
+        n: LearnedProfile(cal.profiles[f"history:name={n}"], "name", n, 3, 0.1, 10.0, 0.0, 0.0,
+                          None, None)
+        for n in names
+    }  # fmt: skip
+    return ProfileBook(by_name, {}, 3, 3, 3, 1.0, 1.0, 1)

@@ -5,7 +5,8 @@ window replayed under the shadow policy, backfill and the accounting).
     linkwise serve --config FILE            (every setting from a TOML file; see service_config)
     linkwise serve --config FILE --check-config   (check it, the registry and the model; one line)
     linkwise serve --mode shadow|active --partition NAME [--policy model:champion|HEURISTIC]
-                   [--tracking-uri URI] [--fallback HEURISTIC] [--slurm-env FILE] [--db PATH]
+                   [--tracking-uri URI] [--fallback HEURISTIC] [--calibration FILE]
+                   [--slurm-env FILE] [--db PATH]
                    [--interval S]
                    [--lease S] [--lease-root DIR] [--metrics-port N] [--max-cycles N]
                    [--migrate-budget N] [--migrate-min-run S] [--migrate-grace S]
@@ -31,6 +32,7 @@ from linkwise.cli.common import (
     EXIT_INPUT,
     EXIT_OK,
     STORE_CALIBRATION_HELP,
+    add_calibration,
     add_command,
     add_json,
 )
@@ -138,6 +140,12 @@ def _add_policy_options(p: argparse.ArgumentParser) -> None:
         "--fallback",
         default="backfill",
         help="the heuristic used when the model cannot be loaded or fails",
+    )
+    add_calibration(
+        p,
+        "calibration JSON the contention model uses (default: the serving package's own, "
+        "else the newest one `linkwise calibrate --db` logged in --tracking-uri for the Slurm "
+        "cluster, else the shipped one; deployer/calibration.py)",
     )
 
 
@@ -250,6 +258,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
             args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_REGISTRY,
             Path.cwd(),
         ),
+        calibration=str(args.calibration) if args.calibration is not None else None,
     )
 
 

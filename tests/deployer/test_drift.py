@@ -23,13 +23,11 @@ from linkwise.deployer.drift import (
     DriftMonitor,
     DriftSettings,
     LiveRun,
-    fitted_calibration,
     observe_slowdowns,
     predict_slowdowns,
 )
 from linkwise.deployer.metrics import ServeMetrics
-from linkwise.models.calibrations import log_cluster_calibration
-from linkwise.tests._drift import ALONE, NOW, SLOWED, TOPO, B, calibration, fill
+from linkwise.tests._drift import ALONE, NOW, SLOWED, TOPO, B, book, calibration, fill
 from linkwise.tests._telemetry_truth import CLUSTER
 
 RULES = Path(__file__).resolve().parents[2] / "ops" / "prometheus" / "rules.yml"
@@ -88,24 +86,32 @@ def test_missing_recent_telemetry_is_counted_not_guessed(store: duckdb.DuckDBPyC
 
 def test_predicted_slowdown_is_the_models_rate_alone_over_its_rate_beside() -> None:
     """Two rings sharing gpu2's NIC slow each other; alone, a ring is not slowed; a split
-    job of an unknown name on a shared link leaves its neighbour unpredicted."""
+    job of an unknown name on a shared link leaves its neighbour unpredicted; a job gets the
+    profile the live policy would give it (``comm_profiles.lookup``: learned, and held by
+    the calibration), none without the book."""
     model = AnalyticModel(calibration())
     p1 = Placement.of([(0, 4), (1, 4)])
     p2 = Placement.of([(1, 4), (2, 4)])
     live = [LiveRun(1, "j1", p1), LiveRun(2, "j2", p2)]
-    predicted, missing = predict_slowdowns(TOPO, model, live)
+    predicted, missing = predict_slowdowns(TOPO, model, live, book())
     j1 = Job(1, 0.0, 8, 1.0, profile="history:name=j1")
     j2 = Job(2, 0.0, 8, 1.0, profile="history:name=j2")
     alone = model.rates(TOPO, [(j1, p1)])[0]
     beside = model.rates(TOPO, [(j1, p1), (j2, p2)])[0]
     assert missing == {} and beside < alone
     assert predicted[1] == pytest.approx(alone / beside) and predicted[1] > 1.0
-    assert predict_slowdowns(TOPO, model, live[:1])[0] == {1: pytest.approx(1.0)}
+    assert predict_slowdowns(TOPO, model, live[:1], book())[0] == {1: pytest.approx(1.0)}
     stranger = [LiveRun(1, "j1", p1), LiveRun(3, "other", p2)]
-    assert predict_slowdowns(TOPO, model, stranger) == (
+    assert predict_slowdowns(TOPO, model, stranger, book()) == (
         {},
         {3: "no_profile", 1: "neighbour_unknown"},
     )
+    # j2 not learned (a name the book has not seen): no profile, as the live policy's
+    assert predict_slowdowns(TOPO, model, live, book(("j1",)))[1] == {
+        2: "no_profile",
+        1: "neighbour_unknown",
+    }
+    assert predict_slowdowns(TOPO, model, live, None) == ({}, {1: "no_profile", 2: "no_profile"})
 
 
 def test_the_monitor_exports_series_only_with_a_calibration(
@@ -127,18 +133,18 @@ def test_the_monitor_exports_series_only_with_a_calibration(
     assert 'linkwise_serve_slowdown_unobserved_jobs{reason="no_calibration"} 3.0' in text
     assert "linkwise_serve_slowdown_ratio{" not in text
     monitor = DriftMonitor(TOPO, CLUSTER, calibration)
-    report = monitor.update(live, read, NOW)
+    report = monitor.update(live, read, NOW, lambda _cal: book())
     metrics.observe_drift(report)
     text = metrics.text()
     (job,) = report.jobs
-    predicted = predict_slowdowns(TOPO, AnalyticModel(calibration()), live[:2])[0][1]
+    predicted = predict_slowdowns(TOPO, AnalyticModel(calibration()), live[:2], book())[0][1]
     assert job.job_id == 1 and job.ratio == pytest.approx(ALONE / SLOWED / predicted)
     assert f'linkwise_serve_slowdown_ratio{{job_id="1"}} {job.ratio}' in text
     assert 'linkwise_serve_slowdown_unobserved_jobs{reason="no_calibration"} 0.0' in text
     assert 'linkwise_serve_slowdown_unobserved_jobs{reason="too_few_alone"} 1.0' in text
     assert 'linkwise_serve_slowdown_unobserved_jobs{reason="not_in_store"} 1.0' in text
     assert set(report.missing) == set(REASONS)
-    unreadable = monitor.update(live, lambda fn: None, NOW + 120.0)
+    unreadable = monitor.update(live, lambda fn: None, NOW + 120.0, lambda _cal: book())
     metrics.observe_drift(unreadable)
     text = metrics.text()
     assert 'linkwise_serve_slowdown_unobserved_jobs{reason="no_store"} 3.0' in text
@@ -157,16 +163,3 @@ def test_the_drift_alert_fires_on_a_drifted_median_with_enough_jobs() -> None:
         ["promtool", "test", "rules", str(RULE_TESTS)], capture_output=True, text=True
     )
     assert run.returncode == 0, run.stdout + run.stderr
-
-
-def test_the_loop_looks_for_the_clusters_fitted_calibration(tmp_path: Path) -> None:
-    """None until a calibration is fitted for the cluster (the shipped one describes other
-    testbeds), then the newest fitted one."""
-    db = tmp_path / "store.duckdb"
-    open_store(db).close()
-    uri = f"sqlite:///{tmp_path / 'ml' / 'mlflow.db'}"
-    assert fitted_calibration(str(db), CLUSTER, uri) is None
-    log_cluster_calibration(uri, calibration(), CLUSTER, db=str(db))
-    found = fitted_calibration(str(db), CLUSTER, uri)
-    assert found is not None and set(found.profiles) == set(calibration().profiles)
-    assert fitted_calibration(str(db), "elsewhere", uri) is None

@@ -27,6 +27,7 @@ from linkwise.cluster.slurm.schema import SlurmSchemaError
 from linkwise.cluster.topology.spec import from_spec
 from linkwise.datasets.predictor import RuntimePredictor
 from linkwise.datasets.store import open_store
+from linkwise.deployer.calibration import CalibrationResolver
 from linkwise.deployer.cycle_lines import CycleLines
 from linkwise.deployer.drift import DriftMonitor
 from linkwise.deployer.holds import HOLD_TAG
@@ -42,6 +43,7 @@ from linkwise.deployer.scontrol import untag_command
 from linkwise.deployer.slurm_reads import read_fault_kind
 from linkwise.deployer.start_checks import check_start
 from linkwise.deployer.watchdog import _tools
+from linkwise.models.calibrations import log_cluster_calibration
 from linkwise.policies.heuristics import make_policy
 from linkwise.policies.spec import PolicySpec
 from linkwise.tests import _drift, _profile_runs
@@ -211,10 +213,11 @@ def test_the_loop_observes_with_the_serving_packages_predictor(tmp_path: Path) -
 
 
 def test_the_loop_exports_observed_against_predicted_slowdown(tmp_path: Path) -> None:
-    """A running job with telemetry in the store and a profile in the cluster's calibration
-    gets its slowdown series on /metrics (deployer/drift.py; the scenario: tests/_drift.py,
-    up to now): 0.5 alone, 0.4 now, alone in Slurm's view now (predicted 1); a running job
-    the accounting does not hold yet is counted; no calibration, every job counted."""
+    """A running job with telemetry in the store and a learned profile the cluster's
+    calibration holds gets its slowdown series on /metrics (deployer/drift.py; the scenario:
+    tests/_drift.py, up to now): 0.5 alone, 0.4 now, alone in Slurm's view now (predicted 1);
+    a running job the accounting does not hold yet is counted; no calibration, every job
+    counted."""
     now = time.time()
     con = open_store(tmp_path / "s.duckdb")
     try:
@@ -232,6 +235,8 @@ def test_the_loop_exports_observed_against_predicted_slowdown(tmp_path: Path) ->
     assert 'linkwise_serve_slowdown_unobserved_jobs{reason="no_calibration"} 2.0' in text
     assert "linkwise_serve_slowdown_ratio{" not in text
     backend.drift = DriftMonitor(TOPO, CLUSTER, _drift.calibration, logger=LOG)
+    # the book learned from earlier runs names j1 (its own run has not ended: not in the store)
+    backend.learned_book.book, backend.learned_book.read_at = _drift.book(), float("inf")
     backend.observe()
     text = backend.metrics.text()
     observed = _drift.ALONE / _drift.SLOWED
@@ -801,6 +806,32 @@ def test_a_shadow_loop_deciding_the_same_starts_again_logs_them_once(
         backend.cfg = replace(backend.cfg, max_cycles=6)
         drive(backend, guarded)
     assert [(e["cycle"], e["starts"]) for e in _events(caplog, "cycle")] == [(1, 1), (5, 2)]
+
+
+def test_the_clusters_fit_in_the_tracking_store_gives_live_jobs_their_learned_profile(
+    tmp_path: Path,
+) -> None:
+    """serve's calibration is the cluster's fit logged in the tracking store (no package,
+    no flag): a heuristic's live path gives the bert job its learned profile (counted as
+    learned on /metrics), and the drift monitor predicts with that fit."""
+    _profile_runs.fill_profile_store(tmp_path / "s.duckdb")
+    uri = f"sqlite:///{tmp_path / 'ml' / 'mlflow.db'}"
+    run_id = log_cluster_calibration(uri, _profile_runs.fitted(), CLUSTER)
+    queue = [qjob(1, 4, name="bert"), qjob(3, 4, name="new")]
+    client = FakeClient(queue, [ninfo(n) for n in NAMES], FakeRunner())
+    backend = make_backend(tmp_path, client, cluster=CLUSTER)
+    fifo = PolicySpec.parse("fifo")
+    holder = PolicyHolder(
+        fifo, fifo, metrics=backend.metrics, logger=LOG,
+        calibrate=CalibrationResolver(None, CLUSTER, uri),
+    )  # fmt: skip
+    backend.policy = GuardedPolicy(holder, backend.metrics, LOG)
+    got = {p.job.job_id: p.job.profile for p in backend.observe().pending}
+    assert got[1] == _profile_runs.BERT and not got[3].startswith("history:")
+    text = backend.metrics.text()
+    assert 'linkwise_serve_job_profiles{source="learned"} 1.0' in text
+    assert f'linkwise_serve_calibration_info{{run_id="{run_id}",source="cluster-fit"}}' in text
+    assert backend._drift_calibration() == _profile_runs.fitted()
 
 
 def test_the_loop_gives_jobs_their_learned_profile_where_the_calibration_holds_it(

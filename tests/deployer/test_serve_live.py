@@ -222,6 +222,10 @@ def test_shadow_burst_with_corrupt_model_and_store_outage(
     assert proc.returncode == 0, errf.read_text()[-2000:]
     fallback = [e for e in log if e["event"] == "fallback"]
     assert fallback and "SHA-256" in fallback[0]["reason"] and fallback[0]["fallback"] == "fifo"
+    # no calibration flag, package record or tracking store here: the shipped one, said once
+    (calibration,) = [e for e in log if e["event"] == "calibration"]
+    assert calibration["source"] == "shipped" and calibration["run_id"] is None
+    assert events.index("calibration") < events.index("serve_start")
     assert "store_unavailable" in events and "spool_replayed" in events
     n_cycles = json.loads(out)["cycles"]
     assert n_cycles >= 13 and events[-1] == "serve_stop"

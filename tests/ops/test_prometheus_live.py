@@ -65,6 +65,13 @@ WITHOUT_DATA = {
     ),
 }
 
+# the drift series of single running jobs (only with a cluster calibration and telemetry)
+PER_JOB_DRIFT = (
+    "linkwise_serve_slowdown_ratio",
+    "linkwise_serve_slowdown_observed",
+    "linkwise_serve_slowdown_predicted",
+)
+
 
 def require_slurm(env_file: Path) -> None:
     """The shared local Slurm answers (other engineers' jobs may keep its nodes busy)."""
@@ -219,14 +226,22 @@ def test_prometheus_scrapes_the_live_loops(live: dict[str, Any]) -> None:
 
 
 def test_every_dashboard_expression_returns_a_series(live: dict[str, Any]) -> None:
+    """Every expression returns a series; the per-job drift panels only with a calibration
+    fitted on the cluster, which the live loops here lack: they say so instead (the names
+    are checked against the loop's metrics in tests/ops/test_dashboard.py)."""
     prom = live["prom"]
     names = set(prom.get("label/__name__/values"))
     exprs = _dashboard_exprs()
     assert len(exprs) >= 20
     for expr in exprs:
-        for metric in re.findall(r"\blinkwise_serve_\w+", expr):  # no misspelt name
+        if any(m in expr for m in PER_JOB_DRIFT):
+            assert prom.query(WITHOUT_DATA["LinkwiseContentionModelDrift"]), expr
+            continue
+        for metric in re.findall(r"\blinkwise_\w+", expr):  # no misspelt name
             assert metric in names, (metric, expr)
         assert prom.query(_grafana(expr)), f"no series: {expr}"
+    info = prom.query('linkwise_serve_calibration_info{source="shipped"}')
+    assert info and all(float(s["value"][1]) == 1 for s in info)  # no fit here: shipped
 
 
 def test_every_alert_expression_evaluates_and_returns_a_series(live: dict[str, Any]) -> None:
