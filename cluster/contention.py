@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 from linkwise.cluster.domain import Job, Placement, Topology
+from linkwise.cluster.layout import LayoutComm, has_layout, layout_comm
 from linkwise.cluster.profiles import Calibration, CommProfile
 
 SHARING_MODES = ("duty", "flows")
@@ -113,13 +114,17 @@ class AnalyticModel:
     sharing: str = "duty"
     # memo tables keyed by id(topology); each entry keeps its topology alive, so an id is
     # never reused while its entries exist
-    _best: dict[tuple[str, int, int], tuple[Topology, float]] = field(
+    _best: dict[tuple[str, int, int, int], tuple[Topology, float]] = field(
         default_factory=dict, compare=False, repr=False
     )
     _duty: dict[tuple[str, int, Placement, int, int], tuple[Topology, float]] = field(
         default_factory=dict, compare=False, repr=False
     )
     _rings: dict[tuple[str, int, Placement, int, int], tuple[Topology, _SplitRing]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+    # layout jobs' transfers (``cluster.layout``), keyed as ``_rings`` with the stages
+    _layouts: dict[tuple[str, int, int, Placement, int, int], tuple[Topology, LayoutComm]] = field(
         default_factory=dict, compare=False, repr=False
     )
     # what callers derive from the model for one set of placed rings (``remembered``), keyed
@@ -148,12 +153,19 @@ class AnalyticModel:
             ) from None
 
     def best_time(self, topo: Topology, job: Job) -> float:
-        key = (job.profile, job.num_gpus, id(topo))
+        key = (job.profile, job.num_gpus, id(topo), job.pp)
         cached = self._best.get(key)
         if cached is not None:
             return cached[1]
         prof = self.profile(job)
         n = min_nodes(topo, job.num_gpus)
+        if job.pp > 1 and n > 1:  # its stages over the fewest nodes, at the fastest links
+            cap, gpus = topo.max_gpus_per_node, job.num_gpus
+            ideal = Placement.of([(i, min(cap, gpus - i * cap)) for i in range(n)])
+            comm = layout_comm(topo, job, ideal, prof, self.calibration.overhead_s, ideal=True)
+            best = comm.alone(topo.link_gbps)
+            self._best[key] = (topo, best)
+            return best
         intra = max(node.intra_gbps for node in topo.nodes)
         # on a rail fabric a consolidated split ring uses a rail per GPU of a node
         lanes = min(topo.rails, job.num_gpus // n) if topo.rails and n > 1 else 1
@@ -196,7 +208,12 @@ class AnalyticModel:
         return min(bw, min(gbps[link] for link in _ring_links(topo, placement, job)))
 
     def duty_cycle(self, topo: Topology, job: Job, placement: Placement) -> float:
-        """Share of the job's isolated iteration at this placement spent in the ring all-reduce."""
+        """Share of the job's isolated iteration at this placement spent in the ring all-reduce
+        (a layout job's: in its transfers, ``cluster.layout``)."""
+        if has_layout(job, placement):
+            comm = self._layout(topo, job, placement)
+            total = comm.alone(topo.link_gbps)
+            return (total - comm.compute - comm.overhead) / total if total > 0 else 0.0
         key = (job.profile, job.num_gpus, placement, id(topo), _path_key(topo, job))
         cached = self._duty.get(key)
         if cached is not None:
@@ -232,6 +249,27 @@ class AnalyticModel:
             )
         return hit[1]
 
+    def _layout(self, topo: Topology, job: Job, placement: Placement) -> LayoutComm:
+        """A layout job's transfers and weight on its links (``cluster.layout``), remembered."""
+        key = (job.profile, job.num_gpus, job.pp, placement, id(topo), _path_key(topo, job))
+        hit = self._layouts.get(key)
+        if hit is None:
+            prof = self.profile(job)
+            comm = layout_comm(topo, job, placement, prof, self.calibration.overhead_s)
+            if self.sharing == "flows":
+                weight = 1.0
+            else:
+                total = comm.alone(topo.link_gbps)
+                weight = (total - comm.compute - comm.overhead) / total if total > 0 else 0.0
+            hit = self._layouts[key] = (topo, comm.with_weight(weight))
+        return hit[1]
+
+    def _comm(self, topo: Topology, job: Job, placement: Placement) -> _SplitRing | LayoutComm:
+        """A split job's ring, or its layout's transfers."""
+        if has_layout(job, placement):
+            return self._layout(topo, job, placement)
+        return self._split_ring(topo, job, placement)
+
     def iteration_times(
         self, topo: Topology, placed: Sequence[tuple[Job, Placement]]
     ) -> list[float]:
@@ -239,7 +277,7 @@ class AnalyticModel:
         as ``_iteration_times_reference``, a split ring's fixed parts remembered, and its time
         where the loads on its links are those it was last timed at)."""
         rings = [
-            self._split_ring(topo, j, p) if len(p.alloc) > 1 and j.num_gpus > 1 else None
+            self._comm(topo, j, p) if len(p.alloc) > 1 and j.num_gpus > 1 else None
             for j, p in placed
         ]
         load = [0.0] * len(topo.links)
@@ -276,13 +314,19 @@ class AnalyticModel:
             weights = [self.duty_cycle(topo, j, p) if p.num_nodes > 1 else 0.0 for j, p in placed]
         load = [0.0] * len(topo.links)
         for (job, placement), w in zip(placed, weights, strict=True):
-            if placement.num_nodes > 1:
-                for link in _ring_links(topo, placement, job.job_id):
-                    load[link] += w
+            if has_layout(job, placement):
+                links = self._layout(topo, job, placement).links
+            else:
+                links = _ring_links(topo, placement, job.job_id) if placement.num_nodes > 1 else ()
+            for link in links:
+                load[link] += w
         alpha = self.calibration.alpha
         gbps = topo.link_gbps
         out: list[float] = []
         for (job, placement), own in zip(placed, weights, strict=True):
+            if has_layout(job, placement):
+                out.append(self._layout(topo, job, placement).time(load, gbps, alpha))
+                continue
             prof = self.profile(job)
             nodes = placement.nodes
             bw = _intra_cap(topo, placement)
@@ -400,7 +444,15 @@ def incremental_rates(model: ContentionModel) -> bool:
     its class's own (a subclass overriding one of them does not qualify)."""
     return isinstance(model, AnalyticModel) and all(
         getattr(type(model), name) is getattr(AnalyticModel, name)
-        for name in ("rates", "iteration_times", "best_time", "_split_ring", "duty_cycle")
+        for name in (
+            "rates",
+            "iteration_times",
+            "best_time",
+            "_split_ring",
+            "duty_cycle",
+            "_layout",
+            "_comm",
+        )
     )
 
 
@@ -408,7 +460,9 @@ def incremental_rates(model: ContentionModel) -> bool:
 class _Member(Generic[P]):
     payload: P
     links: tuple[int, ...]  # the links it is counted on in ``link_flows``
-    ring: _SplitRing | None  # None: a split job without a ring (one GPU): a fixed rate
+    # None: a split job without a ring (one GPU): a fixed rate; a layout job's transfers are
+    # retimed whenever a link of theirs changes (no bottleneck bookkeeping)
+    ring: _SplitRing | LayoutComm | None
     best: float  # ``best_time``, or the fixed rate
     # its bottleneck min(intra, its ``_SplitRing.share`` on each link) at the loads now, and
     # per link that share or (where the link got lighter since) a lower bound of it that is
@@ -456,7 +510,7 @@ class SplitRates(Generic[P]):
         if len(set(links)) != len(links):
             return None
         if len(placement.alloc) > 1 and job.num_gpus > 1:
-            ring: _SplitRing | None = model._split_ring(topo, job, placement)
+            ring: _SplitRing | LayoutComm | None = model._comm(topo, job, placement)
             best = model.best_time(topo, job)
         else:
             ring, best = None, model.rates(topo, [(job, placement)])[0]
@@ -518,12 +572,12 @@ class SplitRates(Generic[P]):
                 if mid in todo:
                     continue
                 m = members[mid]
-                if m.shares[link] <= m.bw:  # it may be the bottleneck
+                if isinstance(m.ring, LayoutComm) or m.shares[link] <= m.bw:  # may bottleneck
                     todo.add(mid)
                 elif not lighter:
-                    ring = m.ring
-                    assert ring is not None
-                    share = ring.share(link, lv, gbps, alpha)
+                    split = m.ring
+                    assert isinstance(split, _SplitRing)
+                    share = split.share(link, lv, gbps, alpha)
                     if share < m.bw:
                         todo.add(mid)
                     else:
@@ -537,6 +591,9 @@ class SplitRates(Generic[P]):
             ring = m.ring
             if ring is None:
                 out.append((m.payload, m.best))
+                continue
+            if isinstance(ring, LayoutComm):
+                out.append((m.payload, min(1.0, m.best / ring.time(load, gbps, alpha))))
                 continue
             shares = {link: ring.share(link, load[link], gbps, alpha) for link in ring.links}
             m.shares = shares

@@ -423,6 +423,9 @@ class Job:
     # None not known (a trace without it): ``backfill`` keeps ``requested_shape``, the
     # other placements split it as they see fit (the behaviour before requests had a form)
     flexible: bool | None = None
+    # its parallel layout (``cluster.layout``): pipeline stages, TP inside a node and DP over
+    # each stage's nodes; 0 or 1: none, one ring over all its nodes (the model before layouts)
+    pp: int = 0
 
     def __post_init__(self) -> None:
         if self.num_gpus <= 0:
@@ -440,6 +443,10 @@ class Job:
             raise ValueError(f"job {self.job_id}: need 0 <= pred_s <= pred_hi_s")
         if self.flexible and self.nodes:
             raise ValueError(f"job {self.job_id}: a flexible request has no fixed node count")
+        if self.pp < 0 or (self.pp > 1 and self.num_gpus % self.pp):
+            raise ValueError(
+                f"job {self.job_id}: {self.num_gpus} GPUs do not split in {self.pp} stages"
+            )
 
     @property
     def predicted(self) -> bool:

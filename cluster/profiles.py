@@ -21,12 +21,17 @@ from linkwise.cluster.domain import Job
 
 @dataclass(frozen=True, slots=True)
 class CommProfile:
-    """One model's per-iteration cost: compute time and the gradient volume its ring all-reduces."""
+    """One model's per-iteration cost: compute time and the gradient volume its ring all-reduces.
+
+    ``act_gb`` matters only to a job with a parallel layout (``Job.pp``, ``cluster.layout``):
+    what each GPU of a pipeline stage sends its peer in the next stage per iteration (forward
+    activations plus the backward gradients of them), GB; 0 when not stated."""
 
     name: str
     compute_s: float  # per-iteration compute (forward, backward, optimizer), seconds
     grad_gb: float  # gradient size all-reduced per iteration, GB
     source: str = ""
+    act_gb: float = 0.0  # per GPU per iteration across a pipeline boundary, GB (layouts only)
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,7 @@ class Calibration:
             "mix": dict(self.mix),
             "profiles": {
                 p.name: {"compute_s": p.compute_s, "grad_gb": p.grad_gb, "source": p.source}
+                | ({"act_gb": p.act_gb} if p.act_gb else {})
                 for p in self.profiles.values()
             },
             "fit": dict(self.fit),
@@ -72,7 +78,11 @@ class Calibration:
         try:
             profiles = {
                 name: CommProfile(
-                    name, float(p["compute_s"]), float(p["grad_gb"]), str(p.get("source", ""))
+                    name,
+                    float(p["compute_s"]),
+                    float(p["grad_gb"]),
+                    str(p.get("source", "")),
+                    float(p.get("act_gb", 0.0)),
                 )
                 for name, p in data["profiles"].items()
             }

@@ -21,18 +21,24 @@ is named with its source (``FIGURES``):
   GPU time. Acme publishes no arrival rate this project could check, so the load is a knob.
 - **Request forms**: ``flexible`` (a share) as ``cluster/flexible.py``'s seeded rule; none by
   default (backfill then keeps the derived shape).
+- **Parallel layouts** (``pp=P``, none by default): every job of at least ``pp_gpus`` GPUs
+  (default 128, Crux's large jobs above) gets ``P`` pipeline stages (``Job.pp``,
+  ``cluster.layout``: TP inside a node, DP over each stage's nodes), a stated rule, not a
+  drawn figure; P = 8 is Megatron-LM's pipeline depth for its 145B GPT on 1,536 GPUs
+  (Narayanan et al., SC'21, Table 1: TP 8, PP 8). A job whose GPUs do not split in P keeps none.
 
 Not drawn but the yardstick for what a simulation shows: Crux's 36.3% of jobs (51% of GPUs)
 exposed to contention (``FIGURES``). Sizes and run times are drawn independently of arrivals;
 no model names (the caller assigns communication profiles). ``--trace synthetic:llm,jobs=N,
-seed=S[,gpus=G][,load=L][,flexible=F]`` reaches it from simulate, compare and evaluate.
+seed=S[,gpus=G][,load=L][,flexible=F][,pp=P][,pp_gpus=G]`` reaches it from simulate, compare and
+evaluate.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -94,6 +100,8 @@ LOG_MEDIAN_S = 4.0133  # median run time of a 1-GPU job: 55.3 s
 SIZE_EXPONENT = 0.7671
 SIGMA = 1.3711
 LINGJUN_GPUS = 6776  # 847 hosts x 8 GPUs (../shared/data/topology)
+PP_GPUS = 128  # the fewest GPUs of a job given pipeline stages (``pp=``)
+_FIELDS = ("jobs", "seed", "gpus", "load", "flexible", "pp", "pp_gpus")
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,9 +113,15 @@ class LlmSpec:
     gpus: int = LINGJUN_GPUS
     load: float = 0.8
     flexible: float | None = None
+    pp: int = 0  # pipeline stages of the large jobs (0: no layouts)
+    pp_gpus: int = PP_GPUS  # the fewest GPUs a job with stages has
 
     def text(self) -> str:
         flex = "" if self.flexible is None else f",flexible={self.flexible:g}"
+        if self.pp > 1:
+            flex += f",pp={self.pp}" + (
+                f",pp_gpus={self.pp_gpus}" if self.pp_gpus != PP_GPUS else ""
+            )
         return (
             f"{PREFIX},jobs={self.jobs},seed={self.seed},gpus={self.gpus},load={self.load:g}{flex}"
         )
@@ -119,7 +133,8 @@ def is_generated(source: object) -> bool:
 
 
 def parse_spec(source: object) -> LlmSpec:
-    """``synthetic:llm[,jobs=N][,seed=S][,gpus=G][,load=L][,flexible=F]`` as an ``LlmSpec``."""
+    """``synthetic:llm[,jobs=N][,seed=S][,gpus=G][,load=L][,flexible=F][,pp=P][,pp_gpus=G]``
+    as an ``LlmSpec``."""
     text = str(source)
     if not is_generated(text):
         raise ValueError(f"not a synthetic LLM workload: {text!r} (expected {PREFIX},...)")
@@ -128,8 +143,8 @@ def parse_spec(source: object) -> LlmSpec:
         if not part.strip():
             continue
         key, sep, value = part.partition("=")
-        if not sep or key.strip() not in {"jobs", "seed", "gpus", "load", "flexible"}:
-            raise ValueError(f"{text!r}: unknown field {part!r} (jobs, seed, gpus, load, flexible)")
+        if not sep or key.strip() not in _FIELDS:
+            raise ValueError(f"{text!r}: unknown field {part!r} ({', '.join(_FIELDS)})")
         fields[key.strip()] = value.strip()
     spec = LlmSpec(
         jobs=int(fields.get("jobs", 2000)),
@@ -137,9 +152,13 @@ def parse_spec(source: object) -> LlmSpec:
         gpus=int(fields.get("gpus", LINGJUN_GPUS)),
         load=float(fields.get("load", 0.8)),
         flexible=float(fields["flexible"]) if "flexible" in fields else None,
+        pp=int(fields.get("pp", 0)),
+        pp_gpus=int(fields.get("pp_gpus", PP_GPUS)),
     )
     if spec.jobs <= 0 or spec.gpus <= 0 or not spec.load > 0:
         raise ValueError(f"{text!r}: jobs, gpus and load must be positive")
+    if spec.pp < 0 or spec.pp_gpus <= 0:
+        raise ValueError(f"{text!r}: pp must be non-negative and pp_gpus positive")
     return spec
 
 
@@ -192,4 +211,11 @@ def generate(spec: LlmSpec) -> tuple[Job, ...]:
         )
         for i in range(spec.jobs)
     )
+    if spec.pp > 1:
+        jobs = tuple(with_layout(j, spec.pp) if j.num_gpus >= spec.pp_gpus else j for j in jobs)
     return jobs if spec.flexible is None else with_flexible(jobs, spec.flexible, seed=spec.seed)
+
+
+def with_layout(job: Job, pp: int) -> Job:
+    """The job with ``pp`` pipeline stages where its GPUs split in them (else as it is)."""
+    return replace(job, pp=pp) if job.num_gpus % pp == 0 else job
