@@ -25,7 +25,8 @@ restarts (by neighbours on shared links, or by their own spread: the records do 
 the two) and their share of GPU time; the share of jobs spanning nodes; of Slurm's loss
 removed (1 - the policy's contention cost in hours of average JCT over ``backfill``'s on the
 same cluster, fabric and share). ``--policies`` takes any spec (a named heuristic with its
-parameters, ``compose:...``).
+parameters, ``compose:...``). ``--act-ratio R`` gives every profile ``act_gb = R * grad_gb``
+(the pipeline traffic of jobs with stages, ``synthetic:llm,...,pp=P``; ``cluster.layout``).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import json
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,7 @@ class Case:
     history_days: float
     days: float
     seed: int
+    act_ratio: float = 0.0  # act_gb / grad_gb of every profile (layout jobs' pipeline traffic)
 
 
 @dataclass(frozen=True)
@@ -120,7 +122,11 @@ def run_case(case: Case) -> dict[str, Any]:
     """Simulate one case in this process; its figures and CPU seconds."""
     topo = load_topology(case.cluster)
     jobs = workload(case)
-    analytic = AnalyticModel(load_calibration(None))
+    cal = load_calibration(None)
+    if case.act_ratio:
+        acts = {n: replace(p, act_gb=case.act_ratio * p.grad_gb) for n, p in cal.profiles.items()}
+        cal = replace(cal, profiles=acts)
+    analytic = AnalyticModel(cal)
     models: dict[str, ContentionModel] = {
         "analytic": analytic,
         "alone": Alone(analytic),
@@ -153,12 +159,13 @@ def cases(args: argparse.Namespace) -> list[Case]:
             common = (args.trace, share, policy)
             for ideal in args.models.split(","):  # the fabric matters to neither
                 out.append(Case(common[0], base, share, policy, ideal, args.history_days,
-                                args.days, args.seed))  # fmt: skip
+                                args.days, args.seed, args.act_ratio))  # fmt: skip
             for oversub in args.oversubs.split(","):
                 for ecmp in [e == "1" for e in args.ecmp.split(",")] if args.fabrics else ():
                     spec = f"{base},oversub={oversub}" + (",ecmp=1" if ecmp else "")
                     out.append(Case(common[0], spec, share, policy, "analytic",
-                                    args.history_days, args.days, args.seed))  # fmt: skip
+                                    args.history_days, args.days, args.seed,
+                                    args.act_ratio))  # fmt: skip
     return out
 
 
@@ -226,6 +233,7 @@ def main() -> int:
     )
     p.add_argument("--table", type=Path, nargs="+", help="print the table of these --out files")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--act-ratio", type=float, default=0.0, help="act_gb / grad_gb of profiles")
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--json", action="store_true")
     p.add_argument("--out", type=Path, help="also write the rows as JSON here")

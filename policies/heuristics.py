@@ -7,7 +7,8 @@
 predictions, ``Job.pred_s``); the frontier: ``qssf_preemptive``, ``tiresias_consolidated``
 and ``deepshare``; ``backfill_switches`` (``backfill`` with Slurm's ``--switches=N@T``)
 and ``qssf_wait_or_spread`` (the frontier's order with a placement that spreads flexible
-jobs only after a wait and where cheap, issue 33).
+jobs only after a wait and where cheap, issue 33) and ``qssf_group_aware`` (the frontier with
+Arnold's alignment of pipeline jobs' DP groups to leaf switches, issue 33 item 4).
 
 Every one but ``random`` is a ``Composed`` of parts (``policies.parts``): its builder below
 takes the heuristic's typed parameters (the ones a spec ``NAME:key=value`` may give,
@@ -52,6 +53,7 @@ from linkwise.policies.parts.placements import (
     BestFit,
     Bounded,
     FirstFit,
+    GroupAware,
     LeastContention,
     Select,
     WaitOrSpread,
@@ -287,6 +289,22 @@ def qssf_wait_or_spread(
     return Composed("qssf_wait_or_spread", order, place, preempt)
 
 
+def qssf_group_aware(
+    margin: float = DEFAULT_MARGIN,
+    min_run_s: float = DEFAULT_MIN_RUN_S,
+    kappa: int | None = None,
+    lam: float = 1.0,
+) -> Composed:
+    """``qssf_preemptive`` with Arnold's alignment: a job with pipeline stages (``Job.pp``)
+    whose consolidated placement would split a stage's DP group over leaf switches takes
+    whole nodes with each DP group under one leaf and the stages under the fewest switches
+    (``placement.aligned``); every other job as ``qssf_preemptive``: ``order=pred_remaining,
+    placement=group_aware, preempt=priority``."""
+    order = PredRemaining(who="qssf_group_aware")
+    preempt = Priority(margin=margin, min_run_s=min_run_s)
+    return Composed("qssf_group_aware", order, GroupAware(kappa, lam), preempt)
+
+
 def sjf_bco_oracle(kappa: int | None = None, lam: float = 1.0) -> Composed:
     """SJF-BCO by true GPU time (``num_gpus x remaining_s``): an oracle ceiling.
 
@@ -323,6 +341,7 @@ POLICIES: Mapping[str, Callable[..., Policy]] = MappingProxyType(
         "tiresias_consolidated": tiresias_consolidated,
         "deepshare": deepshare,
         "qssf_wait_or_spread": qssf_wait_or_spread,
+        "qssf_group_aware": qssf_group_aware,
         "sjf_bco_oracle": sjf_bco_oracle,
         "srtf_oracle": srtf_oracle,
     }
@@ -331,7 +350,13 @@ POLICIES: Mapping[str, Callable[..., Policy]] = MappingProxyType(
 # heuristics that read the true run time: ceilings, marked ``oracle``, never a gate reference
 ORACLE_POLICIES: frozenset[str] = frozenset({"sjf_bco_oracle", "srtf_oracle"})
 # heuristics that order by predicted run time (``Job.pred_s``): they need a fitted predictor
-PREDICTION_POLICIES: frozenset[str] = frozenset({"qssf", "qssf_preemptive", "qssf_wait_or_spread"})
+PREDICTION_POLICIES: frozenset[str] = frozenset(
+    {"qssf", "qssf_preemptive", "qssf_wait_or_spread", "qssf_group_aware"}
+)
+# named heuristics the default lists (``policy_names``) leave out: ``qssf_group_aware`` decides
+# as ``qssf_preemptive`` for every job without a parallel layout (``Job.pp``), so on workloads
+# without them it would only repeat that row; ``linkwise policies`` lists it, a spec names it
+OPT_IN_POLICIES: frozenset[str] = frozenset({"qssf_group_aware"})
 _HIDDEN = frozenset({"model"})  # given by the builder (the scenario's model), not by a spec
 
 
@@ -358,11 +383,13 @@ def takes_model(name: str) -> bool:
 def policy_names(*, predictions: bool = False, oracles: bool = True) -> list[str]:
     """The registered heuristic names, in registry order: those that run on any workload,
     with the ones that need run-time predictions (``qssf``) only when ``predictions``, and
-    the oracle ceilings unless ``oracles`` is False."""
+    the oracle ceilings unless ``oracles`` is False; never the opt-in ones (``OPT_IN_POLICIES``)."""
     return [
         n
         for n in POLICIES
-        if (predictions or n not in PREDICTION_POLICIES) and (oracles or n not in ORACLE_POLICIES)
+        if (predictions or n not in PREDICTION_POLICIES)
+        and (oracles or n not in ORACLE_POLICIES)
+        and n not in OPT_IN_POLICIES
     ]
 
 

@@ -27,7 +27,10 @@ crossing each link; both are kept up to date as jobs are placed.
   leaves that could hold it on an empty cluster) when one is free; else it waits up to
   ``wait_s`` from its submission (Slurm's ``--switches=N@T``, 300 s by default), then
   spreads on the ``least_loaded`` choice within ``ceil(lam * n_min)`` nodes (and, with
-  ``min_rate``, only where the contention model predicts it at least that rate alone).
+  ``min_rate``, only where the contention model predicts it at least that rate alone);
+- ``group_aware``: ``bounded``, but a job with pipeline stages (``Job.pp``) whose bounded
+  placement splits a stage's DP group over leaves takes ``placement.aligned``'s choice
+  (Arnold's alignment: each DP group under one leaf, the stages under the fewest switches).
 
 A rule is bound to the decision's state (``at``) before it places anything: the three
 above read the running jobs' placements and profiles and the time there, and keep the
@@ -53,6 +56,8 @@ from linkwise.cluster.domain import (
     fixed_shape,
     requested_shape,
 )
+from linkwise.cluster.layout import stage_leaves
+from linkwise.cluster.placement.aligned import aligned_placement
 from linkwise.cluster.placement.generators import (
     apply_placement,
     best_fit,
@@ -322,6 +327,39 @@ class Bounded(Stateless):
         return _free_key(job)
 
 
+@dataclass(frozen=True, slots=True)
+class GroupAware(Stateless):
+    """``bounded`` (``kappa``, ``lam``), a layout job's DP groups kept under one leaf each
+    where its bounded placement splits one and an aligned set is free (module docstring)."""
+
+    name: ClassVar[str] = "group_aware"
+    uses_busy: ClassVar[bool] = True
+    uses_flows: ClassVar[bool] = False
+    kappa: int | None = None
+    lam: float = 1.0
+    _base: Bounded = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_base", Bounded(self.kappa, self.lam))
+
+    def place(
+        self,
+        topo: Topology,
+        free: Sequence[int],
+        busy: Sequence[int],
+        flows: Sequence[int],
+        job: Job,
+    ) -> Placement | None:
+        found = self._base.place(topo, free, busy, flows, job)
+        if job.pp <= 1 or (found is not None and max(stage_leaves(topo, found, job.pp)) == 1):
+            return found
+        return aligned_placement(topo, free, job) or found
+
+    def memo_key(self, job: Job) -> tuple[int, int]:
+        key = _free_key(job)
+        return key if job.pp <= 1 else (key[0], key[1] - (job.pp << 32))
+
+
 _POOL = (best_fit, same_leaf, first_fit)
 
 
@@ -583,6 +621,7 @@ PLACEMENTS: dict[str, type] = {
         Select,
         BestFit,
         Bounded,
+        GroupAware,
         LeastContention,
         LeastLoaded,
         Apart,
