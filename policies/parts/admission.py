@@ -115,7 +115,7 @@ class Easy:
             default_limit_s=self.default_limit_s,
             window_s=self.window_s,
             resolution_s=self.resolution_s,
-            held=rule.held if rule.switches else None,
+            switches=rule if rule.switches else None,
         )
 
 

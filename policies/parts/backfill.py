@@ -13,6 +13,7 @@ import bisect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from linkwise.cluster.domain import (
     ClusterState,
@@ -37,8 +38,15 @@ from linkwise.policies.parts.placements import can_ever_run
 DEFAULT_LIMIT_S = 7 * 86400.0
 
 
-# whether a job's ``--switches`` keep it off a placement now (``placements.switch_held``)
-Held = Callable[[Topology, Placement, Job, float], bool]
+class Switches(Protocol):
+    """A rule's ``--switches`` (``placements.Select``): ``waiting`` whether they still hold
+    the job to its N leaf switches, ``held`` whether they keep it off a placement now
+    (``placements.switch_held``)."""
+
+    def waiting(self, job: Job, now: float) -> bool: ...
+
+    def held(self, topo: Topology, placement: Placement | None, job: Job, now: float) -> bool: ...
+
 
 OVERDUE_S = 1.0  # a running job past its estimate is expected to end this much later
 
@@ -183,10 +191,16 @@ class _Plan:
         return avail
 
     def earliest(
-        self, shape: Shape, est: float, after: float, horizon: float
+        self,
+        shape: Shape,
+        est: float,
+        after: float,
+        horizon: float,
+        accept: Callable[[Placement], bool] | None = None,
     ) -> tuple[float, Placement] | None:
         """The earliest start at or after ``after`` (itself at or after now) and before
-        ``horizon`` where the shape fits on nodes no reservation holds during the run."""
+        ``horizon`` where the shape fits on nodes no reservation holds during the run (and,
+        with ``accept``, where select's placement is one it accepts)."""
         if not self._step_times:
             self._build_steps()
         per, need = shape.gpus_per_node, shape.nodes
@@ -236,7 +250,7 @@ class _Plan:
                         picks.clear()
                     picks[key] = nodes
                 placement = None if nodes is None else Placement(tuple((n, per) for n in nodes))
-            if placement is not None:
+            if placement is not None and (accept is None or accept(placement)):
                 return t, placement
         return None
 
@@ -284,15 +298,16 @@ def plan_backfill(
     default_limit_s: float = DEFAULT_LIMIT_S,
     window_s: float = DEFAULT_LIMIT_S,
     resolution_s: float = 60.0,
-    held: Held | None = None,
+    switches: Switches | None = None,
 ) -> tuple[Start, ...]:
     """One pass of Slurm's main scheduler then sched/backfill over ``state.pending`` in its
     order (``heuristics.backfill``'s docstring): the jobs that start now, where.
 
-    ``held(topo, placement, job, now)``: whether the job's ``--switches`` keep it from
-    starting there now (``placements.switch_held``): the main scheduler stops at it, as
-    at a job that does not fit; backfill starts it nowhere and reserves nothing for it in
-    this pass (a simplification: Slurm plans it like any other job)."""
+    ``switches``: the jobs' ``--switches``. A job they keep from the nodes select picks now
+    stops the main scheduler, as a job that does not fit; backfill plans a job still
+    waiting at its earliest start within its N leaf switches and reserves those nodes, as
+    Slurm's backfill does (a job behind it may not take them; checked against a real Slurm,
+    ``evaluation.slurm_switches``)."""
     topo = state.topology
     now = state.time
     node_gpus = topo.max_gpus_per_node
@@ -316,7 +331,7 @@ def plan_backfill(
             placement = slurm_select_flexible(topo, free, job.num_gpus)
         else:
             placement = slurm_select(topo, free, requested_shape(job, node_gpus))
-        if placement is None or (held is not None and held(topo, placement, job, now)):
+        if placement is None or (switches is not None and switches.held(topo, placement, job, now)):
             break
         i += 1
         apply_placement(free, placement)
@@ -331,7 +346,7 @@ def plan_backfill(
     res = resolution_s
     # within one pass a request's earliest start never moves earlier (reservations and
     # starts only take room), so the search for the same shape and estimate resumes there
-    resume: dict[tuple[Shape, float], float] = {}
+    resume: dict[tuple[Shape, float, bool], float] = {}
     # no job left to test runs shorter than this: once every node with free GPUs is
     # reserved before now + shortest, nothing more can start now and the pass may stop
     shortest = min(
@@ -350,23 +365,25 @@ def plan_backfill(
             # a flexible request starts now on any GPUs no reservation needs during its run;
             # else it is planned (and reserves nodes) in the shape it would have packed
             now_at = slurm_select_flexible(topo, plan.room_now(est), p.job.num_gpus)
-            if now_at is not None and (held is None or not held(topo, now_at, p.job, now)):
+            if now_at is not None and (
+                switches is None or not switches.held(topo, now_at, p.job, now)
+            ):
                 plan.start_now(now_at, now + est)
                 starts.append(Start(p.job.job_id, now_at))
                 continue
         shape = requested_shape(p.job, node_gpus)
-        key = (shape, est)
+        waiting = switches is not None and switches.waiting(p.job, now)
+        key = (shape, est, waiting)
         after = resume.get(key, now)
         if after > horizon:
             continue
-        found = plan.earliest(shape, est, after, horizon)
+        accept = _within_switches(switches, topo, p.job, now) if waiting else None
+        found = plan.earliest(shape, est, after, horizon, accept)
         if found is None:
             resume[key] = math.inf
             continue
         t, placement = found
         resume[key] = t
-        if t <= now and held is not None and held(topo, placement, p.job, now):
-            continue
         if t <= now:
             plan.start_now(placement, now + est)
             starts.append(Start(p.job.job_id, placement))
@@ -376,6 +393,13 @@ def plan_backfill(
             if plan.all_free_nodes_reserved(now + shortest):
                 break
     return tuple(starts)
+
+
+def _within_switches(
+    switches: Switches | None, topo: Topology, job: Job, now: float
+) -> Callable[[Placement], bool]:
+    """Whether a placement is one the job's ``--switches`` let it start on (at ``now``)."""
+    return lambda placement: switches is None or not switches.held(topo, placement, job, now)
 
 
 def _insort(releases: list[tuple[float, Placement]], item: tuple[float, Placement]) -> None:

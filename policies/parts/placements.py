@@ -174,7 +174,8 @@ class Select(Stateless):
     """Slurm's select/cons_tres on the job's requested shape (``backfill``'s placement);
     with ``switches`` N > 0 Slurm's ``--switches=N@max_wait_s``: a start spanning more
     than N leaf switches waits until ``max_wait_s`` after the job's submission
-    (``switch_held``)."""
+    (``switch_held``), and the decision asks for a decision point when the first pending
+    job's wait ends (Slurm's next pass then places it anywhere)."""
 
     name: ClassVar[str] = "select"
     uses_busy: ClassVar[bool] = False
@@ -182,6 +183,7 @@ class Select(Stateless):
     switches: int = 0
     max_wait_s: float = WAIT_S
     _now: float = field(default=math.inf, compare=False, repr=False)
+    _wake: float = field(default=math.inf, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.switches < 0:
@@ -190,7 +192,14 @@ class Select(Stateless):
             raise ValueError(f"max_wait_s must be non-negative, got {self.max_wait_s}")
 
     def at(self, state: ClusterState) -> PlacementRule:
-        return replace(self, _now=state.time) if self.switches else self
+        if not self.switches:
+            return self
+        ends = (p.job.submit_time + self.max_wait_s for p in state.pending)
+        wake = min((t for t in ends if t > state.time), default=math.inf)
+        return replace(self, _now=state.time, _wake=wake)
+
+    def wake_at(self) -> float:
+        return self._wake
 
     def place(
         self,
@@ -212,9 +221,13 @@ class Select(Stateless):
         """``switch_held`` with this rule's ``--switches``."""
         return switch_held(topo, placement, job, now, self.switches, self.max_wait_s)
 
+    def waiting(self, job: Job, now: float) -> bool:
+        """Whether the job's ``--switches`` still hold it to N leaf switches at ``now``."""
+        return self.switches > 0 and now < job.submit_time + self.max_wait_s
+
     def memo_key(self, job: Job) -> tuple[int, int]:
         key = (job.num_gpus, -1 if job.flexible else job.nodes)
-        if self.switches and self._now < job.submit_time + self.max_wait_s:
+        if self.waiting(job, self._now):
             return (key[0], key[1] + (1 << 31))  # still held to its switches
         return key
 

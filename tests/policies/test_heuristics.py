@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Callable
 from dataclasses import replace
 from typing import ClassVar
 
@@ -622,7 +623,12 @@ def test_policies_run_a_small_trace_to_completion_in_the_simulator() -> None:
 
 
 def _reference_earliest(
-    plan: backfill_module._Plan, shape: Shape, est: float, after: float, horizon: float
+    plan: backfill_module._Plan,
+    shape: Shape,
+    est: float,
+    after: float,
+    horizon: float,
+    accept: Callable[[Placement], bool] | None = None,
 ) -> tuple[float, Placement] | None:
     """Backfill's ``_Plan.earliest`` written plainly (every candidate time recomputed from the
     releases and reservations): the specification the fast search is tested against."""
@@ -645,7 +651,7 @@ def _reference_earliest(
             continue
         masked = [0 if i in blocked else f for i, f in enumerate(avail)] if blocked else avail
         placement = slurm_select(plan.topo, masked, shape)
-        if placement is not None:
+        if placement is not None and (accept is None or accept(placement)):
             return t, placement
     return None
 
@@ -658,10 +664,15 @@ class _CheckedPlan(backfill_module._Plan):
     calls: ClassVar[list[int]] = [0, 0]  # earliest, answers that found a start
 
     def earliest(
-        self, shape: Shape, est: float, after: float, horizon: float
+        self,
+        shape: Shape,
+        est: float,
+        after: float,
+        horizon: float,
+        accept: Callable[[Placement], bool] | None = None,
     ) -> tuple[float, Placement] | None:
-        got = super().earliest(shape, est, after, horizon)
-        assert got == _reference_earliest(self, shape, est, after, horizon)
+        got = super().earliest(shape, est, after, horizon, accept)
+        assert got == _reference_earliest(self, shape, est, after, horizon, accept)
         _CheckedPlan.calls[0] += 1
         _CheckedPlan.calls[1] += got is not None
         return got
@@ -705,6 +716,8 @@ def _busy_workload(seed: int, n: int, topo: Topology) -> list[Job]:
         ("8x8,leaf=2", heur.backfill(resolution_s=0.0)),  # tree: fewest leaf switches
         ("12x8,leaf=4,agg=2", heur.backfill(max_job_test=7, window_s=3 * 3600.0)),
         ("6x4,leaf=3", heur.backfill(default_limit_s=3600.0, window_s=86400.0)),
+        # --switches=1@10min: a waiting job's search accepts only starts within one leaf
+        ("8x4,leaf=4", heur.backfill_switches(1, 600.0, resolution_s=0.0)),
     ],
 )
 def test_fast_backfill_plans_exactly_as_the_plain_search(

@@ -5,22 +5,27 @@ that were there before it."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 
+from linkwise.cluster.contention import NoContention
 from linkwise.cluster.domain import (
     ClusterState,
+    Decision,
     Job,
     PendingJob,
     Placement,
     RunningJob,
     Topology,
 )
+from linkwise.cluster.loop import drive
 from linkwise.cluster.placement.generators import best_fit
 from linkwise.cluster.profiles import load_calibration
+from linkwise.cluster.simulator.engine import Simulator
 from linkwise.cluster.topology.spec import from_spec
 from linkwise.policies.compose import ComposeSpec
-from linkwise.policies.heuristics import make_policy
+from linkwise.policies.heuristics import backfill_switches, make_policy
 from linkwise.policies.parts.placements import (
     Apart,
     BestFit,
@@ -206,3 +211,51 @@ def test_backfill_switches_waits_for_one_leaf_then_starts_anywhere(flexible: boo
     assert Select(switches=2).at(_state(topo, running, [])).place(
         topo, [0, 8, 0, 8], [], [], job(9, NOW - 100.0)
     ) == Placement.of([(1, 8), (3, 8)])
+
+
+def test_backfill_switches_starts_a_held_job_when_its_wait_ends_without_another_event() -> None:
+    # nodes 0 and 2 held for an hour: 2 x 4 GPUs fit only over both leaves. With
+    # --switches=1@30 the job waits 30 s, then starts spread (Slurm's next pass after the wait,
+    # checked live by evaluation.slurm_switches), not when a blocker ends an hour later
+    topo = from_spec("4x4,leaf=2")
+    blockers = [Job(i, 0.0, 3, 3600.0, nodes=1, time_limit=3600.0) for i in (1, 2)]
+    running = [
+        RunningJob(b, Placement.of([(node, 3)]), 0.0, 3600.0, 1.0, since=0.0)
+        for b, node in zip(blockers, (0, 2), strict=True)
+    ]
+    job = Job(3, 0.0, 8, 600.0, nodes=2, time_limit=900.0)
+    sim = Simulator.from_state(
+        topo, NoContention(), time=0.0, free_gpus=(1, 4, 1, 4),
+        pending=[PendingJob(job, 600.0)], running=running,
+    )  # fmt: skip
+    starts: dict[int, tuple[float, Placement]] = {}
+
+    def record(state: ClusterState, decision: Decision) -> None:
+        starts.update({s.job_id: (state.time, s.placement) for s in decision.starts})
+
+    drive(sim, backfill_switches(1, 30.0), on_decision=record)
+    assert starts[3] == (30.0, Placement.of([(1, 4), (3, 4)]))
+
+
+def test_backfill_switches_reserves_a_waiting_jobs_nodes_within_its_switches() -> None:
+    # free 1, 3, 1, 4: 2 x 2 GPUs fit now only over both leaves, within leaf 1 when node 2's
+    # job ends (its limit: 60 s). Slurm's backfill plans the waiting job there and reserves
+    # nodes 2 and 3, so a 4-GPU job behind it with a 300 s limit may not take node 3 now
+    topo = from_spec("4x4,leaf=2")
+    held = [(0, 3, 3600.0), (1, 1, 3600.0), (2, 3, 60.0)]
+    running = [
+        RunningJob(
+            Job(i + 1, NOW - 5.0, g, limit, nodes=1, time_limit=limit),
+            Placement.of([(node, g)]), NOW - 5.0, limit, 1.0, since=NOW,
+        )
+        for i, (node, g, limit) in enumerate(held)
+    ]  # fmt: skip
+    waiting = Job(9, NOW, 4, 600.0, nodes=2, time_limit=600.0)
+    later = Job(10, NOW, 4, 600.0, nodes=1, time_limit=300.0)
+    state = _state(topo, running, [waiting, later])
+    assert state.free_gpus == (1, 3, 1, 4)
+    assert [s.job_id for s in make_policy("backfill").decide(state).starts] == [9]
+    assert backfill_switches(1, 30.0).decide(state).starts == ()
+    # once its wait is over it starts over both leaves, and the later job behind it
+    late = replace(state, time=NOW + 30.0)
+    assert [s.job_id for s in backfill_switches(1, 30.0).decide(late).starts] == [9]
