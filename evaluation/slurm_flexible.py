@@ -115,25 +115,25 @@ def _run_case(
     start_timeout_s: float,
 ) -> list[FlexResult]:
     names = [n.name for n in topo.nodes]
-    _wait_settled(client)
+    wait_settled(client)
     ids: list[int] = []
     out: list[FlexResult] = []
     try:
         for name, used in zip(names, case.used, strict=True):
             if used:
                 pin = ["-w", name, "--nodes=1", f"--gres=gpu:{used}", "--cpus-per-gpu=2"]
-                ids.append(_sbatch(client, f"{tag}-block", pin))
-        _wait_running(client, ids, 30.0)
+                ids.append(sbatch(client, f"{tag}-block", pin))
+        wait_running(client, ids, 30.0)
         for form in forms:
             free = _free(client, names)
             args = request_args(form, case.gpus, len(names))
-            job = _sbatch(client, f"{tag}-{form}", args)
+            job = sbatch(client, f"{tag}-{form}", args)
             ids.append(job)
             slurm = _wait_placement(client, job, names, start_timeout_s)
             model = slurm_select_flexible(topo, free, case.gpus, per_task=form == "tasks")
             out.append(FlexResult(case, form, free, slurm, model))
             client.cancel(job)
-            _wait_settled(client, keep=set(ids) - {job})
+            wait_settled(client, keep=set(ids) - {job})
     finally:
         left = {q.job_id for q in client.queue()}
         for job in ids:
@@ -142,26 +142,30 @@ def _run_case(
     return out
 
 
-def _sbatch(client: SlurmClient, name: str, args: Sequence[str]) -> int:
+def sbatch(client: SlurmClient, name: str, args: Sequence[str], sleep_s: int = 600) -> int:
+    """Submit a job that sleeps ``sleep_s``; its id."""
     cmd = ["sbatch", "--parsable", f"--job-name={name}", "--output=/dev/null", "--chdir=/tmp"]
-    out = client.runner.run([*cmd, *args, "--wrap=sleep 600"]).strip()
+    out = client.runner.run([*cmd, *args, f"--wrap=sleep {sleep_s}"]).strip()
     return int(out.split(";")[0])
 
 
-def _squeue(client: SlurmClient) -> list[dict[str, object]]:
+def squeue_jobs(client: SlurmClient) -> list[dict[str, object]]:
+    """squeue's JSON records of every job in the queue."""
     jobs = json.loads(client.runner.run(["squeue", "--json"])).get("jobs", [])
     return [j for j in jobs if isinstance(j, dict)]
 
 
-def _state(job: dict[str, object]) -> str:
+def job_state(job: dict[str, object]) -> str:
+    """A squeue JSON record's state (RUNNING, PENDING, ...)."""
     state = job.get("job_state")
     return str(state[0] if isinstance(state, list) and state else state)
 
 
-def _wait_running(client: SlurmClient, ids: Sequence[int], timeout_s: float) -> None:
+def wait_running(client: SlurmClient, ids: Sequence[int], timeout_s: float) -> None:
+    """Until every job of ``ids`` runs (TimeoutError after ``timeout_s``)."""
     deadline = time.time() + timeout_s
     while True:
-        states = {j.get("job_id"): _state(j) for j in _squeue(client)}
+        states = {j.get("job_id"): job_state(j) for j in squeue_jobs(client)}
         if all(states.get(i) == "RUNNING" for i in ids):
             return
         if time.time() > deadline:
@@ -169,7 +173,7 @@ def _wait_running(client: SlurmClient, ids: Sequence[int], timeout_s: float) -> 
         time.sleep(0.3)
 
 
-def _wait_settled(client: SlurmClient, keep: set[int] | None = None) -> None:
+def wait_settled(client: SlurmClient, keep: set[int] | None = None) -> None:
     """Until only ``keep`` (default: nothing) is in the queue and no node is completing."""
     deadline = time.time() + 60.0
     while True:
@@ -194,8 +198,8 @@ def _wait_placement(
     index = {n: i for i, n in enumerate(names)}
     deadline = time.time() + timeout_s
     while time.time() < deadline:
-        rec = next((j for j in _squeue(client) if j.get("job_id") == job), None)
-        if rec is not None and _state(rec) == "RUNNING":
+        rec = next((j for j in squeue_jobs(client) if j.get("job_id") == job), None)
+        if rec is not None and job_state(rec) == "RUNNING":
             hosts = expand(str(rec.get("nodes") or ""))
             detail = rec.get("gres_detail") or []
             gpus = [gres_gpus(str(d)) for d in detail] if isinstance(detail, list) else []

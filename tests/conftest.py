@@ -32,6 +32,7 @@ SERVICES_MODULES = frozenset(
         "deployer/test_topology_live.py",
         "evaluation/test_backfill_live.py",
         "evaluation/test_flexible_live.py",
+        "evaluation/test_switches_live.py",
         "models/test_registry.py",
         "ops/test_prometheus_live.py",
         "pipelines/test_collect_flows.py",
