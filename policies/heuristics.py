@@ -129,7 +129,7 @@ def backfill_switches(
     """``backfill`` with every job submitted ``--switches=N@T`` (``switches`` N,
     ``max_wait_s`` T; Slurm's default wait 300 s): a job whose nodes would span more than N
     leaf switches does not start until T after its submission, then starts anywhere
-    (``placements.switch_held``): ``order=submit, placement=select:switches=N,
+    (``placements.Select.held``): ``order=submit, placement=select:switches=N,
     admission=easy``."""
     easy = Easy(max_job_test, default_limit_s, window_s, resolution_s)
     return Composed("backfill_switches", Submit(), Select(switches, max_wait_s), admission=easy)

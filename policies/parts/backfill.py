@@ -41,7 +41,7 @@ DEFAULT_LIMIT_S = 7 * 86400.0
 class Switches(Protocol):
     """A rule's ``--switches`` (``placements.Select``): ``waiting`` whether they still hold
     the job to its N leaf switches, ``held`` whether they keep it off a placement now
-    (``placements.switch_held``)."""
+    (``placements.Select.held``)."""
 
     def waiting(self, job: Job, now: float) -> bool: ...
 

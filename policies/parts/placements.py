@@ -174,7 +174,7 @@ class Select(Stateless):
     """Slurm's select/cons_tres on the job's requested shape (``backfill``'s placement);
     with ``switches`` N > 0 Slurm's ``--switches=N@max_wait_s``: a start spanning more
     than N leaf switches waits until ``max_wait_s`` after the job's submission
-    (``switch_held``), and the decision asks for a decision point when the first pending
+    (``held``), and the decision asks for a decision point when the first pending
     job's wait ends (Slurm's next pass then places it anywhere)."""
 
     name: ClassVar[str] = "select"
@@ -218,11 +218,18 @@ class Select(Stateless):
         return found
 
     def held(self, topo: Topology, placement: Placement | None, job: Job, now: float) -> bool:
-        """``switch_held`` with this rule's ``--switches``."""
-        return switch_held(topo, placement, job, now, self.switches, self.max_wait_s)
+        """Whether the job's ``--switches`` keep it from ``placement`` now: it spans more
+        than N leaf switches and the job is still ``waiting``."""
+        return (
+            placement is not None
+            and self.waiting(job, now)
+            and leaves_of(topo, placement) > self.switches
+        )
 
     def waiting(self, job: Job, now: float) -> bool:
-        """Whether the job's ``--switches`` still hold it to N leaf switches at ``now``."""
+        """Whether the job's ``--switches`` still hold it to N leaf switches at ``now``: it
+        was submitted less than T ago (Slurm counts from eligibility; here the submission,
+        which a preempted job's requeue does not reset)."""
         return self.switches > 0 and now < job.submit_time + self.max_wait_s
 
     def memo_key(self, job: Job) -> tuple[int, int]:
@@ -230,26 +237,6 @@ class Select(Stateless):
         if self.waiting(job, self._now):
             return (key[0], key[1] + (1 << 31))  # still held to its switches
         return key
-
-
-def switch_held(
-    topo: Topology,
-    placement: Placement | None,
-    job: Job,
-    now: float,
-    switches: int,
-    max_wait_s: float,
-) -> bool:
-    """Whether Slurm's ``--switches=N@T`` (``switches`` N > 0, ``max_wait_s`` T) keeps the
-    job from starting on ``placement`` now: it spans more than N leaf switches and the job
-    was submitted less than T ago (Slurm counts from eligibility; here the submission,
-    which a preempted job's requeue does not reset)."""
-    return (
-        switches > 0
-        and placement is not None
-        and now < job.submit_time + max_wait_s
-        and leaves_of(topo, placement) > switches
-    )
 
 
 @dataclass(frozen=True, slots=True)
