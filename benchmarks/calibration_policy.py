@@ -27,6 +27,14 @@ its base choice, its labels and its training). Prints a markdown report and writ
 
 ``--store`` keeps the filled store (a store that exists is fitted again without refilling;
 it must come from the same truth arguments, e.g. ``calibration_recovery.py --store``).
+``--flexible SHARE`` replays that share of the policies' workload's multi-GPU jobs as
+flexible requests (``cluster.flexible.with_flexible``, seed ``--flexible-seed``, 0 by default
+as ``residual_headline.py --flexible``), drawn once on the whole workload before it is cut:
+the base choice, the labels, the training and the held-out cases all see the same forms (the
+telemetry the calibration is fitted from keeps fixed shapes). ``--gpu-scale X`` makes the
+policies' jobs larger: every job asks X times its GPUs (rounded), generated at load
+``--load``/X so that the GPU load stays ``--load`` (e.g. 1.5: 3/6/12/24 GPUs, sizes that do
+not fill a node's 8).
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ import os
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from contextlib import closing
 from dataclasses import replace
@@ -48,7 +57,8 @@ import numpy as np
 import polars as pl
 
 from linkwise.cluster.contention import AnalyticModel
-from linkwise.cluster.domain import Topology
+from linkwise.cluster.domain import Job, Topology
+from linkwise.cluster.flexible import draw_summary, summary_text, with_flexible
 from linkwise.cluster.mdp import MdpConfig, make_spec
 from linkwise.cluster.profiles import Calibration, load_calibration
 from linkwise.datasets.comm_profiles import PROFILE_PREFIX
@@ -138,6 +148,13 @@ def renamed(windows: Sequence[Window], rule: Callable[[str], str]) -> list[Windo
     return [
         replace(w, jobs=tuple(replace(j, profile=rule(j.name)) for j in w.jobs)) for w in windows
     ]
+
+
+def scaled(jobs: Sequence[Job], scale: float) -> tuple[Job, ...]:
+    """The jobs asking ``scale`` times their GPUs (rounded, at least 1)."""
+    if scale == 1.0:
+        return tuple(jobs)
+    return tuple(replace(j, num_gpus=max(1, round(j.num_gpus * scale))) for j in jobs)
 
 
 def _h(x: float | None) -> str:
@@ -488,9 +505,16 @@ def run(args: argparse.Namespace, t0: float) -> dict[str, Any]:
     # the workload the policies see: the truth's job mix and arrival process, a different seed
     # than the telemetry's, cut into windows: training, validation, held-out
     workload = replace(
-        truth, hours=args.window_h * args.windows, load=args.load, seed=args.seed + 1
+        truth,
+        hours=args.window_h * args.windows,
+        load=args.load / args.gpu_scale,
+        seed=args.seed + 1,
     )
-    jobs = truth_workload(workload)
+    jobs = scaled(truth_workload(workload), args.gpu_scale)
+    flex = None
+    if args.flexible is not None:
+        jobs = with_flexible(jobs, args.flexible, seed=args.flexible_seed)
+        flex = draw_summary(jobs, args.flexible, args.flexible_seed)
     cut = cut_windows(jobs_frame(jobs), args.window_h * HOUR, max_gpus=topo.total_gpus)
     held = cut[-args.heldout :]
     val = cut[-args.heldout - args.validation : -args.heldout]
@@ -522,11 +546,16 @@ def run(args: argparse.Namespace, t0: float) -> dict[str, Any]:
         "workload": {
             "jobs": len(jobs),
             "load": args.load,
+            "gpu_scale": args.gpu_scale,
+            "gpu_counts": {str(g): n for g, n in sorted(Counter(j.num_gpus for j in jobs).items())},
             "window_h": args.window_h,
             "windows": {k: [w.window_id for w in v] for k, v in windows.items()},
             "jobs_per_window": {k: [len(w.jobs) for w in v] for k, v in windows.items()},
+            "flexible": flex,
         },
     }
+    if flex is not None:
+        print(f"flexible: {summary_text(flex)}")
     print(
         f"workload: {len(jobs)} jobs, windows train {len(train)} / validation {len(val)} / "
         f"held-out {len(held)} {stamp()}"
@@ -572,6 +601,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", type=Path, default=None)
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/calibration_policy.json"))
     p.add_argument("--load", type=float, default=1.0, help="the policies' workload's load")
+    p.add_argument(
+        "--flexible",
+        type=float,
+        default=None,
+        help="replay this share of the policies' multi-GPU jobs as flexible requests",
+    )
+    p.add_argument("--flexible-seed", type=int, default=0, help="the flexible draw's seed")
+    p.add_argument(
+        "--gpu-scale",
+        type=float,
+        default=1.0,
+        help="the policies' jobs ask this many times their GPUs (at the same GPU load)",
+    )
     p.add_argument("--window-h", type=float, default=2.0)
     p.add_argument("--windows", type=int, default=19, help="windows of workload in all")
     p.add_argument("--label-windows", type=int, default=10)
@@ -610,6 +652,10 @@ def main(argv: list[str] | None = None) -> int:
         args.ungated = None
     elif args.ungated is not None and args.ungated not in args.margins:
         p.error("--ungated must be one of --margins")
+    if not args.gpu_scale > 0:
+        p.error("--gpu-scale must be positive")
+    if args.flexible is not None and not 0.0 <= args.flexible <= 1.0:
+        p.error("--flexible must be within [0, 1]")
     if args.report_from is not None:
         report(json.loads(args.report_from.read_text()))
         return 0
