@@ -73,23 +73,21 @@ def base_from_frontier(path: Path) -> Any:
 
 
 def label_chain(labels: Any) -> dict[str, Any]:
-    """The teacher's headroom: points with a better move than the base's, the mean label
-    gain per point (hours of jobs-in-system saved by the best move), the best moves' kinds."""
-    import polars as pl
+    """The teacher's headroom (``pipelines.residual.label_headroom``) in hours: points with a
+    better move than the base's, the mean label gain per point (hours of jobs-in-system saved
+    by the best move), the best moves' kinds."""
+    from linkwise.pipelines.residual import label_headroom
 
-    from linkwise.pipelines.residual import best_actions
-
-    best = best_actions(labels)
-    gain = (-best["label_s"]).clip(lower_bound=0.0)
-    better = best.filter(pl.col("action") != pl.col("base_action"))
-    kinds = better.group_by("kind").len().sort("kind")
+    h = label_headroom(labels)
     return {
-        "points": best.height,
-        "points_with_a_better_move": better.height,
-        "share_with_a_better_move": better.height / best.height if best.height else 0.0,
-        "mean_gain_h_per_point": float(gain.mean() or 0.0) / HOUR,
-        "mean_gain_h_where_better": float((-better["label_s"]).mean() or 0.0) / HOUR,
-        "best_move_kinds": dict(zip(kinds["kind"], kinds["len"], strict=True)),
+        "points": h["points"],
+        "points_with_a_better_move": h["points_with_a_better_move"],
+        "share_with_a_better_move": (
+            h["points_with_a_better_move"] / h["points"] if h["points"] else 0.0
+        ),
+        "mean_gain_h_per_point": h["mean_gain_s"] / HOUR,
+        "mean_gain_h_where_better": h["mean_gain_s_where_better"] / HOUR,
+        "best_move_kinds": h["better_move_kinds"],
     }
 
 

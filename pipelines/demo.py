@@ -121,8 +121,9 @@ class DemoResult:
     # and the chosen one (``pipelines.selection.Selection.to_json``)
     selection: dict[str, Any] = field(default_factory=dict)
     # the residual stage (``pipelines.demo_residual``): the base and how it was chosen, the
-    # labels, each learner's margin and validation figures, the promoted one, and per
-    # residual its held-out avg JCT, ratio to its base and deviations per 1,000 decisions
+    # labels and the teacher's headroom in them, each learner's margin and validation figures,
+    # the promoted one, per residual its held-out avg JCT, ratio to its base and deviations
+    # per 1,000 decisions, and ``learning``: what learning decided, in plain words
     residual: dict[str, Any] = field(default_factory=dict)
     # the promoted residual against the best same-information heuristic (None: no residual)
     residual_gate: dict[str, Any] | None = None

@@ -12,7 +12,9 @@ evaluation, by the challenger gate's own thresholds (``evaluation/gates.toml``):
 ratio and its interval, p99, decision latency, masked actions where they were counted. FQE
 and the champion do not apply to a package that is at worst its base, nor the masked-action
 count to one that is no step policy (its deviations are candidate rows of the base's own
-state): they are left out of its verdict.
+state): they are left out of its verdict. ``learning_statement`` (the summary's last line and
+``demo.json``'s ``residual.learning``): the teacher's headroom over the base in the labels the
+stage built, and what the residual did with it, or plainly that there was nothing to learn.
 """
 
 from __future__ import annotations
@@ -48,14 +50,18 @@ from linkwise.pipelines.residual import (
     choose_base,
     choose_margin,
     label_deferral,
+    label_headroom,
     train_on_labels,
 )
 from linkwise.pipelines.selection import validation_windows
 
 __all__ = [
+    "HEADROOM_MIN_GAIN_S",
+    "HEADROOM_MIN_SHARE",
     "LEARNERS",
     "build_residuals",
     "gate_residual",
+    "learning_statement",
     "residual_heldout",
     "residual_label",
     "residual_summary",
@@ -70,6 +76,14 @@ RESIDUAL_CHECKS = (
     "decision_latency",
     "no_masked_actions",
 )
+# The teacher shows headroom over the base (``learning_statement``) when its labels find a
+# better move at this share of the labelled decision points or more AND their gain, over
+# every labelled point, averages this many jobs-in-system seconds or more: below either the
+# base already does (almost) what the teacher would and the demo says there is nothing to
+# learn. (The demo's default on 2026-12-06: 2 of 17 points, 57 s a point: nothing; issue
+# 33's 64x8 1:1 ECMP all-flexible chain: 10 of 16 points, 1.055 h a point: headroom.)
+HEADROOM_MIN_SHARE = 0.1
+HEADROOM_MIN_GAIN_S = 360.0
 
 
 def residual_label(algo: str) -> str:
@@ -186,6 +200,8 @@ def build_residuals(
         ),
         "validation_windows": [w.window_id for w in val],
         "label_windows": [w.window_id for w in label_ws],
+        # the teacher's headroom over the base, from the label rows (``learning_statement``)
+        "headroom": label_headroom(labels),
         "labels": {
             "hash": manifest["hash"],
             "rows": labels.height,
@@ -349,7 +365,47 @@ def residual_heldout(
             "avg_ratio_to_best_heuristic": row["avg_ratio_to_best_heuristic"],
             "deviations_per_1000": row.get("deviations_per_1000"),
         }
-    return {**residual, "heldout": heldout}
+    out = {**residual, "heldout": heldout}
+    return {**out, "learning": learning_statement(out)}
+
+
+def learning_statement(residual: Mapping[str, Any]) -> str:
+    """What learning decided, in plain words, from the labels the stage built (``headroom``)
+    and the promoted residual's held-out figures (``heldout``): at how many labelled decision
+    points the teacher found a better move than the base, their mean and total gain, then
+    either what the residual did with it (deviations per 1,000 decisions, avg JCT against its
+    base on the held-out days) or, below ``HEADROOM_MIN_SHARE`` / ``HEADROOM_MIN_GAIN_S``,
+    that there was nothing to learn."""
+    h = residual["headroom"]
+    points, better = h["points"], h["points_with_a_better_move"]
+    base = residual["base"]["base"]
+    teacher = (
+        f"the teacher (lookahead labels under {base}) found a better move than the base at "
+        f"{better} of {points} labelled decision points (gain {_hours(h['mean_gain_s'])} of "
+        f"jobs-in-system a point on average, {_hours(h['total_gain_s'])} in all)"
+    )
+    share = better / points if points else 0.0
+    if share < HEADROOM_MIN_SHARE or h["mean_gain_s"] < HEADROOM_MIN_GAIN_S:
+        return (
+            f"{teacher}; nothing to learn here: the base already does what the teacher would "
+            f"at {points - better} of {points} points"
+        )
+    algo = residual.get("promoted")
+    held = None if algo is None else residual.get("heldout", {}).get(algo)
+    if algo is None or held is None:
+        return f"{teacher}; no residual finished its held-out days to follow it"
+    dev, ratio = held["deviations_per_1000"], held["ratio_to_base"]
+    followed = "did not follow it" if dev == 0 else "followed it"
+    return (
+        f"{teacher}; the residual ({residual_label(algo)}, margin "
+        f"{residual['learners'][algo]['margin']}) {followed}: "
+        f"{'-' if dev is None else f'{dev:.1f}'} deviations per 1,000 decisions, avg JCT "
+        f"{'-' if ratio is None else f'{ratio:.3f}'}x its base on the held-out days"
+    )
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600.0:.2f} h"
 
 
 def residual_summary(residual: Mapping[str, Any], gate: Mapping[str, Any] | None) -> str:
@@ -380,4 +436,6 @@ def residual_summary(residual: Mapping[str, Any], gate: Mapping[str, Any] | None
             f"{f' ({ref})' if ref else ''}: {verdict}"
         )
         lines += [f"  {x}" for x in gate["reasons"]]
+    if "headroom" in residual:  # what learning decided, last
+        lines.append(f"learning: {learning_statement(residual)}")
     return "\n".join(lines)

@@ -88,6 +88,7 @@ __all__ = [
     "choose_margin",
     "dagger_round",
     "label_datasets",
+    "label_headroom",
     "robustness",
     "robustness_check",
     "robustness_topologies",
@@ -153,6 +154,27 @@ def best_actions(df: pl.DataFrame) -> pl.DataFrame:
         (pl.col("action") != pl.col("base_action")).cast(pl.Int8).alias("_not_base")
     ).sort("episode", "point", "label_s", "_not_base", "action")
     return ranked.group_by("episode", "point", maintain_order=True).first().drop("_not_base")
+
+
+def label_headroom(df: pl.DataFrame) -> dict[str, Any]:
+    """The teacher's headroom over the base in a label set, from its rows as they are: the
+    labelled decision points, those where the labelled best move is not the base's (a move
+    with a negative label: the manifest's ``points_with_a_better_move``), the jobs-in-system
+    seconds the best move saves (``mean_gain_s`` over every point, 0 where the base's move is
+    best; ``mean_gain_s_where_better``; ``total_gain_s``) and the better moves' kinds."""
+    best = best_actions(df)
+    gain = np.clip(-best["label_s"].to_numpy(), 0.0, None)
+    better = best.filter(pl.col("action") != pl.col("base_action"))
+    where = -better["label_s"].to_numpy()
+    kinds = better.group_by("kind").len().sort("kind")
+    return {
+        "points": best.height,
+        "points_with_a_better_move": better.height,
+        "mean_gain_s": float(gain.mean()) if gain.size else 0.0,
+        "mean_gain_s_where_better": float(where.mean()) if where.size else 0.0,
+        "total_gain_s": float(gain.sum()),
+        "better_move_kinds": {str(k): int(n) for k, n in kinds.iter_rows()},
+    }
 
 
 def _mdp_dataset(df: pl.DataFrame, spec: ObsSpec, rewards: np.ndarray) -> Any:
