@@ -80,7 +80,7 @@ RESIDUAL_CHECKS = (
 # better move at this share of the labelled decision points or more AND their gain, over
 # every labelled point, averages this many jobs-in-system seconds or more: below either the
 # base already does (almost) what the teacher would and the demo says there is nothing to
-# learn. (The demo's default on 2026-12-06: 2 of 17 points, 57 s a point: nothing; issue
+# learn. (The demo's default on 2026-12-05: 2 of 17 points, 57 s a point: nothing; issue
 # 33's 64x8 1:1 ECMP all-flexible chain: 10 of 16 points, 1.055 h a point: headroom.)
 HEADROOM_MIN_SHARE = 0.1
 HEADROOM_MIN_GAIN_S = 360.0

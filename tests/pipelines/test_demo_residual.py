@@ -111,7 +111,7 @@ def test_the_demo_says_when_a_residual_kept_to_its_base_despite_headroom() -> No
 
 
 def test_the_demo_says_plainly_when_there_is_nothing_to_learn() -> None:
-    # the demo's default on 2026-12-06: better moves at 2 of 17 points, of 1 s and 970 s
+    # the demo's default on 2026-12-05: better moves at 2 of 17 points, of 1 s and 970 s
     points = [[0.0, 30.0, 600.0] for _ in range(15)] + [[0.0, -1.0], [0.0, 20.0, -970.0]]
     residual = residual_heldout(_residual(_labels(points)), _table(1.0, 0.0))
     last = residual_summary(residual, None).splitlines()[-1]
