@@ -11,8 +11,11 @@ from typing import Any
 
 import pytest
 
+from linkwise.datasets.labels import read_labels
 from linkwise.datasets.store import open_store
 from linkwise.pipelines.demo import DemoResult, run_demo
+from linkwise.pipelines.demo_residual import learning_statement
+from linkwise.pipelines.residual import label_headroom
 
 # the ci demo takes about 3 min alone, 8-10 min on the shared machine at load 6-8
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -179,6 +182,24 @@ def test_residual_base_deviations_and_gate(demo: DemoResult) -> None:
     saved = json.loads((Path(demo.out_dir) / "demo.json").read_text())
     assert saved["residual"]["base"]["base"] == base["base"]
     assert saved["residual_gate"]["passed"] == gate["passed"]
+
+
+def test_the_demo_says_what_learning_decided(demo: DemoResult) -> None:
+    """Issue 33 item 5: the teacher's headroom is read from the labels the stage wrote (the
+    manifest's count of points with a better move agrees), and the plain statement of what
+    learning decided is kept in ``demo.json``."""
+    import json
+
+    r = demo.residual
+    (path,) = (Path(demo.out_dir) / "residual" / "labels").glob("*.parquet")
+    labels, manifest = read_labels(path)
+    assert r["headroom"] == label_headroom(labels)
+    better = manifest["counts"]["points_with_a_better_move"]
+    assert r["headroom"]["points_with_a_better_move"] == better
+    assert r["learning"] == learning_statement(r)
+    assert f"at {better} of {r['headroom']['points']} labelled decision points" in r["learning"]
+    saved = json.loads((Path(demo.out_dir) / "demo.json").read_text())
+    assert saved["residual"]["learning"] == r["learning"]
 
 
 def test_the_demo_runs_again_in_the_same_folder(demo: DemoResult) -> None:
