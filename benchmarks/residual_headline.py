@@ -410,7 +410,7 @@ def run(args: argparse.Namespace, t0: float) -> dict[str, Any]:
     out["heldout"] = {
         "cases": len(held_cases),
         "seconds": time.perf_counter() - t,
-        "best_same_information": base.spec,
+        "best_same_information": base.spec.label,
         "policies": held,
     }
     print(f"held-out days ({len(held_cases)} cases) {stamp()}:")
